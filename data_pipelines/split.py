@@ -1,0 +1,36 @@
+"""Pipeline `split`: one global batch per step, one get_next(), then tf.split into one sub-batch per tower.
+
+The simplest feed: a single host iterator, and the split sits on the step's critical path. Under MirroredStrategy
+it maps onto `experimental_distribute_dataset`, which splits each global batch across the replicas the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data_pipelines.common import batched, shuffled
+
+
+class Batches:
+    """Per-step tower batches; `next()` is called inside the compiled training loop."""
+
+    def __init__(self, ds, global_batch: int, towers: int, opts: Any, seed: int):
+        self.towers = towers
+        self._it = iter(batched(shuffled(ds, opts, seed), global_batch, opts))
+
+    def next(self) -> list[tuple[Any, Any]]:
+        """One batch per tower: `towers` pairs of ((global/towers, 28, 28, 1) images, (global/towers,) labels)."""
+        import tensorflow as tf
+
+        x, y = next(self._it)  # (G, 28, 28, 1), (G,)
+        return list(zip(tf.split(x, self.towers), tf.split(y, self.towers)))
+
+
+def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> Batches:
+    """Feed len(devices) towers from one iterator over global batches."""
+    return Batches(ds, global_batch, len(devices), opts, seed)
+
+
+def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
+    """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
+    return iter(strategy.experimental_distribute_dataset(batched(shuffled(ds, opts, seed), global_batch, opts)))

@@ -1,0 +1,46 @@
+"""Network-in-Network (Lin et al. 2013) adapted to 28x28x1 MNIST.
+
+Three mlpconv blocks, each a spatial convolution followed by two 1x1 convolutions (the "micro network"), with
+max-pooling and dropout between blocks; the last block ends in 10 channels that global average pooling turns
+into the logits, so there is no dense layer at all.
+"""
+
+from __future__ import annotations
+
+from models import INPUT_SHAPE, NUM_CLASSES
+
+# variant -> channels of the three mlpconv blocks
+VARIANTS = {"tiny": (16, 16, 16), "default": (64, 96, 96), "paper": (192, 192, 192)}
+_KERNELS = (5, 5, 3)  # spatial kernel of each block's first convolution
+
+
+def mlpconv(keras, channels: int, kernel: int, out: int | None = None) -> list:
+    """One mlpconv block: kxk conv, then two 1x1 convs (the last with `out` channels if given)."""
+    last = out or channels
+    return [
+        keras.layers.Conv2D(channels, kernel, padding="same", activation="relu"),
+        keras.layers.Conv2D(channels, 1, activation="relu"),
+        keras.layers.Conv2D(last, 1, activation="relu" if out is None else None),
+    ]
+
+
+def build(variant: str = "default"):
+    """Build the NIN.
+
+    Args:
+        variant: a key of VARIANTS.
+
+    Returns:
+        An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits.
+    """
+    import keras
+
+    c1, c2, c3 = VARIANTS[variant]
+    layers = [keras.Input(INPUT_SHAPE)]
+    layers += mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
+    layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 14, 14, c1)
+    layers += mlpconv(keras, c2, _KERNELS[1])  # (b, 14, 14, c2)
+    layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
+    layers += mlpconv(keras, c3, _KERNELS[2], out=NUM_CLASSES)  # (b, 7, 7, 10)
+    layers.append(keras.layers.GlobalAveragePooling2D())  # (b, 10) logits
+    return keras.Sequential(layers, name=f"nin_{variant}")

@@ -1,0 +1,1 @@
+"""Configuration-driven experiment runner for multi-device TensorFlow training (Hydra + MLflow)."""

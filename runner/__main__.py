@@ -1,0 +1,134 @@
+"""Command line: `python -m runner [overrides]` or `runner [overrides]`; a thin wrapper around `run(cfg)`.
+
+Errors a user can fix (a bad config value, missing data, impossible devices) print one line, `error: ...`, and exit
+with status 2; set RUNNER_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from runner.config import CONF_DIR, GROUPS, ConfigError, group_options
+
+log = logging.getLogger("runner")
+USER_ERROR_EXIT = 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean 'your input is wrong', reported as one line."""
+    from data_pipelines.mnist import DataError
+    from runner.devices import DeviceError
+
+    return ConfigError, DataError, DeviceError
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def _show_traceback() -> bool:
+    return os.environ.get("RUNNER_TRACEBACK", "") not in ("", "0")
+
+
+def check_group_overrides(args: list[str]) -> str | None:
+    """Find a command-line choice of a config group that does not exist (`model=foo`, `-m model=mlp,foo`).
+
+    Hydra would report it as a multi-line search-path dump; this gives one line with the allowed options. Parsing
+    uses Hydra's own override grammar; anything it cannot parse is left for Hydra to report.
+
+    Returns:
+        The error message, or None when every group choice exists.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        try:
+            override = parser.parse_override(arg)
+        except Exception:  # not an override (e.g. the value of --config-name): Hydra reports it if it matters
+            continue
+        group = override.key_or_group
+        if group not in GROUPS or override.is_delete():
+            continue
+        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+        allowed = group_options(group)
+        for value in values:
+            if value is not None and str(value) not in allowed:
+                return f"{group}={value} is not an option of group '{group}'; choose one of: {', '.join(allowed)}"
+    return None
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """Hydra entry: run one job and print its result. Returns test accuracy (for Hydra sweepers)."""
+    from runner.experiment import run
+
+    try:
+        result = run(cfg)
+    except _user_errors() as e:
+        # Exiting here, inside the job, keeps Hydra from adding its own "Error executing job" line.
+        _report(e)
+    print(
+        f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}  "
+        f"{result.get('images_per_sec', float('nan')):,.0f} images/s  ({result['steps']:.0f} steps, "
+        f"{result['wall_seconds']:.1f} s)  mlflow run {result['run_id']}"
+    )
+    return result["test_accuracy"]
+
+
+def one_line(e: BaseException) -> str:
+    """An exception as one line: the first lines of its first paragraph (Hydra's messages run on for pages)."""
+    paragraph = str(e).strip().split("\n\n")[0].splitlines()[:2]
+    return " ".join(line.strip() for line in paragraph) or type(e).__name__
+
+
+def _log_to_files(message: str) -> None:
+    """Put the error into Hydra's job log file too, without printing it a second time on the console."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _report(e: BaseException) -> None:
+    """Report a user error in one line and exit 2, or re-raise it when a traceback was asked for."""
+    if _show_traceback():
+        raise e
+    message = one_line(e)
+    _log_to_files(message)
+    _fail(message)
+
+
+def cli() -> None:
+    """Console-script entry: check group choices in one line, then hand over to Hydra.
+
+    Hydra normally prints errors itself, over several lines; with HYDRA_FULL_ERROR set it re-raises them
+    instead, so that this function can report the ones a user can fix in one line.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    error = check_group_overrides(sys.argv[1:])
+    if error:
+        _fail(error)
+    os.environ.setdefault("RUNNER_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", ""))
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    except (*_user_errors(), HydraException, OmegaConfBaseException) as e:
+        _report(e)
+
+
+if __name__ == "__main__":
+    cli()

@@ -1,0 +1,209 @@
+"""The config schema and `validate(cfg)`: every allowed value lives here, checked before TensorFlow is imported.
+
+Hydra composes the YAML files in `conf/`; `validate` then checks the composed config against the dataclasses
+below (types, unknown keys) and against the ranges and choices in `_RULES` and `allowed_choices`. Every problem is
+raised as a `ConfigError` whose message is one line naming the key, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("model", "pipeline", "strategy", "data", "experiment", "debug")
+OPTIMIZERS = ("adam", "sgd", "momentum", "rmsprop")
+CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
+MAX_DEVICES = 16
+
+
+class ConfigError(ValueError):
+    """A config value is wrong; the message is one line naming the key, the value and what is allowed."""
+
+
+@dataclass
+class ModelConf:
+    name: str = "mlp"
+    variant: str = "default"
+
+
+@dataclass
+class PipelineConf:
+    name: str = "split"
+    shuffle_buffer: int = 10000
+    prefetch: int = -1
+
+
+@dataclass
+class StrategyConf:
+    name: str = "single"
+    cross_device_ops: str = "auto"
+
+
+@dataclass
+class DataConf:
+    name: str = "mnist"
+    path: Optional[str] = None
+    cache_dir: Optional[str] = None
+    train_limit: Optional[int] = None
+    test_limit: Optional[int] = None
+    allow_download: bool = True
+    allow_npm: bool = True
+
+
+@dataclass
+class TrainConf:
+    global_batch_size: int = 128
+    epochs: Optional[float] = 5
+    steps: Optional[int] = None
+    steps_per_call: int = 50
+    warmup_calls: int = 1
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    seed: int = 0
+    eval_every: int = 0
+    jit_compile: bool = False
+
+
+@dataclass
+class MlflowConf:
+    tracking_uri: Optional[str] = None
+    experiment: str = "runner"
+
+
+@dataclass
+class Config:
+    model: ModelConf = field(default_factory=ModelConf)
+    pipeline: PipelineConf = field(default_factory=PipelineConf)
+    strategy: StrategyConf = field(default_factory=StrategyConf)
+    data: DataConf = field(default_factory=DataConf)
+    train: TrainConf = field(default_factory=TrainConf)
+    mlflow: MlflowConf = field(default_factory=MlflowConf)
+    gpus: int = 1
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: the YAML files in `conf/<group>/`."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def _modules(package: str) -> list[str]:
+    """Public module names of a package, found without importing them (so without importing TensorFlow)."""
+    path = Path(__file__).resolve().parent.parent / package
+    return sorted(m.name for m in pkgutil.iter_modules([str(path)]) if not m.name.startswith("_"))
+
+
+def model_variants(model: str) -> list[str]:
+    """Variant names of a model module (its VARIANTS table; the module imports no TensorFlow at top level)."""
+    import importlib
+
+    return sorted(importlib.import_module(f"models.{model}").VARIANTS)
+
+
+def allowed_choices() -> dict[str, list[str]]:
+    """The allowed values of every name-like key; the single source the errors and the README quote."""
+    from runner.strategies import STRATEGIES
+
+    pipelines = [p for p in group_options("pipeline") if p in _modules("data_pipelines")]
+    return {
+        "model.name": _modules("models"),
+        "pipeline.name": pipelines,
+        "strategy.name": sorted(STRATEGIES),
+        "strategy.cross_device_ops": list(CROSS_DEVICE_OPS),
+        "data.name": ["mnist", "synthetic"],
+        "train.optimizer": list(OPTIMIZERS),
+    }
+
+
+def _positive(v: Any) -> bool:
+    return v is None or v > 0
+
+
+def _non_negative(v: Any) -> bool:
+    return v is None or v >= 0
+
+
+# key -> (check, what is allowed): range rules for numbers.
+_RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "gpus": (lambda v: 0 <= v <= MAX_DEVICES, f"an integer from 0 to {MAX_DEVICES}"),
+    "train.global_batch_size": (_positive, "a positive integer"),
+    "train.epochs": (_positive, "a positive number or null"),
+    "train.steps": (_positive, "a positive integer or null"),
+    "train.steps_per_call": (_positive, "a positive integer"),
+    "train.warmup_calls": (_non_negative, "0 or a positive integer"),
+    "train.learning_rate": (lambda v: 0 < v < 100, "a number in (0, 100)"),
+    "train.eval_every": (_non_negative, "0 (end only) or a positive number of steps"),
+    "pipeline.shuffle_buffer": (_non_negative, "0 (no shuffle) or a positive integer"),
+    "pipeline.prefetch": (lambda v: v >= -1, "-1 (AUTOTUNE), 0 or a positive integer"),
+    "data.train_limit": (_positive, "a positive integer or null"),
+    "data.test_limit": (_positive, "a positive integer or null"),
+}
+
+
+def _typed(cfg: DictConfig) -> DictConfig:
+    """Merge cfg onto the schema: wrong types and unknown keys become one-line ConfigErrors."""
+    schema = OmegaConf.structured(Config)
+    try:
+        return OmegaConf.merge(schema, cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "config"
+        msg = str(getattr(e, "msg", e)).splitlines()[0]
+        raise ConfigError(f"{key}: {msg}") from None
+
+
+def _check_rules(cfg: DictConfig) -> None:
+    for key, (ok, allowed) in _RULES.items():
+        value = OmegaConf.select(cfg, key)
+        if not ok(value):
+            raise ConfigError(f"{key}={value!r} is not allowed; expected {allowed}")
+
+
+def _check_choices(cfg: DictConfig) -> None:
+    for key, allowed in allowed_choices().items():
+        value = OmegaConf.select(cfg, key)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; choose one of: {', '.join(allowed)}")
+    variants = model_variants(cfg.model.name)
+    if cfg.model.variant not in variants:
+        raise ConfigError(
+            f"model.variant={cfg.model.variant!r} is not a variant of model {cfg.model.name!r}; "
+            f"choose one of: {', '.join(variants)}"
+        )
+
+
+def _check_combination(cfg: DictConfig) -> None:
+    """Cross-key rules: what one key allows depends on another."""
+    from runner.strategies import STRATEGIES
+
+    towers = STRATEGIES[cfg.strategy.name].towers(max(cfg.gpus, 1))
+    if cfg.train.global_batch_size % towers:
+        raise ConfigError(
+            f"train.global_batch_size={cfg.train.global_batch_size} is not divisible by the {towers} towers "
+            f"of strategy={cfg.strategy.name} gpus={cfg.gpus}; use a multiple of {towers}"
+        )
+    STRATEGIES[cfg.strategy.name].check(cfg)
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Check a composed config and return it typed (schema defaults filled in).
+
+    Args:
+        cfg: the config Hydra composed.
+
+    Returns:
+        The config merged onto the schema, read-only.
+
+    Raises:
+        ConfigError: one line naming the first bad key, its value and what is allowed.
+    """
+    typed = _typed(cfg)
+    _check_rules(typed)
+    _check_choices(typed)
+    _check_combination(typed)
+    OmegaConf.set_readonly(typed, True)
+    return typed

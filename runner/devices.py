@@ -1,0 +1,122 @@
+"""`gpus=N` -> the devices a run trains on. Configured once per process, before anything else touches TensorFlow.
+
+| gpus | machine has               | the run uses                                               |
+|------|---------------------------|------------------------------------------------------------|
+| 0    | anything                  | the host CPU alone (GPUs hidden)                           |
+| N    | >= N GPUs                 | the first N real GPUs                                      |
+| N    | 1..N-1 GPUs               | N logical GPUs carved out of GPU 0 (simulated)             |
+| 1    | no GPU                    | the CPU (real, not simulated: it is the only device)       |
+| N>1  | no GPU                    | N logical CPU devices carved out of the CPU (simulated)    |
+
+TensorFlow fixes its device list when it initialises; a process that already has one can reuse it when it has
+enough devices of the right kind, and otherwise fails with an error saying to run in a fresh process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# Memory each simulated GPU gets when one GPU is split; the GPU must have N times this much.
+SIMULATED_GPU_MEMORY_MB = 1024
+
+
+class DeviceError(RuntimeError):
+    """The requested devices cannot be provided in this process."""
+
+
+@dataclass(frozen=True)
+class Devices:
+    """The devices a run trains on."""
+
+    names: tuple[str, ...]  # TensorFlow device names, e.g. ("/device:CPU:0", "/device:CPU:1")
+    kind: str  # "CPU" or "GPU"
+    simulated: bool  # logical devices sharing one physical processor
+    physical: str  # what they run on, e.g. "1 CPU (2 cores)"
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def as_tags(self) -> dict[str, str]:
+        """The record every result carries: what it ran on."""
+        return {
+            "devices.kind": self.kind,
+            "devices.count": str(self.count),
+            "devices.simulated": str(self.simulated).lower(),
+            "devices.physical": self.physical,
+            "devices.names": ",".join(self.names),
+        }
+
+
+def _names(kind: str, n: int) -> tuple[str, ...]:
+    return tuple(f"/device:{kind}:{i}" for i in range(n))
+
+
+def _configure(tf, gpus: int) -> Devices:
+    """Set visible/logical devices for `gpus`; must run before TensorFlow initialises its devices."""
+    phys_gpus = tf.config.list_physical_devices("GPU")
+    cpu_desc = f"1 CPU ({os.cpu_count()} cores)"
+    if gpus == 0:
+        tf.config.set_visible_devices([], "GPU")
+        return Devices(_names("CPU", 1), "CPU", False, cpu_desc)
+    if len(phys_gpus) >= gpus:
+        tf.config.set_visible_devices(phys_gpus[:gpus], "GPU")
+        return Devices(_names("GPU", gpus), "GPU", False, f"{gpus} GPU")
+    if phys_gpus:
+        tf.config.set_visible_devices(phys_gpus[:1], "GPU")
+        logical = [tf.config.LogicalDeviceConfiguration(memory_limit=SIMULATED_GPU_MEMORY_MB)] * gpus
+        tf.config.set_logical_device_configuration(phys_gpus[0], logical)
+        return Devices(_names("GPU", gpus), "GPU", True, f"1 GPU of {len(phys_gpus)}")
+    if gpus > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * gpus)
+        return Devices(_names("CPU", gpus), "CPU", True, cpu_desc)
+    return Devices(_names("CPU", 1), "CPU", False, cpu_desc)
+
+
+def _reuse(tf, gpus: int) -> Devices:
+    """TensorFlow is already initialised: use its devices if there are enough of the right kind."""
+    kind = "GPU" if gpus and tf.config.list_logical_devices("GPU") else "CPU"
+    have = len(tf.config.list_logical_devices(kind))
+    need = max(gpus, 1)
+    if have < need:
+        raise DeviceError(
+            f"gpus={gpus} needs {need} {kind} devices but TensorFlow is already initialised in this process with "
+            f"{have}; run in a fresh process"
+        )
+    physical = len(tf.config.list_physical_devices(kind))
+    desc = f"1 CPU ({os.cpu_count()} cores)" if kind == "CPU" else f"{physical} GPU"
+    return Devices(_names(kind, need), kind, need > 1 and have > physical, desc)
+
+
+def setup(gpus: int) -> Devices:
+    """Configure TensorFlow's devices for `gpus` and describe them.
+
+    Args:
+        gpus: number of devices to train on (0 = host CPU alone).
+
+    Returns:
+        The Devices record; a warning is logged when they are simulated.
+
+    Raises:
+        DeviceError: the devices cannot be provided in this process.
+    """
+    import tensorflow as tf
+
+    try:
+        devices = _configure(tf, gpus)
+    except RuntimeError:  # "... cannot be modified after being initialized"
+        devices = _reuse(tf, gpus)
+    if devices.simulated:
+        log.warning(
+            "simulated devices: %d logical %s devices on %s; they share one physical processor",
+            devices.count, devices.kind, devices.physical,
+        )
+    elif gpus > 0 and devices.kind == "CPU":
+        log.warning("no GPU found: training on the CPU")
+    log.info("devices: %s (%s, simulated=%s)", ", ".join(devices.names), devices.kind, devices.simulated)
+    return devices

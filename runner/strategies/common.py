@@ -1,0 +1,77 @@
+"""Pieces every strategy uses: building the model and optimizer, the loss, and evaluation."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+
+def build_model(model_cfg: Any, seed: int) -> keras.Model:
+    """Build the configured model with seeded initial weights (the same weights for every strategy)."""
+    keras.utils.set_random_seed(seed)
+    return importlib.import_module(f"models.{model_cfg.name}").build(model_cfg.variant)
+
+
+def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimizer:
+    """Create the configured optimizer and its slot variables now.
+
+    Slots are built eagerly because a compiled loop must not create variables on its first step (under
+    tf.distribute that fails with "You must feed a value for placeholder tensor").
+    """
+    lr = train_cfg.learning_rate
+    make = {
+        "adam": lambda: keras.optimizers.Adam(lr),
+        "sgd": lambda: keras.optimizers.SGD(lr),
+        "momentum": lambda: keras.optimizers.SGD(lr, momentum=0.9),
+        "rmsprop": lambda: keras.optimizers.RMSprop(lr),
+    }
+    optimizer = make[train_cfg.optimizer]()
+    optimizer.build(variables)
+    return optimizer
+
+
+def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    """Cross-entropy per example (b,) and the logits (b, 10)."""
+    logits = model(x, training=training)
+    return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True), logits
+
+
+def make_evaluate(model: keras.Model, device: str):
+    """A function dataset -> (mean loss, accuracy) over every example of `dataset`, computed on `device`."""
+
+    # One trace for every batch size (the last test batch is usually smaller).
+    @tf.function(input_signature=[tf.TensorSpec((None, 28, 28, 1), tf.float32), tf.TensorSpec((None,), tf.int32)])
+    def batch_sums(x, y):
+        with tf.device(device):
+            loss, logits = per_example_loss(model, x, y, training=False)
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
+            return tf.reduce_sum(loss), correct, tf.cast(tf.size(y), tf.float32)
+
+    def evaluate(dataset) -> tuple[float, float]:
+        loss = correct = count = 0.0
+        for x, y in dataset:
+            dl, dc, dn = batch_sums(x, y)
+            loss, correct, count = loss + float(dl), correct + float(dc), count + float(dn)
+        return loss / count, correct / count
+
+    return evaluate
+
+
+def steps_loop(step_fn, jit_compile: bool = False):
+    """Compile `step_fn() -> loss` into fn(n) running n steps in one call and returning their mean loss.
+
+    One call runs a tf.while_loop of n steps, so Python and dispatch costs are paid once per call, not per step.
+    """
+    step = tf.function(step_fn, jit_compile=True) if jit_compile else step_fn
+
+    @tf.function
+    def loop(n: tf.Tensor) -> tf.Tensor:
+        total = tf.constant(0.0)
+        for _ in tf.range(n):
+            total += step()
+        return total / tf.cast(n, tf.float32)
+
+    return loop

@@ -1,0 +1,61 @@
+"""Strategy `mirrored`: tf.distribute.MirroredStrategy, trained by the runner's own compiled loop.
+
+Each replica computes gradients on its share of the global batch; the Keras optimizer all-reduces (sums) them
+across replicas inside `apply_gradients`, which is why the loss is scaled by the global batch size.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from runner.strategies.common import build_model, build_optimizer, make_evaluate, per_example_loss, steps_loop
+
+_CROSS_DEVICE_OPS = {
+    "auto": lambda: None,  # TensorFlow's choice for the devices
+    "nccl": lambda: tf.distribute.NcclAllReduce(),
+    "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
+    "reduce_to_one_device": lambda: tf.distribute.ReductionToOneDevice(),
+}
+
+
+class Strategy:
+    """One model replica per device, variables mirrored, gradients all-reduced."""
+
+    def __init__(self, devices: Any, cfg: Any):
+        self.cfg = cfg
+        self.devices = devices
+        ops = _CROSS_DEVICE_OPS[cfg.strategy.cross_device_ops]()
+        self.strategy = tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=ops)
+        with self.strategy.scope():
+            self.model = build_model(cfg.model, cfg.train.seed)
+            self.optimizer = build_optimizer(cfg.train, self.model.trainable_variables)
+        self.evaluate = make_evaluate(self.model, devices.names[0])
+
+    def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
+        """The pipeline's feed mapped onto tf.distribute's input API."""
+        return pipeline.distribute(self.strategy, ds, self.cfg.train.global_batch_size, self.cfg.pipeline, seed)
+
+    def train_loop(self, batches: Any):
+        """fn(n) -> mean loss of n synchronous steps over all replicas, compiled."""
+        model, optimizer, global_batch = self.model, self.optimizer, self.cfg.train.global_batch_size
+
+        def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            # x: (G/replicas, 28, 28, 1) on this replica's device
+            with tf.GradientTape() as tape:
+                per_example = per_example_loss(model, x, y, training=True)[0]
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        def step() -> tf.Tensor:
+            per_replica = self.strategy.run(replica_step, args=next(batches))
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return steps_loop(step, jit_compile=False)
+
+    def describe(self) -> dict[str, str]:
+        """Where the variables live (for tags and placement tests)."""
+        return {"placement": f"mirrored on {', '.join(self.devices.names)}"}

@@ -1,0 +1,152 @@
+"""MLflow: the store's set-up and one run's lifecycle. The loop calls it at start, per logged step, and at the end.
+
+The default store is a sqlite database at an absolute path in the directory the runner was launched from (the
+same `mlflow.db` that `mlflow ui` opens there), never inside Hydra's per-run output folder, so every run of every
+sweep lands in one place. Artifacts go to `mlartifacts/` beside the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+REPO_DIR = Path(__file__).resolve().parent.parent
+_MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+
+
+def resolve_uri(configured: str | None) -> str:
+    """The tracking URI: the config's, else $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db (absolute)."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+
+
+def _artifact_root(uri: str) -> str | None:
+    """Artifacts beside a sqlite database; other stores choose their own location."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    return None
+
+
+def ensure_experiment(uri: str, name: str) -> str:
+    """Create the store's schema and the experiment if missing; return the experiment id.
+
+    Call this once before parallel jobs start: two processes creating a fresh sqlite schema at once fail.
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    return client.create_experiment(name, artifact_location=_artifact_root(uri))
+
+
+def flatten(cfg: DictConfig) -> dict[str, str]:
+    """The resolved config as flat `a.b.c -> value` params."""
+    out: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = str(node)[:_MAX_PARAM_LEN]
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return out
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def run_name(cfg: DictConfig) -> str:
+    """A readable name for the MLflow UI's run list."""
+    return f"{cfg.model.name}-{cfg.pipeline.name}-{cfg.strategy.name}-{cfg.gpus}dev"
+
+
+def base_tags(cfg: DictConfig) -> dict[str, str]:
+    """Tags every run carries, so the UI and search_runs can filter by them."""
+    tags = {
+        "model": cfg.model.name,
+        "model.variant": cfg.model.variant,
+        "pipeline": cfg.pipeline.name,
+        "strategy": cfg.strategy.name,
+        "data": cfg.data.name,
+        "data.synthetic": str(cfg.data.name == "synthetic").lower(),
+        "mlflow.runName": run_name(cfg),
+    }
+    commit = _git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+class Run:
+    """One MLflow run, written through MlflowClient (no global 'active run' state)."""
+
+    def __init__(self, uri: str, experiment: str, tags: dict[str, str]):
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(uri)
+        experiment_id = ensure_experiment(uri, experiment)
+        self.run_id = self.client.create_run(experiment_id, tags=tags).info.run_id
+        self.uri = uri
+
+    def params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
+
+    def tags(self, tags: dict[str, str]) -> None:
+        from mlflow.entities import RunTag
+
+        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def metrics(self, metrics: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    def text(self, text: str, name: str) -> None:
+        self.client.log_text(self.run_id, text, name)
+
+    def file(self, path: Path) -> None:
+        if path.is_file():
+            self.client.log_artifact(self.run_id, str(path))
+
+    def end(self, status: str, error: str | None = None) -> None:
+        """Close the run as FINISHED, FAILED or KILLED; a failure's message is kept as the `error` tag."""
+        if error:
+            self.tags({"error": error[:5000]})
+        self.client.set_terminated(self.run_id, status)
+
+
+@contextmanager
+def tracked(uri: str, cfg: DictConfig) -> Iterator[Run]:
+    """Open a run for `cfg`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING."""
+    run = Run(uri, cfg.mlflow.experiment, base_tags(cfg))
+    log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
+    try:
+        run.params(flatten(cfg))
+        run.text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        yield run
+    except KeyboardInterrupt:
+        run.end("KILLED", "interrupted (KeyboardInterrupt)")
+        raise
+    except BaseException as e:
+        run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
+        raise
+    run.end("FINISHED")

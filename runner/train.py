@@ -1,0 +1,123 @@
+"""The training loop: compiled calls of several steps, warm-up-excluded timing, periodic evaluation.
+
+The loop only sees the strategy's two entry points (`train_loop(batches)` and `evaluate(dataset)`), so every
+strategy and pipeline plugs in without changing it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+
+def total_steps(train: Any, n_train: int) -> int:
+    """Steps to run: `train.steps`, else `train.epochs` worth of global batches (at least one)."""
+    if train.steps:
+        return int(train.steps)
+    return max(1, math.ceil(train.epochs * n_train / train.global_batch_size))
+
+
+@dataclass
+class Timer:
+    """Per-call wall times, skipping the warm-up calls (tracing, compilation, first allocations)."""
+
+    warmup_calls: int
+    steps_per_call: int
+    calls: int = 0
+    steps: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+
+    def add(self, n: int, dt: float) -> None:
+        self.calls += 1
+        # Short tail calls are excluded too: their per-step cost differs from a full call's.
+        if self.calls > self.warmup_calls and n == self.steps_per_call:
+            self.steps.append(n)
+            self.seconds.append(dt)
+
+    def summary(self, global_batch: int) -> dict[str, float]:
+        """images/s (mean and standard error over timed calls) and step time, or {} if nothing was timed."""
+        if not self.seconds:
+            return {}
+        rates = np.array(self.steps) * global_batch / np.array(self.seconds)  # images/s per call
+        stderr = rates.std(ddof=1) / math.sqrt(len(rates)) if len(rates) > 1 else 0.0
+        return {
+            "images_per_sec": float(sum(self.steps) * global_batch / sum(self.seconds)),
+            "images_per_sec_stderr": float(stderr),
+            "step_time_ms": float(1000 * sum(self.seconds) / sum(self.steps)),
+            "timed_steps": float(sum(self.steps)),
+        }
+
+
+class Progress:
+    """A one-line bar on an interactive terminal; otherwise a log line about every 10% (log files stay readable)."""
+
+    def __init__(self, total: int):
+        self.total = total
+        self.tty = sys.stderr.isatty()
+        self.next_log = 0.0
+
+    def update(self, step: int, loss: float, rate: float) -> None:
+        if self.tty:
+            done = int(30 * step / self.total)
+            bar = "#" * done + "." * (30 - done)
+            sys.stderr.write(f"\r[{bar}] step {step}/{self.total} loss {loss:.4f} {rate:,.0f} img/s")
+            sys.stderr.flush()
+            if step >= self.total:
+                sys.stderr.write("\n")
+        elif step >= self.next_log or step >= self.total:
+            log.info("step %d/%d loss %.4f %.0f img/s", step, self.total, loss, rate)
+            self.next_log = step + self.total / 10
+
+
+def fit(strategy: Any, batches: Any, eval_ds: Any, cfg: Any, steps: int, record: Callable[[dict, int], None]) -> dict:
+    """Train for `steps` steps, evaluate, and return the run's summary metrics.
+
+    Args:
+        strategy: gives train_loop(batches) and evaluate(dataset).
+        batches: the pipeline's feed, as the strategy made it.
+        eval_ds: the test set.
+        cfg: the validated config.
+        steps: optimizer steps to run.
+        record: called with (metrics, step) for every logged point.
+
+    Returns:
+        train_loss, test_loss, test_accuracy, images_per_sec (± stderr), step_time_ms, train_seconds.
+    """
+    import tensorflow as tf
+
+    train = cfg.train
+    loop = strategy.train_loop(batches)
+    timer, progress = Timer(train.warmup_calls, train.steps_per_call), Progress(steps)
+    step, loss, start = 0, float("nan"), time.perf_counter()
+    while step < steps:
+        n = min(train.steps_per_call, steps - step)
+        t0 = time.perf_counter()
+        loss = float(loop(tf.constant(n)))  # float() waits for the call to finish
+        dt = time.perf_counter() - t0
+        timer.add(n, dt)
+        step += n
+        rate = n * train.global_batch_size / dt
+        record({"train_loss": loss, "call_images_per_sec": rate}, step)
+        progress.update(step, loss, rate)
+        if train.eval_every and step < steps and step // train.eval_every > (step - n) // train.eval_every:
+            test_loss, test_acc = strategy.evaluate(eval_ds)
+            record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+    train_seconds = time.perf_counter() - start
+    test_loss, test_acc = strategy.evaluate(eval_ds)
+    record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+    return {
+        "train_loss": loss,
+        "test_loss": test_loss,
+        "test_accuracy": test_acc,
+        "train_seconds": train_seconds,
+        "steps": float(step),
+        **timer.summary(train.global_batch_size),
+    }

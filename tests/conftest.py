@@ -1,0 +1,66 @@
+"""Shared fixtures. TensorFlow-using tests share one process-wide device layout (4 logical CPU devices), set up
+before TensorFlow initialises; tests that need another layout run the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_DEVICES = 4
+
+
+@pytest.fixture(scope="session")
+def tf_devices():
+    """Import TensorFlow with TEST_DEVICES logical CPU devices (once per test process)."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * TEST_DEVICES)
+    except RuntimeError:  # already initialised by an earlier fixture use in this process
+        pass
+    assert len(tf.config.list_logical_devices("CPU")) == TEST_DEVICES
+    return tf
+
+
+@pytest.fixture
+def store(tmp_path) -> str:
+    """A fresh sqlite tracking URI in the test's own folder."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def compose(*overrides: str):
+    """Compose the project's config through Hydra's compose API, as @hydra.main would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from runner.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `python -m runner ARGS` in a fresh process, as a user would."""
+    full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
+    full_env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(
+        [sys.executable, "-m", "runner", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+def runs(uri: str, experiment: str):
+    """All runs of `experiment` in the store at `uri`, as a DataFrame."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    return mlflow.search_runs(experiment_names=[experiment])

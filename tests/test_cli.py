@@ -1,0 +1,66 @@
+"""The command line as a user runs it: `python -m runner ...` in a fresh process, checked through MLflow."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+from conftest import run_cli, runs
+
+
+def _store(cwd) -> str:
+    return f"sqlite:///{cwd / 'mlflow.db'}"
+
+
+def test_smoke_run_from_cli_lands_in_the_default_store(tmp_path):
+    proc = run_cli("debug=smoke", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "test accuracy" in proc.stdout
+    df = runs(_store(tmp_path), "smoke")  # default store: mlflow.db in the launch directory
+    assert list(df["status"]) == ["FINISHED"]
+    run_id = df.iloc[0]["run_id"]
+    client = mlflow.MlflowClient(_store(tmp_path))
+    assert len(client.get_metric_history(run_id, "train_loss")) == 6
+    artifacts = [a.path for a in client.list_artifacts(run_id)]
+    assert "config.yaml" in artifacts and "__main__.log" in artifacts
+    assert df.iloc[0]["params.model.variant"] == "tiny"
+    assert df.iloc[0]["tags.tensorflow.version"].startswith("2.21")
+
+
+def test_mirrored_on_two_simulated_devices_says_so(tmp_path):
+    proc = run_cli("debug=smoke", "strategy=mirrored", "gpus=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    log = proc.stdout + proc.stderr
+    assert "simulated devices: 2 logical CPU devices" in log
+    assert "global batch 64 (32 per tower)" in log
+    row = runs(_store(tmp_path), "smoke").iloc[0]
+    assert (row["tags.devices.count"], row["tags.devices.simulated"], row["tags.devices.kind"]) == ("2", "true", "CPU")
+
+
+def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
+    proc = run_cli("--cfg", "job", "model=cnn", cwd=tmp_path)
+    assert proc.returncode == 0
+    assert "name: cnn" in proc.stdout and "global_batch_size: 128" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "args,bad",
+    [
+        (["model=resnet"], "model=resnet"),
+        (["-m", "model=mlp,resnet"], "model=resnet"),
+        (["gpus=abc"], "abc"),
+        (["gpus=-2"], "gpus=-2"),
+        (["train.global_batch_size=0"], "train.global_batch_size=0"),
+        (["strategy=mirrored", "gpus=3"], "global_batch_size=64"),
+        (["train.optimizer=lion"], "lion"),
+        (["train.foo=1"], "train.foo"),
+        (["data.path=/does/not/exist"], "/does/not/exist"),
+    ],
+)
+def test_bad_input_gives_one_line_exit_2_and_no_running_run(tmp_path, args, bad):
+    proc = run_cli("debug=smoke", *args, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and bad in error_lines[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    if (tmp_path / "mlflow.db").exists():
+        assert "RUNNING" not in set(runs(_store(tmp_path), "smoke")["status"])

@@ -1,0 +1,73 @@
+"""Config composition through Hydra's compose API, and validation errors (no TensorFlow is imported here)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose
+
+from runner.config import GROUPS, ConfigError, allowed_choices, group_options, validate
+
+
+@pytest.mark.parametrize(
+    "group,option", [(g, o) for g in GROUPS for o in group_options(g)], ids=lambda v: str(v)
+)
+def test_every_group_option_composes_and_validates(group, option):
+    overrides = [f"{group}={option}"]
+    if group == "strategy" and option != "single":
+        overrides.append("gpus=2")
+    cfg = validate(compose(*overrides))
+    if group in ("model", "pipeline", "strategy", "data"):
+        assert cfg[group].name == option
+
+
+def test_every_group_has_options():
+    for group in GROUPS:
+        assert group_options(group), f"conf/{group}/ is empty"
+
+
+def test_smoke_preset_is_small():
+    cfg = validate(compose("debug=smoke"))
+    assert cfg.model.variant == "tiny"
+    assert cfg.train.steps <= 100
+    assert cfg.data.train_limit <= 10000
+
+
+def test_default_is_full_mnist_mlp_on_one_device():
+    cfg = validate(compose())
+    assert (cfg.model.name, cfg.model.variant, cfg.data.name, cfg.data.train_limit) == ("mlp", "default", "mnist", None)
+    assert cfg.gpus == 1 and cfg.strategy.name == "single"
+
+
+def test_allowed_choices_match_the_config_groups():
+    choices = allowed_choices()
+    assert choices["model.name"] == group_options("model")
+    assert choices["strategy.name"] == group_options("strategy")
+    assert choices["pipeline.name"] == group_options("pipeline")
+
+
+BAD = [
+    # (overrides, words the one-line message must contain)
+    (["gpus=-1"], ["gpus", "-1", "0 to 16"]),
+    (["gpus=17"], ["gpus", "17"]),
+    (["gpus=abc"], ["gpus", "abc"]),
+    (["train.global_batch_size=0"], ["train.global_batch_size", "0", "positive"]),
+    (["train.learning_rate=-0.1"], ["train.learning_rate", "-0.1"]),
+    (["train.optimizer=adamw"], ["train.optimizer", "adamw", "adam, sgd"]),
+    (["model.variant=huge"], ["model.variant", "huge", "tiny"]),
+    (["model.name=resnet"], ["model.name", "resnet", "cnn, mlp, nin"]),
+    (["strategy=mirrored", "gpus=3"], ["global_batch_size=128", "3", "multiple of 3"]),
+    (["strategy=single", "gpus=2"], ["strategy=single", "gpus=2", "mirrored"]),
+    (["strategy.cross_device_ops=magic"], ["cross_device_ops", "magic", "nccl"]),
+    (["+train.foo=1"], ["train.foo"]),
+    (["train.steps=0"], ["train.steps", "0"]),
+]
+
+
+@pytest.mark.parametrize("overrides,words", BAD, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_bad_config_is_one_line_naming_key_and_value(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*overrides))
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, f"{word!r} missing from {message!r}"

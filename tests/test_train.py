@@ -1,0 +1,71 @@
+"""One-process training runs through `run(cfg)`: real MNIST slice, real MLflow store, simulated devices."""
+
+from __future__ import annotations
+
+import mlflow
+import pytest
+from conftest import compose, runs
+
+from runner.experiment import run
+
+
+def _smoke(store, *overrides):
+    return run(compose("debug=smoke", f"mlflow.tracking_uri={store}", *overrides))
+
+
+def test_smoke_run_is_logged_finished_with_params_metrics_and_config(tf_devices, store):
+    result = _smoke(store)
+    assert result["test_accuracy"] > 0.5  # tiny MLP, 60 steps: well above chance (0.1)
+    assert result["images_per_sec"] > 0 and result["steps"] == 60
+    df = runs(store, "smoke")
+    assert len(df) == 1
+    row = df.iloc[0]
+    assert row["status"] == "FINISHED"
+    assert row["params.model.name"] == "mlp" and row["params.train.global_batch_size"] == "64"
+    assert row["tags.devices.kind"] == "CPU" and row["tags.devices.count"] == "1"
+    assert row["tags.devices.simulated"] == "false"
+    assert row["metrics.test_accuracy"] == pytest.approx(result["test_accuracy"])
+    client = mlflow.MlflowClient(store)
+    history = client.get_metric_history(row["run_id"], "train_loss")
+    assert [m.step for m in history] == [10, 20, 30, 40, 50, 60]
+    assert history[-1].value < history[0].value  # it learns
+    assert "config.yaml" in [a.path for a in client.list_artifacts(row["run_id"])]
+
+
+@pytest.mark.parametrize("model", ["cnn", "nin"])
+def test_conv_models_learn_in_the_smoke_preset(tf_devices, store, model):
+    result = _smoke(store, f"model={model}")
+    assert result["test_accuracy"] > 0.2, result
+
+
+def test_mirrored_on_two_simulated_devices_matches_single(tf_devices, store):
+    single = _smoke(store, "train.steps=10")
+    mirrored = _smoke(store, "strategy=mirrored", "gpus=2", "train.steps=10")
+    # Same seed, weights and data order: the mean loss over two half batches equals the full-batch loss.
+    assert mirrored["train_loss"] == pytest.approx(single["train_loss"], rel=1e-4)
+    assert mirrored["test_accuracy"] == pytest.approx(single["test_accuracy"], abs=1e-3)
+    row = runs(store, "smoke").set_index("run_id").loc[mirrored["run_id"]]
+    assert (row["tags.devices.count"], row["tags.devices.simulated"]) == ("2", "true")
+    assert row["tags.strategy"] == "mirrored"
+
+
+def test_eval_every_logs_intermediate_test_metrics(tf_devices, store):
+    result = _smoke(store, "train.eval_every=20")
+    history = mlflow.MlflowClient(store).get_metric_history(result["run_id"], "test_accuracy")
+    assert [m.step for m in history] == [20, 40, 60]
+
+
+def test_synthetic_data_is_marked(tf_devices, store):
+    result = _smoke(store, "data=synthetic", "data.train_limit=2048", "data.test_limit=500")
+    row = runs(store, "smoke").set_index("run_id").loc[result["run_id"]]
+    assert row["tags.data.synthetic"] == "true" and row["tags.data"] == "synthetic"
+
+
+def test_failure_inside_training_marks_the_run_failed(tf_devices, store, tmp_path):
+    from data_pipelines.mnist import DataError
+
+    with pytest.raises(DataError):
+        _smoke(store, f"data.path={tmp_path / 'nowhere'}")
+    df = runs(store, "smoke")
+    assert list(df["status"]) == ["FAILED"]
+    assert "nowhere" in df.iloc[0]["tags.error"]
