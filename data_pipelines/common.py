@@ -66,23 +66,44 @@ def to_float(x, y):
     return tf.cast(x, tf.float32)[..., None] / 255.0, y
 
 
-def shuffled(ds, opts: Any, seed: int):
-    """Shuffle (reshuffled every epoch, reproducible for a seed) and repeat forever.
+def shuffled(ds, buffer: int, seed: int):
+    """Shuffle with a `buffer`-example buffer (0: keep the order), reshuffled every epoch, and repeat forever.
 
     Training batches are drawn with drop_remainder=True on this endless stream, so an epoch's tail is not dropped:
     it starts the next batch.
     """
-    if opts.shuffle_buffer:
-        ds = ds.shuffle(opts.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if buffer:
+        ds = ds.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
     return ds.repeat()
 
 
-def batched(ds, batch: int, opts: Any):
-    """Batch a shuffled stream, convert to float, prefetch on the host."""
+def _autotune(value: int) -> int:
     import tensorflow as tf
 
-    ds = ds.batch(batch, drop_remainder=True).map(to_float, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.prefetch(tf.data.AUTOTUNE if opts.prefetch == -1 else opts.prefetch)
+    return tf.data.AUTOTUNE if value == -1 else value
+
+
+def batched(ds, batch: int, opts: Any):
+    """Batch a shuffled stream, convert to float, prefetch on the host.
+
+    Host threads: `opts.map_parallelism` parallel conversions; `opts.private_threads` > 0 gives this pipeline its
+    own thread pool of that size (every iterator of the `sharded` pipeline gets one, so N devices cost N pools).
+    """
+    import tensorflow as tf
+
+    ds = ds.batch(batch, drop_remainder=True).map(to_float, num_parallel_calls=_autotune(opts.map_parallelism))
+    ds = ds.prefetch(_autotune(opts.prefetch))
+    if opts.private_threads:
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = opts.private_threads
+        ds = ds.with_options(options)
+    return ds
+
+
+def per_tower_batch(global_batch: int, towers: int) -> int:
+    """Examples each tower gets per step (config validation guarantees divisibility)."""
+    assert global_batch % towers == 0, (global_batch, towers)
+    return global_batch // towers
 
 
 def eval_dataset(x: np.ndarray, y: np.ndarray):

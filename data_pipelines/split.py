@@ -16,7 +16,7 @@ class Batches:
 
     def __init__(self, ds, global_batch: int, towers: int, opts: Any, seed: int):
         self.towers = towers
-        self._it = iter(batched(shuffled(ds, opts, seed), global_batch, opts))
+        self._it = iter(batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts))
 
     def next(self) -> list[tuple[Any, Any]]:
         """One batch per tower: `towers` pairs of ((global/towers, 28, 28, 1) images, (global/towers,) labels)."""
@@ -33,4 +33,4 @@ def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> B
 
 def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
     """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
-    return iter(strategy.experimental_distribute_dataset(batched(shuffled(ds, opts, seed), global_batch, opts)))
+    return iter(strategy.experimental_distribute_dataset(batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts)))

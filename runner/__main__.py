@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
@@ -67,10 +68,16 @@ def check_group_overrides(args: list[str]) -> str | None:
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def main(cfg: DictConfig) -> float | None:
-    """Hydra entry: run one job and print its result. Returns test accuracy (for Hydra sweepers)."""
+def main(cfg: DictConfig) -> Any:
+    """Hydra entry: run one job and print its result (in a multirun: start it in a fresh process)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from runner import sweep
     from runner.experiment import run
 
+    if HydraConfig.get().mode == RunMode.MULTIRUN and not sweep.is_child():
+        return sweep.run_isolated(cfg)  # the job runs in a fresh process; the sweep goes on if it fails
     try:
         result = run(cfg)
     except _user_errors() as e:
@@ -81,7 +88,7 @@ def main(cfg: DictConfig) -> float | None:
         f"{result.get('images_per_sec', float('nan')):,.0f} images/s  ({result['steps']:.0f} steps, "
         f"{result['wall_seconds']:.1f} s)  mlflow run {result['run_id']}"
     )
-    return result["test_accuracy"]
+    return result
 
 
 def one_line(e: BaseException) -> str:
@@ -116,13 +123,21 @@ def cli() -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    os.environ.setdefault("RUNNER_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", ""))
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    from runner import sweep
+
+    if sys.argv[1:2] == ["report"]:
+        from runner.report import main as report_main
+
+        sys.exit(report_main(sys.argv[2:]))
     error = check_group_overrides(sys.argv[1:])
     if error:
         _fail(error)
-    os.environ.setdefault("RUNNER_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", ""))
-    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         main()
+        if sweep.failures:
+            sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)

@@ -37,12 +37,16 @@ class PipelineConf:
     name: str = "split"
     shuffle_buffer: int = 10000
     prefetch: int = -1
+    map_parallelism: int = -1
+    private_threads: int = 0
+    device_buffer: int = 2
 
 
 @dataclass
 class StrategyConf:
     name: str = "single"
     cross_device_ops: str = "auto"
+    ps_device: str = "cpu"
 
 
 @dataclass
@@ -68,12 +72,18 @@ class TrainConf:
     seed: int = 0
     eval_every: int = 0
     jit_compile: bool = False
+    measure_input: bool = True
 
 
 @dataclass
 class MlflowConf:
     tracking_uri: Optional[str] = None
     experiment: str = "runner"
+
+
+@dataclass
+class SweepConf:
+    resume: bool = False
 
 
 @dataclass
@@ -84,6 +94,7 @@ class Config:
     data: DataConf = field(default_factory=DataConf)
     train: TrainConf = field(default_factory=TrainConf)
     mlflow: MlflowConf = field(default_factory=MlflowConf)
+    sweep: SweepConf = field(default_factory=SweepConf)
     gpus: int = 1
 
 
@@ -115,6 +126,7 @@ def allowed_choices() -> dict[str, list[str]]:
         "pipeline.name": pipelines,
         "strategy.name": sorted(STRATEGIES),
         "strategy.cross_device_ops": list(CROSS_DEVICE_OPS),
+        "strategy.ps_device": ["cpu", "first_device"],
         "data.name": ["mnist", "synthetic"],
         "train.optimizer": list(OPTIMIZERS),
     }
@@ -140,6 +152,9 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.eval_every": (_non_negative, "0 (end only) or a positive number of steps"),
     "pipeline.shuffle_buffer": (_non_negative, "0 (no shuffle) or a positive integer"),
     "pipeline.prefetch": (lambda v: v >= -1, "-1 (AUTOTUNE), 0 or a positive integer"),
+    "pipeline.map_parallelism": (lambda v: v == -1 or v > 0, "-1 (AUTOTUNE) or a positive integer"),
+    "pipeline.private_threads": (_non_negative, "0 (shared pool) or a positive integer"),
+    "pipeline.device_buffer": (_positive, "a positive number of batches"),
     "data.train_limit": (_positive, "a positive integer or null"),
     "data.test_limit": (_positive, "a positive integer or null"),
 }
@@ -187,6 +202,10 @@ def _check_combination(cfg: DictConfig) -> None:
             f"of strategy={cfg.strategy.name} gpus={cfg.gpus}; use a multiple of {towers}"
         )
     STRATEGIES[cfg.strategy.name].check(cfg)
+    if cfg.train.jit_compile and cfg.strategy.name != "single":
+        raise ConfigError(
+            f"train.jit_compile=true is supported by strategy=single only, not strategy={cfg.strategy.name}"
+        )
 
 
 def validate(cfg: DictConfig) -> DictConfig:
@@ -207,3 +226,11 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_combination(typed)
     OmegaConf.set_readonly(typed, True)
     return typed
+
+
+def validated_or_none(cfg: DictConfig) -> DictConfig | None:
+    """`validate(cfg)`, or None when the config is invalid (the caller lets the run itself report why)."""
+    try:
+        return validate(cfg)
+    except ConfigError:
+        return None

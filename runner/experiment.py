@@ -13,8 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from runner import tracking
-from runner.config import validate
+from runner import sweep, tracking
+from runner.config import ConfigError, validate
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     strategy = strategies.build(cfg.strategy.name, devices, cfg)
     run.tags({"tensorflow.version": tf.__version__, **strategy.describe()})
     pipeline = importlib.import_module(f"data_pipelines.{cfg.pipeline.name}")
-    batches = strategy.batches(pipeline, common.examples(arrays.x_train, arrays.y_train), cfg.train.seed)
+    examples = common.examples(arrays.x_train, arrays.y_train)
     steps = train.total_steps(cfg.train, len(arrays.x_train))
     log.info(
         "training %s/%s on %d %s device(s)%s for %d steps, global batch %d (%d per tower)%s",
@@ -53,8 +53,13 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
         steps, cfg.train.global_batch_size, cfg.train.global_batch_size // max(1, _towers(cfg)),
         " on SYNTHETIC data" if arrays.synthetic else "",
     )
-    result = train.fit(strategy, batches, common.eval_dataset(arrays.x_test, arrays.y_test), cfg, steps, run.metrics)
+    eval_ds = common.eval_dataset(arrays.x_test, arrays.y_test)
+    result = train.fit(
+        strategy, lambda: strategy.batches(pipeline, examples, cfg.train.seed), eval_ds, cfg, steps, run.metrics
+    )
     result["wall_seconds"] = time.perf_counter() - started
+    if "input_bound" in result:
+        run.tags({"input_bound": str(bool(result["input_bound"])).lower()})
     return result
 
 
@@ -77,7 +82,12 @@ def run(cfg: DictConfig) -> dict:
         ConfigError: the config is invalid (raised before anything is built or logged).
     """
     started = time.perf_counter()
-    cfg = validate(cfg)
+    try:
+        cfg = validate(cfg)
+    except ConfigError as e:
+        if sweep.is_child():
+            tracking.record_invalid(cfg, e)
+        raise
     uri = tracking.resolve_uri(cfg.mlflow.tracking_uri)
     with tracking.tracked(uri, cfg) as mlrun:
         result = _train(cfg, mlrun, started)

@@ -93,6 +93,32 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
     return tags
 
 
+def sweep_tags(cfg: DictConfig) -> dict[str, str]:
+    """The config hash (what resume matches on) and, inside a sweep, the parent run."""
+    from runner import sweep
+
+    tags = {"config_hash": sweep.config_hash(cfg)}
+    parent = sweep.parent_run_id()
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    return tags
+
+
+def record_invalid(cfg: DictConfig, error: Exception) -> None:
+    """A sweep job whose config is invalid still gets a run, FAILED with the error, so the sweep shows it."""
+    uri = resolve_uri(OmegaConf.select(cfg, "mlflow.tracking_uri", default=None))
+    name = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
+    from runner import sweep
+
+    tags = {k: str(OmegaConf.select(cfg, f"{k}.name", default="?")) for k in ("model", "pipeline", "strategy")}
+    tags["devices.count"] = str(OmegaConf.select(cfg, "gpus", default="?"))
+    tags["mlflow.runName"] = f"{tags['model']}-{tags['pipeline']}-{tags['strategy']}-{tags['devices.count']}dev (invalid)"
+    parent = sweep.parent_run_id()
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    Run(uri, name, tags).end("FAILED", str(error))
+
+
 class Run:
     """One MLflow run, written through MlflowClient (no global 'active run' state)."""
 
@@ -137,7 +163,7 @@ class Run:
 @contextmanager
 def tracked(uri: str, cfg: DictConfig) -> Iterator[Run]:
     """Open a run for `cfg`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING."""
-    run = Run(uri, cfg.mlflow.experiment, base_tags(cfg))
+    run = Run(uri, cfg.mlflow.experiment, {**base_tags(cfg), **sweep_tags(cfg)})
     log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
     try:
         run.params(flatten(cfg))

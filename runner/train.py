@@ -16,6 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 log = logging.getLogger(__name__)
+INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devices waiting for data
 
 
 def total_steps(train: Any, n_train: int) -> int:
@@ -77,24 +78,54 @@ class Progress:
             self.next_log = step + self.total / 10
 
 
-def fit(strategy: Any, batches: Any, eval_ds: Any, cfg: Any, steps: int, record: Callable[[dict, int], None]) -> dict:
-    """Train for `steps` steps, evaluate, and return the run's summary metrics.
+def input_rate(strategy: Any, batches: Any, steps_per_call: int, calls: int = 3) -> float:
+    """Steps per second the input pipeline delivers alone (no model), timed after one warm-up call."""
+    import tensorflow as tf
+
+    drain = strategy.input_loop(batches)
+    n = tf.constant(steps_per_call)
+    float(drain(n))
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        float(drain(n))
+    return calls * steps_per_call / (time.perf_counter() - t0)
+
+
+def input_figures(strategy: Any, make_batches: Callable[[], Any], train: Any, timed: dict) -> dict:
+    """Pipeline-alone rate beside the training step rate; input-bound when the pipeline is under 3x the steps."""
+    if not timed:
+        return {}
+    pipeline = input_rate(strategy, make_batches(), train.steps_per_call)
+    step = 1000.0 / timed["step_time_ms"]
+    bound = pipeline < INPUT_BOUND_RATIO * step
+    if bound:
+        log.warning("input-bound: the pipeline alone gives %.0f batches/s, under %dx the %.0f steps/s of training",
+                    pipeline, INPUT_BOUND_RATIO, step)
+    return {"input_batches_per_sec": pipeline, "step_batches_per_sec": step, "input_bound": float(bound)}
+
+
+def fit(
+    strategy: Any, make_batches: Callable[[], Any], eval_ds: Any, cfg: Any, steps: int,
+    record: Callable[[dict, int], None],
+) -> dict:
+    """Train for `steps` steps, evaluate, time the input pipeline alone, and return the run's summary metrics.
 
     Args:
-        strategy: gives train_loop(batches) and evaluate(dataset).
-        batches: the pipeline's feed, as the strategy made it.
+        strategy: gives train_loop(batches), input_loop(batches) and evaluate(dataset).
+        make_batches: makes a fresh pipeline feed, as the strategy wants it.
         eval_ds: the test set.
         cfg: the validated config.
         steps: optimizer steps to run.
         record: called with (metrics, step) for every logged point.
 
     Returns:
-        train_loss, test_loss, test_accuracy, images_per_sec (± stderr), step_time_ms, train_seconds.
+        train_loss, test_loss, test_accuracy, images_per_sec (± stderr), step_time_ms, train_seconds, and the
+        pipeline-alone rate beside the step rate (input_batches_per_sec, step_batches_per_sec, input_bound).
     """
     import tensorflow as tf
 
     train = cfg.train
-    loop = strategy.train_loop(batches)
+    loop = strategy.train_loop(make_batches())
     timer, progress = Timer(train.warmup_calls, train.steps_per_call), Progress(steps)
     step, loss, start = 0, float("nan"), time.perf_counter()
     while step < steps:
@@ -113,11 +144,13 @@ def fit(strategy: Any, batches: Any, eval_ds: Any, cfg: Any, steps: int, record:
     train_seconds = time.perf_counter() - start
     test_loss, test_acc = strategy.evaluate(eval_ds)
     record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+    timed = timer.summary(train.global_batch_size)
     return {
         "train_loss": loss,
         "test_loss": test_loss,
         "test_accuracy": test_acc,
         "train_seconds": train_seconds,
         "steps": float(step),
-        **timer.summary(train.global_batch_size),
+        **timed,
+        **(input_figures(strategy, make_batches, train, timed) if train.measure_input else {}),
     }

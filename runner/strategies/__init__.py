@@ -21,11 +21,12 @@ class Spec:
     module: str
     min_gpus: int
     max_gpus: int | None
+    data_parallel: bool
     summary: str
 
     def towers(self, gpus: int) -> int:
         """Number of towers (model replicas fed separate batches) on `gpus` devices."""
-        return 1 if self.max_gpus == 1 else gpus
+        return max(gpus, 1) if self.data_parallel else 1
 
     def check(self, cfg: DictConfig) -> None:
         """Raise ConfigError if `gpus` is outside what this strategy can use."""
@@ -43,8 +44,10 @@ class Spec:
 
 
 STRATEGIES: dict[str, Spec] = {
-    "single": Spec("single", 0, 1, "one device, no tf.distribute (gpus=0: host CPU, gpus=1: first device)"),
-    "mirrored": Spec("mirrored", 1, None, "tf.distribute.MirroredStrategy over all selected devices"),
+    "single": Spec("single", 0, 1, False, "one device, no tf.distribute (gpus=0: host CPU, gpus=1: first device)"),
+    "mirrored": Spec("mirrored", 1, None, True, "tf.distribute.MirroredStrategy over all selected devices"),
+    "replicated": Spec("replicated", 1, None, True, "in-graph towers, a variable copy per device, averaged grads"),
+    "parameter_server": Spec("replicated", 1, None, True, "in-graph towers reading one variable copy (ps_device)"),
 }
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from runner.strategies.common import build_model, build_optimizer, make_evaluate, per_example_loss, steps_loop
+from runner.strategies.common import build_model, build_optimizer, make_evaluate, per_example_loss, steps_loop, touch
 
 _CROSS_DEVICE_OPS = {
     "auto": lambda: None,  # TensorFlow's choice for the devices
@@ -54,7 +54,24 @@ class Strategy:
             per_replica = self.strategy.run(replica_step, args=next(batches))
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-        return steps_loop(step, jit_compile=False)
+        return steps_loop(step)
+
+    def input_loop(self, batches: Any):
+        """fn(n) pulling n steps of per-replica input only, to time the pipeline alone."""
+
+        def step() -> tf.Tensor:
+            per_replica = self.strategy.run(touch, args=next(batches))
+            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+        return steps_loop(step)
+
+    def variable_devices(self) -> dict[str, str]:
+        """Every trainable variable's per-replica copies and the devices they live on."""
+        return {
+            f"{r}/{v.path}": component.device
+            for v in self.model.trainable_variables
+            for r, component in enumerate(v.value.values)
+        }
 
     def describe(self) -> dict[str, str]:
         """Where the variables live (for tags and placement tests)."""

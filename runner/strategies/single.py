@@ -6,7 +6,15 @@ from typing import Any
 
 import tensorflow as tf
 
-from runner.strategies.common import build_model, build_optimizer, make_evaluate, per_example_loss, steps_loop
+from runner.strategies.common import (
+    build_model,
+    build_optimizer,
+    drain_loop,
+    make_evaluate,
+    maybe_jit,
+    per_example_loss,
+    steps_loop,
+)
 
 
 class Strategy:
@@ -28,16 +36,29 @@ class Strategy:
         """fn(n) -> mean loss of n optimizer steps, compiled."""
         model, optimizer = self.model, self.optimizer
 
+        def update(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        update = maybe_jit(update, self.cfg.train.jit_compile)
+
         def step() -> tf.Tensor:
             ((x, y),) = batches.next()  # (G, 28, 28, 1), (G,)
             with tf.device(self.device):
-                with tf.GradientTape() as tape:
-                    loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
-                grads = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+                return update(x, y)
 
-        return steps_loop(step, self.cfg.train.jit_compile)
+        return steps_loop(step)
+
+    def input_loop(self, batches: Any):
+        """fn(n) pulling n steps of input only, to time the pipeline alone."""
+        return drain_loop(batches.next)
+
+    def variable_devices(self) -> dict[str, str]:
+        """Every trainable variable's path and the device it lives on."""
+        return {v.path: v.value.device for v in self.model.trainable_variables}
 
     def describe(self) -> dict[str, str]:
         """Where the variables live (for tags and placement tests)."""

@@ -1,0 +1,39 @@
+"""Pipeline `per_tower`: batches of global/N examples, one get_next() per tower per step.
+
+Each tower gets its own mini-batch from one host iterator; there is no split on the critical path, but the N
+get_next() calls of a step run one after another. Under MirroredStrategy it maps onto
+`distribute_datasets_from_function`: one input pipeline per worker producing per-replica batches, handed out to
+the replicas in turn, which is the same feed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data_pipelines.common import batched, per_tower_batch, shuffled
+
+
+class Batches:
+    """Per-step tower batches; `next()` is called inside the compiled training loop."""
+
+    def __init__(self, ds, global_batch: int, towers: int, opts: Any, seed: int):
+        self.towers = towers
+        self._it = iter(batched(shuffled(ds, opts.shuffle_buffer, seed), per_tower_batch(global_batch, towers), opts))
+
+    def next(self) -> list[tuple[Any, Any]]:
+        """`towers` consecutive batches of ((global/towers, 28, 28, 1) images, (global/towers,) labels)."""
+        return [next(self._it) for _ in range(self.towers)]
+
+
+def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> Batches:
+    """Feed len(devices) towers, one get_next() each."""
+    return Batches(ds, global_batch, len(devices), opts, seed)
+
+
+def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
+    """tf.distribute's per-worker input function: per-replica batches from one pipeline."""
+
+    def dataset_fn(ctx):
+        return batched(shuffled(ds, opts.shuffle_buffer, seed), ctx.get_per_replica_batch_size(global_batch), opts)
+
+    return iter(strategy.distribute_datasets_from_function(dataset_fn))

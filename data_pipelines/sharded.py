@@ -1,0 +1,62 @@
+"""Pipeline `sharded`: one iterator per device over Dataset.shard(N, i), the next batches staged on the device.
+
+Shard i holds examples i, i+N, i+2N, ...; sharding comes before shuffling, so the shards stay disjoint and every
+example is delivered once per epoch. Each shard's batches end in `prefetch_to_device`: a buffer of
+`device_buffer` batches that lives on the tower's device and is filled while the current step runs, so a step's
+input is already in place when it starts. (`prefetch_to_device` is tf.data's copy_to_device + prefetch in one
+stage; a MultiDeviceIterator would round-robin one unsharded dataset instead.) Under MirroredStrategy it maps onto
+`distribute_datasets_from_function` in PER_REPLICA mode with fetch-to-device: one sharded pipeline per replica,
+prefetched onto that replica's device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from data_pipelines.common import batched, per_tower_batch, shuffled
+
+
+def shard(ds, index: int, shards: int, global_batch: int, opts: Any, seed: int):
+    """Shard `index` of `shards`: shuffled (its share of the buffer, its own seed), batched per tower, host-side."""
+    sub = shuffled(ds.shard(shards, index), opts.shuffle_buffer // shards, seed + index)
+    return batched(sub, per_tower_batch(global_batch, shards), opts)
+
+
+class Batches:
+    """One staged iterator per device; `next()` is called inside the compiled training loop."""
+
+    def __init__(self, ds, global_batch: int, devices: list[str], opts: Any, seed: int):
+        import tensorflow as tf
+
+        self.devices = list(devices)
+        self._its = []
+        for i, device in enumerate(self.devices):
+            staged = shard(ds, i, len(devices), global_batch, opts, seed).apply(
+                tf.data.experimental.prefetch_to_device(device, opts.device_buffer)
+            )
+            with tf.device(device):
+                self._its.append(iter(staged))
+
+    def next(self) -> list[tuple[Any, Any]]:
+        """One batch per tower, each produced on its tower's device: ((global/N, 28, 28, 1), (global/N,))."""
+        return [next(it) for it in self._its]
+
+
+def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> Batches:
+    """Feed len(devices) towers, each from its own shard staged on its own device."""
+    return Batches(ds, global_batch, devices, opts, seed)
+
+
+def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
+    """tf.distribute's per-replica input functions, each shard fetched onto its replica's device."""
+    import tensorflow as tf
+
+    def dataset_fn(ctx):
+        return shard(ds, ctx.input_pipeline_id, ctx.num_input_pipelines, global_batch, opts, seed)
+
+    options = tf.distribute.InputOptions(
+        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_fetch_to_device=True,
+        experimental_per_replica_buffer_size=opts.device_buffer,
+    )
+    return iter(strategy.distribute_datasets_from_function(dataset_fn, options))

@@ -1,0 +1,104 @@
+"""Strategies `replicated` and `parameter_server`: in-graph towers with explicitly averaged gradients.
+
+One compiled step builds N towers, tower i under `tf.device(device i)`, each computing the gradient of its own
+mini-batch; the gradients are averaged explicitly and applied, as Keras' old multi_gpu_model and
+tf_cnn_benchmarks' `variable_update` modes did. The two differ only in where the variables live:
+
+- `replicated`: a full copy of the model and optimizer per device; every copy applies the same averaged gradient,
+  so the copies stay identical (tf_cnn_benchmarks' replicated mode).
+- `parameter_server`: one copy on a chosen device (`strategy.ps_device`: the host CPU by default), read by every
+  tower (multi_gpu_model's layout).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+
+from runner.strategies.common import (
+    build_model,
+    build_optimizer,
+    drain_loop,
+    make_evaluate,
+    per_example_loss,
+    steps_loop,
+)
+
+
+def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """Forward and backward of one tower on `device`: (mean loss, gradients of model's trainable variables)."""
+    with tf.device(device):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
+        return loss, tape.gradient(loss, model.trainable_variables)
+
+
+def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
+    """Mean over towers of each variable's gradient; variable j is reduced on device j mod N to spread the work."""
+    out = []
+    for j, grads in enumerate(zip(*per_tower)):
+        with tf.device(devices[j % len(devices)]):
+            out.append(tf.add_n(list(grads)) / len(grads))
+    return out
+
+
+class Strategy:
+    """N in-graph towers; variables replicated per device or held once on a parameter-server device."""
+
+    def __init__(self, devices: Any, cfg: Any):
+        self.cfg = cfg
+        self.devices = list(devices.names)
+        self.replicated = cfg.strategy.name == "replicated"
+        homes = self.devices if self.replicated else [self._ps_device(cfg.strategy.ps_device)]
+        self.models, self.optimizers = [], []
+        for home in homes:  # the same seed for every copy: identical initial weights
+            with tf.device(home):
+                model = build_model(cfg.model, cfg.train.seed)
+                self.models.append(model)
+                self.optimizers.append(build_optimizer(cfg.train, model.trainable_variables))
+        self.homes = homes
+        self.evaluate = make_evaluate(self.models[0], self.devices[0])
+
+    def _ps_device(self, choice: str) -> str:
+        return "/device:CPU:0" if choice == "cpu" else self.devices[0]
+
+    def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
+        """The pipeline's feed for one tower per device."""
+        return pipeline.towers(ds, self.cfg.train.global_batch_size, self.devices, self.cfg.pipeline, seed)
+
+    def _model_for(self, tower: int) -> Any:
+        return self.models[tower] if self.replicated else self.models[0]
+
+    def train_loop(self, batches: Any):
+        """fn(n) -> mean loss of n synchronous steps over all towers, compiled."""
+
+        def step() -> tf.Tensor:
+            losses, grads = [], []
+            for i, (x, y) in enumerate(batches.next()):  # x: (G/N, 28, 28, 1) for tower i
+                loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i])
+                losses.append(loss)
+                grads.append(g)
+            mean_grads = average(grads, self.devices)
+            for home, model, optimizer in zip(self.homes, self.models, self.optimizers):
+                with tf.device(home):
+                    optimizer.apply_gradients(zip(mean_grads, model.trainable_variables))
+            return tf.add_n(losses) / len(losses)
+
+        return steps_loop(step)
+
+    def input_loop(self, batches: Any):
+        """fn(n) pulling n steps of input only, to time the pipeline alone."""
+        return drain_loop(batches.next)
+
+    def variable_devices(self) -> dict[str, str]:
+        """Every trainable variable (copy index / path) and the device it lives on."""
+        return {
+            f"{c}/{v.path}": v.value.device for c, m in enumerate(self.models) for v in m.trainable_variables
+        }
+
+    def describe(self) -> dict[str, str]:
+        """Where the variables live (for tags and placement tests)."""
+        if self.replicated:
+            return {"placement": f"one copy per device on {', '.join(self.devices)}; towers on each"}
+        return {"placement": f"variables on {self.homes[0]}; towers on {', '.join(self.devices)}"}

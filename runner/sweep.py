@@ -1,0 +1,177 @@
+"""Multirun sweeps: one fresh process per job, a parent MLflow run over child runs, failures summarised, resume.
+
+Hydra's launcher decides where and how many jobs run at once (the basic launcher: one after another; joblib:
+`hydra.launcher.n_jobs` in parallel; submitit: on a cluster). Whatever it chooses, the job function it calls only
+starts `python -m runner <the job's overrides>` in a fresh interpreter and waits for it, because TensorFlow's
+devices and collective groups can be set once per process: a launcher that reuses worker processes (joblib's loky
+pool, Ray) would otherwise hand job 3 the TensorFlow of job 1.
+
+`SweepCallback` (registered in conf/config.yaml under hydra.callbacks) runs in the launching process: before the
+jobs it creates the store's schema, the experiment and the parent run, so parallel jobs never race to create a
+fresh sqlite store; after them it closes the parent run and prints which combinations failed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+PARENT_FILE = "parent_run_id"  # in the sweep dir: how jobs on any launcher find the parent run
+RESULT_FILE = "result.json"  # in each job dir: the job's outcome, read back by the summary
+ENV_PARENT = "RUNNER_PARENT_RUN_ID"
+ENV_CHILD = "RUNNER_SWEEP_CHILD"
+
+failures: list[dict] = []  # set by the callback after a sweep; the command line exits non-zero when not empty
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """A stable hash of what a run computes: the resolved config without tracking and sweep settings."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    for key in ("mlflow", "sweep"):
+        data.pop(key, None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def is_child() -> bool:
+    """True in the fresh process a sweep job starts."""
+    return os.environ.get(ENV_CHILD) == "1"
+
+
+def parent_run_id() -> str | None:
+    return os.environ.get(ENV_PARENT) or None
+
+
+def _finished_run_with_hash(uri: str, experiment: str, digest: str) -> str | None:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = client.search_runs(
+        [exp.experiment_id], f"tags.config_hash = '{digest}' and attributes.status = 'FINISHED'", max_results=1
+    )
+    return found[0].info.run_id if found else None
+
+
+def _child_command(overrides: list[str], job_dir: str) -> list[str]:
+    return [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}"]
+
+
+def _error_line(stderr: str, code: int) -> str:
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [f"exit status {code}"])[-1].removeprefix("error: ")
+
+
+def run_isolated(cfg: DictConfig) -> dict:
+    """The job function of a multirun: skip if resumable, else run the job in a fresh process.
+
+    Returns:
+        The job's outcome: status FINISHED / FAILED / SKIPPED, its overrides, and the error line if it failed.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner.config import validated_or_none
+    from runner.tracking import resolve_uri
+
+    hc = HydraConfig.get()
+    overrides, job_dir = list(hc.overrides.task), hc.runtime.output_dir
+    outcome: dict[str, Any] = {"overrides": " ".join(overrides), "job_dir": job_dir}
+    typed = validated_or_none(cfg)
+    if typed is not None and cfg.sweep.resume:
+        done = _finished_run_with_hash(resolve_uri(typed.mlflow.tracking_uri), typed.mlflow.experiment, config_hash(typed))
+        if done:
+            log.info("resume: %s already FINISHED as run %s; skipped", outcome["overrides"], done)
+            return _write(job_dir, {**outcome, "status": "SKIPPED", "run_id": done})
+    env = {**os.environ, ENV_CHILD: "1", ENV_PARENT: _read_parent(hc.sweep.dir) or ""}
+    proc = subprocess.run(_child_command(overrides, job_dir), env=env, capture_output=True, text=True)
+    Path(job_dir, "child.stdout").write_text(proc.stdout)
+    Path(job_dir, "child.stderr").write_text(proc.stderr)
+    if proc.returncode == 0:
+        return _write(job_dir, {**outcome, "status": "FINISHED"})
+    return _write(job_dir, {**outcome, "status": "FAILED", "error": _error_line(proc.stderr, proc.returncode)})
+
+
+def _write(job_dir: str, outcome: dict) -> dict:
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
+    Path(job_dir, RESULT_FILE).write_text(json.dumps(outcome))
+    return outcome
+
+
+def _read_parent(sweep_dir: str) -> str | None:
+    path = Path(sweep_dir, PARENT_FILE)
+    return path.read_text().strip() if path.exists() else None
+
+
+def _outcomes(sweep_dir: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(Path(sweep_dir).glob(f"*/{RESULT_FILE}"))]
+
+
+def summary_lines(outcomes: list[dict]) -> list[str]:
+    """Counts per status, then one line per failed combination with its error."""
+    counts = {s: sum(o["status"] == s for o in outcomes) for s in ("FINISHED", "FAILED", "SKIPPED")}
+    lines = [f"sweep: {len(outcomes)} jobs: " + ", ".join(f"{n} {s.lower()}" for s, n in counts.items())]
+    lines += [f"  FAILED {o['overrides']}: {o['error']}" for o in outcomes if o["status"] == "FAILED"]
+    return lines
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - Hydra < 1.2
+    Callback = object
+
+
+class SweepCallback(Callback):
+    """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from runner.tracking import ensure_experiment, resolve_uri
+
+        uri = resolve_uri(config.mlflow.tracking_uri)
+        experiment_id = ensure_experiment(uri, config.mlflow.experiment)  # schema + experiment, once, up front
+        parent = _create_parent(uri, experiment_id, config)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_FILE).write_text(parent)
+        os.environ[ENV_PARENT] = parent
+        failures.clear()
+        log.info("sweep parent run %s in %s", parent, uri)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from mlflow.tracking import MlflowClient
+
+        from runner.tracking import resolve_uri
+
+        outcomes = _outcomes(config.hydra.sweep.dir)
+        lines = summary_lines(outcomes)
+        print("\n".join(lines), file=sys.stderr)
+        failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
+        parent = _read_parent(config.hydra.sweep.dir)
+        client = MlflowClient(resolve_uri(config.mlflow.tracking_uri))
+        client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
+        client.set_terminated(parent, "FAILED" if failures else "FINISHED")
+
+
+def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:
+    from mlflow.tracking import MlflowClient
+
+    overrides = list(config.hydra.overrides.task)
+    tags = {
+        "sweep": "parent",
+        "sweep.command": " ".join(["runner", *sys.argv[1:]]),
+        "sweep.overrides": " ".join(overrides),
+        "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
+        "mlflow.runName": "sweep " + "/".join(Path(config.hydra.sweep.dir).parts[-2:]),
+    }
+    return MlflowClient(uri).create_run(experiment_id, tags=tags).info.run_id

@@ -1,0 +1,99 @@
+"""Pipelines feed N towers disjoint mini-batches, deliver every example once per epoch, and (sharded) stage each
+tower's batch on its own device. Labels carry each example's index so the tests can track it."""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+from conftest import compose
+
+from runner.config import validate
+
+PIPELINES = ["split", "per_tower", "sharded"]
+N_EXAMPLES, GLOBAL = 512, 64
+
+
+def _indexed(tf):
+    """512 examples whose label is their index: (uint8 (28, 28), int32 index)."""
+    from data_pipelines.common import examples
+
+    return examples(np.zeros((N_EXAMPLES, 28, 28), np.uint8), np.arange(N_EXAMPLES, dtype=np.int32))
+
+
+def _opts(name, **overrides):
+    cfg = validate(compose(f"pipeline={name}", *[f"pipeline.{k}={v}" for k, v in overrides.items()]))
+    return cfg.pipeline
+
+
+def _epoch_of_tower_batches(tf, name, towers):
+    devices = [f"/device:CPU:{i}" for i in range(towers)]
+    batches = importlib.import_module(f"data_pipelines.{name}").towers(_indexed(tf), GLOBAL, devices, _opts(name), 0)
+    return [batches.next() for _ in range(N_EXAMPLES // GLOBAL)], devices
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+@pytest.mark.parametrize("name", PIPELINES)
+def test_towers_get_disjoint_batches_and_every_example_once_per_epoch(tf_devices, name, towers):
+    steps, _ = _epoch_of_tower_batches(tf_devices, name, towers)
+    seen = []
+    for step in steps:
+        assert len(step) == towers
+        per_tower = [set(y.numpy().tolist()) for _, y in step]
+        assert all(len(s) == GLOBAL // towers for s in per_tower)  # G/N distinct examples each
+        assert len(set().union(*per_tower)) == GLOBAL  # disjoint across towers
+        assert all(tuple(x.shape) == (GLOBAL // towers, 28, 28, 1) for x, _ in step)
+        seen += [i for s in per_tower for i in s]
+    assert sorted(seen) == list(range(N_EXAMPLES))  # the epoch: each example exactly once
+
+
+@pytest.mark.parametrize("towers", [2, 4])
+def test_sharded_batches_are_already_on_their_tower_device(tf_devices, towers):
+    steps, devices = _epoch_of_tower_batches(tf_devices, "sharded", towers)
+    for step in steps[:2]:
+        for (x, y), device in zip(step, devices):
+            assert x.device.endswith(device.removeprefix("/")), (x.device, device)
+            assert y.device.endswith(device.removeprefix("/"))
+
+
+def test_sharded_shards_are_disjoint_strides(tf_devices):
+    steps, _ = _epoch_of_tower_batches(tf_devices, "sharded", 2)
+    for (_, y0), (_, y1) in steps:
+        assert set(y0.numpy() % 2) == {0} and set(y1.numpy() % 2) == {1}  # shard i holds i, i+N, ...
+
+
+@pytest.mark.parametrize("name", PIPELINES)
+def test_mirrored_input_maps_onto_tf_distribute_with_disjoint_replica_batches(tf_devices, name):
+    tf = tf_devices
+    strategy = tf.distribute.MirroredStrategy(["/device:CPU:0", "/device:CPU:1"])
+    it = importlib.import_module(f"data_pipelines.{name}").distribute(strategy, _indexed(tf), GLOBAL, _opts(name), 0)
+    seen = []
+    for _ in range(N_EXAMPLES // GLOBAL):
+        x, y = next(it)
+        ys = [set(t.numpy().tolist()) for t in strategy.experimental_local_results(y)]
+        assert [len(s) for s in ys] == [GLOBAL // 2] * 2 and not ys[0] & ys[1]
+        devices = [t.device for t in strategy.experimental_local_results(x)]
+        assert devices[0].endswith("CPU:0") and devices[1].endswith("CPU:1")
+        seen += [i for s in ys for i in s]
+    assert sorted(seen) == list(range(N_EXAMPLES))
+
+
+def test_shuffle_is_seeded_and_changes_every_epoch(tf_devices):
+    from data_pipelines import split
+
+    def first_labels(seed, steps):
+        b = split.towers(_indexed(tf_devices), GLOBAL, ["/device:CPU:0"], _opts("split", shuffle_buffer=512), seed)
+        return [b.next()[0][1].numpy().tolist() for _ in range(steps)]
+
+    a, b = first_labels(0, 16), first_labels(0, 16)
+    assert a == b  # same seed, same order
+    assert a[:8] != a[8:]  # epoch 2 is reshuffled
+    assert first_labels(1, 1) != a[:1]
+
+
+def test_batch_not_divisible_by_towers_fails_at_config_time():
+    from runner.config import ConfigError
+
+    with pytest.raises(ConfigError, match="global_batch_size=100 is not divisible by the 3 towers"):
+        validate(compose("strategy=replicated", "pipeline=sharded", "gpus=3", "train.global_batch_size=100"))

@@ -1,0 +1,128 @@
+"""Every data-parallel strategy x pipeline learns exactly what `single` learns, and puts variables and ops where it
+says. All in one process on the 4 logical CPU devices of the `tf_devices` fixture."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+from conftest import compose
+
+from runner.config import validate
+from runner.devices import Devices
+from runner.experiment import run
+
+DATA_PARALLEL = ["mirrored", "replicated", "parameter_server"]
+PIPELINES = ["split", "per_tower", "sharded"]
+EXACT = ["pipeline.shuffle_buffer=0", "train.steps=20", "train.steps_per_call=1", "data.train_limit=1024"]
+
+
+def _loss_history(store, *overrides):
+    result = run(compose("debug=smoke", f"mlflow.tracking_uri={store}", *EXACT, *overrides))
+    history = mlflow.MlflowClient(store).get_metric_history(result["run_id"], "train_loss")
+    return np.array([m.value for m in sorted(history, key=lambda m: m.step)])
+
+
+@pytest.fixture(scope="module")
+def single_losses(tf_devices, tmp_path_factory):
+    return _loss_history(f"sqlite:///{tmp_path_factory.mktemp('single') / 'mlflow.db'}", "strategy=single")
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES)
+@pytest.mark.parametrize("strategy", DATA_PARALLEL)
+def test_two_devices_reproduce_the_single_device_loss_sequence(single_losses, store, strategy, pipeline):
+    # Unshuffled, the two towers' halves of a step are exactly the single device's batch (sharded: examples
+    # 0, 2, 4... and 1, 3, 5... of it), so only float summation order differs: tolerance 1e-4 relative.
+    losses = _loss_history(store, f"strategy={strategy}", f"pipeline={pipeline}", "gpus=2")
+    assert len(losses) == 20
+    np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
+    assert losses[-1] < losses[0]
+
+
+def _strategy(tf, name, n, *overrides):
+    from runner import strategies
+
+    cfg = validate(compose("debug=smoke", f"strategy={name}", f"gpus={n}", *overrides))
+    names = tuple(f"/device:CPU:{i}" for i in range(n))
+    return strategies.build(name, Devices(names, "CPU", n > 1, "test"), cfg), cfg
+
+
+def _feed(tf, strategy, cfg):
+    from data_pipelines import common
+
+    x = np.random.default_rng(0).integers(0, 255, (512, 28, 28), dtype=np.uint8)
+    y = np.random.default_rng(1).integers(0, 10, 512).astype(np.int32)
+    pipeline = __import__(f"data_pipelines.{cfg.pipeline.name}", fromlist=["x"])
+    return strategy.batches(pipeline, common.examples(x, y), 0)
+
+
+def test_replicated_copies_stay_identical_after_every_step(tf_devices):
+    strategy, cfg = _strategy(tf_devices, "replicated", 4)
+    loop = strategy.train_loop(_feed(tf_devices, strategy, cfg))
+    before = [v.numpy() for v in strategy.models[0].trainable_variables]
+    for _ in range(3):
+        loop(tf_devices.constant(1))
+        first = [v.numpy() for v in strategy.models[0].trainable_variables]
+        for copy in strategy.models[1:]:
+            for a, b in zip(first, (v.numpy() for v in copy.trainable_variables)):
+                np.testing.assert_array_equal(a, b)
+    assert any(not np.array_equal(a, b) for a, b in zip(before, first))  # they did train
+
+
+def _graph_nodes(tf, loop):
+    graph = loop.get_concrete_function(tf.TensorSpec([], tf.int32)).graph.as_graph_def()
+    return list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+
+
+def _matmul_devices(tf, loop) -> tuple[dict, dict]:
+    """Count forward and backward MatMul nodes per requested device in the traced training loop."""
+    forward, backward = {}, {}
+    for node in _graph_nodes(tf, loop):
+        if node.op == "MatMul":
+            side = backward if "gradient_tape" in node.name else forward
+            side[node.device] = side.get(node.device, 0) + 1
+    return forward, backward
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_replicated_places_a_copy_and_a_tower_per_device(tf_devices, n):
+    strategy, cfg = _strategy(tf_devices, "replicated", n)
+    homes = {path.split("/")[0]: dev for path, dev in strategy.variable_devices().items()}
+    assert homes == {str(i): f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(n)}
+    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    devices = {f"/device:CPU:{i}" for i in range(n)}
+    assert set(forward) == devices and set(backward) == devices  # every tower's forward and backward on its device
+    assert len(set(forward.values())) == 1 and len(set(backward.values())) == 1  # the same work on each
+
+
+@pytest.mark.parametrize("ps_device,home", [("cpu", "CPU:0"), ("first_device", "CPU:0")])
+def test_parameter_server_keeps_one_copy_on_its_device_and_towers_on_all(tf_devices, ps_device, home):
+    strategy, cfg = _strategy(tf_devices, "parameter_server", 4, f"strategy.ps_device={ps_device}")
+    devices = set(strategy.variable_devices().values())
+    assert len(strategy.models) == 1 and {d.split("device:")[1] for d in devices} == {home}
+    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    assert set(forward) == set(backward) == {f"/device:CPU:{i}" for i in range(4)}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_mirrored_mirrors_every_variable_on_every_device(tf_devices, n):
+    strategy, _ = _strategy(tf_devices, "mirrored", n)
+    by_replica = {}
+    for path, device in strategy.variable_devices().items():
+        by_replica.setdefault(device.split("device:")[1], []).append(path.split("/", 1)[1])
+    assert sorted(by_replica) == [f"CPU:{i}" for i in range(n)]
+    assert all(paths == by_replica["CPU:0"] for paths in by_replica.values())
+
+
+def test_single_puts_everything_on_its_device(tf_devices):
+    strategy, cfg = _strategy(tf_devices, "single", 1)
+    assert {d.split("device:")[1] for d in strategy.variable_devices().values()} == {"CPU:0"}
+    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    assert set(forward) == set(backward) == {"/device:CPU:0"}
+
+
+def test_unknown_strategy_name_raises():
+    from runner import strategies
+
+    with pytest.raises(ValueError, match="unknown strategy 'ring'.*mirrored"):
+        strategies.build("ring", None, None)

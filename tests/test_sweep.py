@@ -1,0 +1,125 @@
+"""Sweeps through the real CLI: per-job processes, parent/child MLflow runs, failure summary, resume, parallel jobs,
+the MLflow server's REST API over the store, and `runner report`."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from conftest import run_cli, runs
+
+# One job is invalid on purpose: strategy=single cannot use 2 devices.
+SWEEP = ["-m", "debug=smoke", "strategy=single,mirrored", "gpus=1,2"]
+
+
+def _children(df):
+    return df[df["tags.sweep"] != "parent"] if "tags.sweep" in df else df
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("sweep")
+    proc = run_cli(*SWEEP, cwd=cwd)
+    return cwd, proc, f"sqlite:///{cwd / 'mlflow.db'}"
+
+
+def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
+    cwd, proc, uri = swept
+    assert proc.returncode == 1  # a job failed
+    assert "sweep: 4 jobs: 3 finished, 1 failed, 0 skipped" in proc.stderr
+    assert "FAILED debug=smoke strategy=single gpus=2: strategy=single needs gpus from 0 to 1" in proc.stderr
+    df = runs(uri, "smoke")
+    parents = df[df["tags.sweep"] == "parent"]
+    assert len(parents) == 1 and parents.iloc[0]["status"] == "FAILED"
+    assert parents.iloc[0]["tags.sweep.overrides"] == " ".join(SWEEP[1:])
+    children = _children(df)
+    assert len(children) == 4
+    assert set(children["tags.mlflow.parentRunId"]) == {parents.iloc[0]["run_id"]}
+    assert sorted(children["status"]) == ["FAILED", "FINISHED", "FINISHED", "FINISHED"]
+    failed = children[children["status"] == "FAILED"].iloc[0]
+    assert "gpus=2" in failed["tags.error"] and failed["tags.strategy"] == "single"
+    # mirrored on 1 and then on 2 devices both finished: impossible in one process (TensorFlow's devices are fixed
+    # when it initialises), so each job had a fresh one.
+    finished = children[children["status"] == "FINISHED"]
+    assert sorted(zip(finished["tags.strategy"], finished["tags.devices.count"])) == [
+        ("mirrored", "1"), ("mirrored", "2"), ("single", "1"),
+    ]
+
+
+def test_resume_runs_only_the_combination_that_did_not_finish(swept):
+    cwd, _, uri = swept
+    before = len(_children(runs(uri, "smoke")))
+    proc = run_cli(*SWEEP, "sweep.resume=true", cwd=cwd)
+    assert "sweep: 4 jobs: 0 finished, 1 failed, 3 skipped" in proc.stderr
+    assert len(_children(runs(uri, "smoke"))) == before + 1
+
+
+def test_parallel_jobs_with_more_jobs_than_workers_record_every_run(tmp_path):
+    proc = run_cli(*SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", cwd=tmp_path)
+    assert "sweep: 4 jobs: 3 finished, 1 failed" in proc.stderr, proc.stderr[-3000:]
+    children = _children(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke"))
+    assert len(children) == 4 and (children["status"] == "FINISHED").sum() == 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mlflow_server_serves_the_sweep_over_rest(swept):
+    _, _, uri = swept
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}/api/2.0/mlflow"
+    try:
+        for _ in range(60):
+            try:
+                with urllib.request.urlopen(f"{base}/experiments/get-by-name?experiment_name=smoke", timeout=2) as r:
+                    experiment_id = json.load(r)["experiment"]["experiment_id"]
+                break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("mlflow server did not answer within 60 s")
+        body = json.dumps({"experiment_ids": [experiment_id], "filter": "attributes.status = 'FINISHED'"}).encode()
+        request = urllib.request.Request(f"{base}/runs/search", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as r:
+            found = json.load(r)["runs"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert len(found) >= 3
+    for run in found:
+        params = {p["key"]: p["value"] for p in run["data"]["params"]}
+        metrics = {m["key"]: m["value"] for m in run["data"]["metrics"]}
+        assert params["model.variant"] == "tiny"
+        assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["images_per_sec"] > 0
+
+
+def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
+    _, _, uri = swept
+    out = tmp_path / "report"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner", "report", "--experiment", "smoke", "--tracking-uri", uri, "--out", str(out)],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    df = _children(runs(uri, "smoke"))
+    finished = df[df["status"] == "FINISHED"]
+    for _, run in finished.iterrows():
+        acc = f"{run['metrics.test_accuracy']:.4f}"
+        ips = f"{run['metrics.images_per_sec']:,.0f}"
+        assert any(acc in line and ips in line and run["tags.strategy"] in line for line in proc.stdout.splitlines())
+    for name in ("throughput.png", "accuracy.png"):
+        data = (out / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
