@@ -24,8 +24,9 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'your input is wrong', reported as one line."""
     from data_pipelines.mnist import DataError
     from runner.devices import DeviceError
+    from runner.train import NonFiniteLoss
 
-    return ConfigError, DataError, DeviceError
+    return ConfigError, DataError, DeviceError, NonFiniteLoss
 
 
 def _fail(message: str) -> None:

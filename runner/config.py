@@ -7,6 +7,7 @@ raised as a `ConfigError` whose message is one line naming the key, the bad valu
 
 from __future__ import annotations
 
+import math
 import pkgutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +149,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.steps": (_positive, "a positive integer or null"),
     "train.steps_per_call": (_positive, "a positive integer"),
     "train.warmup_calls": (_non_negative, "0 or a positive integer"),
-    "train.learning_rate": (lambda v: 0 < v < 100, "a number in (0, 100)"),
+    "train.learning_rate": (lambda v: 0 < v < math.inf, "a positive finite number"),
     "train.eval_every": (_non_negative, "0 (end only) or a positive number of steps"),
     "pipeline.shuffle_buffer": (_non_negative, "0 (no shuffle) or a positive integer"),
     "pipeline.prefetch": (lambda v: v >= -1, "-1 (AUTOTUNE), 0 or a positive integer"),

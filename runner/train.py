@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devices waiting for data
 
 
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN or infinite."""
+
+
 def total_steps(train: Any, n_train: int) -> int:
     """Steps to run: `train.steps`, else `train.epochs` worth of global batches (at least one)."""
     if train.steps:
@@ -84,10 +88,10 @@ def input_rate(strategy: Any, batches: Any, steps_per_call: int, calls: int = 3)
 
     drain = strategy.input_loop(batches)
     n = tf.constant(steps_per_call)
-    float(drain(n))
+    int(drain(n)[1])
     t0 = time.perf_counter()
     for _ in range(calls):
-        float(drain(n))
+        int(drain(n)[1])
     return calls * steps_per_call / (time.perf_counter() - t0)
 
 
@@ -131,8 +135,11 @@ def fit(
     while step < steps:
         n = min(train.steps_per_call, steps - step)
         t0 = time.perf_counter()
-        loss = float(loop(tf.constant(n)))  # float() waits for the call to finish
+        mean_loss, done = loop(tf.constant(n))
+        loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
         dt = time.perf_counter() - t0
+        if done < n:
+            raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
         timer.add(n, dt)
         step += n
         rate = n * train.global_batch_size / dt

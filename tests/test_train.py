@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlflow
+import numpy as np
 import pytest
 from conftest import compose, runs
 
@@ -69,3 +70,22 @@ def test_failure_inside_training_marks_the_run_failed(tf_devices, store, tmp_pat
     df = runs(store, "smoke")
     assert list(df["status"]) == ["FAILED"]
     assert "nowhere" in df.iloc[0]["tags.error"]
+
+
+def test_non_finite_loss_stops_the_run_at_that_step_and_fails_it(tf_devices, store):
+    from runner.train import NonFiniteLoss
+
+    with pytest.raises(NonFiniteLoss, match=r"not finite at step \d+"):
+        _smoke(store, "train.optimizer=sgd", "train.learning_rate=1e30")
+    row = runs(store, "smoke").iloc[0]
+    assert row["status"] == "FAILED" and "not finite at step" in row["tags.error"]
+    history = mlflow.MlflowClient(store).get_metric_history(row["run_id"], "train_loss")
+    assert all(np.isfinite(m.value) for m in history)  # nothing non-finite was logged as a result
+
+
+def test_input_pipeline_rate_is_measured_beside_the_step_rate(tf_devices, store):
+    result = _smoke(store, "pipeline=sharded", "strategy=replicated", "gpus=2")
+    assert result["input_batches_per_sec"] > 0 and result["step_batches_per_sec"] > 0
+    assert result["input_bound"] == float(result["input_batches_per_sec"] < 3 * result["step_batches_per_sec"])
+    row = runs(store, "smoke").iloc[0]
+    assert row["tags.input_bound"] == str(bool(result["input_bound"])).lower()

@@ -61,17 +61,22 @@ def make_evaluate(model: keras.Model, device: str):
 
 
 def steps_loop(step_fn):
-    """Compile `step_fn() -> loss` into fn(n) running n steps in one call and returning their mean loss.
+    """Compile `step_fn() -> loss` into fn(n) -> (mean loss, steps done) running up to n steps in one call.
 
     One call runs a tf.while_loop of n steps, so Python and dispatch costs are paid once per call, not per step.
+    The loop stops early at the first non-finite loss: then `steps done` < n and the caller can name the step.
     """
 
     @tf.function
-    def loop(n: tf.Tensor) -> tf.Tensor:
-        total = tf.constant(0.0)
+    def loop(n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        total, done = tf.constant(0.0), tf.constant(0)
         for _ in tf.range(n):
-            total += step_fn()
-        return total / tf.cast(n, tf.float32)
+            loss = step_fn()
+            if not tf.math.is_finite(loss):
+                break
+            total += loss
+            done += 1
+        return total / tf.cast(tf.maximum(done, 1), tf.float32), done
 
     return loop
 
