@@ -37,3 +37,9 @@ def build(variant: str = "default"):
         keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
     ]
     return keras.Sequential(layers, name=f"cnn_{variant}")
+
+
+def weighted_layers(variant: str = "default") -> int:
+    """Layers with weights (how many stages `strategy=model_parallel strategy.split=stages` can make); no Keras."""
+    filters, _, _ = VARIANTS[variant]
+    return len(filters) + 2  # the convs and the two Dense layers

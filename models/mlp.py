@@ -30,3 +30,8 @@ def build(variant: str = "default"):
         ],
         name=f"mlp_{variant}",
     )
+
+
+def weighted_layers(variant: str = "default") -> int:
+    """Layers with weights (how many stages `strategy=model_parallel strategy.split=stages` can make); no Keras."""
+    return 3  # the three Dense layers, whatever the variant

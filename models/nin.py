@@ -44,3 +44,8 @@ def build(variant: str = "default"):
     layers += mlpconv(keras, c3, _KERNELS[2], out=NUM_CLASSES)  # (b, 7, 7, 10)
     layers.append(keras.layers.GlobalAveragePooling2D())  # (b, 10) logits
     return keras.Sequential(layers, name=f"nin_{variant}")
+
+
+def weighted_layers(variant: str = "default") -> int:
+    """Layers with weights (how many stages `strategy=model_parallel strategy.split=stages` can make); no Keras."""
+    return 3 * len(VARIANTS[variant])  # three convolutions per mlpconv block

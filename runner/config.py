@@ -21,6 +21,7 @@ GROUPS = ("model", "pipeline", "strategy", "data", "experiment", "debug")
 OPTIMIZERS = ("adam", "sgd", "momentum", "rmsprop")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 MAX_DEVICES = 16
+MODEL_PARALLEL_SPLITS = ("auto", "width", "stages", "two_tower")
 
 
 class ConfigError(ValueError):
@@ -48,6 +49,7 @@ class StrategyConf:
     name: str = "single"
     cross_device_ops: str = "auto"
     ps_device: str = "cpu"
+    split: str = "auto"  # strategy=model_parallel: auto | width | stages | two_tower
 
 
 @dataclass
@@ -128,6 +130,7 @@ def allowed_choices() -> dict[str, list[str]]:
         "strategy.name": sorted(STRATEGIES),
         "strategy.cross_device_ops": list(CROSS_DEVICE_OPS),
         "strategy.ps_device": ["cpu", "first_device"],
+        "strategy.split": list(MODEL_PARALLEL_SPLITS),
         "data.name": ["mnist", "synthetic"],
         "train.optimizer": list(OPTIMIZERS),
     }
@@ -206,6 +209,31 @@ def _check_combination(cfg: DictConfig) -> None:
     if cfg.train.jit_compile and cfg.strategy.name != "single":
         raise ConfigError(
             f"train.jit_compile=true is supported by strategy=single only, not strategy={cfg.strategy.name}"
+        )
+    _check_model_parallel(cfg)
+
+
+def _check_model_parallel(cfg: DictConfig) -> None:
+    """strategy=model_parallel: the split must suit the model and the number of devices."""
+    import importlib
+
+    if cfg.strategy.name != "model_parallel":
+        return
+    split, model, variant = cfg.strategy.split, cfg.model.name, cfg.model.variant
+    if split == "auto":  # the rule of runner.strategies.model_parallel.resolve_split, kept here without TensorFlow
+        split = "width" if model == "mlp" else "stages"
+    named = split if split == cfg.strategy.split else f"auto (= {split} for model={model})"
+    if split == "width" and model != "mlp":
+        raise ConfigError(
+            f"strategy.split=width is not allowed with model={model}: width splits Dense layers and only mlp is all "
+            f"Dense; with model={model} choose one of: auto, stages, two_tower"
+        )
+    layers = importlib.import_module(f"models.{model}").weighted_layers(variant)
+    if split == "stages" and cfg.gpus > layers:
+        others = "width, two_tower" if model == "mlp" else "two_tower"
+        raise ConfigError(
+            f"strategy.split={named} with gpus={cfg.gpus} needs at least {cfg.gpus} layers with weights, "
+            f"model={model} variant={variant} has {layers}; use gpus from 2 to {layers}, or strategy.split: {others}"
         )
 
 

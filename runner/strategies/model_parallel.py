@@ -1,0 +1,320 @@
+"""Strategy `model_parallel`: one model split across the devices, fed one global batch per step (no data parallelism).
+
+`strategy.split` chooses how the model is cut (`auto`: `width` for the MLP, `stages` for the CNN and NIN):
+
+- `width` (MLP only; Chainer's model-parallel MNIST example): every hidden Dense layer's units are split across
+  the N devices (device i holds the kernel columns and bias entries of its units). Each device gathers (concats)
+  the previous layer's partial activations, so every device sees the full layer output: one sync point per layer.
+- `stages`: the model's layers, in order, are cut into N consecutive stages, stage i on device i; activations move
+  from device to device. The cuts balance the stages' multiply-adds (see `_stage_cuts`).
+- `two_tower` (Chainer's NIN example): N full copies of the model, copy i on device i with seed `train.seed + i`,
+  their logits summed. This is a *different model* from `single` (an ensemble trained jointly), so its losses are
+  not comparable with the other strategies'.
+
+`width` and `stages` start from the weights of `common.build_model(cfg.model, cfg.train.seed)`, so with the same
+seed and data they compute the same losses as `strategy=single` (up to float summation order).
+
+Placement. `keras.distribution` does nothing on the TensorFlow backend, so the network is rebuilt as a list of
+*cells*: pieces of the model on one device each, their variables created under that device. The forward pass runs
+each cell under `tf.device(cell.device)` inside its own GradientTape; the backward pass walks the cells in reverse
+and calls each tape under the same device with the upstream gradient (`output_gradients`). That keeps every
+gradient op beside its forward op: one tape over the whole model would put the whole backward pass on the device
+where `tape.gradient` is called. Where several cells consume one cell's output (`width`'s gathers), their gradient
+contributions are summed on the producing cell's device. Each cell has its own optimizer, built under its device,
+so the optimizer's slots and step counter live beside the variables they update.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from runner.strategies.common import build_model, build_optimizer, drain_loop, make_evaluate, steps_loop
+
+INPUT = -1  # Cell.inputs index meaning "the image batch"
+SPLITS = ("width", "stages", "two_tower")
+
+
+def resolve_split(split: str, model: str) -> str:
+    """`auto` -> `width` for the MLP (its layers are all Dense), `stages` for the convolutional models."""
+    if split == "auto":
+        return "width" if model == "mlp" else "stages"
+    return split
+
+
+def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """Gather partial activations (b, u_0), ..., (b, u_N-1) -> (b, sum u); a single input passes through."""
+    return tensors[0] if len(tensors) == 1 else tf.concat(tensors, axis=-1)
+
+
+@dataclass
+class Cell:
+    """One piece of the network on one device: merge its inputs, then run its layers in order.
+
+    Attributes:
+        name: name scope of its variables and ops (`stage1`, `part0`, `tower1`, ...).
+        device: where its variables, forward ops and gradient ops live.
+        layers: Keras layers (or whole models) owned by this cell, built under `device`.
+        inputs: indices of the earlier cells whose outputs it reads; INPUT is the image batch.
+        merge: how several inputs become one tensor (concat for width's gathers, sum for two_tower's logits).
+    """
+
+    name: str
+    device: str
+    layers: list
+    inputs: tuple[int, ...]
+    merge: Callable[[list[tf.Tensor]], tf.Tensor] = _concat
+    optimizer: Any = field(default=None, repr=False)
+
+    def __call__(self, ins: list[tf.Tensor], training: bool) -> tf.Tensor:
+        h = self.merge(ins)  # copies from the other devices land here, under the caller's tf.device(self.device)
+        for layer in self.layers:
+            h = layer(h, training=training)
+        return h
+
+    @property
+    def trainable_variables(self) -> list:
+        return [v for layer in self.layers for v in layer.trainable_variables]
+
+    @property
+    def variables(self) -> list:
+        return [v for layer in self.layers for v in layer.variables]
+
+
+def _clone(layer: keras.layers.Layer, input_shape: tuple, weights: list[np.ndarray] | None = None, **overrides):
+    """A fresh copy of `layer` (config updated by `overrides`), built for `input_shape` under the caller's device.
+
+    The copy keeps the layer's name, so its variables are `<cell>/<layer>/kernel` under the caller's name scope.
+
+    `weights` (default: all of the layer's variables, including a Dropout's seed-generator state, so the clone
+    draws the same dropout masks as the original would) are copied in.
+    """
+    clone = layer.__class__.from_config({**layer.get_config(), **overrides})
+    clone.build(input_shape)
+    values = [v.numpy() for v in layer.variables] if weights is None else weights
+    for var, value in zip(clone.variables, values, strict=True):
+        var.assign(value)
+    return clone
+
+
+def _shapes(model: keras.Model) -> list[tuple]:
+    """Input shape of every layer of a Sequential model, then the output shape: len(model.layers) + 1 entries."""
+    shapes = [(None, *model.input_shape[1:])]
+    for layer in model.layers:
+        shapes.append(tuple(layer.compute_output_shape(shapes[-1])))
+    return shapes
+
+
+def _has_weights(layer: keras.layers.Layer) -> bool:
+    return bool(layer.trainable_weights)
+
+
+def _groups(model: keras.Model) -> list[list[int]]:
+    """Layer indices grouped around the weighted layers: a group starts at each weighted layer; unweighted layers
+    (pool, dropout, flatten) join the group before them, or the first group if they lead."""
+    groups: list[list[int]] = [[]]
+    for i, layer in enumerate(model.layers):
+        if _has_weights(layer) and any(_has_weights(model.layers[j]) for j in groups[-1]):
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
+def _stage_cuts(costs: list[float], n: int) -> tuple[int, ...]:
+    """First index of each of stages 1..n-1: n contiguous non-empty runs of `costs` minimising the largest run sum.
+
+    A small dynamic programme over (start, stages left): O(len(costs)^2 * n), exact.
+    """
+    @functools.cache
+    def best(start: int, k: int) -> tuple[float, tuple[int, ...]]:
+        if k == 1:
+            return sum(costs[start:]), ()
+        options = []
+        for cut in range(start + 1, len(costs) - k + 2):  # leave at least one entry for each later stage
+            rest, cuts = best(cut, k - 1)
+            options.append((max(sum(costs[start:cut]), rest), (cut, *cuts)))
+        return min(options)
+
+    return best(0, n)[1]
+
+
+def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
+    """`stages`: consecutive groups of layers, stage i on devices[i], weights copied from `model`.
+
+    Balanced by multiply-adds per example (parameters x output positions: a conv's cost is its kernel size times
+    its output pixels, a dense layer's its kernel size), since compute, not parameter count, sets how long each
+    stage takes; cuts fall only before weighted layers, so every stage has weights to train.
+    """
+    groups, shapes = _groups(model), _shapes(model)
+    if len(groups) < len(devices):
+        raise ValueError(
+            f"split=stages needs at least {len(devices)} layers with weights, {model.name} has {len(groups)}"
+        )
+    costs = [sum(model.layers[i].count_params() * int(np.prod(shapes[i + 1][1:-1])) for i in g) for g in groups]
+    bounds = (0, *_stage_cuts(costs, len(devices)), len(groups))
+    cells = []
+    for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        idx = [i for g in groups[a:b] for i in g]
+        with tf.device(devices[s]), keras.name_scope(f"stage{s}"):
+            layers = [_clone(model.layers[i], shapes[i]) for i in idx]
+        cells.append(Cell(f"stage{s}", devices[s], layers, (INPUT if s == 0 else s - 1,)))
+    return cells
+
+
+def width_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
+    """`width`: each hidden Dense layer's units split over the devices, weights sliced from `model`.
+
+    The output layer stays whole on devices[0]: its 10 units would split unevenly over 4 devices, its cost
+    (hidden x 10) is tiny next to a hidden layer's (hidden x hidden), and keeping it whole saves a sync point: the
+    last hidden layer is gathered only onto devices[0] and the logits are born where the loss is computed.
+    """
+    groups, shapes = _groups(model), _shapes(model)
+    kinds_ok = all(isinstance(layer, (keras.layers.Dense, keras.layers.Flatten)) for layer in model.layers)
+    if not kinds_ok or not all(isinstance(model.layers[g[-1]], keras.layers.Dense) for g in groups):
+        raise ValueError(f"split=width needs Flatten and Dense layers only, each Flatten before a Dense; {model.name}")
+    cells: list[Cell] = []
+    prev: tuple[int, ...] = (INPUT,)
+    for g, idx in enumerate(groups):
+        dense = model.layers[idx[-1]]  # each group: optional Flatten, then its Dense
+        last = g == len(groups) - 1
+        parts = [np.arange(dense.units)] if last else np.array_split(np.arange(dense.units), len(devices))
+        layer_cells = []
+        for p, cols in enumerate(parts):
+            with tf.device(devices[p]), keras.name_scope(f"part{p}"):
+                layers = [_clone(model.layers[i], shapes[i]) for i in idx[:-1]]  # Flatten: stateless
+                weights = [v.numpy()[..., cols] for v in dense.variables]  # kernel (in, u), bias (u,): units last
+                layers.append(_clone(dense, shapes[idx[-1]], weights, units=len(cols)))
+            layer_cells.append(Cell(f"part{p}", devices[p], layers, prev))
+        prev = tuple(range(len(cells), len(cells) + len(layer_cells)))
+        cells += layer_cells
+    return cells
+
+
+def tower_cells(model_cfg: Any, seed: int, devices: tuple[str, ...]) -> list[Cell]:
+    """`two_tower`: a full model per device (copy i seeded with seed + i), logits summed on devices[0]."""
+    cells = []
+    for i, device in enumerate(devices):
+        with tf.device(device), keras.name_scope(f"tower{i}"):
+            cells.append(Cell(f"tower{i}", device, [build_model(model_cfg, seed + i)], (INPUT,)))
+    return cells + [Cell("sum", devices[0], [], tuple(range(len(devices))), merge=tf.add_n)]
+
+
+def forward(cells: list[Cell], x: tf.Tensor, training: bool, tapes: list | None = None) -> list[tf.Tensor]:
+    """Every cell's output, each computed under its device; with `tapes`, each cell's tape is recorded.
+
+    Args:
+        cells: the network in topological order; the last cell's output is the logits (b, 10).
+        x: images (b, 28, 28, 1).
+        training: passed to the layers (Dropout).
+        tapes: a list to append each cell's (GradientTape, watched inputs) to, for `backward_and_apply`. Only
+            inputs made by other cells are watched: no gradient is computed for the images.
+    """
+    outs: list[tf.Tensor] = []
+    for cell in cells:
+        ins = [x if i == INPUT else outs[i] for i in cell.inputs]
+        with tf.device(cell.device), tf.name_scope(cell.name):
+            if tapes is None:
+                outs.append(cell(ins, training))
+                continue
+            watched = [outs[i] for i in cell.inputs if i != INPUT]
+            with tf.GradientTape() as tape:
+                tape.watch(watched)
+                outs.append(cell(ins, training))
+            tapes.append((tape, watched))
+    return outs
+
+
+def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_logits: tf.Tensor) -> None:
+    """Backpropagate `d_logits` (b, 10) through the cells in reverse, each on its own device, and update them.
+
+    A cell's gradients are final once its own tape has run (each variable belongs to one cell), so its optimizer
+    step is issued right there; the graph runs it as soon as its gradients exist.
+    """
+    upstream: list[list[tf.Tensor]] = [[] for _ in cells]
+    upstream[-1].append(d_logits)
+    for k in reversed(range(len(cells))):
+        cell, (tape, watched) = cells[k], tapes[k]
+        variables = cell.trainable_variables
+        with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
+            d_out = tf.add_n(upstream[k])  # consumers' contributions, reduced here: width's reduce-scatter
+            d_vars, d_ins = tape.gradient(outs[k], [variables, watched], output_gradients=d_out)
+            if variables:
+                cell.optimizer.apply_gradients(zip(d_vars, variables))
+        for i, d_in in zip([i for i in cell.inputs if i != INPUT], d_ins, strict=True):
+            upstream[i].append(d_in)
+
+
+class Strategy:
+    """The model cut into cells placed on the devices (see the module docstring); one batch per step."""
+
+    def __init__(self, devices: Any, cfg: Any):
+        self.cfg = cfg
+        self.devices = devices
+        self.split = resolve_split(cfg.strategy.split, cfg.model.name)
+        self.cells = self._build_cells(devices.names)
+        for cell in self.cells:
+            if cell.trainable_variables:
+                with tf.device(cell.device), keras.name_scope(cell.name):
+                    cell.optimizer = build_optimizer(cfg.train, cell.trainable_variables)
+        # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
+        self.evaluate = make_evaluate(self, devices.names[0])
+
+    def _build_cells(self, names: tuple[str, ...]) -> list[Cell]:
+        if self.split not in SPLITS:
+            raise ValueError(f"strategy.split={self.split!r} is not allowed; choose one of: auto, {', '.join(SPLITS)}")
+        if self.split == "two_tower":
+            return tower_cells(self.cfg.model, self.cfg.train.seed, names)
+        # The single strategy's model and initial weights, built once and cut up; only the copies are kept.
+        with tf.device(names[0]):
+            reference = build_model(self.cfg.model, self.cfg.train.seed)
+        return (width_cells if self.split == "width" else stage_cells)(reference, names)
+
+    def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        """Logits (b, 10) for images (b, 28, 28, 1) through the placed cells (what `evaluate` calls)."""
+        return forward(self.cells, x, training)[-1]
+
+    def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
+        """One tower: the whole global batch, fed on the first device (the model, not the batch, is split)."""
+        names = [self.devices.names[0]]
+        return pipeline.towers(ds, self.cfg.train.global_batch_size, names, self.cfg.pipeline, seed)
+
+    def train_loop(self, batches: Any):
+        """fn(n) -> mean loss of n optimizer steps, compiled.
+
+        No XLA (config validation refuses train.jit_compile here): an XLA cluster runs on one device.
+        """
+        cells = self.cells
+
+        def step() -> tf.Tensor:
+            ((x, y),) = batches.next()  # (G, 28, 28, 1), (G,)
+            tapes: list = []
+            outs = forward(cells, x, training=True, tapes=tapes)
+            with tf.device(cells[-1].device), tf.name_scope("loss"):  # where the logits (G, 10) already are
+                with tf.GradientTape() as tape:
+                    tape.watch(outs[-1])
+                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outs[-1], from_logits=True))
+                d_logits = tape.gradient(loss, outs[-1])  # (G, 10)
+            backward_and_apply(cells, tapes, outs, d_logits)
+            return loss
+
+        return steps_loop(step)
+
+    def input_loop(self, batches: Any):
+        """fn(n) pulling n steps of input only, to time the pipeline alone."""
+        return drain_loop(batches.next)
+
+    def describe(self) -> dict[str, str]:
+        """The split and which layers each device holds (for tags)."""
+        where = "; ".join(
+            f"{c.name}@{c.device}: {', '.join(layer.name for layer in c.layers) or 'sum of logits'}" for c in self.cells
+        )
+        return {"placement": f"model_parallel split={self.split}: {where}", "strategy.split": self.split}
+
+    def variable_devices(self) -> dict[str, str]:
+        """Variable path -> the device it lives on, for every variable of every cell (trainable or not)."""
+        return {v.path: v.value.device for c in self.cells for v in c.variables}
