@@ -65,7 +65,12 @@ class DataConf:
 
 @dataclass
 class TrainConf:
+    batch_scaling: str = "strong"
     global_batch_size: int = 128
+    per_device_batch_size: Optional[int] = None
+    lr_scaling: str = "none"
+    lr_reference_batch: int = 128
+    lr_warmup_steps: int = 0
     epochs: Optional[float] = 5
     steps: Optional[int] = None
     steps_per_call: int = 50
@@ -133,6 +138,8 @@ def allowed_choices() -> dict[str, list[str]]:
         "strategy.split": list(MODEL_PARALLEL_SPLITS),
         "data.name": ["mnist", "synthetic"],
         "train.optimizer": list(OPTIMIZERS),
+        "train.batch_scaling": ["strong", "weak"],
+        "train.lr_scaling": ["none", "linear", "sqrt"],
     }
 
 
@@ -148,6 +155,9 @@ def _non_negative(v: Any) -> bool:
 _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gpus": (lambda v: 0 <= v <= MAX_DEVICES, f"an integer from 0 to {MAX_DEVICES}"),
     "train.global_batch_size": (_positive, "a positive integer"),
+    "train.per_device_batch_size": (_positive, "a positive integer or null"),
+    "train.lr_reference_batch": (_positive, "a positive integer"),
+    "train.lr_warmup_steps": (_non_negative, "0 or a positive number of steps"),
     "train.epochs": (_positive, "a positive number or null"),
     "train.steps": (_positive, "a positive integer or null"),
     "train.steps_per_call": (_positive, "a positive integer"),
@@ -195,17 +205,35 @@ def _check_choices(cfg: DictConfig) -> None:
         )
 
 
+def towers(cfg: DictConfig) -> int:
+    """How many towers (model replicas fed separate batches) the config's strategy runs on its devices."""
+    from runner.strategies import STRATEGIES
+
+    return STRATEGIES[cfg.strategy.name].towers(max(cfg.gpus, 1))
+
+
+def _resolve_batch(cfg: DictConfig) -> None:
+    """Fill in the batch size the scaling mode derives: strong fixes the global batch, weak the per-device one."""
+    train, n = cfg.train, towers(cfg)
+    if train.batch_scaling == "weak":
+        if train.per_device_batch_size is None:
+            raise ConfigError("train.batch_scaling=weak needs train.per_device_batch_size (a positive integer)")
+        train.global_batch_size = train.per_device_batch_size * n
+        return
+    if train.global_batch_size % n:
+        raise ConfigError(
+            f"train.global_batch_size={train.global_batch_size} is not divisible by the {n} towers "
+            f"of strategy={cfg.strategy.name} gpus={cfg.gpus} (strong scaling); use a multiple of {n}"
+        )
+    train.per_device_batch_size = train.global_batch_size // n
+
+
 def _check_combination(cfg: DictConfig) -> None:
     """Cross-key rules: what one key allows depends on another."""
     from runner.strategies import STRATEGIES
 
-    towers = STRATEGIES[cfg.strategy.name].towers(max(cfg.gpus, 1))
-    if cfg.train.global_batch_size % towers:
-        raise ConfigError(
-            f"train.global_batch_size={cfg.train.global_batch_size} is not divisible by the {towers} towers "
-            f"of strategy={cfg.strategy.name} gpus={cfg.gpus}; use a multiple of {towers}"
-        )
     STRATEGIES[cfg.strategy.name].check(cfg)
+    _resolve_batch(cfg)
     if cfg.train.jit_compile and cfg.strategy.name != "single":
         raise ConfigError(
             f"train.jit_compile=true is supported by strategy=single only, not strategy={cfg.strategy.name}"

@@ -43,15 +43,19 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
 
     arrays = common.load_arrays(cfg.data, cfg.train.seed)
     strategy = strategies.build(cfg.strategy.name, devices, cfg)
-    run.tags({"tensorflow.version": tf.__version__, **strategy.describe()})
+    from runner.strategies.common import effective_learning_rate
+
+    run.tags({"tensorflow.version": tf.__version__, "batch_scaling": cfg.train.batch_scaling,
+              "devices.requested": str(cfg.gpus), **strategy.describe()})
+    run.metrics({"effective_learning_rate": effective_learning_rate(cfg.train)}, 0)
     pipeline = importlib.import_module(f"data_pipelines.{cfg.pipeline.name}")
     examples = common.examples(arrays.x_train, arrays.y_train)
     steps = train.total_steps(cfg.train, len(arrays.x_train))
     log.info(
-        "training %s/%s on %d %s device(s)%s for %d steps, global batch %d (%d per tower)%s",
+        "training %s/%s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
         cfg.model.name, cfg.model.variant, devices.count, devices.kind, " (simulated)" if devices.simulated else "",
-        steps, cfg.train.global_batch_size, cfg.train.global_batch_size // max(1, _towers(cfg)),
-        " on SYNTHETIC data" if arrays.synthetic else "",
+        steps, cfg.train.global_batch_size, cfg.train.per_device_batch_size,
+        cfg.train.batch_scaling, " on SYNTHETIC data" if arrays.synthetic else "",
     )
     eval_ds = common.eval_dataset(arrays.x_test, arrays.y_test)
     result = train.fit(
@@ -61,12 +65,6 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     if "input_bound" in result:
         run.tags({"input_bound": str(bool(result["input_bound"])).lower()})
     return result
-
-
-def _towers(cfg: DictConfig) -> int:
-    from runner.strategies import STRATEGIES
-
-    return STRATEGIES[cfg.strategy.name].towers(max(cfg.gpus, 1))
 
 
 def run(cfg: DictConfig) -> dict:

@@ -3,8 +3,9 @@
     runner report [--experiment NAME] [--parent RUN_ID | --latest-sweep] [--filter "tags.model = 'mlp'"]
                   [--tracking-uri URI] [--out DIR]
 
-The table has one row per run: model, pipeline, strategy, device count and kind, images/s ± standard error,
-speedup and efficiency against the 1-device run of the same model, pipeline and strategy (else of the same model
+The table has one row per run: model, pipeline, strategy, device count and kind, batch scaling mode (strong: the
+global batch fixed as devices grow; weak: the per-device batch fixed), images/s ± standard error, speedup and
+efficiency against the 1-device run of the same model, pipeline, strategy and scaling mode (else of the same model
 under `single`), test accuracy, wall time and status. The plots are throughput against device count per strategy
 with the ideal linear line, and test accuracy per combination. With a sweep's parent run, table and plots are also
 logged as artifacts of that parent, so they show in the MLflow UI.
@@ -36,11 +37,15 @@ class Row:
     accuracy: float
     wall_seconds: float
     status: str
+    scaling: str = "strong"
+    host_only: bool = False  # gpus=0: the host CPU alone, the baseline beside the device runs
     speedup: float = math.nan
     efficiency: float = math.nan
 
     @property
     def device_label(self) -> str:
+        if self.host_only:
+            return "host CPU (gpus=0)"
         return f"{self.devices} {self.kind}{' (sim)' if self.simulated else ''}"
 
 
@@ -50,7 +55,8 @@ def _row(run: Any) -> Row:
         run.info.run_id, tags.get("model", "?"), tags.get("pipeline", "?"), tags.get("strategy", "?"),
         int(tags.get("devices.count", 0)), tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true",
         m.get("images_per_sec", math.nan), m.get("images_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan),
-        m.get("wall_seconds", math.nan), run.info.status,
+        m.get("wall_seconds", math.nan), run.info.status, tags.get("batch_scaling", "strong"),
+        tags.get("devices.requested") == "0",
     )
 
 
@@ -82,8 +88,9 @@ def latest_sweep(uri: str, experiment: str) -> str | None:
 
 
 def _baseline(row: Row, finished: list[Row]) -> Row | None:
-    same = [r for r in finished if (r.model, r.pipeline, r.strategy, r.devices) == (row.model, row.pipeline, row.strategy, 1)]
-    single = [r for r in finished if (r.model, r.strategy, r.devices) == (row.model, "single", 1)]
+    key = (row.model, row.pipeline, row.strategy, row.scaling, 1)
+    same = [r for r in finished if (r.model, r.pipeline, r.strategy, r.scaling, r.devices) == key]
+    single = [r for r in finished if (r.model, r.strategy, r.scaling, r.devices) == (row.model, "single", row.scaling, 1)]
     return (same or single or [None])[0]
 
 
@@ -95,7 +102,7 @@ def add_speedups(rows: list[Row]) -> list[Row]:
         if base is not None and row.status == "FINISHED" and row.devices:
             row.speedup = row.images_per_sec / base.images_per_sec
             row.efficiency = row.speedup / row.devices
-    return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.devices))
+    return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices))
 
 
 def _fmt(value: float, spec: str) -> str:
@@ -104,10 +111,11 @@ def _fmt(value: float, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """The comparison as a Markdown table."""
-    head = ("| model | pipeline | strategy | devices | images/s | ± stderr | speedup | efficiency | test acc "
-            "| wall s | status |\n" + "|---" * 11 + "|")
+    head = ("| model | pipeline | strategy | devices | scaling | images/s | ± stderr | speedup | efficiency "
+            "| test acc | wall s | status |\n" + "|---" * 12 + "|")
     lines = [
-        f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {_fmt(r.images_per_sec, ',.0f')} "
+        f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
+        f"| {_fmt(r.images_per_sec, ',.0f')} "
         f"| {_fmt(r.stderr, ',.0f')} | {_fmt(r.speedup, '.2f')} | {_fmt(r.efficiency, '.2f')} "
         f"| {_fmt(r.accuracy, '.4f')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
         for r in rows

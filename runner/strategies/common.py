@@ -15,13 +15,34 @@ def build_model(model_cfg: Any, seed: int) -> keras.Model:
     return importlib.import_module(f"models.{model_cfg.name}").build(model_cfg.variant)
 
 
+def effective_learning_rate(train_cfg: Any) -> float:
+    """The learning rate after the batch rule: none, linear (x global/reference) or sqrt (x its square root)."""
+    ratio = train_cfg.global_batch_size / train_cfg.lr_reference_batch
+    factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[train_cfg.lr_scaling]
+    return train_cfg.learning_rate * factor
+
+
+class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `rate` over `steps` optimizer steps, then constant."""
+
+    def __init__(self, rate: float, steps: int):
+        self.rate, self.steps = rate, steps
+
+    def __call__(self, step):
+        return self.rate * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / self.steps)
+
+    def get_config(self) -> dict:
+        return {"rate": self.rate, "steps": self.steps}
+
+
 def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimizer:
-    """Create the configured optimizer and its slot variables now.
+    """Create the configured optimizer (rate after the batch rule and warm-up) and its slot variables now.
 
     Slots are built eagerly because a compiled loop must not create variables on its first step (under
     tf.distribute that fails with "You must feed a value for placeholder tensor").
     """
-    lr = train_cfg.learning_rate
+    rate = effective_learning_rate(train_cfg)
+    lr = WarmUp(rate, train_cfg.lr_warmup_steps) if train_cfg.lr_warmup_steps else rate
     make = {
         "adam": lambda: keras.optimizers.Adam(lr),
         "sgd": lambda: keras.optimizers.SGD(lr),
