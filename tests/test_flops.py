@@ -1,0 +1,196 @@
+"""FLOP counts (analytic against TensorFlow's profiler), the cached matmul peak probe, and MFU arithmetic."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def flops(tf_devices):
+    """runner.flops, imported after the test devices are configured (as the run imports it)."""
+    from runner import flops
+
+    return flops
+
+
+def _mlp_formula(h: int) -> float:
+    """784-h-h-10 by hand: 2 FLOPs per multiply-add, 3x forward, minus the first layer's input gradient."""
+    forward = 2 * (784 * h + h * h + h * 10)
+    return 3 * forward - 2 * 784 * h
+
+
+def test_mlp_default_is_about_3_2_mflop_per_example(flops):
+    from models import mlp
+
+    count = flops.training_flops_per_example(mlp.build("default"))
+    assert 3.0e6 <= count <= 3.4e6
+    assert count == _mlp_formula(512) == 3_209_216
+
+
+def test_mlp_count_follows_the_hidden_units_across_variants(flops):
+    """Per hidden unit the cost is affine in h (6h + 3196): the h x h layer makes the total quadratic, not linear."""
+    from models import mlp
+
+    counts = {h: flops.training_flops_per_example(mlp.build(v)) for v, h in mlp.VARIANTS.items()}
+    assert counts == {h: _mlp_formula(h) for h in counts}
+    per_unit = {h: c / h for h, c in counts.items()}
+    slope, intercept = np.polyfit(list(per_unit), list(per_unit.values()), 1)
+    assert slope == pytest.approx(6) and intercept == pytest.approx(3196)
+    assert counts[1000] / counts[64] > 1000 / 64  # more than linear in h
+
+
+@pytest.mark.parametrize("name,variant", [("mlp", "default"), ("nin", "tiny")])
+def test_analytic_matches_profiler_within_5_percent(flops, name, variant):
+    """MLP and NIN (SAME-padded, stride-1 convs): the profiler's formulas and ours count the same work."""
+    import importlib
+
+    model = importlib.import_module(f"models.{name}").build(variant)
+    analytic, profiled = flops.training_flops_per_example(model), flops.profiler_flops_per_example(model)
+    assert profiled == pytest.approx(analytic, rel=0.05)
+    assert profiled >= analytic  # the profiler adds bias, pooling and loss ops, never fewer multiply-adds
+
+
+def _profiler_convention(model) -> float:
+    """The analytic count with conv backward ops charged on the conv's input area, as TF's profiler does."""
+    import keras
+
+    total, first = 0.0, True
+    for layer in model.layers:
+        if not layer.trainable_weights:
+            continue
+        forward = 2.0 * math.prod(layer.kernel.shape) * math.prod(layer.output.shape[1:-1])
+        ratio = 1.0
+        if isinstance(layer, keras.layers.Conv2D):
+            ratio = math.prod(layer.input.shape[1:3]) / math.prod(layer.output.shape[1:3])
+        total += forward + forward * ratio * (1 if first else 2)  # weight gradient, then input gradient
+        first = False
+    return total
+
+
+def test_cnn_counts_agree_once_the_profilers_valid_padding_convention_is_applied(flops):
+    """cnn (VALID convs): the forward passes agree; in training the profiler charges backprop on the input area."""
+    from models import cnn
+
+    model = cnn.build("tiny")
+    forward = flops.profiler_flops_per_example(model, training=False)
+    assert forward == pytest.approx(flops.forward_flops_per_example(model), rel=0.05)
+    analytic, profiled = flops.training_flops_per_example(model), flops.profiler_flops_per_example(model)
+    assert profiled == pytest.approx(_profiler_convention(model), rel=0.05)
+    assert profiled > 1.05 * analytic  # the gap is the padding convention, not a missing layer
+
+
+def test_unknown_weighted_layer_is_refused(flops):
+    import keras
+
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.BatchNormalization(), keras.layers.Flatten()])
+    with pytest.raises(ValueError, match="no FLOP formula"):
+        flops.training_flops_per_example(model)
+
+
+def test_probe_peak_measures_once_then_reads_the_cache(flops, tmp_path, monkeypatch):
+    start = time.perf_counter()
+    first = flops.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
+    uncached_s = time.perf_counter() - start
+    assert first is not None and first.gflops > 0 and not first.cached and first.dtype == "float32"
+    assert json.loads((tmp_path / "peak.json").read_text())[first.key]["gflops"] == first.gflops
+
+    monkeypatch.setattr(flops, "_benchmark", lambda *a: pytest.fail("the cached peak was measured again"))
+    start = time.perf_counter()
+    second = flops.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
+    assert time.perf_counter() - start < 0.1 < uncached_s
+    assert second.cached and second.gflops == first.gflops and second.key == first.key
+
+
+def test_probe_peak_survives_a_corrupt_cache_and_skips_unsupported_dtypes(flops, tmp_path, monkeypatch):
+    (tmp_path / "peak.json").write_text("{not json")
+    peak = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
+    assert peak is not None and not peak.cached
+    assert peak.key in json.loads((tmp_path / "peak.json").read_text())
+
+    monkeypatch.setattr(flops, "_cpuinfo", lambda field: "sse2 avx2" if field == "flags" else "Test CPU")
+    assert flops.probe_peak(dtype="float16", cache_dir=tmp_path) is None  # no native fp16: not probed
+    assert flops.probe_peak(dtype="bfloat16", cache_dir=tmp_path) is None
+    with pytest.raises(ValueError, match="dtype"):
+        flops.probe_peak(dtype="int8", cache_dir=tmp_path)
+
+
+def test_mfu_arithmetic():
+    from runner.flops import mfu
+
+    assert mfu(25_000, 3.2e6, 400.0) == pytest.approx(0.2)  # 80 GFLOP/s of 400
+    assert mfu(25_000, 3.2e6, 400.0, physical_processors=2) == pytest.approx(0.1)
+    assert mfu(0, 3.2e6, 400.0) == 0
+    assert mfu(25_000, 3.2e6, 40.0) == pytest.approx(2.0)  # > 1: a peak 10x too low, inconsistent inputs
+    for bad in [dict(peak_gflops=0), dict(physical_processors=0), dict(images_per_sec=-1)]:
+        with pytest.raises(ValueError):
+            mfu(**{"images_per_sec": 1.0, "flops_per_example": 1.0, "peak_gflops": 1.0, **bad})
+
+
+def _best_mlp_rate(tf, batch: int = 128, steps: int = 20, calls: int = 4) -> float:
+    """Best images/s of compiled Adam steps of the MLP on in-memory data (best of `calls`, as the probe)."""
+    import keras
+
+    from models import mlp
+
+    model, opt = mlp.build("default"), keras.optimizers.Adam(1e-3)
+    opt.build(model.trainable_variables)
+    x = tf.random.uniform((batch, 28, 28, 1), seed=0)
+    y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32, seed=0)
+
+    @tf.function
+    def run(n):
+        for _ in tf.range(n):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True))
+            opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    float(run(tf.constant(1)))  # warm-up: tracing
+    best = math.inf
+    for _ in range(calls):
+        start = time.perf_counter()
+        float(run(tf.constant(steps)))
+        best = min(best, time.perf_counter() - start)
+    return steps * batch / best
+
+
+def test_measured_mlp_mfu_is_a_fraction(flops, tf_devices, tmp_path):
+    """The MLP's real training rate times its analytic FLOPs stays under the matmul peak: 0 < MFU < 1."""
+    from models import mlp
+
+    rate = _best_mlp_rate(tf_devices)
+    peak = flops.probe_peak(size=1024, seconds=0.5, cache_dir=tmp_path)
+    value = flops.mfu(rate, flops.training_flops_per_example(mlp.build("default")), peak.gflops)
+    assert 0 < value < 1, f"{rate:.0f} images/s against {peak.gflops:.0f} GFLOP/s gives MFU {value:.2f}"
+
+
+def test_probe_notices_other_processes_using_the_cpus(flops):
+    """A probe disturbed by a busy process is flagged: one spinning core of the usable ones is a large share."""
+    import subprocess
+    import sys
+
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.1)
+        _, share = flops._timed_with_others_share(lambda: time.sleep(0.5))
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert share >= 0.8 / len(flops._cpus())
+
+
+def test_refresh_keeps_the_higher_figure(flops, tmp_path):
+    """Other processes only ever slow a probe down, so a re-probe never lowers the cached peak."""
+    low = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
+    cache = tmp_path / "peak.json"
+    cache.write_text(json.dumps({low.key: {"gflops": 1e-3}}))
+    raised = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
+    assert raised.gflops > 1e-3 and json.loads(cache.read_text())[low.key]["gflops"] == raised.gflops
+    cache.write_text(json.dumps({low.key: {"gflops": 1e9}}))
+    kept = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
+    assert kept.gflops == 1e9 and not kept.cached
