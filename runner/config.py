@@ -81,6 +81,9 @@ class TrainConf:
     eval_every: int = 0
     jit_compile: bool = False
     measure_input: bool = True
+    probe_peak: bool = True
+    intra_op_threads: int = -1
+    inter_op_threads: int = 0
 
 
 @dataclass
@@ -158,6 +161,8 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.per_device_batch_size": (_positive, "a positive integer or null"),
     "train.lr_reference_batch": (_positive, "a positive integer"),
     "train.lr_warmup_steps": (_non_negative, "0 or a positive number of steps"),
+    "train.intra_op_threads": (lambda v: v >= -1, "-1 (auto), 0 (TensorFlow's default) or a positive integer"),
+    "train.inter_op_threads": (_non_negative, "0 (TensorFlow's default) or a positive integer"),
     "train.epochs": (_positive, "a positive number or null"),
     "train.steps": (_positive, "a positive integer or null"),
     "train.steps_per_call": (_positive, "a positive integer"),

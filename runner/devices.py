@@ -93,11 +93,34 @@ def _reuse(tf, gpus: int) -> Devices:
     return Devices(_names(kind, need), kind, need > 1 and have > physical, desc)
 
 
-def setup(gpus: int) -> Devices:
-    """Configure TensorFlow's devices for `gpus` and describe them.
+def intra_op_threads(requested: int, devices: Devices) -> int:
+    """Threads one op may use. Auto (-1): on N simulated CPU devices, cores / N, since their towers run at once
+    on the same cores and N ops of 2 threads each on 2 cores only fight; otherwise TensorFlow's default (0)."""
+    if requested != -1:
+        return requested
+    if devices.simulated and devices.kind == "CPU":
+        return max(1, (os.cpu_count() or 1) // devices.count)
+    return 0
+
+
+def _configure_threads(tf, devices: Devices, intra: int, inter: int) -> None:
+    intra = intra_op_threads(intra, devices)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:  # TensorFlow already initialised in this process (in-process tests): keep its pools
+        log.info("thread pools already fixed in this process; train.*_op_threads not applied")
+        return
+    log.info("threads: intra-op %s, inter-op %s (0 = TensorFlow's default)", intra, inter)
+
+
+def setup(gpus: int, intra: int = -1, inter: int = 0) -> Devices:
+    """Configure TensorFlow's devices (and thread pools) for `gpus` and describe them.
 
     Args:
         gpus: number of devices to train on (0 = host CPU alone).
+        intra: threads per op (-1: auto, see `intra_op_threads`; 0: TensorFlow's default).
+        inter: ops run at once (0: TensorFlow's default).
 
     Returns:
         The Devices record; a warning is logged when they are simulated.
@@ -111,6 +134,7 @@ def setup(gpus: int) -> Devices:
         devices = _configure(tf, gpus)
     except RuntimeError:  # "... cannot be modified after being initialized"
         devices = _reuse(tf, gpus)
+    _configure_threads(tf, devices, intra, inter)
     if devices.simulated:
         log.warning(
             "simulated devices: %d logical %s devices on %s; they share one physical processor",

@@ -33,7 +33,7 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     """Everything after the run is opened: devices, data, strategy, loop."""
     from runner import devices as devices_mod
 
-    devices = devices_mod.setup(cfg.gpus)  # first TensorFlow import: nothing may touch TF before this
+    devices = devices_mod.setup(cfg.gpus, cfg.train.intra_op_threads, cfg.train.inter_op_threads)  # first TF import: nothing may touch TF before this
     run.tags(devices.as_tags())
 
     import tensorflow as tf
@@ -42,11 +42,13 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     from runner import strategies, train
 
     arrays = common.load_arrays(cfg.data, cfg.train.seed)
+    hardware = _hardware_figures(cfg, devices)  # before the strategy: the probe wants a quiet machine
+    run.metrics(hardware, 0)
     strategy = strategies.build(cfg.strategy.name, devices, cfg)
     from runner.strategies.common import effective_learning_rate
 
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": cfg.train.batch_scaling,
-              "devices.requested": str(cfg.gpus), **strategy.describe()})
+              "devices.requested": str(cfg.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
     run.metrics({"effective_learning_rate": effective_learning_rate(cfg.train)}, 0)
     pipeline = importlib.import_module(f"data_pipelines.{cfg.pipeline.name}")
     examples = common.examples(arrays.x_train, arrays.y_train)
@@ -62,9 +64,45 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
         strategy, lambda: strategy.batches(pipeline, examples, cfg.train.seed), eval_ds, cfg, steps, run.metrics
     )
     result["wall_seconds"] = time.perf_counter() - started
+    result.update(_utilisation(result, hardware, devices))
     if "input_bound" in result:
         run.tags({"input_bound": str(bool(result["input_bound"])).lower()})
     return result
+
+
+def _hardware_figures(cfg: DictConfig, devices) -> dict:
+    """FLOPs of one training step per example (from the model itself) and the probed matmul peak, if enabled."""
+    from runner import flops
+    from runner.strategies.common import build_model
+
+    figures = {"flops_per_example": flops.training_flops_per_example(build_model(cfg.model, cfg.train.seed))}
+    if cfg.train.probe_peak:
+        peak = flops.probe_peak(devices.names[0])
+        if peak is not None:
+            figures["peak_gflops"] = peak.gflops
+    return figures
+
+
+def _mfu_basis(devices) -> str:
+    if devices.simulated:
+        return f"the physical peak of {devices.physical}, shared by {devices.count} simulated devices"
+    if devices.kind == "CPU":
+        return f"the physical peak of {devices.physical}"
+    return f"{devices.count} x the peak of one {devices.kind}"
+
+
+def _utilisation(result: dict, hardware: dict, devices) -> dict:
+    """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak."""
+    if "images_per_sec" not in result:
+        return {}
+    achieved = result["images_per_sec"] * hardware["flops_per_example"] / 1e9
+    out = {"achieved_gflops": achieved}
+    if "peak_gflops" in hardware:
+        from runner import flops
+
+        physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
+        out["mfu"] = flops.mfu(result["images_per_sec"], hardware["flops_per_example"], hardware["peak_gflops"], physical)
+    return out
 
 
 def run(cfg: DictConfig) -> dict:

@@ -39,6 +39,8 @@ class Row:
     status: str
     scaling: str = "strong"
     host_only: bool = False  # gpus=0: the host CPU alone, the baseline beside the device runs
+    achieved_gflops: float = math.nan
+    mfu: float = math.nan
     speedup: float = math.nan
     efficiency: float = math.nan
 
@@ -56,7 +58,7 @@ def _row(run: Any) -> Row:
         int(tags.get("devices.count", 0)), tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true",
         m.get("images_per_sec", math.nan), m.get("images_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan),
         m.get("wall_seconds", math.nan), run.info.status, tags.get("batch_scaling", "strong"),
-        tags.get("devices.requested") == "0",
+        tags.get("devices.requested") == "0", m.get("achieved_gflops", math.nan), m.get("mfu", math.nan),
     )
 
 
@@ -112,11 +114,12 @@ def _fmt(value: float, spec: str) -> str:
 def table(rows: list[Row]) -> str:
     """The comparison as a Markdown table."""
     head = ("| model | pipeline | strategy | devices | scaling | images/s | ± stderr | speedup | efficiency "
-            "| test acc | wall s | status |\n" + "|---" * 12 + "|")
+            "| GFLOP/s | MFU | test acc | wall s | status |\n" + "|---" * 14 + "|")
     lines = [
         f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
         f"| {_fmt(r.images_per_sec, ',.0f')} "
         f"| {_fmt(r.stderr, ',.0f')} | {_fmt(r.speedup, '.2f')} | {_fmt(r.efficiency, '.2f')} "
+        f"| {_fmt(r.achieved_gflops, '.1f')} | {_fmt(r.mfu, '.1%')} "
         f"| {_fmt(r.accuracy, '.4f')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
         for r in rows
     ]

@@ -31,7 +31,7 @@ def test_mirrored_on_two_simulated_devices_says_so(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = proc.stdout + proc.stderr
     assert "simulated devices: 2 logical CPU devices" in log
-    assert "global batch 64 (32 per tower)" in log
+    assert "global batch 64 (32 per tower, strong scaling)" in log
     row = runs(_store(tmp_path), "smoke").iloc[0]
     assert (row["tags.devices.count"], row["tags.devices.simulated"], row["tags.devices.kind"]) == ("2", "true", "CPU")
 
