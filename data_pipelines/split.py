@@ -33,4 +33,5 @@ def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> B
 
 def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
     """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
-    return iter(strategy.experimental_distribute_dataset(batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts)))
+    global_batches = batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts)
+    return iter(strategy.experimental_distribute_dataset(global_batches))

@@ -69,7 +69,8 @@ def pipelines(args: argparse.Namespace) -> int:
             for pipeline in PIPELINES:
                 overrides = [
                     f"pipeline={pipeline}", f"strategy={strategy}", f"gpus={gpus}", f"model={args.model}",
-                    f"model.variant={args.variant}", f"train.steps={args.steps}", f"train.global_batch_size={args.batch}",
+                    f"model.variant={args.variant}", f"train.steps={args.steps}",
+                    f"train.global_batch_size={args.batch}",
                     f"data={args.data}", f"train.steps_per_call={args.steps_per_call}",
                 ]
                 metrics = run_job(overrides, uri, "bench_pipelines")
@@ -104,7 +105,8 @@ def strategies(args: argparse.Namespace) -> int:
 
     ensure_experiment(uri, "bench_strategies")
     common = [f"model={args.model}", f"model.variant={args.variant}", f"train.steps={args.steps}",
-              f"train.global_batch_size={args.batch}", f"data={args.data}", f"train.steps_per_call={args.steps_per_call}"]
+              f"train.global_batch_size={args.batch}", f"data={args.data}",
+              f"train.steps_per_call={args.steps_per_call}"]
     single_before = run_job(["strategy=single", "gpus=1", *common], uri, "bench_strategies")
     rows: list[tuple[str, int, dict]] = [("keras fit", 1, keras_job(args.model, args.variant, 1, False, args))]
     for gpus in args.gpus:

@@ -33,7 +33,8 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     """Everything after the run is opened: devices, data, strategy, loop."""
     from runner import devices as devices_mod
 
-    devices = devices_mod.setup(cfg.gpus, cfg.train.intra_op_threads, cfg.train.inter_op_threads)  # first TF import: nothing may touch TF before this
+    # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
+    devices = devices_mod.setup(cfg.gpus, cfg.train.intra_op_threads, cfg.train.inter_op_threads)
     run.tags(devices.as_tags())
 
     import tensorflow as tf
@@ -101,7 +102,9 @@ def _utilisation(result: dict, hardware: dict, devices) -> dict:
         from runner import flops
 
         physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
-        out["mfu"] = flops.mfu(result["images_per_sec"], hardware["flops_per_example"], hardware["peak_gflops"], physical)
+        out["mfu"] = flops.mfu(
+            result["images_per_sec"], hardware["flops_per_example"], hardware["peak_gflops"], physical
+        )
     return out
 
 

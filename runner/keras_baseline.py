@@ -23,8 +23,9 @@ import numpy as np
 def _dataset(args: argparse.Namespace):
     from data_pipelines import common
 
-    data = SimpleNamespace(name=args.data, path=None, cache_dir=None, train_limit=None if args.data == "mnist" else 60000,
-                           test_limit=None if args.data == "mnist" else 10000, allow_download=True, allow_npm=True)
+    synthetic = args.data == "synthetic"
+    data = SimpleNamespace(name=args.data, path=None, cache_dir=None, train_limit=60000 if synthetic else None,
+                           test_limit=10000 if synthetic else None, allow_download=True, allow_npm=True)
     arrays = common.load_arrays(data, 0)
     opts = SimpleNamespace(prefetch=-1, map_parallelism=-1, private_threads=0)
     ds = common.shuffled(common.examples(arrays.x_train, arrays.y_train), 10000, 0)
@@ -69,7 +70,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from runner.strategies.common import build_model
 
-    scope = tf.distribute.MirroredStrategy(list(devices.names)).scope() if args.mirrored else tf.device(devices.names[0])
+    if args.mirrored:
+        scope = tf.distribute.MirroredStrategy(list(devices.names)).scope()
+    else:
+        scope = tf.device(devices.names[0])
     with scope:
         model = build_model(SimpleNamespace(name=args.model, variant=args.variant), 0)
         model.compile(optimizer=keras.optimizers.Adam(args.lr),

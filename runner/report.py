@@ -85,14 +85,17 @@ def latest_sweep(uri: str, experiment: str) -> str | None:
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         return None
-    found = client.search_runs([exp.experiment_id], "tags.sweep = 'parent'", order_by=["start_time DESC"], max_results=1)
+    found = client.search_runs(
+        [exp.experiment_id], "tags.sweep = 'parent'", order_by=["start_time DESC"], max_results=1
+    )
     return found[0].info.run_id if found else None
 
 
 def _baseline(row: Row, finished: list[Row]) -> Row | None:
     key = (row.model, row.pipeline, row.strategy, row.scaling, 1)
     same = [r for r in finished if (r.model, r.pipeline, r.strategy, r.scaling, r.devices) == key]
-    single = [r for r in finished if (r.model, r.strategy, r.scaling, r.devices) == (row.model, "single", row.scaling, 1)]
+    single_key = (row.model, "single", row.scaling, 1)
+    single = [r for r in finished if (r.model, r.strategy, r.scaling, r.devices) == single_key]
     return (same or single or [None])[0]
 
 
@@ -140,10 +143,10 @@ def plot_throughput(rows: list[Row], path: Path) -> None:
             groups.setdefault((r.model, r.pipeline, r.strategy), []).append(r)
     for (model, pipeline, strategy), rs in sorted(groups.items()):
         rs.sort(key=lambda r: r.devices)
-        line, = ax.plot([r.devices for r in rs], [r.images_per_sec for r in rs], "o-", label=f"{model}/{pipeline}/{strategy}")
+        xs, ys = [r.devices for r in rs], [r.images_per_sec for r in rs]
+        (line,) = ax.plot(xs, ys, "o-", label=f"{model}/{pipeline}/{strategy}")
         base = [r for r in rs if r.devices == 1]
         if base and len(rs) > 1:
-            xs = [r.devices for r in rs]
             ax.plot(xs, [base[0].images_per_sec * x for x in xs], ":", color=line.get_color(), alpha=0.6)
     ax.set(xlabel="devices", ylabel="images/s", title="Throughput vs devices (dotted: ideal linear scaling)")
     ax.set_xticks(sorted({r.devices for rs in groups.values() for r in rs}))

@@ -90,7 +90,8 @@ def run_isolated(cfg: DictConfig) -> dict:
     outcome: dict[str, Any] = {"overrides": " ".join(overrides), "job_dir": job_dir}
     typed = validated_or_none(cfg)
     if typed is not None and cfg.sweep.resume:
-        done = _finished_run_with_hash(resolve_uri(typed.mlflow.tracking_uri), typed.mlflow.experiment, config_hash(typed))
+        uri = resolve_uri(typed.mlflow.tracking_uri)
+        done = _finished_run_with_hash(uri, typed.mlflow.experiment, config_hash(typed))
         if done:
             log.info("resume: %s already FINISHED as run %s; skipped", outcome["overrides"], done)
             return _write(job_dir, {**outcome, "status": "SKIPPED", "run_id": done})

@@ -106,17 +106,18 @@ def sweep_tags(cfg: DictConfig) -> dict[str, str]:
 
 def record_invalid(cfg: DictConfig, error: Exception) -> None:
     """A sweep job whose config is invalid still gets a run, FAILED with the error, so the sweep shows it."""
-    uri = resolve_uri(OmegaConf.select(cfg, "mlflow.tracking_uri", default=None))
-    name = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
     from runner import sweep
 
+    uri = resolve_uri(OmegaConf.select(cfg, "mlflow.tracking_uri", default=None))
+    experiment = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
     tags = {k: str(OmegaConf.select(cfg, f"{k}.name", default="?")) for k in ("model", "pipeline", "strategy")}
     tags["devices.count"] = str(OmegaConf.select(cfg, "gpus", default="?"))
-    tags["mlflow.runName"] = f"{tags['model']}-{tags['pipeline']}-{tags['strategy']}-{tags['devices.count']}dev (invalid)"
+    combination = "-".join(tags[k] for k in ("model", "pipeline", "strategy"))
+    tags["mlflow.runName"] = f"{combination}-{tags['devices.count']}dev (invalid)"
     parent = sweep.parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent
-    Run(uri, name, tags).end("FAILED", str(error))
+    Run(uri, experiment, tags).end("FAILED", str(error))
 
 
 class Run:

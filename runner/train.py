@@ -111,6 +111,24 @@ def input_figures(strategy: Any, make_batches: Callable[[], Any], train: Any, ti
     return {"input_batches_per_sec": pipeline, "step_batches_per_sec": step, "input_bound": float(bound)}
 
 
+def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
+    """One compiled call of n steps from `step`: (mean loss, seconds). Raises NonFiniteLoss naming the bad step."""
+    import tensorflow as tf
+
+    t0 = time.perf_counter()
+    mean_loss, done = loop(tf.constant(n))
+    loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
+    if done < n:
+        raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
+    return loss, time.perf_counter() - t0
+
+
+def _evaluate(strategy: Any, eval_ds: Any, record: Callable[[dict, int], None], step: int) -> tuple[float, float]:
+    test_loss, test_acc = strategy.evaluate(eval_ds)
+    record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+    return test_loss, test_acc
+
+
 def fit(
     strategy: Any, make_batches: Callable[[], Any], eval_ds: Any, cfg: Any, steps: int,
     record: Callable[[dict, int], None],
@@ -129,20 +147,13 @@ def fit(
         train_loss, test_loss, test_accuracy, images_per_sec (± stderr), step_time_ms, train_seconds, and the
         pipeline-alone rate beside the step rate (input_batches_per_sec, step_batches_per_sec, input_bound).
     """
-    import tensorflow as tf
-
     train = cfg.train
     loop = strategy.train_loop(make_batches())
     timer, progress = Timer(train.warmup_calls, train.steps_per_call), Progress(steps)
     step, loss, start, first_step_at = 0, float("nan"), time.perf_counter(), None
     while step < steps:
         n = min(train.steps_per_call, steps - step)
-        t0 = time.perf_counter()
-        mean_loss, done = loop(tf.constant(n))
-        loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
-        dt = time.perf_counter() - t0
-        if done < n:
-            raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
+        loss, dt = _call(loop, n, step)
         timer.add(n, dt)
         first_step_at = first_step_at or time.time()
         step += n
@@ -150,11 +161,9 @@ def fit(
         record({"train_loss": loss, "call_images_per_sec": rate}, step)
         progress.update(step, loss, rate)
         if train.eval_every and step < steps and step // train.eval_every > (step - n) // train.eval_every:
-            test_loss, test_acc = strategy.evaluate(eval_ds)
-            record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+            _evaluate(strategy, eval_ds, record, step)
     train_seconds = time.perf_counter() - start
-    test_loss, test_acc = strategy.evaluate(eval_ds)
-    record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+    test_loss, test_acc = _evaluate(strategy, eval_ds, record, step)
     timed = timer.summary(train.global_batch_size)
     return {
         "train_loss": loss,

@@ -36,7 +36,7 @@ class Spec:
         too_many = self.max_gpus is not None and cfg.gpus > self.max_gpus
         if too_few or too_many:
             top = self.max_gpus if self.max_gpus is not None else "any"
-            valid = [n for n, s in STRATEGIES.items() if s.min_gpus <= cfg.gpus and (s.max_gpus or cfg.gpus) >= cfg.gpus]
+            valid = [n for n, s in STRATEGIES.items() if s.min_gpus <= cfg.gpus <= (s.max_gpus or cfg.gpus)]
             raise ConfigError(
                 f"strategy={cfg.strategy.name} needs gpus from {self.min_gpus} to {top}, got gpus={cfg.gpus}; "
                 f"strategies valid with gpus={cfg.gpus}: {', '.join(valid)}"
