@@ -18,7 +18,8 @@ from data_pipelines.common import batched, per_tower_batch, shuffled
 
 def shard(ds, index: int, shards: int, global_batch: int, opts: Any, seed: int):
     """Shard `index` of `shards`: shuffled (its share of the buffer, its own seed), batched per tower, host-side."""
-    sub = shuffled(ds.shard(shards, index), opts.shuffle_buffer // shards, seed + index)
+    buffer = max(1, opts.shuffle_buffer // shards) if opts.shuffle_buffer else 0  # never silently 0 (= no shuffle)
+    sub = shuffled(ds.shard(shards, index), buffer, seed + index)
     return batched(sub, per_tower_batch(global_batch, shards), opts)
 
 

@@ -140,10 +140,15 @@ def cli() -> None:
         if sweep.failures:
             sys.exit(1)
     except KeyboardInterrupt:
+        sweep.close_open_parent("KILLED")
         print("interrupted", file=sys.stderr)
         sys.exit(130)
     except (*_user_errors(), HydraException, OmegaConfBaseException) as e:
+        sweep.close_open_parent("FAILED")
         _report(e)
+    except Exception:
+        sweep.close_open_parent("FAILED")
+        raise
 
 
 if __name__ == "__main__":

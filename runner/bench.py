@@ -22,7 +22,6 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 PIPELINES = ("split", "per_tower", "sharded")
 
@@ -55,9 +54,9 @@ def _row(pipeline: str, strategy: str, gpus: int, m: dict) -> str:
 
 def pipelines(args: argparse.Namespace) -> int:
     """The pipeline table: input-alone vs training-step batches/s for every pipeline x strategy x N."""
-    uri = args.tracking_uri or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
-    from runner.tracking import ensure_experiment
+    from runner.tracking import ensure_experiment, resolve_uri
 
+    uri = resolve_uri(args.tracking_uri)
     ensure_experiment(uri, "bench_pipelines")  # create the store once, before the jobs
     print(f"# pipeline benchmark: model={args.model} steps={args.steps} global batch={args.batch}, {time.ctime()}")
     print("| pipeline | strategy | devices | pipeline alone (batches/s) | training step (batches/s) | ratio "
@@ -100,9 +99,9 @@ def _rate_row(label: str, devices: int, m: dict, base: float) -> str:
 
 def strategies(args: argparse.Namespace) -> int:
     """Data-parallel strategies x pipelines against the runner's single device and Keras fit."""
-    uri = args.tracking_uri or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
-    from runner.tracking import ensure_experiment
+    from runner.tracking import ensure_experiment, resolve_uri
 
+    uri = resolve_uri(args.tracking_uri)
     ensure_experiment(uri, "bench_strategies")
     common = [f"model={args.model}", f"model.variant={args.variant}", f"train.steps={args.steps}",
               f"train.global_batch_size={args.batch}", f"data={args.data}",

@@ -32,6 +32,7 @@ ENV_PARENT = "RUNNER_PARENT_RUN_ID"
 ENV_CHILD = "RUNNER_SWEEP_CHILD"
 
 failures: list[dict] = []  # set by the callback after a sweep; the command line exits non-zero when not empty
+_open_parent: dict[str, str] = {}  # uri and run id of a parent run this process opened and has not closed yet
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -96,12 +97,30 @@ def run_isolated(cfg: DictConfig) -> dict:
             log.info("resume: %s already FINISHED as run %s; skipped", outcome["overrides"], done)
             return _write(job_dir, {**outcome, "status": "SKIPPED", "run_id": done})
     env = {**os.environ, ENV_CHILD: "1", ENV_PARENT: _read_parent(hc.sweep.dir) or ""}
-    proc = subprocess.run(_child_command(overrides, job_dir), env=env, capture_output=True, text=True)
-    Path(job_dir, "child.stdout").write_text(proc.stdout)
-    Path(job_dir, "child.stderr").write_text(proc.stderr)
-    if proc.returncode == 0:
+    code, stdout, stderr = _run_child(_child_command(overrides, job_dir), env)
+    Path(job_dir, "child.stdout").write_text(stdout)
+    Path(job_dir, "child.stderr").write_text(stderr)
+    if code == 0:
         return _write(job_dir, {**outcome, "status": "FINISHED"})
-    return _write(job_dir, {**outcome, "status": "FAILED", "error": _error_line(proc.stderr, proc.returncode)})
+    return _write(job_dir, {**outcome, "status": "FAILED", "error": _error_line(stderr, code)})
+
+
+def _run_child(command: list[str], env: dict) -> tuple[int, str, str]:
+    """Run a job process to the end: (exit status, stdout, stderr).
+
+    On Ctrl-C the child, in the same process group, got the interrupt too: give it time to close its MLflow run as
+    KILLED instead of killing it at once (which is what subprocess.run would do, leaving the run RUNNING).
+    """
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
+        try:
+            stdout, stderr = child.communicate()
+        except KeyboardInterrupt:
+            try:
+                child.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+            raise
+    return child.returncode, stdout, stderr
 
 
 def _write(job_dir: str, outcome: dict) -> dict:
@@ -146,6 +165,7 @@ class SweepCallback(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(parent)
         os.environ[ENV_PARENT] = parent
+        _open_parent.update(uri=uri, run_id=parent)
         failures.clear()
         log.info("sweep parent run %s in %s", parent, uri)
 
@@ -160,8 +180,20 @@ class SweepCallback(Callback):
         failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
         parent = _read_parent(config.hydra.sweep.dir)
         client = MlflowClient(resolve_uri(config.mlflow.tracking_uri))
-        client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
-        client.set_terminated(parent, "FAILED" if failures else "FINISHED")
+        try:
+            client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
+        finally:  # the parent is closed even if the summary cannot be stored
+            client.set_terminated(parent, "FAILED" if failures else "FINISHED")
+            _open_parent.clear()
+
+
+def close_open_parent(status: str) -> None:
+    """End a sweep's parent run that an interruption (Ctrl-C) or a crash left open, so it does not stay RUNNING."""
+    if _open_parent:
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(_open_parent["uri"]).set_terminated(_open_parent["run_id"], status)
+        _open_parent.clear()
 
 
 def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:

@@ -123,3 +123,34 @@ def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
     for name in ("throughput.png", "accuracy.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_ctrl_c_during_a_sweep_leaves_no_run_running(tmp_path):
+    import os
+    import signal
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "-m", "debug=smoke", "train.steps=100000", "strategy=single,mirrored"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        for _ in range(120):  # wait until the first job's own run is training
+            time.sleep(1)
+            if (tmp_path / "mlflow.db").exists():
+                df = runs(uri, "smoke")
+                if "tags.sweep" in df and ((df["tags.sweep"] != "parent") & (df["status"] == "RUNNING")).any():
+                    break
+        else:
+            pytest.fail("no job started within 120 s")
+        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr[-2000:]
+    statuses = runs(uri, "smoke").set_index("tags.mlflow.runName")["status"]
+    assert "RUNNING" not in set(statuses), statuses
+    assert set(statuses) == {"KILLED"}  # the parent and the interrupted job
