@@ -124,34 +124,3 @@ def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
-
-def test_ctrl_c_during_a_sweep_ends_the_parent_run_killed(tmp_path):
-    import os
-    import signal
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
-    env.pop("MLFLOW_TRACKING_URI", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runner", "-m", "debug=smoke", "train.steps=100000", "strategy=single,mirrored"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )
-    try:
-        for _ in range(120):  # wait until the first job is inside its training loop (has logged a train_loss)
-            time.sleep(1)
-            if (tmp_path / "mlflow.db").exists():
-                df = runs(uri, "smoke")
-                if "metrics.train_loss" in df and df["metrics.train_loss"].notna().any():
-                    break
-        else:
-            pytest.fail("no job started within 120 s")
-        os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 130, stderr[-2000:]
-    df = runs(uri, "smoke")
-    assert list(df[df["tags.sweep"] == "parent"]["status"]) == ["KILLED"]
-    # Known gap (see the README): the interrupted job's own run is not always closed yet; issue 7's "the next start
-    # marks a dead run KILLED" will cover it.
