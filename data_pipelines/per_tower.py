@@ -34,6 +34,8 @@ def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
     """tf.distribute's per-worker input function: per-replica batches from one pipeline."""
 
     def dataset_fn(ctx):
-        return batched(shuffled(ds, opts.shuffle_buffer, seed), ctx.get_per_replica_batch_size(global_batch), opts)
+        # One pipeline per worker; several workers (multi_worker) each take a disjoint shard of the examples.
+        mine = ds.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx.num_input_pipelines > 1 else ds
+        return batched(shuffled(mine, opts.shuffle_buffer, seed), ctx.get_per_replica_batch_size(global_batch), opts)
 
     return iter(strategy.distribute_datasets_from_function(dataset_fn))

@@ -16,11 +16,12 @@ from typing import Any
 from data_pipelines.common import batched, per_tower_batch, shuffled
 
 
-def shard(ds, index: int, shards: int, global_batch: int, opts: Any, seed: int):
-    """Shard `index` of `shards`: shuffled (its share of the buffer, its own seed), batched per tower, host-side."""
+def shard(ds, index: int, shards: int, batch: int, opts: Any, seed: int):
+    """Shard `index` of `shards`: shuffled (its share of the buffer, its own seed), in batches of `batch` (a tower's
+    share of the global batch), host-side."""
     buffer = max(1, opts.shuffle_buffer // shards) if opts.shuffle_buffer else 0  # never silently 0 (= no shuffle)
     sub = shuffled(ds.shard(shards, index), buffer, seed + index)
-    return batched(sub, per_tower_batch(global_batch, shards), opts)
+    return batched(sub, batch, opts)
 
 
 class Batches:
@@ -32,7 +33,7 @@ class Batches:
         self.devices = list(devices)
         self._its = []
         for i, device in enumerate(self.devices):
-            staged = shard(ds, i, len(devices), global_batch, opts, seed).apply(
+            staged = shard(ds, i, len(devices), per_tower_batch(global_batch, len(devices)), opts, seed).apply(
                 tf.data.experimental.prefetch_to_device(device, opts.device_buffer)
             )
             with tf.device(device):
@@ -53,10 +54,15 @@ def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
     import tensorflow as tf
 
     def dataset_fn(ctx):
-        return shard(ds, ctx.input_pipeline_id, ctx.num_input_pipelines, global_batch, opts, seed)
+        batch = ctx.get_per_replica_batch_size(global_batch)
+        return shard(ds, ctx.input_pipeline_id, ctx.num_input_pipelines, batch, opts, seed)
 
+    # PER_REPLICA (a pipeline per device) exists for MirroredStrategy only; across workers (multi_worker) each
+    # worker gets one shard, batched per replica and still fetched onto its device ahead of the step.
+    per_replica = isinstance(strategy, tf.distribute.MirroredStrategy)
+    mode = tf.distribute.InputReplicationMode
     options = tf.distribute.InputOptions(
-        experimental_replication_mode=tf.distribute.InputReplicationMode.PER_REPLICA,
+        experimental_replication_mode=mode.PER_REPLICA if per_replica else mode.PER_WORKER,
         experimental_fetch_to_device=True,
         experimental_per_replica_buffer_size=opts.device_buffer,
     )

@@ -33,5 +33,11 @@ def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> B
 
 def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
     """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
+    import tensorflow as tf
+
     global_batches = batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts)
-    return iter(strategy.experimental_distribute_dataset(global_batches))
+    # Several workers (multi_worker): each keeps its own share of every global batch. In-memory data has no files
+    # to shard by, so say DATA instead of letting AUTO try FILE first and warn.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return iter(strategy.experimental_distribute_dataset(global_batches.with_options(options)))

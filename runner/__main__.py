@@ -24,9 +24,10 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     """Exception types that mean 'your input is wrong', reported as one line."""
     from data_pipelines.mnist import DataError
     from runner.devices import DeviceError
+    from runner.tracking import StoreError
     from runner.train import NonFiniteLoss
 
-    return ConfigError, DataError, DeviceError, NonFiniteLoss
+    return ConfigError, DataError, DeviceError, NonFiniteLoss, StoreError
 
 
 def _fail(message: str) -> None:
@@ -87,7 +88,8 @@ def main(cfg: DictConfig) -> Any:
     print(
         f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}  "
         f"{result.get('images_per_sec', float('nan')):,.0f} images/s  ({result['steps']:.0f} steps, "
-        f"{result['wall_seconds']:.1f} s)  mlflow run {result['run_id']}"
+        f"{result['wall_seconds']:.1f} s)  "
+        + (f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)")
     )
     return result
 

@@ -22,6 +22,7 @@ OPTIMIZERS = ("adam", "sgd", "momentum", "rmsprop")
 CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 MAX_DEVICES = 16
 MODEL_PARALLEL_SPLITS = ("auto", "width", "stages", "two_tower")
+COMMUNICATIONS = ("auto", "ring", "nccl")
 
 
 class ConfigError(ValueError):
@@ -50,6 +51,9 @@ class StrategyConf:
     cross_device_ops: str = "auto"
     ps_device: str = "cpu"
     split: str = "auto"  # strategy=model_parallel: auto | width | stages | two_tower
+    workers: list[str] = field(default_factory=list)  # strategy=multi_worker: host:port of every worker
+    task_index: int = 0  # strategy=multi_worker: this process's index in `workers`
+    communication: str = "auto"  # strategy=multi_worker: collective implementation
 
 
 @dataclass
@@ -84,6 +88,8 @@ class TrainConf:
     probe_peak: bool = True
     intra_op_threads: int = -1
     inter_op_threads: int = 0
+    checkpoint_every: int = 1000
+    checkpoint_dir: str = "checkpoints"
 
 
 @dataclass
@@ -139,6 +145,7 @@ def allowed_choices() -> dict[str, list[str]]:
         "strategy.cross_device_ops": list(CROSS_DEVICE_OPS),
         "strategy.ps_device": ["cpu", "first_device"],
         "strategy.split": list(MODEL_PARALLEL_SPLITS),
+        "strategy.communication": list(COMMUNICATIONS),
         "data.name": ["mnist", "synthetic"],
         "train.optimizer": list(OPTIMIZERS),
         "train.batch_scaling": ["strong", "weak"],
@@ -169,6 +176,7 @@ _RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "train.warmup_calls": (_non_negative, "0 or a positive integer"),
     "train.learning_rate": (lambda v: 0 < v < math.inf, "a positive finite number"),
     "train.eval_every": (_non_negative, "0 (end only) or a positive number of steps"),
+    "train.checkpoint_every": (_non_negative, "0 (no checkpoints) or a positive number of steps"),
     "pipeline.shuffle_buffer": (_non_negative, "0 (no shuffle) or a positive integer"),
     "pipeline.prefetch": (lambda v: v >= -1, "-1 (AUTOTUNE), 0 or a positive integer"),
     "pipeline.map_parallelism": (lambda v: v == -1 or v > 0, "-1 (AUTOTUNE) or a positive integer"),
@@ -211,10 +219,12 @@ def _check_choices(cfg: DictConfig) -> None:
 
 
 def towers(cfg: DictConfig) -> int:
-    """How many towers (model replicas fed separate batches) the config's strategy runs on its devices."""
+    """How many towers (model replicas fed separate batches) the config's strategy runs, over all its workers."""
+    from runner import cluster
     from runner.strategies import STRATEGIES
 
-    return STRATEGIES[cfg.strategy.name].towers(max(cfg.gpus, 1))
+    workers = cluster.from_config(cfg)
+    return STRATEGIES[cfg.strategy.name].towers(max(cfg.gpus, 1)) * (workers.count if workers else 1)
 
 
 def _resolve_batch(cfg: DictConfig) -> None:

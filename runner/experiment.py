@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from runner import sweep, tracking
+from runner import cluster, sweep, tracking
 from runner.config import ConfigError, validate
 
 log = logging.getLogger(__name__)
@@ -30,24 +30,24 @@ def _hydra_log_file() -> Path | None:
 
 
 def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
-    """Everything after the run is opened: devices, data, strategy, loop."""
+    """Everything after the run is opened: devices, strategy, data, loop."""
     from runner import devices as devices_mod
 
     # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
     devices = devices_mod.setup(cfg.gpus, cfg.train.intra_op_threads, cfg.train.inter_op_threads)
-    run.tags(devices.as_tags())
+    run.tags({**devices.as_tags(), "devices.workers": "1"})
 
     import tensorflow as tf
 
     from data_pipelines import common
     from runner import strategies, train
-
-    arrays = common.load_arrays(cfg.data, cfg.train.seed)
-    hardware = _hardware_figures(cfg, devices)  # before the strategy: the probe wants a quiet machine
-    run.metrics(hardware, 0)
-    strategy = strategies.build(cfg.strategy.name, devices, cfg)
     from runner.strategies.common import effective_learning_rate
 
+    # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
+    strategy = strategies.build(cfg.strategy.name, devices, cfg)
+    arrays = common.load_arrays(cfg.data, cfg.train.seed)
+    hardware = _hardware_figures(cfg, devices)
+    run.metrics(hardware, 0)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": cfg.train.batch_scaling,
               "devices.requested": str(cfg.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
     run.metrics({"effective_learning_rate": effective_learning_rate(cfg.train)}, 0)
@@ -60,15 +60,52 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
         steps, cfg.train.global_batch_size, cfg.train.per_device_batch_size,
         cfg.train.batch_scaling, " on SYNTHETIC data" if arrays.synthetic else "",
     )
+    checkpointer, start = _resume(cfg, strategy, run)
     eval_ds = common.eval_dataset(arrays.x_test, arrays.y_test)
     result = train.fit(
-        strategy, lambda: strategy.batches(pipeline, examples, cfg.train.seed), eval_ds, cfg, steps, run.metrics
+        strategy, lambda: strategy.batches(pipeline, examples, cfg.train.seed), eval_ds, cfg, steps, run.metrics,
+        checkpointer, start,
     )
+    if checkpointer is not None:
+        checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
     result.update(_utilisation(result, hardware, devices))
-    if "input_bound" in result:
-        run.tags({"input_bound": str(bool(result["input_bound"])).lower()})
+    digest = weights_digest(strategy.weights())
+    log.info("final weights sha256 %s", digest)
+    run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
+                                           if "input_bound" in result else {})})
     return result
+
+
+def _resume(cfg: DictConfig, strategy, run: tracking.Run):
+    """The run's checkpointer and the step to start from (> 0 when a killed run of this config left checkpoints)."""
+    if not cfg.train.checkpoint_every:
+        return None, 0
+    from runner import checkpoints, cluster
+
+    spec = cluster.from_config(cfg)
+    folder = checkpoints.directory(cfg)
+    writer = spec is None or spec.is_chief
+    scratch = folder.with_name(f"{folder.name}.{spec.name}") if spec else None
+    checkpointer = checkpoints.Checkpointer(folder, strategy.checkpoint_objects(), run.run_id, writer, scratch)
+    start, previous = checkpointer.restore()
+    if spec is not None:
+        strategy.check_same_start(start)
+    if start:
+        run.tags({"resumed_from_step": str(start), **({"resumed_from": previous} if previous else {})})
+        if previous:
+            run.copy_history(previous, start)  # the new run's charts continue the killed run's
+    return checkpointer, start
+
+
+def weights_digest(variables: list) -> str:
+    """sha256 of the weights' bytes (first 16 hex digits): equal digests mean bit-identical models."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for v in variables:
+        digest.update(v.numpy().tobytes())
+    return digest.hexdigest()[:16]
 
 
 def _hardware_figures(cfg: DictConfig, devices) -> dict:
@@ -128,7 +165,9 @@ def run(cfg: DictConfig) -> dict:
             tracking.record_invalid(cfg, e)
         raise
     uri = tracking.resolve_uri(cfg.mlflow.tracking_uri)
-    with tracking.tracked(uri, cfg) as mlrun:
+    workers = cluster.from_config(cfg)
+    chief = workers is None or workers.is_chief  # on a multi-worker job only the chief logs to MLflow
+    with (tracking.tracked(uri, cfg) if chief else tracking.untracked()) as mlrun:
         result = _train(cfg, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}

@@ -36,10 +36,12 @@ _open_parent: dict[str, str] = {}  # uri and run id of a parent run this process
 
 
 def config_hash(cfg: DictConfig) -> str:
-    """A stable hash of what a run computes: the resolved config without tracking and sweep settings."""
+    """A stable hash of what a run computes: the resolved config without tracking, sweep and checkpoint settings."""
     data = OmegaConf.to_container(cfg, resolve=True)
     for key in ("mlflow", "sweep"):
         data.pop(key, None)
+    for key in ("checkpoint_every", "checkpoint_dir"):  # where and how often to save changes nothing computed
+        data.get("train", {}).pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -156,10 +158,10 @@ class SweepCallback(Callback):
     """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from runner.tracking import ensure_experiment, resolve_uri
+        from runner.tracking import open_store, resolve_uri
 
         uri = resolve_uri(config.mlflow.tracking_uri)
-        experiment_id = ensure_experiment(uri, config.mlflow.experiment)  # schema + experiment, once, up front
+        experiment_id = open_store(uri, config.mlflow.experiment)  # schema + experiment, once, up front
         parent = _create_parent(uri, experiment_id, config)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import subprocess
 import time
 from contextlib import contextmanager
@@ -32,6 +33,52 @@ def _artifact_root(uri: str) -> str | None:
     if uri.startswith("sqlite:///"):
         return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
     return None
+
+
+class StoreError(RuntimeError):
+    """The MLflow tracking store cannot be opened or written; the message names the store and why."""
+
+
+def _sqlite_problem(uri: str) -> str | None:
+    """Why a sqlite store's database cannot be created or written, or None.
+
+    Checked before MLflow opens it: MLflow answers an unwritable path with its own traceback, and for a read-only
+    directory only after retrying for about 100 s.
+    """
+    path = uri.removeprefix("sqlite:///")
+    if not path or path == ":memory:":
+        return None
+    db = Path(path)
+    if db.exists():
+        if not db.is_file():
+            return f"{db} is not a file"
+        if not os.access(db, os.W_OK):
+            return f"{db} is not writable"
+    ancestor = db.parent  # the database's directory, or the nearest existing folder MLflow would create it under
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        return f"{ancestor} is a file, not a directory"
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        return f"directory {ancestor} is not writable"
+    return None
+
+
+def open_store(uri: str, experiment: str) -> str:
+    """`ensure_experiment`, with an unusable store reported as one StoreError line naming it and the fix.
+
+    Raises:
+        StoreError: the store cannot be created, opened or written.
+    """
+    fix = "set mlflow.tracking_uri to a store you can write, e.g. sqlite:////abs/writable/dir/mlflow.db"
+    problem = _sqlite_problem(uri) if uri.startswith("sqlite:///") else None
+    if problem:
+        raise StoreError(f"tracking store {uri} cannot be used: {problem}; {fix}")
+    try:
+        return ensure_experiment(uri, experiment)
+    except Exception as e:  # noqa: BLE001 - whatever the store's failure, the user's fix is the same
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise StoreError(f"tracking store {uri} cannot be opened: {type(e).__name__}: {first}; {fix}") from e
 
 
 def ensure_experiment(uri: str, name: str) -> str:
@@ -91,6 +138,50 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
     if commit:
         tags["mlflow.source.git.commit"] = commit
     return tags
+
+
+def process_tags() -> dict[str, str]:
+    """Which process writes the run: how a later start of the same config tells a dead run from a live one."""
+    return {"runner.host": socket.gethostname(), "runner.pid": str(os.getpid())}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
+    """End as KILLED the RUNNING runs of this config whose process died on this host (SIGKILL, power loss).
+
+    Runs of live processes, or of other hosts (whose processes cannot be checked from here), are left alone.
+
+    Returns:
+        The ids of the runs it closed.
+    """
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return []
+    closed = []
+    query = f"tags.config_hash = '{digest}' and attributes.status = 'RUNNING'"
+    for found in client.search_runs([exp.experiment_id], query):
+        tags = found.data.tags
+        pid = tags.get("runner.pid", "")
+        if tags.get("runner.host") != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
+            continue
+        client.set_tag(found.info.run_id, "error", f"the process (pid {pid}) died without ending the run")
+        client.set_terminated(found.info.run_id, "KILLED")
+        closed.append(found.info.run_id)
+        log.warning("run %s of this config was left RUNNING by a dead process (pid %s): marked KILLED",
+                    found.info.run_id, pid)
+    return closed
 
 
 def sweep_tags(cfg: DictConfig) -> dict[str, str]:
@@ -154,6 +245,20 @@ class Run:
         if path.is_file():
             self.client.log_artifact(self.run_id, str(path))
 
+    def copy_history(self, source_run_id: str, until_step: int) -> None:
+        """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history)."""
+        from mlflow.entities import Metric
+
+        old = self.client.get_run(source_run_id).data.metrics
+        points = [
+            Metric(key, m.value, m.timestamp, m.step)
+            for key in old
+            for m in self.client.get_metric_history(source_run_id, key)
+            if m.step <= until_step
+        ]
+        for i in range(0, len(points), 1000):  # MLflow takes at most 1000 metrics per batch
+            self.client.log_batch(self.run_id, metrics=points[i : i + 1000])
+
     def end(self, status: str, error: str | None = None) -> None:
         """Close the run as FINISHED, FAILED or KILLED; a failure's message is kept as the `error` tag."""
         if error:
@@ -164,7 +269,10 @@ class Run:
 @contextmanager
 def tracked(uri: str, cfg: DictConfig) -> Iterator[Run]:
     """Open a run for `cfg`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING."""
-    run = Run(uri, cfg.mlflow.experiment, {**base_tags(cfg), **sweep_tags(cfg)})
+    open_store(uri, cfg.mlflow.experiment)  # an unusable store fails here, in one line, before anything else
+    tags = {**base_tags(cfg), **sweep_tags(cfg), **process_tags()}
+    close_dead_runs(uri, cfg.mlflow.experiment, tags["config_hash"])
+    run = Run(uri, cfg.mlflow.experiment, tags)
     log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
     try:
         run.params(flatten(cfg))
@@ -177,3 +285,18 @@ def tracked(uri: str, cfg: DictConfig) -> Iterator[Run]:
         run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
         raise
     run.end("FINISHED")
+
+
+class NoRun:
+    """Stands in for a Run where nothing is logged: the workers of a multi-worker job other than the chief."""
+
+    run_id = None
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+@contextmanager
+def untracked() -> Iterator[NoRun]:
+    """A run context that logs nothing (the worker's own log file keeps its record)."""
+    yield NoRun()

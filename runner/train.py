@@ -129,28 +129,50 @@ def _evaluate(strategy: Any, eval_ds: Any, record: Callable[[dict, int], None], 
     return test_loss, test_acc
 
 
+def crossed(step: int, n: int, every: int) -> bool:
+    """Whether the call of `n` steps that ended at `step` passed a multiple of `every` (0: never)."""
+    return bool(every) and step // every > (step - n) // every
+
+
+def fast_forward(strategy: Any, batches: Any, steps: int) -> None:
+    """Pull the batches of `steps` steps through the feed unused: a resumed run continues where its data left off.
+
+    The pipelines are deterministic for a seed, so this reproduces the uninterrupted run's data position exactly.
+    """
+    import tensorflow as tf
+
+    t0 = time.perf_counter()
+    int(strategy.input_loop(batches)(tf.constant(steps))[1])
+    log.info("input fast-forwarded past %d finished steps in %.1f s", steps, time.perf_counter() - t0)
+
+
 def fit(
     strategy: Any, make_batches: Callable[[], Any], eval_ds: Any, cfg: Any, steps: int,
-    record: Callable[[dict, int], None],
+    record: Callable[[dict, int], None], checkpointer: Any = None, start: int = 0,
 ) -> dict:
-    """Train for `steps` steps, evaluate, time the input pipeline alone, and return the run's summary metrics.
+    """Train from step `start` to `steps`, evaluate, time the input pipeline alone, and return the summary metrics.
 
     Args:
         strategy: gives train_loop(batches), input_loop(batches) and evaluate(dataset).
         make_batches: makes a fresh pipeline feed, as the strategy wants it.
         eval_ds: the test set.
         cfg: the validated config.
-        steps: optimizer steps to run.
+        steps: optimizer steps the whole run makes.
         record: called with (metrics, step) for every logged point.
+        checkpointer: saves the training state every `train.checkpoint_every` steps (None: never).
+        start: steps already done (restored from a checkpoint); the feed skips their batches.
 
     Returns:
         train_loss, test_loss, test_accuracy, images_per_sec (± stderr), step_time_ms, train_seconds, and the
         pipeline-alone rate beside the step rate (input_batches_per_sec, step_batches_per_sec, input_bound).
     """
     train = cfg.train
-    loop = strategy.train_loop(make_batches())
+    batches = make_batches()
+    if start:
+        fast_forward(strategy, batches, start)
+    loop = strategy.train_loop(batches)
     timer, progress = Timer(train.warmup_calls, train.steps_per_call), Progress(steps)
-    step, loss, start, first_step_at = 0, float("nan"), time.perf_counter(), None
+    step, loss, t0, first_step_at = start, float("nan"), time.perf_counter(), None
     while step < steps:
         n = min(train.steps_per_call, steps - step)
         loss, dt = _call(loop, n, step)
@@ -160,10 +182,12 @@ def fit(
         rate = n * train.global_batch_size / dt
         record({"train_loss": loss, "call_images_per_sec": rate}, step)
         progress.update(step, loss, rate)
-        if train.eval_every and step < steps and step // train.eval_every > (step - n) // train.eval_every:
+        if checkpointer is not None and step < steps and crossed(step, n, train.checkpoint_every):
+            checkpointer.save(step)
+        if step < steps and crossed(step, n, train.eval_every):
             _evaluate(strategy, eval_ds, record, step)
-    train_seconds = time.perf_counter() - start
-    del loop  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
+    train_seconds = time.perf_counter() - t0
+    del loop, batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
     test_loss, test_acc = _evaluate(strategy, eval_ds, record, step)
     timed = timer.summary(train.global_batch_size)
     return {
@@ -172,7 +196,8 @@ def fit(
         "test_accuracy": test_acc,
         "train_seconds": train_seconds,
         "steps": float(step),
-        "seconds_to_first_step": first_step_at - runner.STARTED_AT,  # job overhead: start-up, data, tracing
+        "resumed_from_step": float(start),
+        "seconds_to_first_step": (first_step_at or time.time()) - runner.STARTED_AT,  # start-up, data, tracing
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
         **timed,
         **(input_figures(strategy, make_batches, train, timed) if train.measure_input else {}),

@@ -48,12 +48,18 @@ def compose(*overrides: str):
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
-def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `python -m runner ARGS` in a fresh process, as a user would."""
+def cli_env(env: dict | None = None) -> dict:
+    """The environment of a `python -m runner` child: this one, without the tracking URI that in-process tests
+    leave behind (mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI), so the child uses its own default store."""
     full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     full_env.pop("MLFLOW_TRACKING_URI", None)
+    return full_env
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `python -m runner ARGS` in a fresh process, as a user would."""
     return subprocess.run(
-        [sys.executable, "-m", "runner", *args], cwd=cwd, env=full_env, capture_output=True, text=True,
+        [sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env), capture_output=True, text=True,
         timeout=timeout,
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import mlflow
-import pytest
 from conftest import run_cli, runs
 
 
@@ -40,27 +39,3 @@ def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
     proc = run_cli("--cfg", "job", "model=cnn", cwd=tmp_path)
     assert proc.returncode == 0
     assert "name: cnn" in proc.stdout and "global_batch_size: 128" in proc.stdout
-
-
-@pytest.mark.parametrize(
-    "args,bad",
-    [
-        (["model=resnet"], "model=resnet"),
-        (["-m", "model=mlp,resnet"], "model=resnet"),
-        (["gpus=abc"], "abc"),
-        (["gpus=-2"], "gpus=-2"),
-        (["train.global_batch_size=0"], "train.global_batch_size=0"),
-        (["strategy=mirrored", "gpus=3"], "global_batch_size=64"),
-        (["train.optimizer=lion"], "lion"),
-        (["train.foo=1"], "train.foo"),
-        (["data.path=/does/not/exist"], "/does/not/exist"),
-    ],
-)
-def test_bad_input_gives_one_line_exit_2_and_no_running_run(tmp_path, args, bad):
-    proc = run_cli("debug=smoke", *args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    error_lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(error_lines) == 1 and bad in error_lines[0], proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-    if (tmp_path / "mlflow.db").exists():
-        assert "RUNNING" not in set(runs(_store(tmp_path), "smoke")["status"])

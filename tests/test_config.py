@@ -15,6 +15,8 @@ def test_every_group_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "strategy" and option != "single":
         overrides.append("gpus=2")
+    if option == "multi_worker":  # its cluster: two workers, this process the first
+        overrides.append("strategy.workers=[127.0.0.1:2222,127.0.0.1:2223]")
     cfg = validate(compose(*overrides))
     if group in ("model", "pipeline", "strategy", "data"):
         assert cfg[group].name == option

@@ -59,11 +59,17 @@ def test_resume_runs_only_the_combination_that_did_not_finish(swept):
     assert len(_children(runs(uri, "smoke"))) == before + 1
 
 
-def test_parallel_jobs_with_more_jobs_than_workers_record_every_run(tmp_path):
-    proc = run_cli(*SWEEP, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", cwd=tmp_path)
-    assert "sweep: 4 jobs: 3 finished, 1 failed" in proc.stderr, proc.stderr[-3000:]
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_two_parallel_jobs_on_a_fresh_store_record_all_four_runs(tmp_path, attempt):
+    # Three times in a row, each on a fresh sqlite store: jobs running at once must never race to create it.
+    jobs = ["-m", "debug=smoke", "train.seed=0,1,2,3", "train.steps=20", "train.measure_input=false"]
+    proc = run_cli(*jobs, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "sweep: 4 jobs: 4 finished, 0 failed" in proc.stderr
+    assert not [line for line in proc.stderr.splitlines() if "error" in line.lower()], proc.stderr[-3000:]
     children = _children(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke"))
-    assert len(children) == 4 and (children["status"] == "FINISHED").sum() == 3
+    assert sorted(children["params.train.seed"]) == ["0", "1", "2", "3"]
+    assert set(children["status"]) == {"FINISHED"}
 
 
 def _free_port() -> int:

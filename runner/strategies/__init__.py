@@ -48,6 +48,10 @@ STRATEGIES: dict[str, Spec] = {
     "mirrored": Spec("mirrored", 1, None, True, "tf.distribute.MirroredStrategy over all selected devices"),
     "replicated": Spec("replicated", 1, None, True, "in-graph towers, a variable copy per device, averaged grads"),
     "parameter_server": Spec("replicated", 1, None, True, "in-graph towers reading one variable copy (ps_device)"),
+    "multi_worker": Spec(
+        "multi_worker", 1, None, True,
+        "tf.distribute.MultiWorkerMirroredStrategy over processes/machines (TF_CONFIG or strategy.workers)",
+    ),
     "model_parallel": Spec(
         "model_parallel", 2, None, False,
         "one model split over the devices, one batch per step (strategy.split: width | stages | two_tower)",

@@ -26,12 +26,16 @@ class Strategy:
     def __init__(self, devices: Any, cfg: Any):
         self.cfg = cfg
         self.devices = devices
-        ops = _CROSS_DEVICE_OPS[cfg.strategy.cross_device_ops]()
-        self.strategy = tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=ops)
+        self.strategy = self.distribution()
         with self.strategy.scope():
             self.model = build_model(cfg.model, cfg.train.seed)
             self.optimizer = build_optimizer(cfg.train, self.model.trainable_variables)
         self.evaluate = make_evaluate(self.model, devices.names[0])
+
+    def distribution(self) -> tf.distribute.Strategy:
+        """The tf.distribute strategy: MirroredStrategy over this process's devices."""
+        ops = _CROSS_DEVICE_OPS[self.cfg.strategy.cross_device_ops]()
+        return tf.distribute.MirroredStrategy(list(self.devices.names), cross_device_ops=ops)
 
     def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
         """The pipeline's feed mapped onto tf.distribute's input API."""
@@ -64,6 +68,14 @@ class Strategy:
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         return steps_loop(step)
+
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """What a checkpoint saves: the mirrored model and its optimizer (one copy saved) (slots and step counter)."""
+        return {"model": self.model.variables, "optimizer": self.optimizer}
+
+    def weights(self) -> list:
+        """The trained weights (what the final digest covers)."""
+        return self.model.trainable_variables
 
     def variable_devices(self) -> dict[str, str]:
         """Every trainable variable's per-replica copies and the devices they live on."""

@@ -315,6 +315,15 @@ class Strategy:
         )
         return {"placement": f"model_parallel split={self.split}: {where}", "strategy.split": self.split}
 
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """What a checkpoint saves: every cell's variables (dropout seed states included) and optimizer."""
+        objects = {c.name: c.variables for c in self.cells}
+        return {**objects, **{f"{c.name}_optimizer": c.optimizer for c in self.cells if c.optimizer is not None}}
+
+    def weights(self) -> list:
+        """The trained weights of every cell, in cell order."""
+        return [v for c in self.cells for v in c.trainable_variables]
+
     def variable_devices(self) -> dict[str, str]:
         """Variable path -> the device it lives on, for every variable of every cell (trainable or not)."""
         return {v.path: v.value.device for c in self.cells for v in c.variables}

@@ -91,6 +91,15 @@ class Strategy:
         """fn(n) pulling n steps of input only, to time the pipeline alone."""
         return drain_loop(batches.next)
 
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """What a checkpoint saves: every model copy and its optimizer (replicated: one per device)."""
+        objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
+        return {**objects, **{f"optimizer{i}": o for i, o in enumerate(self.optimizers)}}
+
+    def weights(self) -> list:
+        """The trained weights of the first copy (the copies are identical)."""
+        return self.models[0].trainable_variables
+
     def variable_devices(self) -> dict[str, str]:
         """Every trainable variable (copy index / path) and the device it lives on."""
         return {

@@ -56,6 +56,14 @@ class Strategy:
         """fn(n) pulling n steps of input only, to time the pipeline alone."""
         return drain_loop(batches.next)
 
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """What a checkpoint saves: the model's variables (dropout seed states included) and its optimizer."""
+        return {"model": self.model.variables, "optimizer": self.optimizer}
+
+    def weights(self) -> list:
+        """The trained weights (what the final digest covers)."""
+        return self.model.trainable_variables
+
     def variable_devices(self) -> dict[str, str]:
         """Every trainable variable's path and the device it lives on."""
         return {v.path: v.value.device for v in self.model.trainable_variables}

@@ -1,0 +1,89 @@
+"""Periodic checkpoints of a run, and resuming a killed run from the last one.
+
+What is saved: every variable the strategy owns (model copies, optimizer slots and step counters, dropout seed
+states) plus the training step, through tf.train.CheckpointManager, every `train.checkpoint_every` steps (the
+training loop saves at the end of the compiled call that crosses the mark). The data position is not stored as iterator state (the sharded and
+distributed feeds cannot all be saved): the pipelines are deterministic for a seed, so a resumed run rebuilds its
+feed and fast-forwards it by the restored number of steps, and then sees exactly the batches the uninterrupted
+run would have seen.
+
+Where: `<train.checkpoint_dir>/<config hash>/` under the launch directory. Hydra gives every start a new output
+folder, so a restarted job finds its checkpoints by what it computes (the same hash sweeps resume by), not by
+folder. A run that finishes deletes them (they exist to resume unfinished work; a new start of a finished config
+trains from step 0); a run that fails or is killed keeps them, the last good one included.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import tensorflow as tf
+
+log = logging.getLogger(__name__)
+logging.getLogger("absl").setLevel(logging.WARNING)  # the checkpoint writer logs an INFO line per save
+RUN_FILE = "run.json"  # beside the checkpoints: which MLflow run wrote them, at which step
+
+
+class Checkpointer:
+    """Saves and restores one run's training state in `directory`.
+
+    Args:
+        directory: this config's checkpoint folder.
+        objects: name -> trackable (Keras models, optimizers) as the strategy gives them.
+        run_id: the MLflow run being written (recorded beside the checkpoints, so a resumed run can link to it).
+        writer: whether this process writes `directory` (on a multi-worker job only the chief does; the other
+            workers save to a scratch folder they delete, since saving mirrored variables is a collective step).
+        scratch: where a non-writer saves.
+    """
+
+    def __init__(self, directory: Path, objects: dict[str, Any], run_id: str | None, writer: bool = True,
+                 scratch: Path | None = None):
+        self.directory, self.run_id, self.writer = directory, run_id, writer
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="checkpoint_step")
+        self.checkpoint = tf.train.Checkpoint(step=self.step, **objects)
+        target = directory if writer else (scratch or directory / ".scratch")
+        self.manager = tf.train.CheckpointManager(self.checkpoint, str(target), max_to_keep=2)
+        self.reader = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=2)
+
+    def restore(self) -> tuple[int, str | None]:
+        """Load the latest checkpoint, if any: (its step, the MLflow run that wrote it), else (0, None)."""
+        latest = self.reader.latest_checkpoint
+        if latest is None:
+            return 0, None
+        self.checkpoint.restore(latest).assert_existing_objects_matched()
+        step = int(self.step.numpy())
+        info = self._read_run_file()
+        log.info("resuming from checkpoint %s at step %d", latest, step)
+        return step, info.get("run_id")
+
+    def _read_run_file(self) -> dict:
+        try:
+            return json.loads((self.directory / RUN_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def save(self, step: int) -> None:
+        """Save the training state as of `step` (all workers of a multi-worker job must call this together)."""
+        self.step.assign(step)
+        path = self.manager.save(checkpoint_number=step)
+        if self.writer:
+            (self.directory / RUN_FILE).write_text(json.dumps({"run_id": self.run_id, "step": step}))
+            log.info("checkpoint at step %d: %s", step, path)
+        else:
+            shutil.rmtree(self.manager.directory, ignore_errors=True)
+
+    def finished(self) -> None:
+        """The run completed: its checkpoints are no longer needed to resume it."""
+        if self.writer:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def directory(cfg: Any) -> Path:
+    """This config's checkpoint folder: <train.checkpoint_dir>/<config hash>, relative to the launch directory."""
+    from runner import sweep
+
+    return (Path(cfg.train.checkpoint_dir) / sweep.config_hash(cfg)).resolve()

@@ -1,0 +1,123 @@
+"""The cluster of a multi-worker run, read from TF_CONFIG or from the config keys that produce it (no TensorFlow).
+
+TensorFlow's MultiWorkerMirroredStrategy reads the environment variable TF_CONFIG:
+
+    {"cluster": {"worker": ["host0:port", "host1:port"]}, "task": {"type": "worker", "index": 0}}
+
+`strategy.workers` (the host:port list) with `strategy.task_index` writes it for you; with `strategy.workers`
+empty the runner uses TF_CONFIG as the launcher set it (a cluster scheduler, or a hand-written export). Worker 0
+is the chief (unless the cluster names a separate `chief` task): only the chief logs to MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+ENV = "TF_CONFIG"
+TASK_TYPES = ("chief", "worker")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Every task's address and this process's place among them."""
+
+    tasks: dict[str, list[str]]  # task type -> addresses, e.g. {"worker": ["127.0.0.1:2222", ...]}
+    task_type: str
+    task_index: int
+
+    @property
+    def count(self) -> int:
+        """Processes training together (chief included)."""
+        return sum(len(self.tasks.get(t, [])) for t in TASK_TYPES)
+
+    @property
+    def is_chief(self) -> bool:
+        """The one task that logs and writes the final artifacts: `chief` if there is one, else worker 0."""
+        if "chief" in self.tasks:
+            return self.task_type == "chief"
+        return self.task_type == "worker" and self.task_index == 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}{self.task_index}"
+
+    def tf_config(self) -> str:
+        return json.dumps({"cluster": self.tasks, "task": {"type": self.task_type, "index": self.task_index}})
+
+
+def _error(message: str) -> Exception:
+    from runner.config import ConfigError
+
+    return ConfigError(message)
+
+
+def parse(text: str, source: str = ENV) -> Cluster:
+    """A TF_CONFIG JSON string as a Cluster.
+
+    Raises:
+        ConfigError: one line naming what is wrong with it.
+    """
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise _error(f"{source} is not valid JSON ({e.msg} at character {e.pos}): {text[:80]!r}") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not isinstance(spec.get("task"), dict):
+        raise _error(f'{source} needs "cluster" and "task" objects, got: {text[:80]!r}')
+    tasks = {t: v for t, v in spec["cluster"].items() if t in TASK_TYPES}
+    if not tasks.get("worker") and not tasks.get("chief"):
+        raise _error(f'{source}: "cluster" must list "worker" addresses (host:port), got: {text[:80]!r}')
+    for addresses in tasks.values():
+        if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
+            raise _error(f"{source}: cluster addresses must be a list of host:port strings, got {addresses!r}")
+    task_type, index = spec["task"].get("type"), spec["task"].get("index")
+    if task_type not in tasks:
+        raise _error(f'{source}: task type {task_type!r} is not in the cluster; choose one of: {", ".join(tasks)}')
+    if not isinstance(index, int) or not 0 <= index < len(tasks[task_type]):
+        raise _error(f"{source}: task index {index!r} is out of range; {task_type} has {len(tasks[task_type])} tasks")
+    return Cluster(tasks, task_type, index)
+
+
+def from_config(cfg: Any) -> Cluster | None:
+    """The cluster of a `strategy=multi_worker` config (from its keys, else TF_CONFIG); None for other strategies.
+
+    Raises:
+        ConfigError: the keys or TF_CONFIG are missing or malformed.
+    """
+    if cfg.strategy.name != "multi_worker":
+        return None
+    workers = list(cfg.strategy.workers or [])
+    if workers:
+        text = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": cfg.strategy.task_index}})
+        return parse(text, "strategy.workers/strategy.task_index")
+    if not os.environ.get(ENV):
+        raise _error(
+            f"strategy=multi_worker needs the cluster: set strategy.workers=[host:port,...] and strategy.task_index, "
+            f"or the {ENV} environment variable"
+        )
+    return parse(os.environ[ENV])
+
+
+def export(cluster: Cluster) -> None:
+    """Make TF_CONFIG describe `cluster` for TensorFlow (which reads only the environment variable)."""
+    os.environ[ENV] = cluster.tf_config()
+
+
+def worker_suffix(_root_: Any) -> str:
+    """`-worker1` etc. for a multi-worker task, '' otherwise: the `${worker_suffix:}` in hydra.run.dir, so each
+    worker started on the same machine in the same second still gets its own output folder and log."""
+    try:
+        spec = from_config(_root_)
+    except ValueError:  # a malformed cluster: validation reports it once the job starts
+        return ""
+    return f"-{spec.name}" if spec else ""
+
+
+def register_resolver() -> None:
+    """Make `${worker_suffix:}` available to the configs (before Hydra composes them)."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("worker_suffix"):
+        OmegaConf.register_new_resolver("worker_suffix", worker_suffix)

@@ -1,0 +1,171 @@
+"""Bad input, table-driven: each row runs the real command line (`python -m runner debug=smoke ...`) in a fresh
+process in its own folder, and checks what a user sees and what MLflow keeps.
+
+Every row asserts: exit status 2, exactly one `error:` line on stderr naming the bad value (and what is allowed),
+no traceback, and no run left RUNNING in the store. Errors found before the run opens leave no run at all; errors
+found after it opened (the data) leave exactly one run, FAILED with the error. The last row asks for the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+from conftest import REPO, run_cli
+
+from data_pipelines.mnist import FILES, write_idx
+from runner.config import MAX_DEVICES, group_options
+
+EXPERIMENT = "smoke"  # the smoke preset's MLflow experiment
+
+
+def _choices(group: str) -> str:
+    return ", ".join(group_options(group))
+
+
+def _idx_dir(tmp: Path, name: str) -> Path:
+    """A data.path folder with the four files, each a well-formed IDX file of the right shape but wrong content."""
+    folder = tmp / name
+    folder.mkdir()
+    write_idx(folder / FILES["train_images"][0], np.zeros((10, 28, 28), np.uint8))
+    write_idx(folder / FILES["train_labels"][0], np.zeros(10, np.uint8))
+    write_idx(folder / FILES["test_images"][0], np.zeros((10, 28, 28), np.uint8))
+    write_idx(folder / FILES["test_labels"][0], np.zeros(10, np.uint8))
+    return folder
+
+
+def _truncated_dir(tmp: Path, name: str) -> Path:
+    """As _idx_dir, but the training images' header promises 60,000 images and the file ends after one (800 bytes)."""
+    folder = _idx_dir(tmp, name)
+    header = bytes([0, 0, 0x08, 3]) + np.array([60000, 28, 28], ">u4").tobytes()
+    (folder / FILES["train_images"][0]).write_bytes(header + bytes(28 * 28))
+    return folder
+
+
+def _file_as_dir(tmp: Path) -> None:
+    (tmp / "afile").write_text("a regular file, so nothing can be created under it\n")
+
+
+@dataclass
+class Bad:
+    args: list[str]  # "{tmp}" is replaced by the test's folder
+    words: list[str]  # each must be in the error line ("{tmp}" replaced too)
+    setup: Callable[[Path], object] | None = None
+    run_opened: bool = False  # the error comes after the MLflow run opened: one run, FAILED
+    env: dict[str, str] = field(default_factory=dict)
+    traceback: bool = False  # RUNNER_TRACEBACK=1: a traceback instead of the one line
+
+
+ROWS = {
+    # an unknown option in each config group, found before Hydra composes anything
+    "group-model": Bad(["model=resnet"], ["model=resnet", _choices("model")]),
+    "group-pipeline": Bad(["pipeline=fast"], ["pipeline=fast", _choices("pipeline")]),
+    "group-strategy": Bad(["strategy=horovod"], ["strategy=horovod", _choices("strategy")]),
+    "group-data": Bad(["data=imagenet"], ["data=imagenet", _choices("data")]),
+    "group-experiment": Bad(["experiment=nope"], ["experiment=nope", _choices("experiment")]),
+    "group-debug": Bad(["debug=verbose"], ["debug=verbose", _choices("debug")]),
+    "group-in-sweep": Bad(["-m", "model=mlp,resnet"], ["model=resnet", _choices("model")]),
+    # wrong types, unknown keys and choices
+    "gpus-not-int": Bad(["gpus=abc"], ["gpus", "'abc'", "Integer"]),
+    "epochs-not-number": Bad(["train.epochs=many"], ["train.epochs", "'many'", "Float"]),
+    "unknown-key": Bad(["train.foo=1"], ["train.foo", "+train.foo=1"]),
+    "unknown-optimizer": Bad(["train.optimizer=lion"], ["train.optimizer='lion'", "adam, sgd, momentum, rmsprop"]),
+    # zero or negative sizes
+    "batch-zero": Bad(["train.global_batch_size=0"], ["train.global_batch_size=0", "a positive integer"]),
+    "gpus-negative": Bad(["gpus=-2"], ["gpus=-2", f"from 0 to {MAX_DEVICES}"]),
+    "steps-per-call-zero": Bad(["train.steps_per_call=0"], ["train.steps_per_call=0", "a positive integer"]),
+    # devices and strategies
+    "batch-not-divisible": Bad(
+        ["strategy=mirrored", "gpus=3"], ["train.global_batch_size=64", "3 towers", "a multiple of 3"]
+    ),
+    "gpus-over-max": Bad(
+        ["strategy=mirrored", f"gpus={MAX_DEVICES + 1}"], [f"gpus={MAX_DEVICES + 1}", f"from 0 to {MAX_DEVICES}"]
+    ),
+    "single-on-2": Bad(["strategy=single", "gpus=2"], ["strategy=single", "gpus=2", "from 0 to 1", "mirrored"]),
+    "model-parallel-on-1": Bad(
+        ["strategy=model_parallel", "gpus=1"], ["strategy=model_parallel", "gpus=1", "from 2", "single"]
+    ),
+    # data: found after the run opened, so the run must end FAILED
+    "data-path-missing": Bad(["data.path=/does/not/exist"], ["/does/not/exist", "not a directory"], run_opened=True),
+    "data-sha256-mismatch": Bad(
+        ["data.path={tmp}/wrong"],
+        [f"{{tmp}}/wrong/{FILES['train_images'][0]}", "sha256 mismatch", f"expected {FILES['train_images'][1]}"],
+        setup=lambda tmp: _idx_dir(tmp, "wrong"),
+        run_opened=True,
+    ),
+    "data-truncated": Bad(
+        ["data.path={tmp}/short"],
+        [f"{{tmp}}/short/{FILES['train_images'][0]}", "sha256 mismatch", "800 bytes", "replace it"],
+        setup=lambda tmp: _truncated_dir(tmp, "short"),
+        run_opened=True,
+    ),
+    # the tracking store cannot be written
+    "store-under-a-file": Bad(
+        ["mlflow.tracking_uri=sqlite:///{tmp}/afile/mlflow.db"],
+        ["sqlite:///{tmp}/afile/mlflow.db", "{tmp}/afile is a file, not a directory", "set mlflow.tracking_uri"],
+        setup=_file_as_dir,
+    ),
+    # a multi-worker job's cluster description is malformed
+    "tf-config-malformed": Bad(
+        ["strategy=multi_worker"], ["TF_CONFIG is not valid JSON", "{\"cluster\": [oops"],
+        env={"TF_CONFIG": '{"cluster": [oops'},
+    ),
+    # asked for: the traceback instead of the line
+    "traceback-asked": Bad(
+        ["gpus=-2"], ["runner.config.ConfigError: gpus=-2", f"from 0 to {MAX_DEVICES}"],
+        env={"RUNNER_TRACEBACK": "1"}, traceback=True,
+    ),
+}
+
+
+def _statuses(tmp: Path) -> list[tuple[str, str]]:
+    """(status, error tag) of every run in the default store in `tmp`; [] if there is no store."""
+    if not (tmp / "mlflow.db").exists():
+        return []
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp / 'mlflow.db'}")
+    ids = [e.experiment_id for e in client.search_experiments()]
+    return [(r.info.status, r.data.tags.get("error", "")) for r in client.search_runs(ids)] if ids else []
+
+
+@pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))
+def test_bad_input(tmp_path, row: Bad):
+    tmp = str(tmp_path)
+    if row.setup:
+        row.setup(tmp_path)
+    args = [a.replace("{tmp}", tmp) for a in row.args]
+    words = [w.replace("{tmp}", tmp) for w in row.words]
+    # This checkout's code, whatever `pip install -e` pointed at.
+    env = {**row.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+
+    proc = run_cli("debug=smoke", *args, cwd=tmp_path, env=env, timeout=120)
+
+    stderr = proc.stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    if row.traceback:
+        assert proc.returncode != 0, stderr[-2000:]
+        assert "Traceback (most recent call last)" in stderr
+        assert errors == [], "the traceback replaces the one-line error"
+        last = stderr.strip().splitlines()[-1]
+        assert all(w in last for w in words), f"{words} not all in {last!r}"
+    else:
+        assert proc.returncode == 2, stderr[-2000:]
+        assert len(errors) == 1, stderr[-2000:]
+        assert all(w in errors[0] for w in words), f"{words} not all in {errors[0]!r}"
+        assert "Traceback" not in stderr, stderr[-2000:]
+    assert "test accuracy" not in proc.stdout
+
+    runs = _statuses(tmp_path)
+    assert "RUNNING" not in [status for status, _ in runs]
+    if row.run_opened:
+        assert len(runs) == 1 and runs[0][0] == "FAILED", runs
+        assert words[0] in runs[0][1], f"the FAILED run's error tag does not name {words[0]!r}: {runs[0][1]!r}"
+    else:
+        assert runs == [], f"an error found before the run opened left runs behind: {runs}"
+    if row.setup is _file_as_dir:
+        assert (tmp_path / "afile").is_file()

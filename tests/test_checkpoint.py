@@ -1,0 +1,153 @@
+"""Checkpoints and resume: a job SIGKILLed mid-training and started again continues from its last checkpoint."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import mlflow
+import numpy as np
+import pytest
+from conftest import cli_env, compose, run_cli, runs
+
+# Tiny MLP, 2000 steps (~2 s of training): the first checkpoint (step 100) comes early, the end much later.
+KILL_ARGS = ["debug=smoke", "train.steps=2000", "train.checkpoint_every=100", "train.measure_input=false"]
+
+
+def _start(cwd, *args: str) -> subprocess.Popen:
+    env = cli_env()
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def _kill_after_first_checkpoint(cwd) -> int:
+    """Start the job, SIGKILL it once a checkpoint is complete; the step it was saved at."""
+    proc = _start(cwd, *KILL_ARGS)
+    deadline = time.time() + 120
+    while not list(cwd.glob("checkpoints/*/run.json")):  # written after the checkpoint itself is complete
+        assert proc.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    (saved,) = cwd.glob("checkpoints/*/run.json")
+    return json.loads(saved.read_text())["step"]
+
+
+def _digest(stdout_and_err: str) -> str:
+    return re.search(r"final weights sha256 ([0-9a-f]{16})", stdout_and_err).group(1)
+
+
+def test_sigkilled_job_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_run(tmp_path):
+    killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
+    killed_dir.mkdir(), clean_dir.mkdir()
+    saved_step = _kill_after_first_checkpoint(killed_dir)
+    assert 100 <= saved_step < 2000
+    dead = runs(f"sqlite:///{killed_dir / 'mlflow.db'}", "smoke")
+    assert list(dead["status"]) == ["RUNNING"]  # SIGKILL: nothing could end it
+
+    resumed = run_cli(*KILL_ARGS, cwd=killed_dir)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    log = resumed.stdout + resumed.stderr
+    assert f"at step {saved_step}" in log and f"fast-forwarded past {saved_step} finished steps" in log
+    uri = f"sqlite:///{killed_dir / 'mlflow.db'}"
+    df = runs(uri, "smoke").set_index("run_id")
+    (old_id,) = dead["run_id"]
+    new = df.drop(index=old_id).iloc[0]
+    assert df.loc[old_id, "status"] == "KILLED" and "died" in df.loc[old_id, "tags.error"]
+    assert new["status"] == "FINISHED" and new["tags.resumed_from"] == old_id
+    assert new["tags.resumed_from_step"] == str(saved_step)
+    history = mlflow.MlflowClient(uri).get_metric_history(new.name, "train_loss")
+    steps = sorted(m.step for m in history)
+    assert steps == list(range(10, 2001, 10))  # the killed run's points up to the checkpoint, then its own
+    assert not list(killed_dir.glob("checkpoints/*/ckpt-*"))  # finished: the checkpoints are gone
+
+    clean = run_cli(*KILL_ARGS, cwd=clean_dir)
+    assert clean.returncode == 0, clean.stderr[-2000:]
+    # Same seed, same batches in the same order from the same step: the weights come out bit-identical
+    # (tolerance 0); the final test loss, printed to 4 decimals, therefore too.
+    assert _digest(log) == _digest(clean.stdout + clean.stderr)
+    loss = re.compile(r"test loss (\d+\.\d+)")
+    assert loss.search(resumed.stdout).group(1) == loss.search(clean.stdout).group(1)
+
+
+def test_non_finite_loss_keeps_the_last_good_checkpoint(tf_devices, store, tmp_path):
+    import tensorflow as tf
+
+    from runner.experiment import run
+    from runner.train import NonFiniteLoss
+
+    folder = tmp_path / "ckpt"
+    cfg = compose("debug=smoke", f"mlflow.tracking_uri={store}", "train.optimizer=sgd", "train.learning_rate=1e30",
+                  "train.steps_per_call=1", "train.checkpoint_every=1", f"train.checkpoint_dir={folder}")
+    with pytest.raises(NonFiniteLoss, match=r"not finite at step (\d+)") as error:
+        run(cfg)
+    bad_step = int(re.search(r"step (\d+)", str(error.value)).group(1))
+    assert runs(store, "smoke").iloc[0]["status"] == "FAILED"
+    (ckpt_dir,) = folder.iterdir()
+    latest = tf.train.latest_checkpoint(str(ckpt_dir))
+    assert latest is not None and latest.endswith(f"ckpt-{bad_step - 1}")  # the last step that was finite
+    reader = tf.train.load_checkpoint(latest)
+    weights = [reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")]
+    assert weights and all(np.isfinite(w).all() for w in weights)
+
+
+def test_checkpoint_settings_do_not_change_the_config_hash():
+    from runner.sweep import config_hash
+
+    base = compose("debug=smoke")
+    assert config_hash(base) == config_hash(compose("debug=smoke", "train.checkpoint_every=7"))
+    assert config_hash(base) != config_hash(compose("debug=smoke", "train.seed=1"))
+
+
+@pytest.mark.parametrize(
+    "strategy,pipeline,model",
+    [
+        ("single", "split", "cnn"),  # cnn: dropout, so the seed generators' states must be restored too
+        # mlp like every other in-process MirroredStrategy test: TensorFlow's collective instance keys are
+        # per-process, so a later strategy over the same devices with other gradient shapes would clash.
+        ("mirrored", "sharded", "mlp"),
+        ("replicated", "per_tower", "mlp"),
+        ("parameter_server", "split", "mlp"),
+        ("model_parallel", "split", "cnn"),
+    ],
+)
+def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp_path, strategy, pipeline, model):
+    """Train 10 steps, checkpoint, train 10 more; a fresh strategy restored from the checkpoint, with its feed
+    fast-forwarded 10 steps, must produce the same 10 losses."""
+    import tensorflow as tf
+
+    from runner import strategies
+    from runner.checkpoints import Checkpointer
+    from runner.config import validate
+    from runner.devices import Devices
+    from runner.train import fast_forward
+
+    from data_pipelines import common
+
+    gpus = 1 if strategy == "single" else 2
+    cfg = validate(compose("debug=smoke", f"strategy={strategy}", f"pipeline={pipeline}", f"model={model}", f"gpus={gpus}"))
+    x = np.random.default_rng(0).integers(0, 255, (512, 28, 28), dtype=np.uint8)
+    y = np.random.default_rng(1).integers(0, 10, 512).astype(np.int32)
+    module = __import__(f"data_pipelines.{pipeline}", fromlist=["x"])
+    devices = Devices(tuple(f"/device:CPU:{i}" for i in range(gpus)), "CPU", gpus > 1, "test")
+
+    def fresh():
+        s = strategies.build(strategy, devices, cfg)
+        return s, s.batches(module, common.examples(x, y), 0), Checkpointer(tmp_path, s.checkpoint_objects(), "r1")
+
+    def losses(s, batches, n):
+        loop = s.train_loop(batches)
+        return [float(loop(tf.constant(1))[0]) for _ in range(n)]
+
+    first, batches, ckpt = fresh()
+    losses(first, batches, 10)
+    ckpt.save(10)
+    expected = losses(first, batches, 10)
+    second, batches, ckpt = fresh()
+    assert ckpt.restore() == (10, "r1")
+    fast_forward(second, batches, 10)
+    np.testing.assert_allclose(losses(second, batches, 10), expected, rtol=1e-6)

@@ -1,0 +1,82 @@
+"""strategy=multi_worker: MultiWorkerMirroredStrategy across real processes on 127.0.0.1, the runner's own loop."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import cli_env, compose, runs
+
+from runner.config import ConfigError, validate
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path):
+    workers = f"strategy.workers=[127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}]"
+    env = cli_env()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "runner", "debug=smoke", "strategy=multi_worker", workers, f"strategy.task_index={i}"],
+            cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )
+        for i in (1, 0)
+    ]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-2000:]
+    digests = {re.search(r"final weights sha256 ([0-9a-f]{16})", out + err).group(1) for out, err in outputs}
+    assert len(digests) == 1  # the two workers end with bit-identical weights
+
+    df = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")
+    assert len(df) == 1  # the chief's run only
+    row = df.iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.devices.workers"] == "2"
+    assert row["tags.weights.sha256"] in digests and row["metrics.test_accuracy"] > 0.5
+    assert row["params.train.per_device_batch_size"] == "32"  # global 64 over 2 workers x 1 device
+    # Each worker keeps its own log, in its own output folder, even when started in the same second.
+    logs = {p.parent.name.rsplit("-", 1)[1]: p.read_text() for p in tmp_path.glob("outputs/*/*/__main__.log")}
+    assert sorted(logs) == ["worker0", "worker1"]
+    assert all("final weights sha256" in text for text in logs.values())
+
+
+@pytest.mark.parametrize(
+    "tf_config,message",
+    [
+        ('{"cluster": {"worker": ["a:1"]}', "TF_CONFIG is not valid JSON"),
+        ('{"task": {"type": "worker", "index": 0}}', 'needs "cluster" and "task"'),
+        ('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 2}}', "task index 2 is out of range"),
+        ('{"cluster": {"worker": ["a"]}, "task": {"type": "worker", "index": 0}}', "host:port"),
+        ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "task type 'ps' is not in the cluster"),
+    ],
+)
+def test_malformed_tf_config_is_a_one_line_config_error(monkeypatch, tf_config, message):
+    monkeypatch.setenv("TF_CONFIG", tf_config)
+    with pytest.raises(ConfigError, match=re.escape(message)) as error:
+        validate(compose("strategy=multi_worker", "debug=smoke"))
+    assert "\n" not in str(error.value)
+
+
+def test_multi_worker_without_a_cluster_says_how_to_give_one(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match=r"strategy.workers=\[host:port,...\].*TF_CONFIG"):
+        validate(compose("strategy=multi_worker", "debug=smoke"))
+
+
+def test_cluster_keys_produce_tf_config_and_the_global_batch_spans_all_workers(monkeypatch):
+    from runner import cluster
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    cfg = validate(compose("strategy=multi_worker", "debug=smoke", "strategy.workers=[h0:1,h1:1,h2:1,h3:1]",
+                           "strategy.task_index=2"))
+    spec = cluster.from_config(cfg)
+    assert (spec.count, spec.name, spec.is_chief) == (4, "worker2", False)
+    assert cfg.train.per_device_batch_size == 16  # smoke's global 64 over 4 workers
+    assert '"index": 2' in spec.tf_config()
