@@ -1,16 +1,24 @@
 """Benchmarks: every measurement in a fresh process; runner jobs are normal runs, read back from MLflow.
 
+    python -m runner.bench grid [--models mlp,cnn,nin] [--variants tiny,default] [--gpus 1,2,4,8]
+        [--strategies mirrored,replicated,parameter_server,single] [--pipelines split,per_tower,sharded]
+        [--steps N --steps-per-call K] [--data mnist|synthetic] [--out FILE]
+
+runs, for each model/variant, the runner's single device (before and after the grid), plain Keras `fit` on one
+device, then for each device count Keras `fit` under MirroredStrategy and every strategy x pipeline (`single` on
+1 device only), and prints one table per model/variant: images/s ± standard error over the timed steps, as ratios
+to the runner's single-device rate and to Keras fit, the pipeline-alone rate against the step rate, peak RSS and
+job overhead (process start to first step); then a summary of the targets of the issue, PASS or FAIL in this run.
+
+    python -m runner.bench strategies [--gpus 2,4] [--model mlp --variant default] [--steps 600]
+
+is the same table for one model on 2 and 4 devices with the data-parallel strategies.
+
     python -m runner.bench pipelines [--gpus 1,2,4] [--strategies replicated,mirrored] [--model mlp] [--steps 400]
 
 prints, for each pipeline x strategy x device count, the batches/s of the input pipeline alone and of the full
 training step, their ratio, and whether the run is input-bound (pipeline under 3x the step rate).
-
-    python -m runner.bench strategies [--gpus 2,4] [--model mlp --variant default] [--steps 600]
-
-prints images/s ± standard error of every data-parallel strategy x pipeline on each device count, beside the
-runner's own single-device rate (measured before and after the grid), plain Keras `fit` on one device and Keras
-`fit` under MirroredStrategy on the same devices, as ratios to the runner's single-device rate. Runner jobs land in
-the MLflow experiment `bench_<command>` with their config and devices.
+Runner jobs land in the MLflow experiment `bench_<command>` with their config and devices.
 """
 
 from __future__ import annotations
@@ -22,8 +30,25 @@ import re
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Callable
 
 PIPELINES = ("split", "per_tower", "sharded")
+DATA_PARALLEL = ("mirrored", "replicated", "parameter_server")
+MIN_TIMED_STEPS = 20
+# (model, variant) -> (steps, steps per call) when --steps is not given: about 10-20 s of training on one device
+# of the 2-core development CPU (the slow variants get fewer, shorter calls); always >= 20 timed steps.
+DEFAULT_STEPS = {
+    ("mlp", "tiny"): (300, 25), ("mlp", "default"): (600, 50), ("mlp", "chainer"): (600, 50),
+    ("cnn", "tiny"): (300, 25), ("cnn", "default"): (120, 10), ("cnn", "paper"): (60, 5),
+    ("nin", "tiny"): (300, 25), ("nin", "default"): (60, 5), ("nin", "paper"): (40, 4),
+}
+# The issue's targets.
+KERAS_TARGET = {"mlp": 1.5}  # runner single / Keras fit on one device; other models: 1.0
+SCALING_TARGET = {2: 0.9, 4: 0.9, 8: 0.6}  # every data-parallel strategy x pipeline on N devices / runner single
+INPUT_TARGET = 3.0  # pipeline alone / training step
+OVERHEAD_TARGET_S = 10.0  # process start to first step
+RSS_TARGET_MB = 1536.0  # a tiny (smoke) MLP job
 
 
 def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
@@ -65,7 +90,7 @@ def pipelines(args: argparse.Namespace) -> int:
     failed = 0
     for gpus in args.gpus:
         for strategy in args.strategies:
-            for pipeline in PIPELINES:
+            for pipeline in args.pipelines:
                 overrides = [
                     f"pipeline={pipeline}", f"strategy={strategy}", f"gpus={gpus}", f"model={args.model}",
                     f"model.variant={args.variant}", f"train.steps={args.steps}",
@@ -78,11 +103,40 @@ def pipelines(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def keras_job(model: str, variant: str, gpus: int, mirrored: bool, args: argparse.Namespace) -> dict:
+@dataclass(frozen=True)
+class Setting:
+    """What every job of one table shares: model, variant, steps, global batch, data."""
+
+    model: str
+    variant: str
+    steps: int
+    steps_per_call: int
+    batch: int
+    data: str
+    test_limit: int | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.variant}"
+
+    def overrides(self) -> list[str]:
+        """The runner's config overrides for this setting."""
+        out = [f"model={self.model}", f"model.variant={self.variant}", f"train.steps={self.steps}",
+               f"train.global_batch_size={self.batch}", f"data={self.data}",
+               f"train.steps_per_call={self.steps_per_call}"]
+        return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else [])
+
+
+def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
+    """Steps the runner times (full calls after the warm-up; a short tail call is not timed), as Keras fit here."""
+    return max(0, steps // steps_per_call - warmup_calls) * steps_per_call
+
+
+def keras_job(setting: Setting, gpus: int, mirrored: bool) -> dict:
     """Plain Keras fit in a fresh process (runner.keras_baseline); its JSON figures, or {'error': ...}."""
-    cmd = [sys.executable, "-m", "runner.keras_baseline", "--model", model, "--variant", variant, "--gpus", str(gpus),
-           "--batch", str(args.batch), "--steps", str(args.steps), "--data", args.data,
-           "--chunk", str(args.steps_per_call)]
+    cmd = [sys.executable, "-m", "runner.keras_baseline", "--model", setting.model, "--variant", setting.variant,
+           "--gpus", str(gpus), "--batch", str(setting.batch), "--steps", str(setting.steps), "--data", setting.data,
+           "--chunk", str(setting.steps_per_call)]
     proc = subprocess.run(cmd + (["--mirrored"] if mirrored else []), capture_output=True, text=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if proc.returncode != 0:
@@ -90,48 +144,267 @@ def keras_job(model: str, variant: str, gpus: int, mirrored: bool, args: argpars
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _rate_row(label: str, devices: int, m: dict, base: float) -> str:
+@dataclass(frozen=True)
+class Job:
+    """One measurement: a runner job (kind single/runner) or a Keras fit (kind keras/keras_mirrored)."""
+
+    kind: str
+    gpus: int
+    label: str
+    strategy: str = ""
+    pipeline: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.label} x{self.gpus}"
+
+
+@dataclass
+class Table:
+    """The measured rows of one setting, in measurement order."""
+
+    setting: Setting
+    date: str
+    rows: list[tuple[Job, dict]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def rate(self, kind: str) -> float | None:
+        """Mean images/s of the rows of one kind (single: the runner's single device), None if none succeeded."""
+        rates = [m["images_per_sec"] for job, m in self.rows if job.kind == kind and "images_per_sec" in m]
+        return sum(rates) / len(rates) if rates else None
+
+
+def plan(strategies: list[str], pipelines: list[str], gpus: list[int]) -> list[Job]:
+    """The jobs of one table, in the order they run: single device and Keras fit first, single again last."""
+    jobs = [Job("single", 1, "runner single (before the grid)", "single", "split"), Job("keras", 1, "keras fit")]
+    for n in gpus:
+        jobs.append(Job("keras_mirrored", n, "keras fit + MirroredStrategy"))
+        for strategy in strategies:
+            if strategy == "single" and n != 1:
+                continue  # single takes one device
+            jobs += [Job("runner", n, f"runner {strategy} / {p}", strategy, p) for p in pipelines]
+    return jobs + [Job("single", 1, "runner single (after the grid)", "single", "split")]
+
+
+class Progress:
+    """One stderr line per finished job, with the elapsed time and a naive estimate of the time left."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def run(self, what: str, measure: Callable[[], dict]) -> dict:
+        t0 = time.perf_counter()
+        metrics = measure()
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        rate = f"{metrics['images_per_sec']:,.0f} images/s" if "images_per_sec" in metrics else "FAILED"
+        print(f"[{self.done}/{self.total}] {what}: {rate} ({time.perf_counter() - t0:.1f} s; "
+              f"{elapsed / 60:.1f} min elapsed, ~{left / 60:.0f} min left)", file=sys.stderr, flush=True)
+        return metrics
+
+
+def measure(setting: Setting, jobs: list[Job], uri: str, experiment: str, progress: Progress) -> Table:
+    """Run every job of one setting, each in a fresh process."""
+    table, t0 = Table(setting, time.strftime("%Y-%m-%d %H:%M")), time.perf_counter()
+    for job in jobs:
+        if job.kind.startswith("keras"):
+            run = lambda job=job: keras_job(setting, job.gpus, job.kind == "keras_mirrored")  # noqa: E731
+        else:
+            overrides = [f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}"]
+            run = lambda o=overrides: run_job([*o, *setting.overrides()], uri, experiment)  # noqa: E731
+        metrics = progress.run(f"{setting.name} {job.where}", run)
+        if "error" not in metrics and "images_per_sec" not in metrics:
+            metrics = {"error": "no timed steps: raise --steps to a few times --steps-per-call"}
+        table.rows.append((job, metrics))
+    table.seconds = time.perf_counter() - t0
+    return table
+
+
+COLUMNS = ("what", "devices", "images/s ± stderr", "timed steps", "x runner single", "x keras fit",
+           "pipeline alone (batches/s)", "pipeline / step", "peak RSS (MB)", "overhead (s)")
+
+
+def _ratio(value: float, base: float | None) -> str:
+    return f"{value / base:.2f}" if base else "-"
+
+
+def format_row(job: Job, m: dict, table: Table) -> str:
+    """One table row; a failed job shows its error, a job timed over fewer than 20 steps is flagged."""
     if "error" in m:
-        return f"| {label} | {devices} | failed: {m['error'][:80]} | | |"
-    ips, se = m["images_per_sec"], m["images_per_sec_stderr"]
-    return f"| {label} | {devices} | {ips:,.0f} ± {se:,.0f} | {ips / base:.2f} |"
+        return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * 7
+    ips, steps = m["images_per_sec"], int(m.get("timed_steps", 0))
+    cells = [job.label, str(job.gpus), f"{ips:,.0f} ± {m['images_per_sec_stderr']:,.0f}",
+             f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
+             _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras"))]
+    if "input_batches_per_sec" in m:
+        pipeline = m["input_batches_per_sec"]
+        cells += [f"{pipeline:,.0f}", f"{pipeline / m['step_batches_per_sec']:.1f}x"]
+    else:
+        cells += ["-", "-"]
+    cells += [f"{m['peak_rss_mb']:,.0f}" if "peak_rss_mb" in m else "-",
+              f"{m['seconds_to_first_step']:.1f}" if "seconds_to_first_step" in m else "-"]
+    return "| " + " | ".join(cells) + " |"
 
 
-def strategies(args: argparse.Namespace) -> int:
-    """Data-parallel strategies x pipelines against the runner's single device and Keras fit."""
+def format_table(table: Table) -> list[str]:
+    """The header naming the setting, the two bases of the ratios, and the rows."""
+    s, single, keras = table.setting, table.rate("single"), table.rate("keras")
+    return [
+        f"## {s.name}: global batch {s.batch}, {s.steps} steps ({s.steps_per_call} per call, the first call "
+        f"untimed), data {s.data}, {table.date}",
+        "",
+        f"x runner single: over {single or 0:,.0f} images/s (the mean of the two runner single rows); "
+        f"x keras fit: over {keras or 0:,.0f} images/s. {len(table.rows)} jobs in {table.seconds:.0f} s.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+        *(format_row(job, m, table) for job, m in table.rows),
+        "",
+    ]
+
+
+def check(name: str, items: list[tuple[str, float | None]], holds: Callable[[float], bool], worst: str,
+          fmt: Callable[[float], str]) -> str:
+    """`- PASS|FAIL name: k of n hold; <worst> value (where)`; a failed job (None) does not hold."""
+    if not items:
+        return f"- n/a {name}: not measured in this run"
+    ok = [v is not None and holds(v) for _, v in items]
+    measured = [(v, where) for where, v in items if v is not None]
+    text = f"- {'PASS' if all(ok) else 'FAIL'} {name}: {sum(ok)} of {len(ok)} hold"
+    if measured:
+        value, where = (max if worst == "highest" else min)(measured, key=lambda item: item[0])  # first of ties
+        text += f"; {worst} {fmt(value)} ({where})"
+    failed = len(items) - len(measured)
+    return text + (f"; {failed} failed" if failed else "")
+
+
+def _ratio_or_none(m: dict, base: float | None) -> float | None:
+    return m["images_per_sec"] / base if base and "images_per_sec" in m else None
+
+
+def table_targets(table: Table) -> list[str]:
+    """Per model/variant: runner single vs Keras fit, and every data-parallel strategy x pipeline per N."""
+    s, single, keras = table.setting, table.rate("single"), table.rate("keras")
+    need = KERAS_TARGET.get(s.model, 1.0)
+    vs_keras = [("runner single / keras fit", single / keras if single and keras else None)]
+    lines = [check(f"{s.name}: runner 1 device >= {need}x keras fit", vs_keras, lambda v: v >= need, "lowest",
+                   lambda v: f"{v:.2f}x")]
+    for n, floor in SCALING_TARGET.items():
+        items = [(f"{job.strategy}/{job.pipeline}", _ratio_or_none(m, single)) for job, m in table.rows
+                 if job.kind == "runner" and job.gpus == n and job.strategy in DATA_PARALLEL]
+        if items:
+            lines.append(check(f"{s.name}: every data-parallel strategy x pipeline at {n} devices >= {floor}x "
+                               "runner single", items, lambda v, f=floor: v >= f, "lowest", lambda v: f"{v:.2f}x"))
+    return lines
+
+
+def _items(tables: list[Table], value: Callable[[dict], float | None], kinds: tuple[str, ...],
+           only: Callable[[Setting], bool] = lambda s: True) -> list[tuple[str, float | None]]:
+    return [(f"{t.setting.name} {job.where}", value(m)) for t in tables if only(t.setting)
+            for job, m in t.rows if job.kind in kinds]
+
+
+def _get(key: str) -> Callable[[dict], float | None]:
+    return lambda m: m.get(key)
+
+
+def targets(tables: list[Table]) -> list[str]:
+    """The summary block: each target of the issue and whether it holds in this run."""
+    runner_kinds = ("single", "runner")
+    lines = ["## Targets (this run)", ""]
+    for table in tables:
+        lines += table_targets(table)
+    pipeline = _items(tables, lambda m: m["input_batches_per_sec"] / m["step_batches_per_sec"]
+                      if "input_batches_per_sec" in m else None, runner_kinds)
+    lines.append(check(f"pipeline alone >= {INPUT_TARGET:g}x the step rate, every runner job", pipeline,
+                       lambda v: v >= INPUT_TARGET, "lowest", lambda v: f"{v:.1f}x"))
+    overhead = _items(tables, _get("seconds_to_first_step"), runner_kinds)
+    lines.append(check(f"job overhead (process start to first step) <= {OVERHEAD_TARGET_S:g} s, every runner job",
+                       overhead, lambda v: v <= OVERHEAD_TARGET_S, "highest", lambda v: f"{v:.1f} s"))
+    rss = _items(tables, _get("peak_rss_mb"), runner_kinds, lambda s: s.model == "mlp" and s.variant == "tiny")
+    lines.append(check(f"peak RSS of a tiny (smoke) MLP runner job <= {RSS_TARGET_MB:g} MB, any devices", rss,
+                       lambda v: v <= RSS_TARGET_MB, "highest", lambda v: f"{v:,.0f} MB"))
+    steps = _items(tables, _get("timed_steps"), ("single", "runner", "keras", "keras_mirrored"))
+    lines.append(check(f"at least {MIN_TIMED_STEPS} timed steps after warm-up, every job", steps,
+                       lambda v: v >= MIN_TIMED_STEPS, "fewest", lambda v: f"{v:.0f}"))
+    return lines
+
+
+def settings(args: argparse.Namespace) -> list[Setting]:
+    """One setting per model x variant, with its steps (given, or DEFAULT_STEPS)."""
+    out = []
+    for model in args.models:
+        for variant in args.variants:
+            steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
+            out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
+                               args.data, args.test_limit))
+    return out
+
+
+def emit(out: list[str], lines: list[str]) -> None:
+    """Print lines now (a long grid shows each table as it finishes) and keep them for --out."""
+    print("\n".join(lines), flush=True)
+    out += lines
+
+
+def grid(args: argparse.Namespace) -> int:
+    """Every model/variant x strategy x pipeline x N beside the runner's single device and Keras fit."""
     from runner.tracking import ensure_experiment, resolve_uri
 
-    uri = resolve_uri(args.tracking_uri)
-    ensure_experiment(uri, "bench_strategies")
-    common = [f"model={args.model}", f"model.variant={args.variant}", f"train.steps={args.steps}",
-              f"train.global_batch_size={args.batch}", f"data={args.data}",
-              f"train.steps_per_call={args.steps_per_call}"]
-    single_before = run_job(["strategy=single", "gpus=1", *common], uri, "bench_strategies")
-    rows: list[tuple[str, int, dict]] = [("keras fit", 1, keras_job(args.model, args.variant, 1, False, args))]
-    for gpus in args.gpus:
-        rows.append(("keras fit + MirroredStrategy", gpus, keras_job(args.model, args.variant, gpus, True, args)))
-        for strategy in args.strategies:
-            for pipeline in PIPELINES:
-                job = [f"strategy={strategy}", f"pipeline={pipeline}", f"gpus={gpus}", *common]
-                rows.append((f"runner {strategy} / {pipeline}", gpus, run_job(job, uri, "bench_strategies")))
-    single_after = run_job(["strategy=single", "gpus=1", *common], uri, "bench_strategies")
-    singles = [m for m in (single_before, single_after) if "error" not in m]
-    if not singles:
-        print(f"error: the single-device baseline failed: {single_before['error']}", file=sys.stderr)
-        return 1
-    base = sum(m["images_per_sec"] for m in singles) / len(singles)
-    print(f"# strategy benchmark: model={args.model}/{args.variant} global batch={args.batch} steps={args.steps} "
-          f"data={args.data}, {time.ctime()}")
-    print("| what | devices | images/s ± stderr | x runner single |\n|---|---|---|---|")
-    for m in singles:
-        print(_rate_row("runner single (before/after the grid)", 1, m, base))
-    for label, gpus, m in rows:
-        print(_rate_row(label, gpus, m, base), flush=True)
-    return 1 if any("error" in m for _, _, m in rows) else 0
+    uri, experiment = resolve_uri(args.tracking_uri), f"bench_{args.command}"
+    ensure_experiment(uri, experiment)  # create the store once, before the jobs
+    jobs, todo = plan(args.strategies, args.pipelines, args.gpus), settings(args)
+    runner_jobs = sum(job.kind in ("single", "runner") for job in jobs) * len(todo)
+    total = len(jobs) * len(todo)
+    out: list[str] = []
+    emit(out, [f"# benchmark {args.command}: {total} jobs ({runner_jobs} runner, {total - runner_jobs} keras fit), "
+               f"each in a fresh process; {time.ctime()}", ""])
+    progress, tables = Progress(total), []
+    for setting in todo:
+        tables.append(measure(setting, jobs, uri, experiment, progress))
+        emit(out, format_table(tables[-1]))
+    emit(out, targets(tables))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    return 1 if any("error" in m for t in tables for _, m in t.rows) else 0
 
 
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
+
+
+def _names(text: str) -> list[str]:
+    return [v for v in text.split(",") if v]
+
+
+def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argparse.ArgumentParser:
+    """`grid` (the whole issue grid by default) and `strategies` (one model, 2 and 4 devices) share the options."""
+    helps = {"grid": "every model/variant x strategy x pipeline x N vs single device and Keras fit, with targets",
+             "strategies": "data-parallel strategies x pipelines vs single device and Keras fit, one model"}
+    g = sub.add_parser(name, help=helps[name])
+    g.add_argument("--models", "--model", dest="models", type=_names,
+                   default=["mlp", "cnn", "nin"] if full else ["mlp"])
+    g.add_argument("--variants", "--variant", dest="variants", type=_names,
+                   default=["tiny", "default"] if full else ["default"])
+    g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])
+    g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, "single"] if full else list(DATA_PARALLEL))
+    g.add_argument("--steps", type=int, default=None, help="steps per job (default: per model/variant)")
+    g.add_argument("--steps-per-call", type=int, default=None, help="steps per compiled call (default: per model)")
+    g.add_argument("--test-limit", type=int, default=None, help="evaluate runner jobs on the first N test images")
+    g.add_argument("--out", default=None, help="also write the markdown to this file")
+    return g
+
+
+def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """At least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2."""
+    for s in settings(args) if args.command != "pipelines" else []:
+        n = timed_steps(s.steps, s.steps_per_call)
+        if n < MIN_TIMED_STEPS or n < 2 * s.steps_per_call:
+            parser.error(f"{s.name}: --steps {s.steps} --steps-per-call {s.steps_per_call} times only {n} steps "
+                         f"(the first call is warm-up, a short tail is not timed); need >= {MIN_TIMED_STEPS} steps "
+                         "in >= 2 calls")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,21 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pipelines", help="input pipeline alone vs training step, per pipeline x strategy x N")
     p.add_argument("--gpus", type=_ints, default=[1, 2, 4])
-    p.add_argument("--strategies", type=lambda s: s.split(","), default=["replicated", "mirrored"])
+    p.add_argument("--strategies", type=_names, default=["replicated", "mirrored"])
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--variant", default="default")
     p.add_argument("--steps", type=int, default=400)
-    s = sub.add_parser("strategies", help="data-parallel strategies x pipelines vs single device and Keras fit")
-    s.add_argument("--gpus", type=_ints, default=[2, 4])
-    s.add_argument("--strategies", type=lambda v: v.split(","), default=["mirrored", "replicated", "parameter_server"])
-    for parsed in (p, s):
-        parsed.add_argument("--model", default="mlp")
-        parsed.add_argument("--variant", default="default")
+    p.add_argument("--steps-per-call", type=int, default=50)
+    for parsed in (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False)):
+        parsed.add_argument("--pipelines", type=_names, default=list(PIPELINES))
         parsed.add_argument("--batch", type=int, default=128)
         parsed.add_argument("--data", default="mnist", choices=["mnist", "synthetic"])
         parsed.add_argument("--tracking-uri", default=None)
-        parsed.add_argument("--steps-per-call", type=int, default=50)
-    s.add_argument("--steps", type=int, default=600)
     args = parser.parse_args(argv)
-    return pipelines(args) if args.command == "pipelines" else strategies(args)
+    _check_steps(parser, args)
+    return pipelines(args) if args.command == "pipelines" else grid(args)
 
 
 if __name__ == "__main__":

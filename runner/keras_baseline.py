@@ -5,7 +5,8 @@
 Same model (models.<name>.build), same optimizer and learning rate, same global batch and the same host pipeline
 as the runner's `split` pipeline; Keras' defaults otherwise. Fit runs `steps` steps as epochs of `--chunk` steps;
 the first epoch (tracing, warm-up) is excluded and images/s is the mean ± standard error over the other epochs.
-Prints one JSON line.
+Prints one JSON line, with the job overhead (process start to the end of the first epoch, as the runner's
+`seconds_to_first_step`) and the peak RSS.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import resource
 import sys
 import time
 from types import SimpleNamespace
@@ -40,12 +42,14 @@ class EpochTimer:
 
         self.cb = keras.callbacks.LambdaCallback(on_epoch_begin=self._begin, on_epoch_end=self._end)
         self.seconds: list[float] = []
+        self.first_end: float | None = None  # wall clock at the end of the first epoch
 
     def _begin(self, epoch, logs=None):
         self._t0 = time.perf_counter()
 
     def _end(self, epoch, logs=None):
         self.seconds.append(time.perf_counter() - self._t0)
+        self.first_end = self.first_end or time.time()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="mnist", choices=["mnist", "synthetic"])
     args = parser.parse_args(argv)
 
+    import runner
     from runner import devices as devices_mod
 
     devices = devices_mod.setup(args.gpus)
@@ -86,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         "images_per_sec": float(args.chunk * args.batch * len(rates) / sum(timer.seconds[1:])),
         "images_per_sec_stderr": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0,
         "timed_steps": args.chunk * len(rates), "devices": devices.count, "simulated": devices.simulated,
-        "mirrored": args.mirrored,
+        "mirrored": args.mirrored, "seconds_to_first_step": timer.first_end - runner.STARTED_AT,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss: KiB on Linux
     }))
     return 0
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
@@ -38,3 +40,91 @@ def test_keras_baseline_times_plain_fit(tmp_path):
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     assert figures["images_per_sec"] > 0 and figures["timed_steps"] == 50  # first 10-step epoch excluded
     assert figures["devices"] == 1 and figures["mirrored"] is False
+
+
+GRID = ["--models", "mlp", "--variants", "tiny", "--gpus", "1,2", "--strategies", "replicated", "--pipelines",
+        "split", "--steps", "60", "--steps-per-call", "10"]
+
+
+def _num(cell: str) -> float:
+    return float(cell.split()[0].replace(",", "").rstrip("x"))
+
+
+def _table(stdout: str) -> dict[tuple[str, int], list[str]]:
+    """The data rows of the printed table, by (what, devices)."""
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in stdout.splitlines() if line.startswith("| ")]
+    return {(r[0], int(r[1])): r for r in rows if r[0] != "what"}
+
+
+def _targets(stdout: str) -> dict[str, tuple[str, str]]:
+    """Summary lines `- PASS|FAIL name: detail`, by name."""
+    out = {}
+    for line in stdout.splitlines():
+        if line.startswith(("- PASS ", "- FAIL ")):
+            name, detail = line[7:].rsplit(": ", 1)
+            out[name] = (line[2:6], detail)
+    return out
+
+
+def _agrees(status: str, values: list[float], holds, near) -> None:
+    """PASS iff every printed value holds, unless one is within the printed rounding of the threshold."""
+    if not any(near(v) for v in values):
+        assert status == ("PASS" if all(holds(v) for v in values) else "FAIL"), (status, values)
+
+
+def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "grid.md"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner.bench", "grid", *GRID, "--tracking-uri", uri, "--out", str(out)],
+        capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "# benchmark grid: 7 jobs (4 runner, 3 keras fit)" in proc.stdout
+    assert "## mlp/tiny: global batch 128, 60 steps (10 per call" in proc.stdout and "data mnist" in proc.stdout
+    rows = _table(proc.stdout)
+    assert sorted(rows) == sorted([
+        ("runner single (before the grid)", 1), ("runner single (after the grid)", 1), ("keras fit", 1),
+        ("keras fit + MirroredStrategy", 1), ("keras fit + MirroredStrategy", 2),
+        ("runner replicated / split", 1), ("runner replicated / split", 2)])
+    before, after = rows["runner single (before the grid)", 1], rows["runner single (after the grid)", 1]
+    single = (_num(before[2]) + _num(after[2])) / 2  # the base of "x runner single"
+    keras = _num(rows["keras fit", 1][2])
+    for key, r in rows.items():
+        assert int(r[3]) == 50  # 6 calls of 10 steps, the first one warm-up
+        assert abs(_num(r[4]) - _num(r[2]) / single) <= 0.011 and abs(_num(r[5]) - _num(r[2]) / keras) <= 0.011
+        assert _num(r[8]) > 0 and _num(r[9]) > 0  # peak RSS and job overhead, for Keras fit too
+        if key[0].startswith("runner"):
+            assert abs(_num(r[7]) - _num(r[6]) / (_num(r[2]) / 128)) <= 0.06  # pipeline alone / step batches/s
+        else:
+            assert r[6] == r[7] == "-"
+    targets = _targets(proc.stdout)
+    status, detail = targets["mlp/tiny: runner 1 device >= 1.5x keras fit"]
+    _agrees(status, [single / keras], lambda v: v >= 1.5, lambda v: abs(v - 1.5) < 0.01)
+    status, detail = targets["mlp/tiny: every data-parallel strategy x pipeline at 2 devices >= 0.9x runner single"]
+    assert detail.startswith(("0 of 1 hold", "1 of 1 hold"))
+    _agrees(status, [_num(rows["runner replicated / split", 2][4])], lambda v: v >= 0.9, lambda v: abs(v - 0.9) < 0.01)
+    runner = [r for key, r in rows.items() if key[0].startswith("runner")]
+    status, detail = targets["pipeline alone >= 3x the step rate, every runner job"]
+    _agrees(status, [_num(r[7]) for r in runner], lambda v: v >= 3, lambda v: abs(v - 3) < 0.06)
+    status, detail = targets["job overhead (process start to first step) <= 10 s, every runner job"]
+    _agrees(status, [_num(r[9]) for r in runner], lambda v: v <= 10, lambda v: abs(v - 10) < 0.06)
+    status, detail = targets["peak RSS of a tiny (smoke) MLP runner job <= 1536 MB, any devices"]
+    _agrees(status, [_num(r[8]) for r in runner], lambda v: v <= 1536, lambda v: abs(v - 1536) < 1)
+    status, detail = targets["at least 20 timed steps after warm-up, every job"]
+    assert (status, detail) == ("PASS", "7 of 7 hold; fewest 50 (mlp/tiny runner single (before the grid) x1)")
+    assert all(detail.split(" of ")[1].startswith(str(len(runner))) for name, (_, detail) in targets.items()
+               if "every runner job" in name or "tiny (smoke)" in name)
+    assert out.read_text().strip() == proc.stdout.strip()
+
+
+def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
+    from runner import bench
+
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["grid", "--steps", "60", "--steps-per-call", "25"])  # 2 calls, 1 timed: 25 steps in 1 call
+    assert exit_.value.code == 2
+    assert "times only 25 steps" in capsys.readouterr().err
+    jobs = bench.plan([*bench.DATA_PARALLEL, "single"], list(bench.PIPELINES), [1, 2, 4, 8])
+    assert len(jobs) == 2 + 1 + 4 + 4 * 9 + 3  # single x2, keras fit, keras mirrored x4, 36 data-parallel, 3 single
+    assert all(bench.timed_steps(*bench.DEFAULT_STEPS[key]) >= 20 for key in bench.DEFAULT_STEPS)
