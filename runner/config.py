@@ -23,6 +23,8 @@ CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
 MAX_DEVICES = 16
 MODEL_PARALLEL_SPLITS = ("auto", "width", "stages", "two_tower")
 COMMUNICATIONS = ("auto", "ring", "nccl")
+# mixed_float16 is not offered: float16 needs loss scaling in every strategy's step; bfloat16 has float32's range.
+PRECISIONS = ("float32", "mixed_bfloat16")
 
 
 class ConfigError(ValueError):
@@ -84,6 +86,7 @@ class TrainConf:
     seed: int = 0
     eval_every: int = 0
     jit_compile: bool = False
+    precision: str = "float32"
     measure_input: bool = True
     probe_peak: bool = True
     intra_op_threads: int = -1
@@ -150,6 +153,7 @@ def allowed_choices() -> dict[str, list[str]]:
         "train.optimizer": list(OPTIMIZERS),
         "train.batch_scaling": ["strong", "weak"],
         "train.lr_scaling": ["none", "linear", "sqrt"],
+        "train.precision": list(PRECISIONS),
     }
 
 

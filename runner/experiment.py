@@ -43,6 +43,10 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     from runner import strategies, train
     from runner.strategies.common import effective_learning_rate
 
+    import keras
+
+    # Every model built from here on computes in this precision (set each run: the policy is process-wide).
+    keras.mixed_precision.set_dtype_policy(cfg.train.precision)
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
     strategy = strategies.build(cfg.strategy.name, devices, cfg)
     arrays = common.load_arrays(cfg.data, cfg.train.seed)

@@ -89,3 +89,16 @@ def test_input_pipeline_rate_is_measured_beside_the_step_rate(tf_devices, store)
     assert result["input_bound"] == float(result["input_batches_per_sec"] < 3 * result["step_batches_per_sec"])
     row = runs(store, "smoke").iloc[0]
     assert row["tags.input_bound"] == str(bool(result["input_bound"])).lower()
+
+
+def test_mixed_bfloat16_computes_in_bfloat16_and_learns_like_float32(tf_devices, store):
+    import keras
+
+    full = _smoke(store)
+    assert keras.mixed_precision.dtype_policy().name == "float32"
+    for strategy in (["strategy=single"], ["strategy=model_parallel", "gpus=2"]):
+        mixed = _smoke(store, "train.precision=mixed_bfloat16", *strategy)
+        assert keras.mixed_precision.dtype_policy().name == "mixed_bfloat16"  # bfloat16 compute, float32 variables
+        assert abs(mixed["test_accuracy"] - full["test_accuracy"]) < 0.05, (mixed["test_accuracy"], full)
+    _smoke(store)  # the next float32 run is float32 again: the policy is set per run, not left over
+    assert keras.mixed_precision.dtype_policy().name == "float32"

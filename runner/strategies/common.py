@@ -55,8 +55,8 @@ def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimiz
 
 
 def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """Cross-entropy per example (b,) and the logits (b, 10)."""
-    logits = model(x, training=training)
+    """Cross-entropy per example (b,) and the logits (b, 10), both float32 whatever the compute precision."""
+    logits = tf.cast(model(x, training=training), tf.float32)  # a no-op in float32; keeps the loss out of bfloat16
     return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True), logits
 
 

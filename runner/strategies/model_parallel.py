@@ -297,7 +297,8 @@ class Strategy:
             with tf.device(cells[-1].device), tf.name_scope("loss"):  # where the logits (G, 10) already are
                 with tf.GradientTape() as tape:
                     tape.watch(outs[-1])
-                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, outs[-1], from_logits=True))
+                    logits = tf.cast(outs[-1], tf.float32)  # the loss in float32 under train.precision=mixed_bfloat16
+                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
                 d_logits = tape.gradient(loss, outs[-1])  # (G, 10)
             backward_and_apply(cells, tapes, outs, d_logits)
             return loss
