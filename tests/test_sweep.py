@@ -4,6 +4,8 @@ the MLflow server's REST API over the store, and `runner report`."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import run_cli, runs
+from conftest import cli_env, run_cli, runs
 
 # One job is invalid on purpose: strategy=single cannot use 2 devices.
 SWEEP = ["-m", "debug=smoke", "strategy=single,mirrored", "gpus=1,2"]
@@ -130,3 +132,36 @@ def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
+
+
+def _running_child(cwd) -> bool:
+    # Only once the sweep has created the store (its parent run id is written after that): opening a store that
+    # does not exist yet would create its schema here, racing the sweep doing the same.
+    if not list(cwd.glob("multirun/*/*/parent_run_id")):
+        return False
+    df = runs(f"sqlite:///{cwd / 'mlflow.db'}", "smoke")
+    return not df.empty and "RUNNING" in set(_children(df)["status"])
+
+
+def test_ctrl_c_ends_the_sweep_and_its_running_job_killed(tmp_path):
+    # As a terminal's Ctrl-C: SIGINT to the whole process group. The sweep starts with SIGINT at its default
+    # disposition (this test may itself run under a shell that ignores SIGINT, which children would inherit).
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "-m", "debug=smoke", "train.steps=100000", "train.seed=0,1"],
+        cwd=tmp_path, env=cli_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    deadline = time.time() + 120
+    while not _running_child(tmp_path):
+        assert proc.poll() is None and time.time() < deadline, "the first job never started training"
+        time.sleep(0.5)
+    time.sleep(8)  # past start-up (TensorFlow, data, tracing): into the training loop
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    df = runs(uri, "smoke")
+    parent = df[df["tags.sweep"] == "parent"].iloc[0]
+    children = _children(df)
+    assert parent["status"] == "KILLED"
+    assert list(children["status"]) == ["KILLED"], children[["status", "tags.error"]]  # the second job never began
