@@ -26,7 +26,8 @@ def test_pipeline_benchmark_prints_both_rates_for_every_pipeline(tmp_path):
         cells = [c.strip() for c in row.split("|")[1:-1]]
         pipeline_rate, step_rate = (float(c.replace(",", "")) for c in cells[3:5])
         assert pipeline_rate > 0 and step_rate > 0
-        assert cells[5] == f"{pipeline_rate / step_rate:.1f}x"
+        # The printed rates are rounded to whole batches/s, so a ratio on a rounding boundary may print 0.1 apart.
+        assert abs(float(cells[5].rstrip("x")) - pipeline_rate / step_rate) <= 0.051
         assert cells[6] == ("yes" if pipeline_rate < 3 * step_rate else "no")
 
 

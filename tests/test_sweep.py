@@ -61,9 +61,10 @@ def test_resume_runs_only_the_combination_that_did_not_finish(swept):
     assert len(_children(runs(uri, "smoke"))) == before + 1
 
 
-@pytest.mark.parametrize("attempt", [1, 2, 3])
+# Three times in a row, each on a fresh sqlite store: jobs running at once must never race to create it. The default
+# suite runs it once; `pytest -m slow` runs the other two (about 35 s each).
+@pytest.mark.parametrize("attempt", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
 def test_two_parallel_jobs_on_a_fresh_store_record_all_four_runs(tmp_path, attempt):
-    # Three times in a row, each on a fresh sqlite store: jobs running at once must never race to create it.
     jobs = ["-m", "debug=smoke", "train.seed=0,1,2,3", "train.steps=20", "train.measure_input=false"]
     proc = run_cli(*jobs, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
