@@ -2,10 +2,10 @@
 
 What is saved: every variable the strategy owns (model copies, optimizer slots and step counters, dropout seed
 states) plus the training step, through tf.train.CheckpointManager, every `train.checkpoint_every` steps (the
-training loop saves at the end of the compiled call that crosses the mark). The data position is not stored as iterator state (the sharded and
-distributed feeds cannot all be saved): the pipelines are deterministic for a seed, so a resumed run rebuilds its
-feed and fast-forwards it by the restored number of steps, and then sees exactly the batches the uninterrupted
-run would have seen.
+training loop saves at the end of the compiled call that crosses the mark). The data position is not stored as
+iterator state (the sharded and distributed feeds cannot all be saved): the pipelines are deterministic for a seed,
+so a resumed run rebuilds its feed and fast-forwards it by the restored number of steps, and then sees exactly the
+batches the uninterrupted run would have seen.
 
 Where: `<train.checkpoint_dir>/<config hash>/` under the launch directory. Hydra gives every start a new output
 folder, so a restarted job finds its checkpoints by what it computes (the same hash sweeps resume by), not by
@@ -47,11 +47,10 @@ class Checkpointer:
         self.checkpoint = tf.train.Checkpoint(step=self.step, **objects)
         target = directory if writer else (scratch or directory / ".scratch")
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(target), max_to_keep=2)
-        self.reader = tf.train.CheckpointManager(self.checkpoint, str(directory), max_to_keep=2)
 
     def restore(self) -> tuple[int, str | None]:
         """Load the latest checkpoint, if any: (its step, the MLflow run that wrote it), else (0, None)."""
-        latest = self.reader.latest_checkpoint
+        latest = tf.train.latest_checkpoint(str(self.directory))  # every worker reads the chief's folder
         if latest is None:
             return 0, None
         self.checkpoint.restore(latest).assert_existing_objects_matched()
