@@ -82,6 +82,7 @@ class TrainConf:
     steps_per_call: int = 50
     warmup_calls: int = 1
     optimizer: str = "adam"
+    fused_optimizer: bool = True
     learning_rate: float = 1e-3
     seed: int = 0
     eval_every: int = 0
@@ -89,6 +90,7 @@ class TrainConf:
     precision: str = "float32"
     measure_input: bool = True
     probe_peak: bool = True
+    profile: bool = False
     intra_op_threads: int = -1
     inter_op_threads: int = 0
     checkpoint_every: int = 1000

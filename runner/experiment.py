@@ -19,6 +19,13 @@ from runner.config import ConfigError, validate
 log = logging.getLogger(__name__)
 
 
+def _output_dir() -> Path:
+    """This job's folder: Hydra's output dir under @hydra.main, else the working directory."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
+
+
 def _hydra_log_file() -> Path | None:
     """The log file Hydra writes for this job, if running under @hydra.main."""
     from hydra.core.hydra_config import HydraConfig
@@ -68,8 +75,10 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     eval_ds = common.eval_dataset(arrays.x_test, arrays.y_test)
     result = train.fit(
         strategy, lambda: strategy.batches(pipeline, examples, cfg.train.seed), eval_ds, cfg, steps, run.metrics,
-        checkpointer, start,
+        checkpointer, start, _output_dir() / "profile" if cfg.train.profile else None,
     )
+    if "profile_steps" in result:
+        _log_profile(result, run)
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
@@ -79,6 +88,19 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
                                            if "input_bound" in result else {})})
     return result
+
+
+def _log_profile(result: dict, run: tracking.Run) -> None:
+    """Sum the traced call by op kind; log the table (profile.md) and its figures."""
+    import os
+
+    from runner import profile
+
+    folder = _output_dir() / "profile"
+    text, figures = profile.table(folder, int(result["profile_steps"]), result["profile_seconds"], os.cpu_count() or 1)
+    log.info("profile (trace in %s): %s", folder, text.splitlines()[0])
+    run.text(text + "\n", "profile.md")
+    run.metrics(figures, int(result["steps"]))
 
 
 def _resume(cfg: DictConfig, strategy, run: tracking.Run):

@@ -12,6 +12,7 @@ import resource
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -43,10 +44,10 @@ class Timer:
     steps: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
 
-    def add(self, n: int, dt: float) -> None:
+    def add(self, n: int, dt: float, timed: bool = True) -> None:
         self.calls += 1
         # Short tail calls are excluded too: their per-step cost differs from a full call's.
-        if self.calls > self.warmup_calls and n == self.steps_per_call:
+        if timed and self.calls > self.warmup_calls and n == self.steps_per_call:
             self.steps.append(n)
             self.seconds.append(dt)
 
@@ -123,6 +124,14 @@ def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
     return loss, time.perf_counter() - t0
 
 
+def _profiled_call(loop: Any, n: int, step: int, folder: Path) -> tuple[float, float]:
+    """`_call` under TensorFlow's profiler, writing the trace to `folder`."""
+    from runner import profile
+
+    with profile.trace(folder):
+        return _call(loop, n, step)
+
+
 def _evaluate(strategy: Any, eval_ds: Any, record: Callable[[dict, int], None], step: int) -> tuple[float, float]:
     test_loss, test_acc = strategy.evaluate(eval_ds)
     record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
@@ -148,7 +157,7 @@ def fast_forward(strategy: Any, batches: Any, steps: int) -> None:
 
 def fit(
     strategy: Any, make_batches: Callable[[], Any], eval_ds: Any, cfg: Any, steps: int,
-    record: Callable[[dict, int], None], checkpointer: Any = None, start: int = 0,
+    record: Callable[[dict, int], None], checkpointer: Any = None, start: int = 0, profile_dir: Path | None = None,
 ) -> dict:
     """Train from step `start` to `steps`, evaluate, time the input pipeline alone, and return the summary metrics.
 
@@ -161,10 +170,12 @@ def fit(
         record: called with (metrics, step) for every logged point.
         checkpointer: saves the training state every `train.checkpoint_every` steps (None: never).
         start: steps already done (restored from a checkpoint); the feed skips their batches.
+        profile_dir: trace the first call that would be timed into this folder (that call is left out of timing).
 
     Returns:
         train_loss, test_loss, test_accuracy, images_per_sec (± stderr), step_time_ms, train_seconds, and the
-        pipeline-alone rate beside the step rate (input_batches_per_sec, step_batches_per_sec, input_bound).
+        pipeline-alone rate beside the step rate (input_batches_per_sec, step_batches_per_sec, input_bound),
+        and with `profile_dir` the traced call's profile_steps and profile_seconds.
     """
     train = cfg.train
     batches = make_batches()
@@ -172,11 +183,16 @@ def fit(
         fast_forward(strategy, batches, start)
     loop = strategy.train_loop(batches)
     timer, progress = Timer(train.warmup_calls, train.steps_per_call), Progress(steps)
-    step, loss, t0, first_step_at = start, float("nan"), time.perf_counter(), None
+    step, loss, t0, first_step_at, profiled = start, float("nan"), time.perf_counter(), None, {}
     while step < steps:
         n = min(train.steps_per_call, steps - step)
-        loss, dt = _call(loop, n, step)
-        timer.add(n, dt)
+        if profile_dir is not None and not profiled and timer.calls >= train.warmup_calls:
+            loss, dt = _profiled_call(loop, n, step, profile_dir)
+            profiled = {"profile_steps": float(n), "profile_seconds": dt}
+            timer.add(n, dt, timed=False)
+        else:
+            loss, dt = _call(loop, n, step)
+            timer.add(n, dt)
         first_step_at = first_step_at or time.time()
         step += n
         rate = n * train.global_batch_size / dt
@@ -200,5 +216,6 @@ def fit(
         "seconds_to_first_step": (first_step_at or time.time()) - runner.STARTED_AT,  # start-up, data, tracing
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
         **timed,
+        **profiled,
         **(input_figures(strategy, make_batches, train, timed) if train.measure_input else {}),
     }

@@ -24,7 +24,7 @@ PART = re.compile(r"(?:^|/)(?:stage|part|tower)(\d+)(?:_\d+)?/")
 PART_BACKWARD = re.compile(r"(?:^|/)(?:stage|part|tower)(\d+)_backward(?:_\d+)?/")
 FORWARD_OPS = {"MatMul", "Conv2D"}
 GRADIENT_OPS = {"MatMul", "Conv2DBackpropInput", "Conv2DBackpropFilter", "BiasAddGrad"}
-UPDATE_OPS = {"AssignSubVariableOp", "AssignAddVariableOp", "AddN"}
+UPDATE_OPS = {"ResourceApplyAdam", "ResourceApplyKerasMomentum", "AssignSubVariableOp", "AssignAddVariableOp", "AddN"}
 
 
 def _where(device: str) -> str:

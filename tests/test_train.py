@@ -102,3 +102,18 @@ def test_mixed_bfloat16_computes_in_bfloat16_and_learns_like_float32(tf_devices,
         assert abs(mixed["test_accuracy"] - full["test_accuracy"]) < 0.05, (mixed["test_accuracy"], full)
     _smoke(store)  # the next float32 run is float32 again: the policy is set per run, not left over
     assert keras.mixed_precision.dtype_policy().name == "float32"
+
+
+def test_profile_traces_one_call_and_logs_time_per_op_kind(tf_devices, store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # outside Hydra the trace goes to the working directory
+    result = _smoke(store, "train.profile=true")
+    assert result["profile_steps"] == 10
+    assert result["timed_steps"] == 40  # 60 steps: the warm-up call and the traced call are not timed
+    assert list(tmp_path.glob("profile/plugins/profile/*/*.xplane.pb"))
+    client = mlflow.MlflowClient(store)
+    run_id = runs(store, "smoke").iloc[0]["run_id"]
+    text = open(client.download_artifacts(run_id, "profile.md", str(tmp_path))).read()
+    assert "| matmul |" in text and "ms/step" in text
+    metrics = client.get_run(run_id).data.metrics
+    assert 0 < metrics["profile_ms_matmul"] < metrics["profile_cpu_ms_per_step"]
+    assert metrics["profile_wall_ms_per_step"] > 0

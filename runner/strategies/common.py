@@ -8,6 +8,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from runner import optimizers
+
 
 def build_model(model_cfg: Any, seed: int) -> keras.Model:
     """Build the configured model with seeded initial weights (the same weights for every strategy)."""
@@ -43,13 +45,7 @@ def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimiz
     """
     rate = effective_learning_rate(train_cfg)
     lr = WarmUp(rate, train_cfg.lr_warmup_steps) if train_cfg.lr_warmup_steps else rate
-    make = {
-        "adam": lambda: keras.optimizers.Adam(lr),
-        "sgd": lambda: keras.optimizers.SGD(lr),
-        "momentum": lambda: keras.optimizers.SGD(lr, momentum=0.9),
-        "rmsprop": lambda: keras.optimizers.RMSprop(lr),
-    }
-    optimizer = make[train_cfg.optimizer]()
+    optimizer = optimizers.make(train_cfg.optimizer, lr, train_cfg.fused_optimizer)
     optimizer.build(variables)
     return optimizer
 
