@@ -14,6 +14,12 @@ job overhead (process start to first step); then a summary of the targets of the
 
 is the same table for one model on 2 and 4 devices with the data-parallel strategies.
 
+    python -m runner.bench settings [--groups calls,fused,xla,precision,threads,reduce] [--steps N]
+
+measures each speed setting users expect (steps per compiled call, fused optimizer updates, XLA, mixed
+precision, host threads, mirrored's cross-device reduction): one row per value, each a fresh job, as a ratio to
+the first row of its group (the default), which is measured again at the end of the group to show the noise.
+
     python -m runner.bench pipelines [--gpus 1,2,4] [--strategies replicated,mirrored] [--model mlp] [--steps 400]
 
 prints, for each pipeline x strategy x device count, the batches/s of the input pipeline alone and of the full
@@ -331,6 +337,73 @@ def targets(tables: list[Table]) -> list[str]:
     return lines
 
 
+def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str]]]:
+    """(label, overrides) rows of one option: its default first, then the others."""
+    return [(f"{option}={default} (default)", []), *[(f"{option}={v}", [f"{option}={v}"]) for v in others]]
+
+
+_MLP = ["model=mlp", "model.variant=default", "train.steps=600", "train.steps_per_call=50"]
+_CNN = ["model=cnn", "model.variant=default", "train.steps=120", "train.steps_per_call=10"]
+# group -> (what, where, the group's job, [(value, its overrides)]); the first value is the default.
+SPEED_SETTINGS = {
+    "calls": ("steps per compiled call", "mlp/default, single", _MLP,
+              _values("train.steps_per_call", "50", "10", "1")),
+    "fused": ("fused optimizer update", "mlp/default, replicated x4", [*_MLP, "strategy=replicated", "gpus=4"],
+              _values("train.fused_optimizer", "true", "false")),
+    "fused1": ("fused optimizer update", "mlp/default, single", _MLP,
+               _values("train.fused_optimizer", "true", "false")),
+    "xla": ("XLA compilation", "mlp/default, single", _MLP, _values("train.jit_compile", "false", "true")),
+    "xla_cnn": ("XLA compilation", "cnn/default, single", _CNN, _values("train.jit_compile", "false", "true")),
+    "precision": ("mixed precision", "mlp/default, single", _MLP,
+                  _values("train.precision", "float32", "mixed_bfloat16")),
+    "precision_cnn": ("mixed precision", "cnn/default, single", _CNN,
+                      _values("train.precision", "float32", "mixed_bfloat16")),
+    "threads": ("host threads", "mlp/default, replicated x2", [*_MLP, "strategy=replicated", "gpus=2"], [
+        ("train.intra_op_threads=-1 (default: cores / devices = 1)", []),
+        ("train.intra_op_threads=0 (TensorFlow's default)", ["train.intra_op_threads=0"]),
+        ("train.intra_op_threads=2", ["train.intra_op_threads=2"]),
+        ("train.inter_op_threads=1", ["train.inter_op_threads=1"]),
+        ("train.inter_op_threads=4", ["train.inter_op_threads=4"])]),
+    "reduce": ("cross-device reduction", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"], [
+        ("strategy.cross_device_ops=auto (default: reduce_to_one_device on CPUs)", []),
+        ("strategy.cross_device_ops=tensorflow (collective ring)", ["strategy.cross_device_ops=tensorflow"]),
+        ("strategy.cross_device_ops=hierarchical_copy", ["strategy.cross_device_ops=hierarchical_copy"])]),
+}
+
+
+def speed_settings(args: argparse.Namespace) -> int:
+    """One table: each setting's values side by side, images/s as a ratio to the group's default."""
+    from runner.tracking import ensure_experiment, resolve_uri
+
+    uri, experiment = resolve_uri(args.tracking_uri), "bench_settings"
+    ensure_experiment(uri, experiment)
+    out: list[str] = []
+    emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}", "",
+               "| setting | model, strategy | value | images/s ± stderr | x default | test accuracy |",
+               "|---|---|---|---|---|---|"])
+    failed = False
+    for group in args.groups:
+        what, where, job, values = SPEED_SETTINGS[group]
+        values = [*values, (f"{values[0][0]}, again", values[0][1])]
+        base = None
+        for label, extra in values:
+            steps = [f"train.steps={args.steps}"] if args.steps else []
+            m = run_job([*job, *extra, *steps, "train.checkpoint_every=0", f"data.test_limit={args.test_limit}"],
+                        uri, experiment)
+            if "error" in m or "images_per_sec" not in m:
+                failed = True
+                emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', 'no timed steps')[:80]} | | |"])
+                continue
+            base = base or m["images_per_sec"]
+            rate = f"{m['images_per_sec']:,.0f} ± {m['images_per_sec_stderr']:,.0f}"
+            emit(out, [f"| {what} | {where} | `{label}` | {rate} | {m['images_per_sec'] / base:.2f} "
+                       f"| {m['test_accuracy']:.4f} |"])
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    return 1 if failed else 0
+
+
 def settings(args: argparse.Namespace) -> list[Setting]:
     """One setting per model x variant, with its steps (given, or DEFAULT_STEPS)."""
     out = []
@@ -423,7 +496,18 @@ def main(argv: list[str] | None = None) -> int:
         parsed.add_argument("--batch", type=int, default=128)
         parsed.add_argument("--data", default="mnist", choices=["mnist", "synthetic"])
         parsed.add_argument("--tracking-uri", default=None)
+    st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
+    st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
+    st.add_argument("--steps", type=int, default=None, help="steps per job (default: the group's)")
+    st.add_argument("--test-limit", type=int, default=1000, help="evaluate on the first N test images")
+    st.add_argument("--tracking-uri", default=None)
+    st.add_argument("--out", default=None, help="also write the markdown to this file")
     args = parser.parse_args(argv)
+    if args.command == "settings":
+        unknown = sorted(set(args.groups) - set(SPEED_SETTINGS))
+        if unknown:
+            parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
+        return speed_settings(args)
     _check_steps(parser, args)
     return pipelines(args) if args.command == "pipelines" else grid(args)
 

@@ -19,7 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "pipeline", "strategy", "data", "experiment", "debug")
 OPTIMIZERS = ("adam", "sgd", "momentum", "rmsprop")
-CROSS_DEVICE_OPS = ("auto", "nccl", "hierarchical_copy", "reduce_to_one_device")
+CROSS_DEVICE_OPS = ("auto", "tensorflow", "nccl", "hierarchical_copy", "reduce_to_one_device")
 MAX_DEVICES = 16
 MODEL_PARALLEL_SPLITS = ("auto", "width", "stages", "two_tower")
 COMMUNICATIONS = ("auto", "ring", "nccl")

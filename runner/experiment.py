@@ -46,6 +46,9 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
 
     import tensorflow as tf
 
+    # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+
     from data_pipelines import common
     from runner import strategies, train
     from runner.strategies.common import effective_learning_rate

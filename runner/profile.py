@@ -16,7 +16,8 @@ from typing import Iterator
 
 # Op kinds folded into one row each (the rest keep their TensorFlow op type).
 KINDS = {
-    "matmul": ("MatMul", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "_MklNativeFusedMatMul", "_MklNativeMatMul", "BatchMatMulV2"),
+    "matmul": ("MatMul", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "_MklNativeFusedMatMul", "_MklNativeMatMul",
+               "BatchMatMulV2"),
     "convolution": ("Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "_FusedConv2D", "_MklConv2D",
                     "_MklFusedConv2D", "_MklConv2DBackpropFilter", "_MklConv2DBackpropInput"),
     "optimizer update": ("ResourceApplyAdam", "ResourceApplyKerasMomentum", "AssignAddVariableOp",

@@ -73,6 +73,7 @@ def _agrees(status: str, values: list[float], holds, near) -> None:
         assert status == ("PASS" if all(holds(v) for v in values) else "FAIL"), (status, values)
 
 
+@pytest.mark.slow  # 7 fresh jobs, ~100 s: the settings and pipelines tests keep the command's plumbing in the default run
 def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "grid.md"
@@ -129,3 +130,21 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
     jobs = bench.plan([*bench.DATA_PARALLEL, "single"], list(bench.PIPELINES), [1, 2, 4, 8])
     assert len(jobs) == 2 + 1 + 4 + 4 * 9 + 3  # single x2, keras fit, keras mirrored x4, 36 data-parallel, 3 single
     assert all(bench.timed_steps(*bench.DEFAULT_STEPS[key]) >= 20 for key in bench.DEFAULT_STEPS)
+
+
+def test_settings_benchmark_puts_each_value_beside_its_default(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner.bench", "settings", "--groups", "fused1", "--steps", "150", "--test-limit",
+         "200", "--tracking-uri", uri],
+        capture_output=True, text=True, env=ENV, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
+            if line.startswith("| fused")]
+    assert [r[2] for r in rows] == ["`train.fused_optimizer=true (default)`", "`train.fused_optimizer=false`",
+                                    "`train.fused_optimizer=true (default), again`"]
+    rates = [float(r[3].split("±")[0].replace(",", "")) for r in rows]
+    assert all(rate > 0 for rate in rates)
+    assert rows[0][4] == "1.00" and float(rows[1][4]) == pytest.approx(rates[1] / rates[0], abs=0.006)
+    assert all(0.1 < float(r[5]) <= 1 for r in rows)  # test accuracy of each job

@@ -54,7 +54,8 @@ def test_fused_adam_updates_every_mirrored_copy_like_one_device(tf_devices):
     # Under MirroredStrategy Keras calls update_step once per device with that device's copy; the fused kernel
     # must write each copy (a wrong handle would update one copy twice and leave the other untouched).
     tf = tf_devices
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=tf.distribute.ReductionToOneDevice())
+    one_device_sum = tf.distribute.ReductionToOneDevice()
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"], cross_device_ops=one_device_sum)
     kernel, _ = _train(tf, "adam", True, strategy=strategy)
     # Each replica sees the same gradient and the optimizer sums them: the same as one device with twice the gradient.
     alone, _ = _train(tf, "adam", True)
