@@ -359,7 +359,7 @@ SPEED_SETTINGS = {
     "precision_cnn": ("mixed precision", "cnn/default, single", _CNN,
                       _values("train.precision", "float32", "mixed_bfloat16")),
     "threads": ("host threads", "mlp/default, replicated x2", [*_MLP, "strategy=replicated", "gpus=2"], [
-        ("train.intra_op_threads=-1 (default: cores / devices = 1)", []),
+        ("train.intra_op_threads=-1 (default: cores / devices)", []),
         ("train.intra_op_threads=0 (TensorFlow's default)", ["train.intra_op_threads=0"]),
         ("train.intra_op_threads=2", ["train.intra_op_threads=2"]),
         ("train.inter_op_threads=1", ["train.inter_op_threads=1"]),
@@ -384,9 +384,8 @@ def speed_settings(args: argparse.Namespace) -> int:
     failed = False
     for group in args.groups:
         what, where, job, values = SPEED_SETTINGS[group]
-        values = [*values, (f"{values[0][0]}, again", values[0][1])]
-        base = None
-        for label, extra in values:
+        base = None  # the default's images/s (the group's first row); None if that job failed
+        for i, (label, extra) in enumerate([*values, (f"{values[0][0]}, again", values[0][1])]):
             steps = [f"train.steps={args.steps}"] if args.steps else []
             m = run_job([*job, *extra, *steps, "train.checkpoint_every=0", f"data.test_limit={args.test_limit}"],
                         uri, experiment)
@@ -394,9 +393,10 @@ def speed_settings(args: argparse.Namespace) -> int:
                 failed = True
                 emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', 'no timed steps')[:80]} | | |"])
                 continue
-            base = base or m["images_per_sec"]
+            base = m["images_per_sec"] if i == 0 else base
             rate = f"{m['images_per_sec']:,.0f} ± {m['images_per_sec_stderr']:,.0f}"
-            emit(out, [f"| {what} | {where} | `{label}` | {rate} | {m['images_per_sec'] / base:.2f} "
+            ratio = f"{m['images_per_sec'] / base:.2f}" if base else "-"
+            emit(out, [f"| {what} | {where} | `{label}` | {rate} | {ratio} "
                        f"| {m['test_accuracy']:.4f} |"])
     if args.out:
         with open(args.out, "w") as f:
@@ -480,6 +480,18 @@ def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
                          "in >= 2 calls")
 
 
+def _check_settings_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With --steps: every row of the chosen groups still times >= 20 steps in >= 2 calls, or exit 2."""
+    for group in args.groups if args.steps else []:
+        _, _, job, values = SPEED_SETTINGS[group]
+        for label, extra in values:
+            per_call = int([o for o in [*job, *extra] if o.startswith("train.steps_per_call=")][-1].split("=")[1])
+            n = timed_steps(args.steps, per_call)
+            if n < MIN_TIMED_STEPS or n < 2 * per_call:
+                parser.error(f"--steps {args.steps} times only {n} steps of `{label}` ({per_call} per call; the "
+                             f"first call is warm-up); need >= {MIN_TIMED_STEPS} steps in >= 2 calls")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line of the benchmarks."""
     parser = argparse.ArgumentParser(prog="python -m runner.bench", description=__doc__.splitlines()[0])
@@ -507,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.groups) - set(SPEED_SETTINGS))
         if unknown:
             parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
+        _check_settings_steps(parser, args)
         return speed_settings(args)
     _check_steps(parser, args)
     return pipelines(args) if args.command == "pipelines" else grid(args)

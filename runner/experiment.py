@@ -68,20 +68,16 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     pipeline = importlib.import_module(f"data_pipelines.{cfg.pipeline.name}")
     examples = common.examples(arrays.x_train, arrays.y_train)
     steps = train.total_steps(cfg.train, len(arrays.x_train))
-    log.info(
-        "training %s/%s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
-        cfg.model.name, cfg.model.variant, devices.count, devices.kind, " (simulated)" if devices.simulated else "",
-        steps, cfg.train.global_batch_size, cfg.train.per_device_batch_size,
-        cfg.train.batch_scaling, " on SYNTHETIC data" if arrays.synthetic else "",
-    )
+    _log_plan(cfg, devices, steps, arrays.synthetic)
     checkpointer, start = _resume(cfg, strategy, run)
     eval_ds = common.eval_dataset(arrays.x_test, arrays.y_test)
+    profile_dir = _output_dir() / "profile" if cfg.train.profile else None
     result = train.fit(
         strategy, lambda: strategy.batches(pipeline, examples, cfg.train.seed), eval_ds, cfg, steps, run.metrics,
-        checkpointer, start, _output_dir() / "profile" if cfg.train.profile else None,
+        checkpointer, start, profile_dir,
     )
     if "profile_steps" in result:
-        _log_profile(result, run)
+        _log_profile(result, profile_dir, run)
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
@@ -93,14 +89,28 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     return result
 
 
-def _log_profile(result: dict, run: tracking.Run) -> None:
-    """Sum the traced call by op kind; log the table (profile.md) and its figures."""
+def _log_plan(cfg: DictConfig, devices, steps: int, synthetic: bool) -> None:
+    """One line saying what is about to train, on what, for how long."""
+    log.info(
+        "training %s/%s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
+        cfg.model.name, cfg.model.variant, devices.count, devices.kind, " (simulated)" if devices.simulated else "",
+        steps, cfg.train.global_batch_size, cfg.train.per_device_batch_size,
+        cfg.train.batch_scaling, " on SYNTHETIC data" if synthetic else "",
+    )
+
+
+def _log_profile(result: dict, folder: Path, run: tracking.Run) -> None:
+    """Sum the traced call by op kind; log the table (profile.md) and its figures. A failure here only warns."""
     import os
 
     from runner import profile
 
-    folder = _output_dir() / "profile"
-    text, figures = profile.table(folder, int(result["profile_steps"]), result["profile_seconds"], os.cpu_count() or 1)
+    try:
+        text, figures = profile.table(folder, int(result["profile_steps"]), result["profile_seconds"],
+                                      len(os.sched_getaffinity(0)))
+    except Exception as e:  # the run itself succeeded: keep it, say why there is no profile
+        log.warning("no profile summary (%s: %s); the trace, if any, is in %s", type(e).__name__, e, folder)
+        return
     log.info("profile (trace in %s): %s", folder, text.splitlines()[0])
     run.text(text + "\n", "profile.md")
     run.metrics(figures, int(result["steps"]))

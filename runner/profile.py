@@ -1,9 +1,10 @@
 """Where a training step's time goes: trace one compiled call with TensorFlow's profiler and sum it by op kind.
 
 `train.profile=true` traces the first timed call (it is then left out of the timing) into `<run dir>/profile`
-(TensorBoard's profile plugin reads it) and logs `profile.md`: the CPU time of each op kind per step, beside the
-step's wall time. On a machine whose devices share the same cores, the total CPU time per step over the cores is
-the bound: a strategy can only be as fast as the work all its devices add up to.
+(TensorBoard's profile plugin reads it) and logs `profile.md`: the op time of each op kind per step (each op's span
+on its thread, nested ops not counted twice), beside the step's wall time. On devices that share the same cores,
+the op time of all devices over the cores is a floor for the step time: a strategy can only be as fast as the work
+its devices add up to (waiting ops aside).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import collections
 import contextlib
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 # Op kinds folded into one row each (the rest keep their TensorFlow op type).
 KINDS = {
@@ -42,59 +43,87 @@ def trace(logdir: Path) -> Iterator[None]:
         tf.profiler.experimental.stop()
 
 
-def op_seconds(logdir: Path) -> tuple[dict[str, float], dict[str, int]]:
-    """CPU seconds and executions per op type over every thread of the newest trace under `logdir`.
+def _self_times(events: Any, names: dict[int, str]) -> Iterator[tuple[str, float]]:
+    """(op type, seconds) for the op events of one thread, each minus the op events nested inside it.
 
-    Op events are the ones TensorFlow names `<op name>:<op type>`; other events (executor bookkeeping, tf.data
-    iterator spans that contain ops) are left out so nothing is counted twice.
+    An op that runs others on its thread (a function call, a synchronous tf.data map inside IteratorGetNext)
+    would otherwise count their time twice.
+    """
+    ops = sorted(
+        (e.offset_ps, e.duration_ps, m.group(1))
+        for e in events
+        if (m := _OP_EVENT.fullmatch(names.get(e.metadata_id, "")))
+    )
+    stack: list[list] = []  # open ops: [end, op type, own picoseconds]
+    for start, duration, op_type in ops:
+        while stack and stack[-1][0] <= start:
+            _, done_type, own = stack.pop()
+            yield done_type, own * 1e-12
+        if stack:
+            stack[-1][2] -= duration
+        stack.append([start + duration, op_type, duration])
+    for _, done_type, own in stack:
+        yield done_type, own * 1e-12
+
+
+def op_seconds(logdir: Path) -> tuple[dict[str, float], dict[str, int]]:
+    """Op time (seconds) and executions per op type over the host threads of the newest trace under `logdir`.
+
+    Op events are the ones TensorFlow names `<op name>:<op type>`; executor bookkeeping and tf.data spans are left
+    out. Op time is the span of each op on its thread: an op waiting (a collective for its peers, a _Recv) counts
+    while it waits. On GPUs the kernels' own time is in the device planes, which this leaves out.
     """
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    newest = max(Path(logdir).glob("plugins/profile/*/*.xplane.pb"), key=lambda p: p.stat().st_mtime)
+    traces = list(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))
+    if not traces:
+        raise FileNotFoundError(f"no profiler trace under {logdir}")
     space = xplane_pb2.XSpace()
-    space.ParseFromString(newest.read_bytes())
+    space.ParseFromString(max(traces, key=lambda p: p.stat().st_mtime).read_bytes())
     seconds: dict[str, float] = collections.defaultdict(float)
     counts: dict[str, int] = collections.Counter()
     for plane in space.planes:
+        if plane.name != "/host:CPU":
+            continue
         names = {k: m.name for k, m in plane.event_metadata.items()}
         for line in plane.lines:
-            for event in line.events:
-                match = _OP_EVENT.fullmatch(names.get(event.metadata_id, ""))
-                if match:
-                    op_type = match.group(1)
-                    seconds[op_type] += event.duration_ps * 1e-12
-                    counts[op_type] += 1
+            for op_type, own in _self_times(line.events, names):
+                seconds[op_type] += own
+                counts[op_type] += 1
     return dict(seconds), dict(counts)
 
 
 def table(logdir: Path, steps: int, wall_seconds: float, cores: int) -> tuple[str, dict[str, float]]:
-    """A markdown table of CPU ms per step by op kind, and the metrics to log (ms per step, ops per step).
+    """A markdown table of op time per step by op kind, and the metrics to log (ms per step, ops per step).
 
     Args:
         logdir: where `trace` wrote.
         steps: steps the traced call ran.
         wall_seconds: the traced call's wall time.
         cores: host cores (the CPU time the devices can share per second of wall time).
+
+    Returns:
+        The markdown and the `profile_*` metrics.
     """
     seconds, counts = op_seconds(logdir)
     by_kind: dict[str, float] = collections.defaultdict(float)
     for op_type, s in seconds.items():
         by_kind[_KIND_OF.get(op_type, "other")] += s
     total = sum(by_kind.values())
-    wall_ms, cpu_ms = 1e3 * wall_seconds / steps, 1e3 * total / steps
+    wall_ms, op_ms = 1e3 * wall_seconds / steps, 1e3 * total / steps
     lines = [
-        f"wall {wall_ms:.2f} ms/step; op CPU time {cpu_ms:.2f} ms/step over {cores} cores "
-        f"(busy {cpu_ms / (cores * wall_ms):.0%}); {sum(counts.values()) / steps:.0f} op executions/step",
+        f"wall {wall_ms:.2f} ms/step; op time {op_ms:.2f} ms/step = {op_ms / wall_ms:.2f} x wall on {cores} cores; "
+        f"{sum(counts.values()) / steps:.0f} op executions/step",
         "",
-        "| op kind | CPU ms/step | share |",
+        "| op kind | op ms/step | share |",
         "|---|---|---|",
     ]
     for kind, s in sorted(by_kind.items(), key=lambda kv: -kv[1]):
         lines.append(f"| {kind} | {1e3 * s / steps:.3f} | {s / total:.0%} |")
     top = sorted(seconds.items(), key=lambda kv: -kv[1])[:12]
-    lines += ["", "| op type (top 12) | CPU ms/step | executions/step |", "|---|---|---|"]
+    lines += ["", "| op type (top 12) | op ms/step | executions/step |", "|---|---|---|"]
     lines += [f"| {t} | {1e3 * s / steps:.3f} | {counts[t] / steps:.1f} |" for t, s in top]
-    metrics = {"profile_wall_ms_per_step": wall_ms, "profile_cpu_ms_per_step": cpu_ms,
+    metrics = {"profile_wall_ms_per_step": wall_ms, "profile_op_ms_per_step": op_ms,
                "profile_ops_per_step": sum(counts.values()) / steps}
     metrics.update({f"profile_ms_{k.replace(' ', '_').replace('-', '_')}": 1e3 * s / steps for k, s in by_kind.items()})
     return "\n".join(lines), metrics

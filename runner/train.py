@@ -186,13 +186,11 @@ def fit(
     step, loss, t0, first_step_at, profiled = start, float("nan"), time.perf_counter(), None, {}
     while step < steps:
         n = min(train.steps_per_call, steps - step)
-        if profile_dir is not None and not profiled and timer.calls >= train.warmup_calls:
-            loss, dt = _profiled_call(loop, n, step, profile_dir)
-            profiled = {"profile_steps": float(n), "profile_seconds": dt}
-            timer.add(n, dt, timed=False)
-        else:
-            loss, dt = _call(loop, n, step)
-            timer.add(n, dt)
+        # Trace the first call that would be timed (never the first call: that one traces the tf.function).
+        trace = profile_dir is not None and not profiled and timer.calls >= max(1, train.warmup_calls)
+        loss, dt = _profiled_call(loop, n, step, profile_dir) if trace else _call(loop, n, step)
+        timer.add(n, dt, timed=not trace)
+        profiled = {"profile_steps": float(n), "profile_seconds": dt} if trace else profiled
         first_step_at = first_step_at or time.time()
         step += n
         rate = n * train.global_batch_size / dt

@@ -8,13 +8,15 @@ import pytest
 from runner import optimizers
 
 
-def _train(tf, name: str, fused: bool, steps: int = 20, strategy=None):
+def _train(tf, name: str, fused: bool, steps: int = 20, strategy=None, **options):
     """20 updates of a small two-variable model from fixed weights and fixed gradients; the final weights."""
     import keras
 
     scope = strategy.scope() if strategy else keras.name_scope("plain")
     with scope:  # the optimizer too: Keras ties it to the strategy it is created under
         optimizer = optimizers.make(name, 0.01, fused)
+        for key, value in options.items():  # e.g. a large epsilon, so where it sits in the formula shows
+            setattr(optimizer, key, value)
         kernel = keras.Variable(np.linspace(-1, 1, 12).reshape(3, 4).astype("float32"), name="kernel")
         bias = keras.Variable(np.zeros(4, "float32"), name="bias")
         optimizer.build([kernel, bias])
@@ -34,10 +36,11 @@ def _train(tf, name: str, fused: bool, steps: int = 20, strategy=None):
     return kernel, bias
 
 
-@pytest.mark.parametrize("name", ["adam", "momentum"])
-def test_fused_update_matches_keras_update(tf_devices, name):
-    fused = _train(tf_devices, name, fused=True)
-    keras_own = _train(tf_devices, name, fused=False)
+@pytest.mark.parametrize("name,options", [("adam", {}), ("adam", {"epsilon": 0.1}), ("momentum", {}),
+                                          ("momentum", {"nesterov": True})])
+def test_fused_update_matches_keras_update(tf_devices, name, options):
+    fused = _train(tf_devices, name, True, **options)
+    keras_own = _train(tf_devices, name, False, **options)
     for a, b in zip(fused, keras_own):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
     assert not np.allclose(fused[0].numpy(), np.linspace(-1, 1, 12).reshape(3, 4))  # it did update

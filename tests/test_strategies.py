@@ -135,3 +135,5 @@ def test_mirrored_auto_sums_on_one_device_on_cpus(tf_devices):
     assert isinstance(ops, tf_devices.distribute.ReductionToOneDevice)
     strategy, _ = _strategy(tf_devices, "mirrored", 2, "strategy.cross_device_ops=hierarchical_copy")
     assert isinstance(strategy.strategy.extended._cross_device_ops, tf_devices.distribute.HierarchicalCopyAllReduce)
+    strategy, _ = _strategy(tf_devices, "mirrored", 2, "strategy.cross_device_ops=tensorflow")  # TensorFlow's own
+    assert type(strategy.strategy.extended._cross_device_ops).__name__ == "CollectiveAllReduce"
