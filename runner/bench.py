@@ -371,6 +371,13 @@ SPEED_SETTINGS = {
 }
 
 
+def _machine() -> str:
+    """What the figures below ran on: the host CPU and its cores (the jobs read the same; see devices.host_cpu)."""
+    from runner.devices import host_cpu
+
+    return f"{host_cpu()}, {os.cpu_count()} cores"
+
+
 def speed_settings(args: argparse.Namespace) -> int:
     """One table: each setting's values side by side, images/s as a ratio to the group's default."""
     from runner.tracking import ensure_experiment, resolve_uri
@@ -378,7 +385,7 @@ def speed_settings(args: argparse.Namespace) -> int:
     uri, experiment = resolve_uri(args.tracking_uri), "bench_settings"
     ensure_experiment(uri, experiment)
     out: list[str] = []
-    emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}", "",
+    emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}; {_machine()}", "",
                "| setting | model, strategy | value | images/s ± stderr | x default | test accuracy |",
                "|---|---|---|---|---|---|"])
     failed = False
@@ -432,7 +439,7 @@ def grid(args: argparse.Namespace) -> int:
     total = len(jobs) * len(todo)
     out: list[str] = []
     emit(out, [f"# benchmark {args.command}: {total} jobs ({runner_jobs} runner, {total - runner_jobs} keras fit), "
-               f"each in a fresh process; {time.ctime()}", ""])
+               f"each in a fresh process; {time.ctime()}; {_machine()}", ""])
     progress, tables = Progress(total), []
     for setting in todo:
         tables.append(measure(setting, jobs, uri, experiment, progress))

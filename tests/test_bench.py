@@ -12,6 +12,7 @@ import pytest
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
+@pytest.mark.slow  # 3 fresh jobs, ~40 s; the pipeline-alone rate itself is in the default run (test_train.py)
 def test_pipeline_benchmark_prints_both_rates_for_every_pipeline(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = subprocess.run(
@@ -73,7 +74,7 @@ def _agrees(status: str, values: list[float], holds, near) -> None:
         assert status == ("PASS" if all(holds(v) for v in values) else "FAIL"), (status, values)
 
 
-@pytest.mark.slow  # 7 fresh jobs, ~100 s: the settings and pipelines tests keep the command's plumbing in the default run
+@pytest.mark.slow  # 7 fresh jobs, ~100 s; the Keras baseline and the --steps check stay in the default run
 def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "grid.md"
@@ -132,6 +133,7 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
     assert all(bench.timed_steps(*bench.DEFAULT_STEPS[key]) >= 20 for key in bench.DEFAULT_STEPS)
 
 
+@pytest.mark.slow  # 3 fresh jobs, ~45 s: with the two above, the default run would pass 10 minutes on 2 cores
 def test_settings_benchmark_puts_each_value_beside_its_default(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     proc = subprocess.run(

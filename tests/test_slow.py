@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli, runs
+from conftest import compose, run_cli, runs
 
 
 @pytest.mark.slow
@@ -35,3 +35,41 @@ def test_every_pipeline_trains_a_model_to_the_same_accuracy(tmp_path, model):
     assert sorted(accuracy) == ["per_tower", "sharded", "split"]
     assert accuracy["split"] == accuracy["per_tower"]  # the same examples in the same order: the same model
     assert max(accuracy.values()) - min(accuracy.values()) <= 0.005, accuracy
+
+
+# Issue 4's command grid: `python -m runner strategy=S pipeline=P gpus=N model=M debug=smoke` for every S x P x N x M
+# (108 jobs, ~15-20 minutes), as one sweep, so each job is its own process. Which combinations are valid is what
+# validation says (model_parallel needs 2+ devices, and stages no more devices than the model has weighted layers);
+# every valid one must finish and every invalid one must fail at config time, naming its bad value.
+GRID = {"strategy": ["mirrored", "replicated", "parameter_server", "model_parallel"],
+        "pipeline": ["split", "per_tower", "sharded"], "gpus": ["1", "2", "4"], "model": ["mlp", "cnn", "nin"]}
+
+
+@pytest.mark.slow
+def test_every_strategy_pipeline_devices_model_combination_finishes_or_is_refused(tmp_path):
+    import itertools
+
+    from runner.config import ConfigError, validate
+
+    combos = [dict(zip(GRID, values)) for values in itertools.product(*GRID.values())]
+    valid = set()
+    for c in combos:
+        try:
+            validate(compose("debug=smoke", *(f"{k}={v}" for k, v in c.items())))
+            valid.add(tuple(c.values()))
+        except ConfigError:
+            pass
+    assert 80 <= len(valid) < len(combos)  # model_parallel on 1 device at least is refused
+
+    proc = run_cli("-m", "debug=smoke", *(f"{k}={','.join(v)}" for k, v in GRID.items()), cwd=tmp_path, timeout=3600)
+    assert proc.returncode == 1  # the invalid combinations fail
+    invalid = len(combos) - len(valid)
+    assert f"sweep: {len(combos)} jobs: {len(valid)} finished, {invalid} failed, 0 skipped" in proc.stderr
+    df = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")
+    df = df[df["tags.sweep"] != "parent"]
+    key = list(zip(df["tags.strategy"], df["tags.pipeline"], df["tags.devices.count"], df["tags.model"]))
+    outcome = dict(zip(key, df["status"]))
+    assert len(outcome) == len(combos)
+    assert {k for k, status in outcome.items() if status == "FINISHED"} == valid
+    refused = df[df["status"] == "FAILED"]
+    assert all("gpus" in error or "split" in error for error in refused["tags.error"])

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import compose, runs
 
+from runner.devices import host_cpu
 from runner.experiment import run
 
 
@@ -27,6 +28,7 @@ def test_smoke_run_is_logged_finished_with_params_metrics_and_config(tf_devices,
     assert row["params.model.name"] == "mlp" and row["params.train.global_batch_size"] == "64"
     assert row["tags.devices.kind"] == "CPU" and row["tags.devices.count"] == "1"
     assert row["tags.devices.simulated"] == "false"
+    assert row["tags.devices.host_cpu"] == host_cpu() and "(family " in row["tags.devices.host_cpu"]
     assert row["metrics.test_accuracy"] == pytest.approx(result["test_accuracy"])
     client = mlflow.MlflowClient(store)
     history = client.get_metric_history(row["run_id"], "train_loss")
