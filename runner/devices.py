@@ -66,15 +66,16 @@ def describe_cpuinfo(text: str) -> str:
     fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in first.splitlines()))
     flags = set(fields.get("flags", "").split())
     isa = ", ".join(f for f in _ISA_FLAGS if f in flags) or "no avx2"
-    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model {fields.get('model', '?')}), {isa}"
+    name, family, model = (fields.get(k, "?") for k in ("model name", "cpu family", "model"))
+    return f"{name} (family {family} model {model}), {isa}"
 
 
 @functools.cache
 def host_cpu() -> str:
     """The host CPU's model and vector instruction sets, recorded with every result.
 
-    Why: the same job measures differently on another CPU of the same name. On this project's machines an
-    AVX-512/bf16 EPYC ran CNN steps in mixed_bfloat16 1.8x faster than float32, an AVX2-only one 10x slower.
+    Why: the same job measures differently on another CPU of the same name. On this project's machines one
+    "AMD EPYC" ran CNN steps in mixed_bfloat16 1.8x faster than float32, another (AVX2 only) 10x slower.
     """
     try:
         return describe_cpuinfo(Path("/proc/cpuinfo").read_text())
