@@ -57,6 +57,8 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
 
     # Every model built from here on computes in this precision (set each run: the policy is process-wide).
     keras.mixed_precision.set_dtype_policy(cfg.train.precision)
+    if warning := devices_mod.precision_warning(cfg.train.precision, devices, devices_mod.host_cpu()):
+        log.warning(warning)
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
     strategy = strategies.build(cfg.strategy.name, devices, cfg)
     arrays = common.load_arrays(cfg.data, cfg.train.seed)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.devices import describe_cpuinfo
+from runner.devices import Devices, describe_cpuinfo, precision_warning
 
 # The first lines of /proc/cpuinfo on two EPYC hosts that both call themselves "AMD EPYC" (abridged flags).
 ZEN3 = """processor\t: 0
@@ -28,3 +28,17 @@ def test_cpu_record_tells_apart_hosts_with_the_same_name():
 
 def test_cpu_record_says_so_when_fields_are_missing():
     assert describe_cpuinfo("processor\t: 0\nflags\t: fpu sse4_2\n") == "? (family ? model ?), no avx2"
+
+
+CPU1 = Devices(("/device:CPU:0",), "CPU", False, "1 CPU (2 cores)")
+GPU1 = Devices(("/device:GPU:0",), "GPU", False, "1 GPU")
+
+
+def test_bfloat16_warns_only_on_a_cpu_without_bfloat16_instructions():
+    zen3, zen4 = describe_cpuinfo(ZEN3), describe_cpuinfo(ZEN4)
+    warning = precision_warning("mixed_bfloat16", CPU1, zen3)
+    assert warning.startswith("train.precision=mixed_bfloat16 on a CPU without bfloat16 instructions")
+    assert zen3 in warning and "train.precision=float32" in warning
+    assert precision_warning("mixed_bfloat16", CPU1, zen4) is None  # avx512_bf16: bf16 is fast there
+    assert precision_warning("mixed_bfloat16", GPU1, zen3) is None  # the GPU computes, not the host
+    assert precision_warning("float32", CPU1, zen3) is None

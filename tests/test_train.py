@@ -95,15 +95,19 @@ def test_input_pipeline_rate_is_measured_beside_the_step_rate(tf_devices, store)
     assert row["tags.input_bound"] == str(bool(result["input_bound"])).lower()
 
 
-def test_mixed_bfloat16_computes_in_bfloat16_and_learns_like_float32(tf_devices, store):
+def test_mixed_bfloat16_computes_in_bfloat16_and_learns_like_float32(tf_devices, store, caplog):
     import keras
 
     full = _smoke(store)
+    assert "without bfloat16 instructions" not in caplog.text
     assert keras.mixed_precision.dtype_policy().name == "float32"
     for strategy in (["strategy=single"], ["strategy=model_parallel", "gpus=2"]):
         mixed = _smoke(store, "train.precision=mixed_bfloat16", *strategy)
         assert keras.mixed_precision.dtype_policy().name == "mixed_bfloat16"  # bfloat16 compute, float32 variables
         assert abs(mixed["test_accuracy"] - full["test_accuracy"]) < 0.05, (mixed["test_accuracy"], full)
+    # The warning is logged exactly when this host lacks bfloat16 instructions (on this project's AVX2 hosts: yes).
+    slow_host = not any(isa in host_cpu() for isa in ("avx512_bf16", "amx_bf16"))
+    assert ("without bfloat16 instructions" in caplog.text) == slow_host, host_cpu()
     _smoke(store)  # the next float32 run is float32 again: the policy is set per run, not left over
     assert keras.mixed_precision.dtype_policy().name == "float32"
 
