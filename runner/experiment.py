@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from runner import cluster, sweep, tracking
 from runner.config import ConfigError, validate
+from runner.devices import Devices  # no TensorFlow import: devices.setup imports it
 
 log = logging.getLogger(__name__)
 
@@ -36,22 +37,15 @@ def _hydra_log_file() -> Path | None:
     return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
 
 
-def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
-    """Everything after the run is opened: devices, strategy, data, loop."""
+def _start_tensorflow(cfg: DictConfig, run: tracking.Run) -> Devices:
+    """Configure the devices (the process's first TensorFlow import) and the precision; tag what the run is on."""
     from runner import devices as devices_mod
 
     # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
     devices = devices_mod.setup(cfg.gpus, cfg.train.intra_op_threads, cfg.train.inter_op_threads)
     run.tags({**devices.as_tags(), "devices.workers": "1"})
-
-    import tensorflow as tf
-
     # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-
-    from data_pipelines import common
-    from runner import strategies, train
-    from runner.strategies.common import effective_learning_rate
 
     import keras
 
@@ -59,6 +53,19 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     keras.mixed_precision.set_dtype_policy(cfg.train.precision)
     if warning := devices_mod.precision_warning(cfg.train.precision, devices, devices_mod.host_cpu()):
         log.warning(warning)
+    return devices
+
+
+def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
+    """Everything after the run is opened: devices, strategy, data, loop."""
+    devices = _start_tensorflow(cfg, run)
+
+    import tensorflow as tf
+
+    from data_pipelines import common
+    from runner import strategies, train
+    from runner.strategies.common import effective_learning_rate
+
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
     strategy = strategies.build(cfg.strategy.name, devices, cfg)
     arrays = common.load_arrays(cfg.data, cfg.train.seed)

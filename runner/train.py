@@ -155,6 +155,43 @@ def fast_forward(strategy: Any, batches: Any, steps: int) -> None:
     log.info("input fast-forwarded past %d finished steps in %.1f s", steps, time.perf_counter() - t0)
 
 
+@dataclass
+class _Calls:
+    """Where the training calls got to: the last step and loss, and what was timed or traced on the way."""
+
+    timer: Timer
+    step: int
+    loss: float = float("nan")
+    first_step_at: float | None = None  # wall clock when the first call returned
+    profiled: dict = field(default_factory=dict)
+
+
+def _run_calls(
+    loop: Any, strategy: Any, eval_ds: Any, train: Any, steps: int, start: int,
+    record: Callable[[dict, int], None], checkpointer: Any, profile_dir: Path | None,
+) -> _Calls:
+    """Call the compiled loop until `steps`, logging each call and checkpointing/evaluating on schedule."""
+    done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps)
+    while done.step < steps:
+        n = min(train.steps_per_call, steps - done.step)
+        # Trace the first call that would be timed (never the first call: that one traces the tf.function).
+        trace = profile_dir is not None and not done.profiled and done.timer.calls >= max(1, train.warmup_calls)
+        done.loss, dt = _profiled_call(loop, n, done.step, profile_dir) if trace else _call(loop, n, done.step)
+        done.timer.add(n, dt, timed=not trace)
+        if trace:
+            done.profiled = {"profile_steps": float(n), "profile_seconds": dt}
+        done.first_step_at = done.first_step_at or time.time()
+        done.step += n
+        rate = n * train.global_batch_size / dt
+        record({"train_loss": done.loss, "call_images_per_sec": rate}, done.step)
+        progress.update(done.step, done.loss, rate)
+        if checkpointer is not None and done.step < steps and crossed(done.step, n, train.checkpoint_every):
+            checkpointer.save(done.step)
+        if done.step < steps and crossed(done.step, n, train.eval_every):
+            _evaluate(strategy, eval_ds, record, done.step)
+    return done
+
+
 def fit(
     strategy: Any, make_batches: Callable[[], Any], eval_ds: Any, cfg: Any, steps: int,
     record: Callable[[dict, int], None], checkpointer: Any = None, start: int = 0, profile_dir: Path | None = None,
@@ -182,38 +219,22 @@ def fit(
     if start:
         fast_forward(strategy, batches, start)
     loop = strategy.train_loop(batches)
-    timer, progress = Timer(train.warmup_calls, train.steps_per_call), Progress(steps)
-    step, loss, t0, first_step_at, profiled = start, float("nan"), time.perf_counter(), None, {}
-    while step < steps:
-        n = min(train.steps_per_call, steps - step)
-        # Trace the first call that would be timed (never the first call: that one traces the tf.function).
-        trace = profile_dir is not None and not profiled and timer.calls >= max(1, train.warmup_calls)
-        loss, dt = _profiled_call(loop, n, step, profile_dir) if trace else _call(loop, n, step)
-        timer.add(n, dt, timed=not trace)
-        profiled = {"profile_steps": float(n), "profile_seconds": dt} if trace else profiled
-        first_step_at = first_step_at or time.time()
-        step += n
-        rate = n * train.global_batch_size / dt
-        record({"train_loss": loss, "call_images_per_sec": rate}, step)
-        progress.update(step, loss, rate)
-        if checkpointer is not None and step < steps and crossed(step, n, train.checkpoint_every):
-            checkpointer.save(step)
-        if step < steps and crossed(step, n, train.eval_every):
-            _evaluate(strategy, eval_ds, record, step)
+    t0 = time.perf_counter()
+    done = _run_calls(loop, strategy, eval_ds, train, steps, start, record, checkpointer, profile_dir)
     train_seconds = time.perf_counter() - t0
     del loop, batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
-    test_loss, test_acc = _evaluate(strategy, eval_ds, record, step)
-    timed = timer.summary(train.global_batch_size)
+    test_loss, test_acc = _evaluate(strategy, eval_ds, record, done.step)
+    timed = done.timer.summary(train.global_batch_size)
     return {
-        "train_loss": loss,
+        "train_loss": done.loss,
         "test_loss": test_loss,
         "test_accuracy": test_acc,
         "train_seconds": train_seconds,
-        "steps": float(step),
+        "steps": float(done.step),
         "resumed_from_step": float(start),
-        "seconds_to_first_step": (first_step_at or time.time()) - runner.STARTED_AT,  # start-up, data, tracing
+        "seconds_to_first_step": (done.first_step_at or time.time()) - runner.STARTED_AT,  # start-up, data, tracing
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
         **timed,
-        **profiled,
+        **done.profiled,
         **(input_figures(strategy, make_batches, train, timed) if train.measure_input else {}),
     }
