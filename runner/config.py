@@ -83,6 +83,7 @@ class TrainConf:
     warmup_calls: int = 1
     optimizer: str = "adam"
     fused_optimizer: bool = True
+    reuse_freed_memory: bool = True
     learning_rate: float = 1e-3
     seed: int = 0
     eval_every: int = 0

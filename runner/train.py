@@ -6,6 +6,7 @@ strategy and pipeline plugs in without changing it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import resource
@@ -18,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 import runner
+from runner import malloc
 
 log = logging.getLogger(__name__)
 INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devices waiting for data
@@ -86,13 +88,15 @@ class Progress:
             self.next_log = step + self.total / 10
 
 
-def input_rate(strategy: Any, batches: Any, steps_per_call: int, calls: int = 3) -> float:
+def input_rate(strategy: Any, batches: Any, steps_per_call: int, calls: int = 3, reuse_memory: bool = True) -> float:
     """Steps per second the input pipeline delivers alone (no model), timed after one warm-up call."""
     import tensorflow as tf
 
     drain = strategy.input_loop(batches)
     n = tf.constant(steps_per_call)
     int(drain(n)[1])
+    if reuse_memory:
+        malloc.reuse()  # the warm-up started this feed's iterators (see `_call`)
     t0 = time.perf_counter()
     for _ in range(calls):
         int(drain(n)[1])
@@ -103,7 +107,7 @@ def input_figures(strategy: Any, make_batches: Callable[[], Any], train: Any, ti
     """Pipeline-alone rate beside the training step rate; input-bound when the pipeline is under 3x the steps."""
     if not timed:
         return {}
-    pipeline = input_rate(strategy, make_batches(), train.steps_per_call)
+    pipeline = input_rate(strategy, make_batches(), train.steps_per_call, reuse_memory=train.reuse_freed_memory)
     step = 1000.0 / timed["step_time_ms"]
     bound = pipeline < INPUT_BOUND_RATIO * step
     if bound:
@@ -112,24 +116,28 @@ def input_figures(strategy: Any, make_batches: Callable[[], Any], train: Any, ti
     return {"input_batches_per_sec": pipeline, "step_batches_per_sec": step, "input_bound": float(bound)}
 
 
-def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
+def _call(loop: Any, n: int, step: int, reuse_memory: bool) -> tuple[float, float]:
     """One compiled call of n steps from `step`: (mean loss, seconds). Raises NonFiniteLoss naming the bad step."""
     import tensorflow as tf
 
     t0 = time.perf_counter()
     mean_loss, done = loop(tf.constant(n))
     loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
+    if reuse_memory:
+        # A generator-based input iterator (mirrored's) starts in a call and leaves glibc mapping and unmapping
+        # every tensor over 128 KiB from then on (runner/malloc.py); undo that after every call.
+        malloc.reuse()
     if done < n:
         raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
     return loss, time.perf_counter() - t0
 
 
-def _profiled_call(loop: Any, n: int, step: int, folder: Path) -> tuple[float, float]:
+def _profiled_call(loop: Any, n: int, step: int, reuse_memory: bool, folder: Path) -> tuple[float, float]:
     """`_call` under TensorFlow's profiler, writing the trace to `folder`."""
     from runner import profile
 
     with profile.trace(folder):
-        return _call(loop, n, step)
+        return _call(loop, n, step, reuse_memory)
 
 
 def _evaluate(strategy: Any, eval_ds: Any, record: Callable[[dict, int], None], step: int) -> tuple[float, float]:
@@ -176,7 +184,8 @@ def _run_calls(
         n = min(train.steps_per_call, steps - done.step)
         # Trace the first call that would be timed (never the first call: that one traces the tf.function).
         trace = profile_dir is not None and not done.profiled and done.timer.calls >= max(1, train.warmup_calls)
-        done.loss, dt = _profiled_call(loop, n, done.step, profile_dir) if trace else _call(loop, n, done.step)
+        call = functools.partial(_profiled_call, folder=profile_dir) if trace else _call
+        done.loss, dt = call(loop, n, done.step, train.reuse_freed_memory)
         done.timer.add(n, dt, timed=not trace)
         if trace:
             done.profiled = {"profile_steps": float(n), "profile_seconds": dt}
