@@ -366,6 +366,8 @@ SPEED_SETTINGS = {
         ("train.inter_op_threads=4", ["train.inter_op_threads=4"])]),
     "malloc": ("freed memory kept for reuse", "mlp/default, mirrored x2", [*_MLP, "strategy=mirrored", "gpus=2"],
                _values("train.reuse_freed_memory", "true", "false")),
+    "malloc_cnn": ("freed memory kept for reuse", "cnn/default, mirrored x2", [*_CNN, "strategy=mirrored", "gpus=2"],
+                   _values("train.reuse_freed_memory", "true", "false")),
     "reduce": ("cross-device reduction", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"], [
         ("strategy.cross_device_ops=auto (default: reduce_to_one_device on CPUs)", []),
         ("strategy.cross_device_ops=tensorflow (collective ring)", ["strategy.cross_device_ops=tensorflow"]),
