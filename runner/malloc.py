@@ -5,17 +5,14 @@ TensorFlow's GeneratorDatasetOp (MirroredStrategy's per-device input iterators a
 M_TRIM_THRESHOLD=128 kb was set". Setting any threshold switches off glibc's dynamic mmap threshold, which then
 stays at 128 KiB for the whole process: every tensor over 128 KiB is mapped fresh, page-faulted in (zeroed by the
 kernel) and unmapped again when freed. Measured on the default MLP, mirrored on 2 simulated CPU devices: 24
-mmap/munmap pairs and 7.7 ms of kernel time per step; after `reuse()` none, and 1.5x the images/s
-(`python -m runner.bench settings --only malloc`).
+mmap/munmap pairs and 7.4-7.7 ms of kernel time per step; after `reuse()` none, and 1.5x the images/s
+(`python -m runner.bench settings --groups malloc`; BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-
-log = logging.getLogger(__name__)
 
 # glibc's mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3

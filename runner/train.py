@@ -123,13 +123,14 @@ def _call(loop: Any, n: int, step: int, reuse_memory: bool) -> tuple[float, floa
     t0 = time.perf_counter()
     mean_loss, done = loop(tf.constant(n))
     loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
+    seconds = time.perf_counter() - t0
     if reuse_memory:
         # A generator-based input iterator (mirrored's) starts in a call and leaves glibc mapping and unmapping
         # every tensor over 128 KiB from then on (runner/malloc.py); undo that after every call.
         malloc.reuse()
     if done < n:
         raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
-    return loss, time.perf_counter() - t0
+    return loss, seconds
 
 
 def _profiled_call(loop: Any, n: int, step: int, reuse_memory: bool, folder: Path) -> tuple[float, float]:
