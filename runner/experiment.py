@@ -57,18 +57,20 @@ def _start_tensorflow(cfg: DictConfig, run: tracking.Run) -> Devices:
 
 
 def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
-    """Everything after the run is opened: devices, strategy, data, loop."""
+    """Everything after the run is opened: data, devices, strategy, loop."""
+    from data_pipelines import common
+
+    # Data first: reading and checking it needs no TensorFlow, so a bad data path fails before the slow import.
+    arrays = common.load_arrays(cfg.data, cfg.train.seed)
     devices = _start_tensorflow(cfg, run)
 
     import tensorflow as tf
 
-    from data_pipelines import common
     from runner import strategies, train
     from runner.strategies.common import effective_learning_rate
 
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
     strategy = strategies.build(cfg.strategy.name, devices, cfg)
-    arrays = common.load_arrays(cfg.data, cfg.train.seed)
     hardware = _hardware_figures(cfg, devices)
     run.metrics(hardware, 0)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": cfg.train.batch_scaling,

@@ -61,17 +61,19 @@ def test_resume_runs_only_the_combination_that_did_not_finish(swept):
     assert len(_children(runs(uri, "smoke"))) == before + 1
 
 
-# Three times in a row, each on a fresh sqlite store: jobs running at once must never race to create it. The default
-# suite runs it once; `pytest -m slow` runs the other two (about 35 s each).
+# Three times in a row, each on a fresh sqlite store: jobs running at once must never race to create it (only the
+# first pair can race, so two jobs are enough). The default suite runs it once; `pytest -m slow` the other two.
 @pytest.mark.parametrize("attempt", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
-def test_two_parallel_jobs_on_a_fresh_store_record_all_four_runs(tmp_path, attempt):
-    jobs = ["-m", "debug=smoke", "train.seed=0,1,2,3", "train.steps=20", "train.measure_input=false"]
+def test_two_parallel_jobs_on_a_fresh_store_record_every_run(tmp_path, attempt):
+    jobs = ["-m", "debug=smoke", "train.seed=0,1", "train.steps=20", "train.measure_input=false"]
     proc = run_cli(*jobs, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "sweep: 4 jobs: 4 finished, 0 failed" in proc.stderr
+    assert "sweep: 2 jobs: 2 finished, 0 failed" in proc.stderr
     assert not [line for line in proc.stderr.splitlines() if "error" in line.lower()], proc.stderr[-3000:]
-    children = _children(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke"))
-    assert sorted(children["params.train.seed"]) == ["0", "1", "2", "3"]
+    df = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")
+    assert list(df["tags.sweep"]).count("parent") == 1
+    children = _children(df)
+    assert sorted(children["params.train.seed"]) == ["0", "1"]
     assert set(children["status"]) == {"FINISHED"}
 
 
@@ -135,13 +137,14 @@ def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
 
 
 
-def _running_child(cwd) -> bool:
+def _training_child(cwd) -> bool:
     # Only once the sweep has created the store (its parent run id is written after that): opening a store that
     # does not exist yet would create its schema here, racing the sweep doing the same.
     if not list(cwd.glob("multirun/*/*/parent_run_id")):
         return False
-    df = runs(f"sqlite:///{cwd / 'mlflow.db'}", "smoke")
-    return not df.empty and "RUNNING" in set(_children(df)["status"])
+    children = _children(runs(f"sqlite:///{cwd / 'mlflow.db'}", "smoke"))
+    # A logged training loss: past start-up (TensorFlow, data, tracing) and into the training loop.
+    return "metrics.train_loss" in children and bool(children["metrics.train_loss"].notna().any())
 
 
 def test_ctrl_c_ends_the_sweep_and_its_running_job_killed(tmp_path):
@@ -154,10 +157,9 @@ def test_ctrl_c_ends_the_sweep_and_its_running_job_killed(tmp_path):
     )
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     deadline = time.time() + 120
-    while not _running_child(tmp_path):
+    while not _training_child(tmp_path):
         assert proc.poll() is None and time.time() < deadline, "the first job never started training"
         time.sleep(0.5)
-    time.sleep(8)  # past start-up (TensorFlow, data, tracing): into the training loop
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
