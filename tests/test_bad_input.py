@@ -58,6 +58,7 @@ class Bad:
     run_opened: bool = False  # the error comes after the MLflow run opened: one run, FAILED
     env: dict[str, str] = field(default_factory=dict)
     traceback: bool = False  # RUNNER_TRACEBACK=1: a traceback instead of the one line
+    before_tensorflow: bool = False  # found before TensorFlow starts (its devices are never set up)
 
 
 ROWS = {
@@ -90,18 +91,21 @@ ROWS = {
         ["strategy=model_parallel", "gpus=1"], ["strategy=model_parallel", "gpus=1", "from 2", "single"]
     ),
     # data: found after the run opened, so the run must end FAILED
-    "data-path-missing": Bad(["data.path=/does/not/exist"], ["/does/not/exist", "not a directory"], run_opened=True),
+    "data-path-missing": Bad(["data.path=/does/not/exist"], ["/does/not/exist", "not a directory"], run_opened=True,
+                             before_tensorflow=True),
     "data-sha256-mismatch": Bad(
         ["data.path={tmp}/wrong"],
         [f"{{tmp}}/wrong/{FILES['train_images'][0]}", "sha256 mismatch", f"expected {FILES['train_images'][1]}"],
         setup=lambda tmp: _idx_dir(tmp, "wrong"),
         run_opened=True,
+        before_tensorflow=True,
     ),
     "data-truncated": Bad(
         ["data.path={tmp}/short"],
         [f"{{tmp}}/short/{FILES['train_images'][0]}", "sha256 mismatch", "800 bytes", "replace it"],
         setup=lambda tmp: _truncated_dir(tmp, "short"),
         run_opened=True,
+        before_tensorflow=True,
     ),
     # the tracking store cannot be written
     "store-under-a-file": Bad(
@@ -159,6 +163,9 @@ def test_bad_input(tmp_path, row: Bad):
         assert all(w in errors[0] for w in words), f"{words} not all in {errors[0]!r}"
         assert "Traceback" not in stderr, stderr[-2000:]
     assert "test accuracy" not in proc.stdout
+    if row.before_tensorflow:
+        # Hydra's log lines go to stdout; the devices module logs as soon as TensorFlow's devices are set up.
+        assert "[runner.devices]" not in proc.stdout + stderr, "the error came after TensorFlow started"
 
     runs = _statuses(tmp_path)
     assert "RUNNING" not in [status for status, _ in runs]
