@@ -147,6 +147,15 @@ def _evaluate(strategy: Any, eval_ds: Any, record: Callable[[dict, int], None], 
     return test_loss, test_acc
 
 
+def call_size(done: int, steps_per_call: int) -> int:
+    """Steps in the next compiled call after `done` steps of this process: 1 for the first, then up to a multiple.
+
+    The first call traces the loop and runs a single step, so its return marks the end of the first step (the job
+    overhead figure) and the first loss is logged at once; from then on calls end on multiples of steps_per_call.
+    """
+    return 1 if done == 0 else steps_per_call - done % steps_per_call
+
+
 def crossed(step: int, n: int, every: int) -> bool:
     """Whether the call of `n` steps that ended at `step` passed a multiple of `every` (0: never)."""
     return bool(every) and step // every > (step - n) // every
@@ -171,7 +180,7 @@ class _Calls:
     timer: Timer
     step: int
     loss: float = float("nan")
-    first_step_at: float | None = None  # wall clock when the first call returned
+    first_step_at: float | None = None  # wall clock when the first call (one step) returned
     profiled: dict = field(default_factory=dict)
 
 
@@ -182,9 +191,10 @@ def _run_calls(
     """Call the compiled loop until `steps`, logging each call and checkpointing/evaluating on schedule."""
     done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps)
     while done.step < steps:
-        n = min(train.steps_per_call, steps - done.step)
-        # Trace the first call that would be timed (never the first call: that one traces the tf.function).
-        trace = profile_dir is not None and not done.profiled and done.timer.calls >= max(1, train.warmup_calls)
+        n = min(call_size(done.step - start, train.steps_per_call), steps - done.step)
+        # Trace the first full call that would be timed (never the first call: that one traces the tf.function).
+        trace = (profile_dir is not None and not done.profiled and n == train.steps_per_call
+                 and done.timer.calls >= max(1, train.warmup_calls))
         call = functools.partial(_profiled_call, folder=profile_dir) if trace else _call
         done.loss, dt = call(loop, n, done.step, train.reuse_freed_memory)
         done.timer.add(n, dt, timed=not trace)
@@ -242,7 +252,8 @@ def fit(
         "train_seconds": train_seconds,
         "steps": float(done.step),
         "resumed_from_step": float(start),
-        "seconds_to_first_step": (done.first_step_at or time.time()) - runner.STARTED_AT,  # start-up, data, tracing
+        # start-up, data, tracing and one step:
+        "seconds_to_first_step": (done.first_step_at or time.time()) - runner.STARTED_AT,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
         **timed,
         **done.profiled,

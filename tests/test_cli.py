@@ -18,7 +18,7 @@ def test_smoke_run_from_cli_lands_in_the_default_store(tmp_path):
     assert list(df["status"]) == ["FINISHED"]
     run_id = df.iloc[0]["run_id"]
     client = mlflow.MlflowClient(_store(tmp_path))
-    assert len(client.get_metric_history(run_id, "train_loss")) == 6
+    assert len(client.get_metric_history(run_id, "train_loss")) == 7  # after step 1, then every 10 of 60
     artifacts = [a.path for a in client.list_artifacts(run_id)]
     assert "config.yaml" in artifacts and "__main__.log" in artifacts
     assert df.iloc[0]["params.model.variant"] == "tiny"

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
+from conftest import REPO, cli_env
 from runner.devices import Devices, describe_cpuinfo, precision_warning
 
 # The first lines of /proc/cpuinfo on two EPYC hosts that both call themselves "AMD EPYC" (abridged flags).
@@ -42,3 +46,20 @@ def test_bfloat16_warns_only_on_a_cpu_without_bfloat16_instructions():
     assert precision_warning("mixed_bfloat16", CPU1, zen4) is None  # avx512_bf16: bf16 is fast there
     assert precision_warning("mixed_bfloat16", GPU1, zen3) is None  # the GPU computes, not the host
     assert precision_warning("float32", CPU1, zen3) is None
+
+
+def test_tensorflow_imports_without_the_packages_keras_would_load_for_unused_features():
+    # A fresh process: in this one TensorFlow may already be imported. sklearn and matplotlib are installed
+    # (MLflow depends on both), so without the block Keras would import them.
+    code = (
+        "import sys\n"
+        "from runner.devices import import_tensorflow\n"
+        "tf = import_tensorflow()\n"
+        "assert 'keras' in sys.modules and tf.constant(1.0).numpy() == 1.0\n"
+        "assert 'sklearn' not in sys.modules and 'matplotlib' not in sys.modules, 'imported during TensorFlow'\n"
+        "import sklearn.base, matplotlib.pyplot\n"  # the block is lifted: both still import when asked for
+        "print('ok')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120,
+                          cwd=REPO)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

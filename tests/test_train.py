@@ -32,9 +32,21 @@ def test_smoke_run_is_logged_finished_with_params_metrics_and_config(tf_devices,
     assert row["metrics.test_accuracy"] == pytest.approx(result["test_accuracy"])
     client = mlflow.MlflowClient(store)
     history = client.get_metric_history(row["run_id"], "train_loss")
-    assert [m.step for m in history] == [10, 20, 30, 40, 50, 60]
+    # The first call runs one step (its end is the job-overhead mark), then calls end on multiples of 10.
+    assert [m.step for m in history] == [1, 10, 20, 30, 40, 50, 60]
     assert history[-1].value < history[0].value  # it learns
     assert "config.yaml" in [a.path for a in client.list_artifacts(row["run_id"])]
+
+
+def test_calls_are_one_step_first_then_end_on_multiples_of_steps_per_call():
+    from runner.train import call_size
+
+    sizes, done = [], 0
+    while done < 45:
+        sizes.append(min(call_size(done, 10), 45 - done))
+        done += sizes[-1]
+    assert sizes == [1, 9, 10, 10, 10, 5]
+    assert [call_size(d, 1) for d in (0, 1, 2)] == [1, 1, 1]
 
 
 @pytest.mark.parametrize("model", ["cnn", "nin"])

@@ -84,15 +84,20 @@ def steps_loop(step_fn):
     The loop stops early at the first non-finite loss: then `steps done` < n and the caller can name the step.
     """
 
-    @tf.function
+    # No autograph: the loop is written as a tf.while_loop, and converting every function the step calls (model,
+    # pipeline, strategy) costs tracing time that grows with the towers.
+    @tf.function(autograph=False)
     def loop(n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        total, done = tf.constant(0.0), tf.constant(0)
-        for _ in tf.range(n):
+        def more(i, total, done, finite):
+            return tf.logical_and(i < n, finite)
+
+        def one_step(i, total, done, finite):
             loss = step_fn()
-            if not tf.math.is_finite(loss):
-                break
-            total += loss
-            done += 1
+            finite = tf.math.is_finite(loss)
+            return i + 1, total + tf.where(finite, loss, 0.0), done + tf.cast(finite, tf.int32), finite
+
+        start = (tf.constant(0), tf.constant(0.0), tf.constant(0), tf.constant(True))
+        _, total, done, _ = tf.while_loop(more, one_step, start)
         return total / tf.cast(tf.maximum(done, 1), tf.float32), done
 
     return loop
