@@ -158,23 +158,24 @@ class SweepCallback(Callback):
     """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from runner.tracking import open_store, resolve_uri
+        from runner.tracking import open_store, resolve_uri, whole_write
 
         uri = resolve_uri(config.mlflow.tracking_uri)
         experiment_id = open_store(uri, config.mlflow.experiment)  # schema + experiment, once, up front
-        parent = _create_parent(uri, experiment_id, config)
+        with whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
+            parent = _create_parent(uri, experiment_id, config)
+            _open_parent.update(uri=uri, run_id=parent)
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(parent)
         os.environ[ENV_PARENT] = parent
-        _open_parent.update(uri=uri, run_id=parent)
         failures.clear()
         log.info("sweep parent run %s in %s", parent, uri)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient
 
-        from runner.tracking import resolve_uri
+        from runner.tracking import resolve_uri, whole_write
 
         outcomes = _outcomes(config.hydra.sweep.dir)
         lines = summary_lines(outcomes)
@@ -182,11 +183,12 @@ class SweepCallback(Callback):
         failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
         parent = _read_parent(config.hydra.sweep.dir)
         client = MlflowClient(resolve_uri(config.mlflow.tracking_uri))
-        try:
-            client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
-        finally:  # the parent is closed even if the summary cannot be stored
-            client.set_terminated(parent, "FAILED" if failures else "FINISHED")
-            _open_parent.clear()
+        with whole_write():
+            try:
+                client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
+            finally:  # the parent is closed even if the summary cannot be stored
+                client.set_terminated(parent, "FAILED" if failures else "FINISHED")
+                _open_parent.clear()
 
 
 def close_open_parent(status: str) -> None:
@@ -194,8 +196,11 @@ def close_open_parent(status: str) -> None:
     if _open_parent:
         from mlflow.tracking import MlflowClient
 
-        MlflowClient(_open_parent["uri"]).set_terminated(_open_parent["run_id"], status)
-        _open_parent.clear()
+        from runner.tracking import whole_write
+
+        with whole_write():
+            MlflowClient(_open_parent["uri"]).set_terminated(_open_parent["run_id"], status)
+            _open_parent.clear()
 
 
 def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:

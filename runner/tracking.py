@@ -7,10 +7,13 @@ sweep lands in one place. Artifacts go to `mlartifacts/` beside the database.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,6 +40,47 @@ def _artifact_root(uri: str) -> str | None:
 
 class StoreError(RuntimeError):
     """The MLflow tracking store cannot be opened or written; the message names the store and why."""
+
+
+_holding_interrupts = False
+
+
+@contextmanager
+def whole_write() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) while a store write runs, and deliver it as soon as the write is done.
+
+    Why: a KeyboardInterrupt raised inside SQLAlchemy between sqlite's write and its commit leaves that connection
+    holding the store's lock; the run's closing writes then each wait MLflow's 20 s busy timeout, fail, and the run
+    stays RUNNING (found when the Ctrl-C sweep test failed on 2026-11-24; reproduced by raising KeyboardInterrupt
+    at each line of one metric write in turn). Nested uses hold the signal until the outermost write ends.
+    Only the main thread can set signal handlers; elsewhere, or when SIGINT is ignored, this does nothing.
+    """
+    global _holding_interrupts
+    deliver = signal.getsignal(signal.SIGINT)
+    if _holding_interrupts or not callable(deliver) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    _holding_interrupts = True
+    try:
+        yield
+    finally:
+        _holding_interrupts = False
+        signal.signal(signal.SIGINT, deliver)
+    if held:
+        deliver(signal.SIGINT, held[0])  # the default handler raises KeyboardInterrupt here, after the write
+
+
+def _whole(method):
+    """Decorate a Run method that writes to the store: see `whole_write`."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        with whole_write():
+            return method(*args, **kwargs)
+
+    return wrapper
 
 
 def _sqlite_problem(uri: str) -> str | None:
@@ -222,29 +266,35 @@ class Run:
         self.run_id = self.client.create_run(experiment_id, tags=tags).info.run_id
         self.uri = uri
 
+    @_whole
     def params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
         self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
 
+    @_whole
     def tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
+    @_whole
     def metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
+    @_whole
     def text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
 
+    @_whole
     def file(self, path: Path) -> None:
         if path.is_file():
             self.client.log_artifact(self.run_id, str(path))
 
+    @_whole
     def copy_history(self, source_run_id: str, until_step: int) -> None:
         """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history)."""
         from mlflow.entities import Metric
@@ -259,6 +309,7 @@ class Run:
         for i in range(0, len(points), 1000):  # MLflow takes at most 1000 metrics per batch
             self.client.log_batch(self.run_id, metrics=points[i : i + 1000])
 
+    @_whole
     def end(self, status: str, error: str | None = None) -> None:
         """Close the run as FINISHED, FAILED or KILLED; a failure's message is kept as the `error` tag."""
         if error:
@@ -272,17 +323,21 @@ def tracked(uri: str, cfg: DictConfig) -> Iterator[Run]:
     open_store(uri, cfg.mlflow.experiment)  # an unusable store fails here, in one line, before anything else
     tags = {**base_tags(cfg), **sweep_tags(cfg), **process_tags()}
     close_dead_runs(uri, cfg.mlflow.experiment, tags["config_hash"])
-    run = Run(uri, cfg.mlflow.experiment, tags)
-    log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
+    run = None
     try:
+        with whole_write():  # a Ctrl-C during the creation is raised once `run` is set, and closes it KILLED
+            run = Run(uri, cfg.mlflow.experiment, tags)
+        log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
         run.params(flatten(cfg))
         run.text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         yield run
     except KeyboardInterrupt:
-        run.end("KILLED", "interrupted (KeyboardInterrupt)")
+        if run is not None:
+            run.end("KILLED", "interrupted (KeyboardInterrupt)")
         raise
     except BaseException as e:
-        run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
+        if run is not None:
+            run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
         raise
     run.end("FINISHED")
 
