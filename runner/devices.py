@@ -89,6 +89,21 @@ def host_cpu() -> str:
         return platform.processor() or platform.machine()
 
 
+def onednn() -> str:
+    """'on' or 'off': whether this process's TensorFlow runs its oneDNN ops (call after importing TensorFlow).
+
+    TensorFlow turns them on by itself on CPUs with AVX512_VNNI, AVX512_BF16 or AMX, unless TF_ENABLE_ONEDNN_OPTS
+    says otherwise. Recorded with every result because it changes op speed, rounding and where CPU tensors' memory
+    comes from (with it on, large tensors are pooled, and `runner/malloc.py`'s trap does not arise).
+    """
+    try:
+        from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own check; not in its public API
+
+        return "on" if _pywrap_util_port.IsMklEnabled() else "off"
+    except (ImportError, AttributeError):
+        return "unknown"
+
+
 # Instruction sets with bfloat16 arithmetic; without them a CPU converts to float32 and back around every op.
 _BF16_ISA = ("avx512_bf16", "amx_bf16")
 

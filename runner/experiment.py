@@ -43,7 +43,7 @@ def _start_tensorflow(cfg: DictConfig, run: tracking.Run) -> Devices:
 
     # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
     devices = devices_mod.setup(cfg.gpus, cfg.train.intra_op_threads, cfg.train.inter_op_threads)
-    run.tags({**devices.as_tags(), "devices.workers": "1"})
+    run.tags({**devices.as_tags(), "devices.workers": "1", "tensorflow.onednn": devices_mod.onednn()})
     # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
 

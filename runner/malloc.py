@@ -7,6 +7,11 @@ stays at 128 KiB for the whole process: every tensor over 128 KiB is mapped fres
 kernel) and unmapped again when freed. Measured on the default MLP, mirrored on 2 simulated CPU devices: 24
 mmap/munmap pairs and 7.4-7.7 ms of kernel time per step; after `reuse()` none, and 1.5x the images/s
 (`python -m runner.bench settings --groups malloc`; BENCHMARKS.md).
+
+This happens only where TensorFlow's CPU tensors come from malloc, i.e. with its oneDNN ops off (its default on
+CPUs without AVX512_VNNI/AVX512_BF16/AMX, such as AVX2-only ones). With oneDNN on, TensorFlow's own allocator pools
+large tensors and the threshold changes nothing (0.08 page faults per MiB tensor against 76 with oneDNN off, on
+one host, 2026-11-24); `reuse()` is then harmless. The run's `tensorflow.onednn` tag says which case it was.
 """
 
 from __future__ import annotations

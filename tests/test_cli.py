@@ -5,6 +5,8 @@ from __future__ import annotations
 import mlflow
 from conftest import run_cli, runs
 
+from runner.devices import onednn
+
 
 def _store(cwd) -> str:
     return f"sqlite:///{cwd / 'mlflow.db'}"
@@ -23,16 +25,18 @@ def test_smoke_run_from_cli_lands_in_the_default_store(tmp_path):
     assert "config.yaml" in artifacts and "__main__.log" in artifacts
     assert df.iloc[0]["params.model.variant"] == "tiny"
     assert df.iloc[0]["tags.tensorflow.version"].startswith("2.21")
+    assert df.iloc[0]["tags.tensorflow.onednn"] == onednn()  # TensorFlow's own choice for this CPU
 
 
 def test_mirrored_on_two_simulated_devices_says_so(tmp_path):
-    proc = run_cli("debug=smoke", "strategy=mirrored", "gpus=2", cwd=tmp_path)
+    proc = run_cli("debug=smoke", "strategy=mirrored", "gpus=2", cwd=tmp_path, env={"TF_ENABLE_ONEDNN_OPTS": "0"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     log = proc.stdout + proc.stderr
     assert "simulated devices: 2 logical CPU devices" in log
     assert "global batch 64 (32 per tower, strong scaling)" in log
     row = runs(_store(tmp_path), "smoke").iloc[0]
     assert (row["tags.devices.count"], row["tags.devices.simulated"], row["tags.devices.kind"]) == ("2", "true", "CPU")
+    assert row["tags.tensorflow.onednn"] == "off"  # the user's TF_ENABLE_ONEDNN_OPTS=0 is recorded
 
 
 def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
