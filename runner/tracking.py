@@ -7,7 +7,6 @@ sweep lands in one place. Artifacts go to `mlartifacts/` beside the database.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
@@ -70,17 +69,6 @@ def whole_write() -> Iterator[None]:
         signal.signal(signal.SIGINT, deliver)
     if held:
         deliver(signal.SIGINT, held[0])  # the default handler raises KeyboardInterrupt here, after the write
-
-
-def _whole(method):
-    """Decorate a Run method that writes to the store: see `whole_write`."""
-
-    @functools.wraps(method)
-    def wrapper(*args, **kwargs):
-        with whole_write():
-            return method(*args, **kwargs)
-
-    return wrapper
 
 
 def _sqlite_problem(uri: str) -> str | None:
@@ -266,35 +254,35 @@ class Run:
         self.run_id = self.client.create_run(experiment_id, tags=tags).info.run_id
         self.uri = uri
 
-    @_whole
+    @whole_write()  # a Ctrl-C never cuts a store write in half
     def params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
         self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
 
-    @_whole
+    @whole_write()
     def tags(self, tags: dict[str, str]) -> None:
         from mlflow.entities import RunTag
 
         self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
-    @_whole
+    @whole_write()
     def metrics(self, metrics: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
-    @_whole
+    @whole_write()
     def text(self, text: str, name: str) -> None:
         self.client.log_text(self.run_id, text, name)
 
-    @_whole
+    @whole_write()
     def file(self, path: Path) -> None:
         if path.is_file():
             self.client.log_artifact(self.run_id, str(path))
 
-    @_whole
+    @whole_write()
     def copy_history(self, source_run_id: str, until_step: int) -> None:
         """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history)."""
         from mlflow.entities import Metric
@@ -309,7 +297,7 @@ class Run:
         for i in range(0, len(points), 1000):  # MLflow takes at most 1000 metrics per batch
             self.client.log_batch(self.run_id, metrics=points[i : i + 1000])
 
-    @_whole
+    @whole_write()
     def end(self, status: str, error: str | None = None) -> None:
         """Close the run as FINISHED, FAILED or KILLED; a failure's message is kept as the `error` tag."""
         if error:
