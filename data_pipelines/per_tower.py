@@ -1,7 +1,7 @@
 """Pipeline `per_tower`: batches of global/N examples, one get_next() per tower per step.
 
 Each tower gets its own mini-batch from one host iterator; there is no split on the critical path, but the N
-get_next() calls of a step run one after another. Under MirroredStrategy it maps onto
+get_next() calls of a step run one after another. Through tf.distribute's input API it maps onto
 `distribute_datasets_from_function`: one input pipeline per worker producing per-replica batches, handed out to
 the replicas in turn, which is the same feed.
 """

@@ -4,9 +4,9 @@ Shard i holds examples i, i+N, i+2N, ...; sharding comes before shuffling, so th
 example is delivered once per epoch. Each shard's batches end in `prefetch_to_device`: a buffer of
 `device_buffer` batches that lives on the tower's device and is filled while the current step runs, so a step's
 input is already in place when it starts. (`prefetch_to_device` is tf.data's copy_to_device + prefetch in one
-stage; a MultiDeviceIterator would round-robin one unsharded dataset instead.) Under MirroredStrategy it maps onto
-`distribute_datasets_from_function` in PER_REPLICA mode with fetch-to-device: one sharded pipeline per replica,
-prefetched onto that replica's device.
+stage; a MultiDeviceIterator would round-robin one unsharded dataset instead.) Through tf.distribute's input API
+it maps onto `distribute_datasets_from_function` in PER_REPLICA mode with fetch-to-device: one sharded pipeline per
+replica, prefetched onto that replica's device.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Pipeline `split`: one global batch per step, one get_next(), then tf.split into one sub-batch per tower.
 
-The simplest feed: a single host iterator, and the split sits on the step's critical path. Under MirroredStrategy
-it maps onto `experimental_distribute_dataset`, which splits each global batch across the replicas the same way.
+The simplest feed: a single host iterator, and the split sits on the step's critical path. Through tf.distribute's
+input API (`strategy.input=distribute`, multi_worker) it maps onto `experimental_distribute_dataset`, which splits
+each global batch across the replicas the same way.
 """
 
 from __future__ import annotations

@@ -344,6 +344,9 @@ def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str
 
 _MLP = ["model=mlp", "model.variant=default", "train.steps=600", "train.steps_per_call=50"]
 _CNN = ["model=cnn", "model.variant=default", "train.steps=120", "train.steps_per_call=10"]
+_MLP_TINY = ["model=mlp", "model.variant=tiny", "train.steps=300", "train.steps_per_call=25"]
+# TensorFlow's generator datasets (behind tf.distribute's per-device input iterators) are what set the malloc trap.
+_DISTRIBUTE = ["strategy=mirrored", "gpus=2", "strategy.input=distribute"]
 # group -> (what, where, the group's job, [(value, its overrides)]); the first value is the default.
 SPEED_SETTINGS = {
     "calls": ("steps per compiled call", "mlp/default, single", _MLP,
@@ -364,10 +367,14 @@ SPEED_SETTINGS = {
         ("train.intra_op_threads=2", ["train.intra_op_threads=2"]),
         ("train.inter_op_threads=1", ["train.inter_op_threads=1"]),
         ("train.inter_op_threads=4", ["train.inter_op_threads=4"])]),
-    "malloc": ("freed memory kept for reuse", "mlp/default, mirrored x2", [*_MLP, "strategy=mirrored", "gpus=2"],
-               _values("train.reuse_freed_memory", "true", "false")),
-    "malloc_cnn": ("freed memory kept for reuse", "cnn/default, mirrored x2", [*_CNN, "strategy=mirrored", "gpus=2"],
-                   _values("train.reuse_freed_memory", "true", "false")),
+    "malloc": ("freed memory kept for reuse", "mlp/default, mirrored x2, tf.distribute input",
+               [*_MLP, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
+    "malloc_cnn": ("freed memory kept for reuse", "cnn/default, mirrored x2, tf.distribute input",
+                   [*_CNN, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
+    "input": ("mirrored's input", "mlp/tiny, mirrored x2", [*_MLP_TINY, "strategy=mirrored", "gpus=2"],
+              _values("strategy.input", "towers", "distribute")),
+    "input4": ("mirrored's input", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"],
+               _values("strategy.input", "towers", "distribute")),
     "reduce": ("cross-device reduction", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"], [
         ("strategy.cross_device_ops=auto (default: reduce_to_one_device on CPUs)", []),
         ("strategy.cross_device_ops=tensorflow (collective ring)", ["strategy.cross_device_ops=tensorflow"]),

@@ -51,6 +51,7 @@ class PipelineConf:
 class StrategyConf:
     name: str = "single"
     cross_device_ops: str = "auto"
+    input: str = "towers"  # strategy=mirrored: towers (the pipeline's own feed) | distribute (tf.distribute's API)
     ps_device: str = "cpu"
     split: str = "auto"  # strategy=model_parallel: auto | width | stages | two_tower
     workers: list[str] = field(default_factory=list)  # strategy=multi_worker: host:port of every worker
@@ -149,6 +150,7 @@ def allowed_choices() -> dict[str, list[str]]:
         "pipeline.name": pipelines,
         "strategy.name": sorted(STRATEGIES),
         "strategy.cross_device_ops": list(CROSS_DEVICE_OPS),
+        "strategy.input": ["towers", "distribute"],
         "strategy.ps_device": ["cpu", "first_device"],
         "strategy.split": list(MODEL_PARALLEL_SPLITS),
         "strategy.communication": list(COMMUNICATIONS),

@@ -1,6 +1,7 @@
 """Keep freed tensor memory in the heap: undo the malloc setting TensorFlow's generator datasets leave behind.
 
-TensorFlow's GeneratorDatasetOp (MirroredStrategy's per-device input iterators are built on it) calls glibc's
+TensorFlow's GeneratorDatasetOp (tf.distribute's per-device input iterators, `strategy.input=distribute`, are built
+on it) calls glibc's
 `mallopt(M_TRIM_THRESHOLD, 128 KiB)` when its iterator starts; the log says "Memory patch applied:
 M_TRIM_THRESHOLD=128 kb was set". Setting any threshold switches off glibc's dynamic mmap threshold, which then
 stays at 128 KiB for the whole process: every tensor over 128 KiB is mapped fresh, page-faulted in (zeroed by the

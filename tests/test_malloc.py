@@ -1,5 +1,6 @@
-"""`train.reuse_freed_memory`: after a mirrored run's generator-based input iterator has set glibc's mmap threshold
-to 128 KiB, the runner sets it back so freed tensors are reused instead of mapped and faulted in again."""
+"""`train.reuse_freed_memory`: after tf.distribute's generator-based input iterators (mirrored with
+`strategy.input=distribute`) have set glibc's mmap threshold to 128 KiB, the runner sets it back so freed tensors
+are reused instead of mapped and faulted in again."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from conftest import REPO, cli_env
 
 from runner import malloc
 
-# In a fresh process (malloc settings are process-wide): a mirrored run on 2 devices with the option off, then
+# In a fresh process (malloc settings are process-wide): a mirrored run on 2 devices fed through tf.distribute's
+# input API (its per-device iterators are generator datasets) with the option off, then
 # with it on; after each, page faults per 1 MiB tensor that TensorFlow's threads make and free (256 pages when it
 # is mapped fresh). Main-thread numpy arrays would not show it: the main heap keeps free chunks that fit.
 SCRIPT = """
@@ -36,8 +38,9 @@ def faults_per_mib():
 out = {}
 for reuse in ("false", "true"):
     # measure_input off: only the training calls' own reuse() can undo it
-    run(compose("debug=smoke", "strategy=mirrored", "gpus=2", f"train.reuse_freed_memory={reuse}",
-                "train.measure_input=false", f"mlflow.tracking_uri=sqlite:///{sys.argv[1]}/mlflow.db"))
+    run(compose("debug=smoke", "strategy=mirrored", "gpus=2", "strategy.input=distribute",
+                f"train.reuse_freed_memory={reuse}", "train.measure_input=false",
+                f"mlflow.tracking_uri=sqlite:///{sys.argv[1]}/mlflow.db"))
     out[reuse] = faults_per_mib()
 print(json.dumps(out))
 """

@@ -29,11 +29,12 @@ def single_losses(tf_devices, tmp_path_factory):
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
-@pytest.mark.parametrize("strategy", DATA_PARALLEL)
+@pytest.mark.parametrize("strategy", [*DATA_PARALLEL, "mirrored strategy.input=distribute"])
 def test_two_devices_reproduce_the_single_device_loss_sequence(single_losses, store, strategy, pipeline):
     # Unshuffled, the two towers' halves of a step are exactly the single device's batch (sharded: examples
-    # 0, 2, 4... and 1, 3, 5... of it), so only float summation order differs: tolerance 1e-4 relative.
-    losses = _loss_history(store, f"strategy={strategy}", f"pipeline={pipeline}", "gpus=2")
+    # 0, 2, 4... and 1, 3, 5... of it), so only float summation order differs: tolerance 1e-4 relative. Mirrored
+    # twice: fed by the pipeline's own towers (its default) and through tf.distribute's input API.
+    losses = _loss_history(store, *f"strategy={strategy}".split(), f"pipeline={pipeline}", "gpus=2")
     assert len(losses) == 20
     np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
     assert losses[-1] < losses[0]
@@ -112,6 +113,29 @@ def test_mirrored_mirrors_every_variable_on_every_device(tf_devices, n):
         by_replica.setdefault(device.split("device:")[1], []).append(path.split("/", 1)[1])
     assert sorted(by_replica) == [f"CPU:{i}" for i in range(n)]
     assert all(paths == by_replica["CPU:0"] for paths in by_replica.values())
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_mirrored_feeds_replica_i_from_the_pipeline_on_device_i(tf_devices, n):
+    # sharded: tower i's iterator stages its batches on device i; replica i must train there, on that batch.
+    strategy, cfg = _strategy(tf_devices, "mirrored", n, "pipeline=sharded")
+    loop = strategy.train_loop(_feed(tf_devices, strategy, cfg))
+    forward, backward = _matmul_devices(tf_devices, loop)
+    devices = {f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(n)}
+    assert set(forward) == devices and set(backward) == devices
+    fetches = {node.device for node in _graph_nodes(tf_devices, loop) if node.op == "IteratorGetNext"}
+    assert fetches == devices  # one get_next() per device
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("feed", ["towers", "distribute"])
+def test_mirrored_split_feed_is_the_pipelines_own_or_tf_distributes(tf_devices, n, feed):
+    # towers (the default): the pipeline's one get_next() of the global batch and its tf.split (images, labels)
+    # inside the loop; distribute: tf.distribute's per-replica iterators, one get_next() per device, no split.
+    strategy, cfg = _strategy(tf_devices, "mirrored", n, "pipeline=split", f"strategy.input={feed}")
+    nodes = _graph_nodes(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    gets, splits = (sum(node.op == op for node in nodes) for op in ("IteratorGetNext", "Split"))
+    assert (gets, splits) == ((1, 2) if feed == "towers" else (n, 0))
 
 
 def test_single_puts_everything_on_its_device(tf_devices):

@@ -50,6 +50,10 @@ class Strategy(mirrored.Strategy):
         log.info("cluster up: %d replicas in sync", strategy.num_replicas_in_sync)
         return strategy
 
+    def batches(self, pipeline, ds, seed: int):
+        """tf.distribute's input API, whatever `strategy.input` says: it gives each worker its share of the data."""
+        return pipeline.distribute(self.strategy, ds, self.cfg.train.global_batch_size, self.cfg.pipeline, seed)
+
     def check_same_start(self, step: int) -> None:
         """Every worker must resume from the same step, or the collectives would pair different steps.
 
