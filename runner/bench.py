@@ -17,8 +17,9 @@ is the same table for one model on 2 and 4 devices with the data-parallel strate
     python -m runner.bench settings [--groups calls,fused,xla,precision,threads,reduce] [--steps N]
 
 measures each speed setting users expect (steps per compiled call, fused optimizer updates, XLA, mixed
-precision, host threads, mirrored's cross-device reduction): one row per value, each a fresh job, as a ratio to
-the first row of its group (the default), which is measured again at the end of the group to show the noise.
+precision, host threads, mirrored's cross-device reduction and input feed, freed memory kept for reuse): one row
+per value, each a fresh job, as a ratio to the first row of its group (the default), which is measured again at
+the end of the group to show the noise.
 
     python -m runner.bench pipelines [--gpus 1,2,4] [--strategies replicated,mirrored] [--model mlp] [--steps 400]
 
