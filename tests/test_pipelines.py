@@ -57,6 +57,22 @@ def test_sharded_batches_are_already_on_their_tower_device(tf_devices, towers):
             assert y.device.endswith(device.removeprefix("/"))
 
 
+@pytest.mark.parametrize("device,stages", [("/device:CPU:1", ["_PrefetchDataset"]),
+                                           ("/device:GPU:0", ["_PrefetchDataset", "_CopyToDeviceDataset"])])
+def test_sharded_runs_a_cpu_devices_pipeline_on_it_and_copies_batches_to_a_gpu(tf_devices, device, stages):
+    # tf.data cannot run on a GPU: there the batches are copied over (prefetch_to_device). A CPU device runs its
+    # shard's pipeline itself, so no copy stage (a generator dataset with a remote call per batch) is added.
+    from data_pipelines.sharded import staged
+
+    source = tf_devices.data.Dataset.range(8)
+    out = staged(lambda: source.batch(2), device, 2)
+    names = []
+    while out is not source:  # walk back from the last stage to the source
+        names.append(type(out).__name__)
+        out = out._input_dataset
+    assert names == stages + ["_BatchDataset"]
+
+
 def test_sharded_shards_are_disjoint_strides(tf_devices):
     steps, _ = _epoch_of_tower_batches(tf_devices, "sharded", 2)
     for (_, y0), (_, y1) in steps:
