@@ -125,8 +125,8 @@ def _call(loop: Any, n: int, step: int, reuse_memory: bool) -> tuple[float, floa
     loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
     seconds = time.perf_counter() - t0
     if reuse_memory:
-        # A generator-based input iterator (mirrored's) starts in a call and leaves glibc mapping and unmapping
-        # every tensor over 128 KiB from then on (runner/malloc.py); undo that after every call.
+        # A generator-based input iterator (tf.distribute's, prefetch_to_device's) starts in a call and leaves glibc
+        # mapping and unmapping every tensor over 128 KiB from then on (runner/malloc.py); undo that after every call.
         malloc.reuse()
     if done < n:
         raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
