@@ -1,13 +1,12 @@
 """Keep freed tensor memory in the heap: undo the malloc setting TensorFlow's generator datasets leave behind.
 
 TensorFlow's GeneratorDatasetOp (tf.distribute's per-device input iterators, `strategy.input=distribute`, are built
-on it) calls glibc's
-`mallopt(M_TRIM_THRESHOLD, 128 KiB)` when its iterator starts; the log says "Memory patch applied:
-M_TRIM_THRESHOLD=128 kb was set". Setting any threshold switches off glibc's dynamic mmap threshold, which then
-stays at 128 KiB for the whole process: every tensor over 128 KiB is mapped fresh, page-faulted in (zeroed by the
-kernel) and unmapped again when freed. Measured on the default MLP, mirrored on 2 simulated CPU devices: 24
-mmap/munmap pairs and 7.4-7.7 ms of kernel time per step; after `reuse()` none, and 1.5x the images/s
-(`python -m runner.bench settings --groups malloc`; BENCHMARKS.md).
+on it; so is `prefetch_to_device` onto a GPU) calls glibc's `mallopt(M_TRIM_THRESHOLD, 128 KiB)` when its iterator
+starts; the log says "Memory patch applied: M_TRIM_THRESHOLD=128 kb was set". Setting any threshold switches off
+glibc's dynamic mmap threshold, which then stays at 128 KiB for the whole process: every tensor over 128 KiB is
+mapped fresh, page-faulted in (zeroed by the kernel) and unmapped again when freed. Measured on the default MLP,
+mirrored on 2 simulated CPU devices: 24 mmap/munmap pairs and 7.4-7.7 ms of kernel time per step; after `reuse()`
+none, and 1.5x the images/s (`python -m runner.bench settings --groups malloc`; BENCHMARKS.md).
 
 This happens only where TensorFlow's CPU tensors come from malloc, i.e. with its oneDNN ops off (its default on
 CPUs without AVX512_VNNI/AVX512_BF16/AMX, such as AVX2-only ones). With oneDNN on, TensorFlow's own allocator pools

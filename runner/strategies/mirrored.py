@@ -53,6 +53,9 @@ class PerReplicaFeed:
 class Strategy:
     """One model replica per device, variables mirrored, gradients all-reduced."""
 
+    # multi_worker sets this: across workers only tf.distribute's input API gives each worker its share of the data.
+    input_api_only = False
+
     def __init__(self, devices: Any, cfg: Any):
         self.cfg = cfg
         self.devices = devices
@@ -76,7 +79,7 @@ class Strategy:
     def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
         """The pipeline's feed: its own towers as per-replica values, or mapped onto tf.distribute's input API."""
         batch, opts = self.cfg.train.global_batch_size, self.cfg.pipeline
-        if self.cfg.strategy.input == "distribute":
+        if self.input_api_only or self.cfg.strategy.input == "distribute":
             return pipeline.distribute(self.strategy, ds, batch, opts, seed)
         return PerReplicaFeed(self.strategy, pipeline.towers(ds, batch, list(self.devices.names), opts, seed))
 

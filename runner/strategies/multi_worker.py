@@ -32,6 +32,8 @@ _IMPLEMENTATIONS = {
 class Strategy(mirrored.Strategy):
     """One replica per device on every worker; the global batch is split over workers x devices."""
 
+    input_api_only = True  # whatever `strategy.input` says
+
     def distribution(self) -> tf.distribute.Strategy:
         """MultiWorkerMirroredStrategy for the cluster in the config or TF_CONFIG (waits for every worker)."""
         if self.devices.kind == "CPU" and self.devices.count > 1:
@@ -49,10 +51,6 @@ class Strategy(mirrored.Strategy):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         log.info("cluster up: %d replicas in sync", strategy.num_replicas_in_sync)
         return strategy
-
-    def batches(self, pipeline, ds, seed: int):
-        """tf.distribute's input API, whatever `strategy.input` says: it gives each worker its share of the data."""
-        return pipeline.distribute(self.strategy, ds, self.cfg.train.global_batch_size, self.cfg.pipeline, seed)
 
     def check_same_start(self, step: int) -> None:
         """Every worker must resume from the same step, or the collectives would pair different steps.
