@@ -2,13 +2,16 @@
 
     python -m runner.bench grid [--models mlp,cnn,nin] [--variants tiny,default] [--gpus 1,2,4,8]
         [--strategies mirrored,replicated,parameter_server,single] [--pipelines split,per_tower,sharded]
-        [--steps N --steps-per-call K] [--data mnist|synthetic] [--out FILE]
+        [--steps N --steps-per-call K] [--data mnist|synthetic] [--optimizer adam|sgd|momentum|rmsprop]
+        [--repeats R] [--out FILE]
 
 runs, for each model/variant, the runner's single device (before and after the grid), plain Keras `fit` on one
 device, then for each device count Keras `fit` under MirroredStrategy and every strategy x pipeline (`single` on
 1 device only), and prints one table per model/variant: images/s ± standard error over the timed steps, as ratios
 to the runner's single-device rate and to Keras fit, the pipeline-alone rate against the step rate, peak RSS and
 job overhead (process start to first step); then a summary of the targets of the issue, PASS or FAIL in this run.
+With --repeats R every job runs R times, in R rounds over all the jobs, and each row shows the median images/s
+and its range (a single run of a millisecond-step job can be a quarter off on a shared host).
 
     python -m runner.bench strategies [--gpus 2,4] [--model mlp --variant default] [--steps 600]
 
@@ -34,6 +37,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -112,7 +116,7 @@ def pipelines(args: argparse.Namespace) -> int:
 
 @dataclass(frozen=True)
 class Setting:
-    """What every job of one table shares: model, variant, steps, global batch, data."""
+    """What every job of one table shares: model, variant, steps, global batch, data, optimizer."""
 
     model: str
     variant: str
@@ -121,6 +125,7 @@ class Setting:
     batch: int
     data: str
     test_limit: int | None = None
+    optimizer: str = "adam"
 
     @property
     def name(self) -> str:
@@ -130,7 +135,7 @@ class Setting:
         """The runner's config overrides for this setting."""
         out = [f"model={self.model}", f"model.variant={self.variant}", f"train.steps={self.steps}",
                f"train.global_batch_size={self.batch}", f"data={self.data}",
-               f"train.steps_per_call={self.steps_per_call}"]
+               f"train.steps_per_call={self.steps_per_call}", f"train.optimizer={self.optimizer}"]
         return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else [])
 
 
@@ -139,12 +144,17 @@ def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
     return max(0, steps // steps_per_call - warmup_calls) * steps_per_call
 
 
-def keras_job(setting: Setting, gpus: int, mirrored: bool) -> dict:
-    """Plain Keras fit in a fresh process (runner.keras_baseline); its JSON figures, or {'error': ...}."""
+def keras_command(setting: Setting, gpus: int, mirrored: bool) -> list[str]:
+    """The command line of plain Keras fit for one setting (runner.keras_baseline)."""
     cmd = [sys.executable, "-m", "runner.keras_baseline", "--model", setting.model, "--variant", setting.variant,
            "--gpus", str(gpus), "--batch", str(setting.batch), "--steps", str(setting.steps), "--data", setting.data,
-           "--chunk", str(setting.steps_per_call)]
-    proc = subprocess.run(cmd + (["--mirrored"] if mirrored else []), capture_output=True, text=True,
+           "--chunk", str(setting.steps_per_call), "--optimizer", setting.optimizer]
+    return cmd + (["--mirrored"] if mirrored else [])
+
+
+def keras_job(setting: Setting, gpus: int, mirrored: bool) -> dict:
+    """Plain Keras fit in a fresh process; its JSON figures, or {'error': ...}."""
+    proc = subprocess.run(keras_command(setting, gpus, mirrored), capture_output=True, text=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
@@ -174,6 +184,7 @@ class Table:
     date: str
     rows: list[tuple[Job, dict]] = field(default_factory=list)
     seconds: float = 0.0
+    repeats: int = 1
 
     def rate(self, kind: str) -> float | None:
         """Mean images/s of the rows of one kind (single: the runner's single device), None if none succeeded."""
@@ -211,19 +222,44 @@ class Progress:
         return metrics
 
 
-def measure(setting: Setting, jobs: list[Job], uri: str, experiment: str, progress: Progress) -> Table:
-    """Run every job of one setting, each in a fresh process."""
-    table, t0 = Table(setting, time.strftime("%Y-%m-%d %H:%M")), time.perf_counter()
-    for job in jobs:
-        if job.kind.startswith("keras"):
-            run = lambda job=job: keras_job(setting, job.gpus, job.kind == "keras_mirrored")  # noqa: E731
-        else:
-            overrides = [f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}"]
-            run = lambda o=overrides: run_job([*o, *setting.overrides()], uri, experiment)  # noqa: E731
-        metrics = progress.run(f"{setting.name} {job.where}", run)
-        if "error" not in metrics and "images_per_sec" not in metrics:
-            metrics = {"error": "no timed steps: raise --steps to a few times --steps-per-call"}
-        table.rows.append((job, metrics))
+def run_one(setting: Setting, job: Job, uri: str, experiment: str, progress: Progress) -> dict:
+    """One job of one setting in a fresh process: its figures, or {'error': ...}."""
+    if job.kind.startswith("keras"):
+        run = lambda: keras_job(setting, job.gpus, job.kind == "keras_mirrored")  # noqa: E731
+    else:
+        overrides = [f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}"]
+        run = lambda: run_job([*overrides, *setting.overrides()], uri, experiment)  # noqa: E731
+    metrics = progress.run(f"{setting.name} {job.where}", run)
+    if "error" not in metrics and "images_per_sec" not in metrics:
+        metrics = {"error": "no timed steps: raise --steps to a few times --steps-per-call"}
+    return metrics
+
+
+def combine(runs: list[dict]) -> dict:
+    """One row from a job's repeats: the median of each figure (peak RSS: the highest), images/s with its lowest
+    and highest; a failed repeat fails the row. One run is its own row."""
+    failed = [m for m in runs if "error" in m]
+    if failed or len(runs) == 1:
+        return (failed or runs)[0]
+    numeric = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and all(k in m for m in runs)]
+    out = {k: statistics.median(m[k] for m in runs) for k in numeric}
+    rates = [m["images_per_sec"] for m in runs]
+    out.update(images_per_sec_low=min(rates), images_per_sec_high=max(rates), repeats=len(runs))
+    if "peak_rss_mb" in out:
+        out["peak_rss_mb"] = max(m["peak_rss_mb"] for m in runs)
+    return out
+
+
+def measure(setting: Setting, jobs: list[Job], uri: str, experiment: str, progress: Progress,
+            repeats: int = 1) -> Table:
+    """Run every job of one setting `repeats` times, each in a fresh process, one round over all jobs at a time
+    (so a slow spell of the host hits every row alike); each row is the combination of its job's runs."""
+    table, t0 = Table(setting, time.strftime("%Y-%m-%d %H:%M"), repeats=repeats), time.perf_counter()
+    runs: dict[Job, list[dict]] = {job: [] for job in jobs}
+    for _ in range(repeats):
+        for job in jobs:
+            runs[job].append(run_one(setting, job, uri, experiment, progress))
+    table.rows = [(job, combine(runs[job])) for job in jobs]
     table.seconds = time.perf_counter() - t0
     return table
 
@@ -241,7 +277,9 @@ def format_row(job: Job, m: dict, table: Table) -> str:
     if "error" in m:
         return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * 7
     ips, steps = m["images_per_sec"], int(m.get("timed_steps", 0))
-    cells = [job.label, str(job.gpus), f"{ips:,.0f} ± {m['images_per_sec_stderr']:,.0f}",
+    spread = (f"({m['images_per_sec_low']:,.0f}-{m['images_per_sec_high']:,.0f})" if "repeats" in m
+              else f"± {m['images_per_sec_stderr']:,.0f}")
+    cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}",
              f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
              _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras"))]
     if "input_batches_per_sec" in m:
@@ -257,15 +295,20 @@ def format_row(job: Job, m: dict, table: Table) -> str:
 def format_table(table: Table) -> list[str]:
     """The header naming the setting, the two bases of the ratios, and the rows."""
     s, single, keras = table.setting, table.rate("single"), table.rate("keras")
+    columns = list(COLUMNS)
+    if table.repeats > 1:
+        columns[2] = f"images/s, median (lowest-highest) of {table.repeats} runs"
+    each = (f" Each row is the median of {table.repeats} runs of its job, run in {table.repeats} rounds over all "
+            "the jobs." if table.repeats > 1 else "")
     return [
         f"## {s.name}: global batch {s.batch}, {s.steps} steps ({s.steps_per_call} per call, the first call "
-        f"untimed), data {s.data}, {table.date}",
+        f"untimed), data {s.data}, optimizer {s.optimizer}, {table.date}",
         "",
         f"x runner single: over {single or 0:,.0f} images/s (the mean of the two runner single rows); "
-        f"x keras fit: over {keras or 0:,.0f} images/s. {len(table.rows)} jobs in {table.seconds:.0f} s.",
+        f"x keras fit: over {keras or 0:,.0f} images/s. {len(table.rows)} jobs in {table.seconds:.0f} s.{each}",
         "",
-        "| " + " | ".join(COLUMNS) + " |",
-        "|" + "---|" * len(COLUMNS),
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
         *(format_row(job, m, table) for job, m in table.rows),
         "",
     ]
@@ -430,7 +473,7 @@ def settings(args: argparse.Namespace) -> list[Setting]:
         for variant in args.variants:
             steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
             out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
-                               args.data, args.test_limit))
+                               args.data, args.test_limit, args.optimizer))
     return out
 
 
@@ -447,14 +490,15 @@ def grid(args: argparse.Namespace) -> int:
     uri, experiment = resolve_uri(args.tracking_uri), f"bench_{args.command}"
     ensure_experiment(uri, experiment)  # create the store once, before the jobs
     jobs, todo = plan(args.strategies, args.pipelines, args.gpus), settings(args)
-    runner_jobs = sum(job.kind in ("single", "runner") for job in jobs) * len(todo)
-    total = len(jobs) * len(todo)
+    runner_jobs = sum(job.kind in ("single", "runner") for job in jobs) * len(todo) * args.repeats
+    total = len(jobs) * len(todo) * args.repeats
+    rounds = f" in {args.repeats} rounds" if args.repeats > 1 else ""
     out: list[str] = []
-    emit(out, [f"# benchmark {args.command}: {total} jobs ({runner_jobs} runner, {total - runner_jobs} keras fit), "
-               f"each in a fresh process; {time.ctime()}; {_machine()}", ""])
+    emit(out, [f"# benchmark {args.command}: {total} jobs{rounds} ({runner_jobs} runner, {total - runner_jobs} keras "
+               f"fit), each in a fresh process; {time.ctime()}; {_machine()}", ""])
     progress, tables = Progress(total), []
     for setting in todo:
-        tables.append(measure(setting, jobs, uri, experiment, progress))
+        tables.append(measure(setting, jobs, uri, experiment, progress, args.repeats))
         emit(out, format_table(tables[-1]))
     emit(out, targets(tables))
     if args.out:
@@ -465,6 +509,13 @@ def grid(args: argparse.Namespace) -> int:
 
 def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive count")
+    return value
 
 
 def _names(text: str) -> list[str]:
@@ -485,6 +536,10 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
     g.add_argument("--steps", type=int, default=None, help="steps per job (default: per model/variant)")
     g.add_argument("--steps-per-call", type=int, default=None, help="steps per compiled call (default: per model)")
     g.add_argument("--test-limit", type=int, default=None, help="evaluate runner jobs on the first N test images")
+    g.add_argument("--repeats", type=_positive, default=1,
+                   help="run every job this many times, in rounds; rows show the median and the range")
+    g.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "momentum", "rmsprop"],
+                   help="for runner jobs and Keras fit alike (default adam, the runner's default)")
     g.add_argument("--out", default=None, help="also write the markdown to this file")
     return g
 

@@ -1,8 +1,10 @@
 """The baseline a user would reach for: plain Keras `model.fit`, alone or under MirroredStrategy.
 
     python -m runner.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
+        [--optimizer adam|sgd|momentum|rmsprop]
 
-Same model (models.<name>.build), same optimizer and learning rate, same global batch and the same host pipeline
+Same model (models.<name>.build), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
+and learning rate, same global batch and the same host pipeline
 as the runner's `split` pipeline; Keras' defaults otherwise. Fit runs `steps` steps as epochs of `--chunk` steps;
 the first epoch (tracing, warm-up) is excluded and images/s is the mean ± standard error over the other epochs.
 Prints one JSON line, with the job overhead (process start to the end of the first step, as the runner's
@@ -68,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--chunk", type=int, default=50)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "momentum", "rmsprop"])
     parser.add_argument("--data", default="mnist", choices=["mnist", "synthetic"])
     args = parser.parse_args(argv)
 
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import tensorflow as tf
 
+    from runner import optimizers
     from runner.strategies.common import build_model
 
     if args.mirrored:
@@ -86,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         scope = tf.device(devices.names[0])
     with scope:
         model = build_model(SimpleNamespace(name=args.model, variant=args.variant), 0)
-        model.compile(optimizer=keras.optimizers.Adam(args.lr),
+        model.compile(optimizer=optimizers.make(args.optimizer, args.lr, fused=False),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()
     model.fit(_dataset(args), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk), verbose=0,
@@ -96,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         "images_per_sec": float(args.chunk * args.batch * len(rates) / sum(timer.seconds[1:])),
         "images_per_sec_stderr": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0,
         "timed_steps": args.chunk * len(rates), "devices": devices.count, "simulated": devices.simulated,
-        "mirrored": args.mirrored, "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT,
+        "mirrored": args.mirrored, "optimizer": type(model.optimizer).__name__,
+        "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss: KiB on Linux
     }))
     return 0

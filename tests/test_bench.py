@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from conftest import compose
 
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -35,13 +37,27 @@ def test_pipeline_benchmark_prints_both_rates_for_every_pipeline(tmp_path):
 def test_keras_baseline_times_plain_fit(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "runner.keras_baseline", "--variant", "tiny", "--steps", "60", "--chunk", "10",
-         "--batch", "64"],
+         "--batch", "64", "--optimizer", "sgd"],
         capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     figures = json.loads(proc.stdout.strip().splitlines()[-1])
     assert figures["images_per_sec"] > 0 and figures["timed_steps"] == 50  # first 10-step epoch excluded
     assert figures["devices"] == 1 and figures["mirrored"] is False
+    assert figures["optimizer"] == "SGD"  # Keras' own optimizer of the name given
+
+
+def test_grid_optimizer_reaches_runner_jobs_and_keras_fit():
+    from runner import bench
+
+    args = argparse.Namespace(models=["mlp"], variants=["tiny"], steps=None, steps_per_call=None, batch=128,
+                              data="mnist", test_limit=None, optimizer="momentum")
+    (setting,) = bench.settings(args)
+    cfg = compose(*setting.overrides())
+    assert cfg.train.optimizer == "momentum" and cfg.model.variant == "tiny"
+    cmd = bench.keras_command(setting, 2, mirrored=True)
+    assert cmd[cmd.index("--optimizer") + 1] == "momentum" and cmd[-1] == "--mirrored"
+    assert "optimizer momentum" in bench.format_table(bench.Table(setting, "now"))[0]
 
 
 GRID = ["--models", "mlp", "--variants", "tiny", "--gpus", "1,2", "--strategies", "replicated", "--pipelines",
@@ -74,17 +90,19 @@ def _agrees(status: str, values: list[float], holds, near) -> None:
         assert status == ("PASS" if all(holds(v) for v in values) else "FAIL"), (status, values)
 
 
-@pytest.mark.slow  # 7 fresh jobs, ~100 s; the Keras baseline and the --steps check stay in the default run
+@pytest.mark.slow  # 14 fresh jobs, ~200 s; the Keras baseline and the --steps check stay in the default run
 def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "grid.md"
     proc = subprocess.run(
-        [sys.executable, "-m", "runner.bench", "grid", *GRID, "--tracking-uri", uri, "--out", str(out)],
+        [sys.executable, "-m", "runner.bench", "grid", *GRID, "--repeats", "2", "--tracking-uri", uri,
+         "--out", str(out)],
         capture_output=True, text=True, env=ENV, timeout=900, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "# benchmark grid: 7 jobs (4 runner, 3 keras fit)" in proc.stdout
+    assert "# benchmark grid: 14 jobs in 2 rounds (8 runner, 6 keras fit)" in proc.stdout
     assert "## mlp/tiny: global batch 128, 60 steps (10 per call" in proc.stdout and "data mnist" in proc.stdout
+    assert "optimizer adam" in proc.stdout and "median (lowest-highest) of 2 runs" in proc.stdout
     rows = _table(proc.stdout)
     assert sorted(rows) == sorted([
         ("runner single (before the grid)", 1), ("runner single (after the grid)", 1), ("keras fit", 1),
@@ -94,6 +112,8 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     single = (_num(before[2]) + _num(after[2])) / 2  # the base of "x runner single"
     keras = _num(rows["keras fit", 1][2])
     for key, r in rows.items():
+        low, high = (float(v.replace(",", "")) for v in r[2].split()[1].strip("()").split("-"))
+        assert low <= _num(r[2]) <= high  # the median of the two runs, between them
         assert int(r[3]) == 50  # 6 calls of 10 steps, the first one warm-up
         assert abs(_num(r[4]) - _num(r[2]) / single) <= 0.011 and abs(_num(r[5]) - _num(r[2]) / keras) <= 0.011
         assert _num(r[8]) > 0 and _num(r[9]) > 0  # peak RSS and job overhead, for Keras fit too
@@ -115,7 +135,7 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     status, detail = targets["peak RSS of a tiny (smoke) MLP runner job <= 1536 MB, any devices"]
     _agrees(status, [_num(r[8]) for r in runner], lambda v: v <= 1536, lambda v: abs(v - 1536) < 1)
     status, detail = targets["at least 20 timed steps after warm-up, every job"]
-    assert (status, detail) == ("PASS", "7 of 7 hold; fewest 50 (mlp/tiny runner single (before the grid) x1)")
+    assert (status, detail) == ("PASS", "7 of 7 hold; fewest 50 (mlp/tiny runner single (before the grid) x1)")  # rows
     assert all(detail.split(" of ")[1].startswith(str(len(runner))) for name, (_, detail) in targets.items()
                if "every runner job" in name or "tiny (smoke)" in name)
     assert out.read_text().strip() == proc.stdout.strip()
@@ -150,3 +170,21 @@ def test_settings_benchmark_puts_each_value_beside_its_default(tmp_path):
     assert all(rate > 0 for rate in rates)
     assert rows[0][4] == "1.00" and float(rows[1][4]) == pytest.approx(rates[1] / rates[0], abs=0.006)
     assert all(0.1 < float(r[5]) <= 1 for r in rows)  # test accuracy of each job
+
+
+def test_repeats_combine_into_the_median_row_with_its_range():
+    from runner import bench
+
+    runs = [{"images_per_sec": r, "images_per_sec_stderr": 9.0, "timed_steps": 50.0, "peak_rss_mb": rss,
+             "seconds_to_first_step": t} for r, rss, t in [(300.0, 900.0, 5.0), (100.0, 950.0, 7.0), (200.0, 920.0, 6.0)]]
+    row = bench.combine(runs)
+    assert row["images_per_sec"] == 200.0 and (row["images_per_sec_low"], row["images_per_sec_high"]) == (100, 300)
+    assert row["seconds_to_first_step"] == 6.0 and row["peak_rss_mb"] == 950.0 and row["repeats"] == 3
+    assert bench.combine([runs[0], {"error": "boom"}]) == {"error": "boom"}  # a failed repeat fails the row
+    assert bench.combine(runs[:1]) is runs[0]
+    setting = bench.Setting("mlp", "tiny", 60, 10, 128, "mnist")
+    single = bench.Job("single", 1, "runner single (before the grid)", "single", "split")
+    table = bench.Table(setting, "now", rows=[(single, row)], repeats=3)
+    lines = bench.format_table(table)
+    assert "images/s, median (lowest-highest) of 3 runs" in lines[4] and "median of 3 runs" in lines[2]
+    assert lines[6].startswith("| runner single (before the grid) | 1 | 200 (100-300) | 50 | 1.00 |")
