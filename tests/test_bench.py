@@ -90,7 +90,7 @@ def _agrees(status: str, values: list[float], holds, near) -> None:
         assert status == ("PASS" if all(holds(v) for v in values) else "FAIL"), (status, values)
 
 
-@pytest.mark.slow  # 14 fresh jobs, ~200 s; the Keras baseline and the --steps check stay in the default run
+@pytest.mark.slow  # 14 fresh jobs, ~100 s; the Keras baseline and the --steps check stay in the default run
 def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     out = tmp_path / "grid.md"
