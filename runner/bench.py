@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from runner.config import OPTIMIZERS
+
 PIPELINES = ("split", "per_tower", "sharded")
 DATA_PARALLEL = ("mirrored", "replicated", "parameter_server")
 MIN_TIMED_STEPS = 20
@@ -538,7 +540,7 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
     g.add_argument("--test-limit", type=int, default=None, help="evaluate runner jobs on the first N test images")
     g.add_argument("--repeats", type=_positive, default=1,
                    help="run every job this many times, in rounds; rows show the median and the range")
-    g.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "momentum", "rmsprop"],
+    g.add_argument("--optimizer", default="adam", choices=OPTIMIZERS,
                    help="for runner jobs and Keras fit alike (default adam, the runner's default)")
     g.add_argument("--out", default=None, help="also write the markdown to this file")
     return g

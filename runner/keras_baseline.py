@@ -4,11 +4,10 @@
         [--optimizer adam|sgd|momentum|rmsprop]
 
 Same model (models.<name>.build), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
-and learning rate, same global batch and the same host pipeline
-as the runner's `split` pipeline; Keras' defaults otherwise. Fit runs `steps` steps as epochs of `--chunk` steps;
-the first epoch (tracing, warm-up) is excluded and images/s is the mean ± standard error over the other epochs.
-Prints one JSON line, with the job overhead (process start to the end of the first step, as the runner's
-`seconds_to_first_step`) and the peak RSS.
+and learning rate, same global batch and the same host pipeline as the runner's `split` pipeline; Keras' defaults
+otherwise. Fit runs `steps` steps as epochs of `--chunk` steps; the first epoch (tracing, warm-up) is excluded and
+images/s is the mean ± standard error over the other epochs. Prints one JSON line, with the job overhead (process
+start to the end of the first step, as the runner's `seconds_to_first_step`), the peak RSS and the optimizer used.
 """
 
 from __future__ import annotations
@@ -22,6 +21,8 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+
+from runner.config import OPTIMIZERS
 
 
 def _dataset(args: argparse.Namespace):
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--chunk", type=int, default=50)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--optimizer", default="adam", choices=["adam", "sgd", "momentum", "rmsprop"])
+    parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
     parser.add_argument("--data", default="mnist", choices=["mnist", "synthetic"])
     args = parser.parse_args(argv)
 
