@@ -413,6 +413,9 @@ SPEED_SETTINGS = {
         ("train.intra_op_threads=2", ["train.intra_op_threads=2"]),
         ("train.inter_op_threads=1", ["train.inter_op_threads=1"]),
         ("train.inter_op_threads=4", ["train.inter_op_threads=4"])]),
+    "threads1": ("host threads", "mlp/tiny, single", _MLP_TINY, [
+        ("train.intra_op_threads=-1 (default: TensorFlow's own on one device)", []),
+        ("train.intra_op_threads=1", ["train.intra_op_threads=1"])]),
     "malloc": ("freed memory kept for reuse", "mlp/default, mirrored x2, tf.distribute input",
                [*_MLP, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
     "malloc_cnn": ("freed memory kept for reuse", "cnn/default, mirrored x2, tf.distribute input",
