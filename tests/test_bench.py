@@ -148,6 +148,9 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
         bench.main(["grid", "--steps", "60", "--steps-per-call", "25"])  # 2 calls, 1 timed: 25 steps in 1 call
     assert exit_.value.code == 2
     assert "times only 25 steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["strategies", "--repeats", "0"])
+    assert exit_.value.code == 2 and "argument --repeats: 0 is not a positive count" in capsys.readouterr().err
     jobs = bench.plan([*bench.DATA_PARALLEL, "single"], list(bench.PIPELINES), [1, 2, 4, 8])
     assert len(jobs) == 2 + 1 + 4 + 4 * 9 + 3  # single x2, keras fit, keras mirrored x4, 36 data-parallel, 3 single
     assert all(bench.timed_steps(*bench.DEFAULT_STEPS[key]) >= 20 for key in bench.DEFAULT_STEPS)
