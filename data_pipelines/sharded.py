@@ -12,13 +12,16 @@ prefetched onto that replica's device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
+from data_pipelines import PIPELINES, PipelineOptions
 from data_pipelines.common import batched, per_tower_batch, shuffled
+from runner.registry import Rule, positive
 
 
-def shard(ds, index: int, shards: int, batch: int, opts: Any, seed: int):
+def shard(ds, index: int, shards: int, batch: int, opts: PipelineOptions, seed: int):
     """Shard `index` of `shards`: shuffled (its share of the buffer, its own seed), in batches of `batch` (a tower's
     share of the global batch), host-side."""
     buffer = max(1, opts.shuffle_buffer // shards) if opts.shuffle_buffer else 0  # never silently 0 (= no shuffle)
@@ -46,7 +49,7 @@ def staged(build: Callable[[], Any], device: str, buffer: int):
 class Batches:
     """One staged iterator per device; `next()` is called inside the compiled training loop."""
 
-    def __init__(self, ds, global_batch: int, devices: list[str], opts: Any, seed: int):
+    def __init__(self, ds, global_batch: int, devices: list[str], opts: "Sharded", seed: int):
         import tensorflow as tf
 
         self.devices = list(devices)
@@ -61,26 +64,42 @@ class Batches:
         return [next(it) for it in self._its]
 
 
-def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> Batches:
-    """Feed len(devices) towers, each from its own shard staged on its own device."""
-    return Batches(ds, global_batch, devices, opts, seed)
+@PIPELINES.register
+@dataclass
+class Sharded(PipelineOptions):
+    """One iterator per device over its own shard, the next `device_buffer` batches staged on the device.
 
+    N iterators cost N times the host threads and shuffle memory: the shuffle buffer is split between them, and
+    `private_threads` sizes each one's pool.
+    """
 
-def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
-    """tf.distribute's per-replica input functions, each shard fetched onto its replica's device."""
-    import tensorflow as tf
+    name: str = "sharded"
+    shuffle_buffer: int = 10000  # examples in all; each of the N shards shuffles with shuffle_buffer / N
+    device_buffer: int = 2  # batches staged on each device ahead of the step
 
-    def dataset_fn(ctx):
-        batch = ctx.get_per_replica_batch_size(global_batch)
-        return shard(ds, ctx.input_pipeline_id, ctx.num_input_pipelines, batch, opts, seed)
+    RULES: ClassVar[dict[str, Rule]] = {
+        **PipelineOptions.RULES, "device_buffer": (positive, "a positive number of batches"),
+    }
 
-    # PER_REPLICA (a pipeline per device) exists for MirroredStrategy only; across workers (multi_worker) each
-    # worker gets one shard, batched per replica and still fetched onto its device ahead of the step.
-    per_replica = isinstance(strategy, tf.distribute.MirroredStrategy)
-    mode = tf.distribute.InputReplicationMode
-    options = tf.distribute.InputOptions(
-        experimental_replication_mode=mode.PER_REPLICA if per_replica else mode.PER_WORKER,
-        experimental_fetch_to_device=True,
-        experimental_per_replica_buffer_size=opts.device_buffer,
-    )
-    return iter(strategy.distribute_datasets_from_function(dataset_fn, options))
+    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Batches:
+        """Feed len(devices) towers, each from its own shard staged on its own device."""
+        return Batches(examples, global_batch, devices, self, seed)
+
+    def distribute(self, strategy, examples, global_batch: int, seed: int):
+        """tf.distribute's per-replica input functions, each shard fetched onto its replica's device."""
+        import tensorflow as tf
+
+        def dataset_fn(ctx):
+            batch = ctx.get_per_replica_batch_size(global_batch)
+            return shard(examples, ctx.input_pipeline_id, ctx.num_input_pipelines, batch, self, seed)
+
+        # PER_REPLICA (a pipeline per device) exists for MirroredStrategy only; across workers (multi_worker) each
+        # worker gets one shard, batched per replica and still fetched onto its device ahead of the step.
+        per_replica = isinstance(strategy, tf.distribute.MirroredStrategy)
+        mode = tf.distribute.InputReplicationMode
+        options = tf.distribute.InputOptions(
+            experimental_replication_mode=mode.PER_REPLICA if per_replica else mode.PER_WORKER,
+            experimental_fetch_to_device=True,
+            experimental_per_replica_buffer_size=self.device_buffer,
+        )
+        return iter(strategy.distribute_datasets_from_function(dataset_fn, options))

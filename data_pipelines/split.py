@@ -7,15 +7,17 @@ each global batch across the replicas the same way.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from data_pipelines import PIPELINES, PipelineOptions
 from data_pipelines.common import batched, shuffled
 
 
 class Batches:
     """Per-step tower batches; `next()` is called inside the compiled training loop."""
 
-    def __init__(self, ds, global_batch: int, towers: int, opts: Any, seed: int):
+    def __init__(self, ds, global_batch: int, towers: int, opts: PipelineOptions, seed: int):
         self.towers = towers
         self._it = iter(batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts))
 
@@ -27,18 +29,24 @@ class Batches:
         return list(zip(tf.split(x, self.towers), tf.split(y, self.towers)))
 
 
-def towers(ds, global_batch: int, devices: list[str], opts: Any, seed: int) -> Batches:
-    """Feed len(devices) towers from one iterator over global batches."""
-    return Batches(ds, global_batch, len(devices), opts, seed)
+@PIPELINES.register
+@dataclass
+class Split(PipelineOptions):
+    """One iterator over global batches, split into the towers' shares inside the step."""
 
+    name: str = "split"
 
-def distribute(strategy, ds, global_batch: int, opts: Any, seed: int):
-    """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
-    import tensorflow as tf
+    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Batches:
+        """Feed len(devices) towers from one iterator over global batches."""
+        return Batches(examples, global_batch, len(devices), self, seed)
 
-    global_batches = batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts)
-    # Several workers (multi_worker): each keeps its own share of every global batch. In-memory data has no files
-    # to shard by, so say DATA instead of letting AUTO try FILE first and warn.
-    options = tf.data.Options()
-    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
-    return iter(strategy.experimental_distribute_dataset(global_batches.with_options(options)))
+    def distribute(self, strategy, examples, global_batch: int, seed: int):
+        """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
+        import tensorflow as tf
+
+        global_batches = batched(shuffled(examples, self.shuffle_buffer, seed), global_batch, self)
+        # Several workers (multi_worker): each keeps its own share of every global batch. In-memory data has no
+        # files to shard by, so say DATA instead of letting AUTO try FILE first and warn.
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+        return iter(strategy.experimental_distribute_dataset(global_batches.with_options(options)))

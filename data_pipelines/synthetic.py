@@ -6,7 +6,15 @@ only numpy so it is safe to import before TensorFlow.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
+
+from data_pipelines import DATASETS, DatasetOptions
+
+log = logging.getLogger(__name__)
 
 IMAGE_SHAPE = (28, 28)
 NUM_CLASSES = 10
@@ -41,3 +49,24 @@ def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0) -> Arrays:
 
     # Train is drawn first so the train split for a seed does not depend on n_test.
     return split(n_train), split(n_test)
+
+
+@DATASETS.register
+@dataclass
+class Synthetic(DatasetOptions):
+    """Random images of MNIST shape with random labels (fixed by the seed): for pure throughput runs only.
+
+    Accuracy on it means nothing; every log line and MLflow run says the data is synthetic.
+    """
+
+    name: str = "synthetic"
+    train_limit: int = 60000  # number of synthetic training examples
+    test_limit: int = 10000  # number of synthetic test examples
+
+    def load(self, seed: int) -> Any:
+        """Random arrays of the configured sizes, the same for the same seed."""
+        from data_pipelines.common import Arrays
+
+        (xtr, ytr), (xte, yte) = load(self.train_limit, self.test_limit, seed)
+        log.warning("data=synthetic: random images and labels; accuracy figures mean nothing")
+        return Arrays(xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), synthetic=True)

@@ -2,44 +2,46 @@
 
 from __future__ import annotations
 
-from models import INPUT_SHAPE, NUM_CLASSES
+from dataclasses import dataclass
+from typing import Literal
 
+from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+
+Variant = Literal["tiny", "default", "paper"]
 # variant -> (filters of each 3x3 conv layer, index after which the single 2x2 max-pool sits, dense units)
-VARIANTS = {
+LAYERS: dict[Variant, tuple[tuple[int, ...], int, int]] = {
     "tiny": ((8, 16), 1, 32),
     "default": ((32, 64), 1, 128),
     "paper": ((128, 128, 128, 128, 128), 4, 128),
 }
 
 
-def build(variant: str = "default"):
-    """Build the CNN.
+@MODELS.register
+@dataclass
+class CNN(ModelOptions):
+    """3x3 convolutions, one max-pool, dense: tiny, default (trains in minutes on a CPU), paper (5 convs of 128)."""
 
-    Args:
-        variant: a key of VARIANTS.
+    name: str = "cnn"
+    variant: Variant = "default"
 
-    Returns:
-        An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits.
-    """
-    import keras
+    def build(self):
+        """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""
+        import keras
 
-    filters, pool_after, dense = VARIANTS[variant]
-    layers = [keras.Input(INPUT_SHAPE)]
-    for i, f in enumerate(filters):
-        layers.append(keras.layers.Conv2D(f, 3, activation="relu"))  # valid padding: side shrinks by 2
-        if i == pool_after:
-            layers.append(keras.layers.MaxPooling2D(2))  # side halves
-    layers += [
-        keras.layers.Dropout(0.25),
-        keras.layers.Flatten(),
-        keras.layers.Dense(dense, activation="relu"),
-        keras.layers.Dropout(0.5),
-        keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
-    ]
-    return keras.Sequential(layers, name=f"cnn_{variant}")
+        filters, pool_after, dense = LAYERS[self.variant]
+        layers = [keras.Input(INPUT_SHAPE)]
+        for i, f in enumerate(filters):
+            layers.append(keras.layers.Conv2D(f, 3, activation="relu"))  # valid padding: side shrinks by 2
+            if i == pool_after:
+                layers.append(keras.layers.MaxPooling2D(2))  # side halves
+        layers += [
+            keras.layers.Dropout(0.25),
+            keras.layers.Flatten(),
+            keras.layers.Dense(dense, activation="relu"),
+            keras.layers.Dropout(0.5),
+            keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
+        ]
+        return keras.Sequential(layers, name=f"cnn_{self.variant}")
 
-
-def weighted_layers(variant: str = "default") -> int:
-    """Layers with weights (how many stages `strategy=model_parallel strategy.split=stages` can make); no Keras."""
-    filters, _, _ = VARIANTS[variant]
-    return len(filters) + 2  # the convs and the two Dense layers
+    def layers_with_weights(self) -> int:
+        return len(LAYERS[self.variant][0]) + 2  # the convs and the two Dense layers

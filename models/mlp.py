@@ -2,36 +2,42 @@
 
 from __future__ import annotations
 
-from models import INPUT_SHAPE, NUM_CLASSES
+from dataclasses import dataclass
+from typing import Literal
 
-# variant -> hidden units per layer
-VARIANTS = {"tiny": 64, "default": 512, "chainer": 1000}
+from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
 
-
-def build(variant: str = "default"):
-    """Build the MLP.
-
-    Args:
-        variant: a key of VARIANTS.
-
-    Returns:
-        An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits.
-    """
-    import keras
-
-    units = VARIANTS[variant]
-    return keras.Sequential(
-        [
-            keras.Input(INPUT_SHAPE),
-            keras.layers.Flatten(),  # (b, 784)
-            keras.layers.Dense(units, activation="relu"),
-            keras.layers.Dense(units, activation="relu"),
-            keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
-        ],
-        name=f"mlp_{variant}",
-    )
+Variant = Literal["tiny", "default", "chainer"]
+HIDDEN_UNITS: dict[Variant, int] = {"tiny": 64, "default": 512, "chainer": 1000}  # per hidden layer
 
 
-def weighted_layers(variant: str = "default") -> int:
-    """Layers with weights (how many stages `strategy=model_parallel strategy.split=stages` can make); no Keras."""
-    return 3  # the three Dense layers, whatever the variant
+@MODELS.register
+@dataclass
+class MLP(ModelOptions):
+    """784-n-n-10: tiny (n=64), default (n=512, Keras' example), chainer (n=1000, Chainer's example)."""
+
+    name: str = "mlp"
+    variant: Variant = "default"
+
+    def build(self):
+        """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""
+        import keras
+
+        units = HIDDEN_UNITS[self.variant]
+        return keras.Sequential(
+            [
+                keras.Input(INPUT_SHAPE),
+                keras.layers.Flatten(),  # (b, 784)
+                keras.layers.Dense(units, activation="relu"),
+                keras.layers.Dense(units, activation="relu"),
+                keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
+            ],
+            name=f"mlp_{self.variant}",
+        )
+
+    def layers_with_weights(self) -> int:
+        return 3  # the three Dense layers, whatever the variant
+
+    @property
+    def dense_only(self) -> bool:
+        return True

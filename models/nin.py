@@ -7,10 +7,13 @@ into the logits, so there is no dense layer at all.
 
 from __future__ import annotations
 
-from models import INPUT_SHAPE, NUM_CLASSES
+from dataclasses import dataclass
+from typing import Literal
 
-# variant -> channels of the three mlpconv blocks
-VARIANTS = {"tiny": (16, 16, 16), "default": (64, 96, 96), "paper": (192, 192, 192)}
+from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+
+Variant = Literal["tiny", "default", "paper"]
+CHANNELS: dict[Variant, tuple[int, int, int]] = {"tiny": (16, 16, 16), "default": (64, 96, 96), "paper": (192, 192, 192)}
 _KERNELS = (5, 5, 3)  # spatial kernel of each block's first convolution
 
 
@@ -24,28 +27,27 @@ def mlpconv(keras, channels: int, kernel: int, out: int | None = None) -> list:
     ]
 
 
-def build(variant: str = "default"):
-    """Build the NIN.
+@MODELS.register
+@dataclass
+class NIN(ModelOptions):
+    """Channels of the three mlpconv blocks: tiny 16/16/16, default 64/96/96, paper 192 each."""
 
-    Args:
-        variant: a key of VARIANTS.
+    name: str = "nin"
+    variant: Variant = "default"
 
-    Returns:
-        An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits.
-    """
-    import keras
+    def build(self):
+        """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""
+        import keras
 
-    c1, c2, c3 = VARIANTS[variant]
-    layers = [keras.Input(INPUT_SHAPE)]
-    layers += mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
-    layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 14, 14, c1)
-    layers += mlpconv(keras, c2, _KERNELS[1])  # (b, 14, 14, c2)
-    layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
-    layers += mlpconv(keras, c3, _KERNELS[2], out=NUM_CLASSES)  # (b, 7, 7, 10)
-    layers.append(keras.layers.GlobalAveragePooling2D())  # (b, 10) logits
-    return keras.Sequential(layers, name=f"nin_{variant}")
+        c1, c2, c3 = CHANNELS[self.variant]
+        layers = [keras.Input(INPUT_SHAPE)]
+        layers += mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
+        layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 14, 14, c1)
+        layers += mlpconv(keras, c2, _KERNELS[1])  # (b, 14, 14, c2)
+        layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
+        layers += mlpconv(keras, c3, _KERNELS[2], out=NUM_CLASSES)  # (b, 7, 7, 10)
+        layers.append(keras.layers.GlobalAveragePooling2D())  # (b, 10) logits
+        return keras.Sequential(layers, name=f"nin_{self.variant}")
 
-
-def weighted_layers(variant: str = "default") -> int:
-    """Layers with weights (how many stages `strategy=model_parallel strategy.split=stages` can make); no Keras."""
-    return 3 * len(VARIANTS[variant])  # three convolutions per mlpconv block
+    def layers_with_weights(self) -> int:
+        return 3 * len(CHANNELS[self.variant])  # three convolutions per mlpconv block

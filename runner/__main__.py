@@ -9,25 +9,17 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
-from runner.config import CONF_DIR, GROUPS, ConfigError, group_options
+from runner.config import CONF_DIR, GROUPS, group_options
+from runner.errors import UserError
 
 log = logging.getLogger("runner")
 USER_ERROR_EXIT = 2
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean 'your input is wrong', reported as one line."""
-    from data_pipelines.mnist import DataError
-    from runner.devices import DeviceError
-    from runner.tracking import StoreError
-    from runner.train import NonFiniteLoss
-
-    return ConfigError, DataError, DeviceError, NonFiniteLoss, StoreError
 
 
 def _fail(message: str) -> None:
@@ -37,6 +29,21 @@ def _fail(message: str) -> None:
 
 def _show_traceback() -> bool:
     return os.environ.get("RUNNER_TRACEBACK", "") not in ("", "0")
+
+
+def config_dirs(args: list[str]) -> tuple[Path, ...]:
+    """The user's config directories on the command line: `--config-dir D` / `-cd D` and file:// entries of
+    `hydra.searchpath=[...]` (where their own component YAMLs live)."""
+    dirs = []
+    for flag, value in zip(args, args[1:] + [""]):
+        if flag in ("--config-dir", "-cd"):
+            dirs.append(value)
+        elif flag.startswith("--config-dir="):
+            dirs.append(flag.split("=", 1)[1])
+        elif flag.startswith("hydra.searchpath="):
+            entries = flag.split("=", 1)[1].strip("[]").split(",")
+            dirs += [e.strip().removeprefix("file://") for e in entries if not e.strip().startswith("pkg://")]
+    return tuple(Path(d).expanduser() for d in dirs if d)
 
 
 def check_group_overrides(args: list[str]) -> str | None:
@@ -50,7 +57,7 @@ def check_group_overrides(args: list[str]) -> str | None:
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    parser = OverridesParser.create()
+    parser, extra = OverridesParser.create(), config_dirs(args)
     for arg in args:
         if arg.startswith("-"):
             continue
@@ -62,7 +69,7 @@ def check_group_overrides(args: list[str]) -> str | None:
         if group not in GROUPS or override.is_delete():
             continue
         values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
-        allowed = group_options(group)
+        allowed = group_options(group, extra)
         for value in values:
             if value is not None and str(value) not in allowed:
                 return f"{group}={value} is not an option of group '{group}'; choose one of: {', '.join(allowed)}"
@@ -75,14 +82,14 @@ def main(cfg: DictConfig) -> Any:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from runner import sweep
+    from runner import sweep, tracking
     from runner.experiment import run
 
-    if HydraConfig.get().mode == RunMode.MULTIRUN and not sweep.is_child():
+    if HydraConfig.get().mode == RunMode.MULTIRUN and not tracking.is_sweep_child():
         return sweep.run_isolated(cfg)  # the job runs in a fresh process; the sweep goes on if it fails
     try:
         result = run(cfg)
-    except _user_errors() as e:
+    except UserError as e:
         # Exiting here, inside the job, keeps Hydra from adding its own "Error executing job" line.
         _report(e)
     print(
@@ -95,9 +102,17 @@ def main(cfg: DictConfig) -> Any:
 
 
 def one_line(e: BaseException) -> str:
-    """An exception as one line: the first lines of its first paragraph (Hydra's messages run on for pages)."""
+    """An exception as one line: the first lines of its first paragraph (Hydra's messages run on for pages).
+
+    Hydra wraps a value the schema refuses ("Error merging override gpus=abc") around OmegaConf's reason, which is
+    added from the cause.
+    """
     paragraph = str(e).strip().split("\n\n")[0].splitlines()[:2]
-    return " ".join(line.strip() for line in paragraph) or type(e).__name__
+    text = " ".join(line.strip() for line in paragraph) or type(e).__name__
+    cause = e.__cause__ or e.__context__
+    if text.startswith("Error merging override") and cause is not None and str(cause).strip():
+        text += f": {str(cause).strip().splitlines()[0]}"
+    return text
 
 
 def _log_to_files(message: str) -> None:
@@ -156,7 +171,7 @@ def cli() -> None:
         sweep.close_open_parent("KILLED")
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    except (*_user_errors(), HydraException, OmegaConfBaseException) as e:
+    except (UserError, HydraException, OmegaConfBaseException) as e:
         sweep.close_open_parent("FAILED")
         _report(e)
     except Exception:

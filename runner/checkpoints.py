@@ -23,16 +23,20 @@ from typing import Any
 
 import tensorflow as tf
 
+from runner.train import Hook, crossed
+
 log = logging.getLogger(__name__)
 logging.getLogger("absl").setLevel(logging.WARNING)  # the checkpoint writer logs an INFO line per save
 RUN_FILE = "run.json"  # beside the checkpoints: which MLflow run wrote them, at which step
 
 
-class Checkpointer:
-    """Saves and restores one run's training state in `directory`.
+class Checkpointer(Hook):
+    """Saves and restores one run's training state in `directory`; as a training-loop hook, saves every `every`
+    steps (at the end of the call that crosses the mark; not after the last call: a finished run needs none).
 
     Args:
         directory: this config's checkpoint folder.
+        every: steps between checkpoints.
         objects: name -> trackable (Keras models, optimizers) as the strategy gives them.
         run_id: the MLflow run being written (recorded beside the checkpoints, so a resumed run can link to it).
         writer: whether this process writes `directory` (on a multi-worker job only the chief does; the other
@@ -40,9 +44,9 @@ class Checkpointer:
         scratch: where a non-writer saves.
     """
 
-    def __init__(self, directory: Path, objects: dict[str, Any], run_id: str | None, writer: bool = True,
+    def __init__(self, directory: Path, every: int, objects: dict[str, Any], run_id: str | None, writer: bool = True,
                  scratch: Path | None = None):
-        self.directory, self.run_id, self.writer = directory, run_id, writer
+        self.directory, self.every, self.run_id, self.writer = directory, every, run_id, writer
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="checkpoint_step")
         self.checkpoint = tf.train.Checkpoint(step=self.step, **objects)
         target = directory if writer else (scratch or directory / ".scratch")
@@ -75,14 +79,16 @@ class Checkpointer:
         else:
             shutil.rmtree(self.manager.directory, ignore_errors=True)
 
+    def after(self, step: int, n: int, seconds: float, last: bool) -> None:
+        if not last and crossed(step, n, self.every):
+            self.save(step)
+
     def finished(self) -> None:
         """The run completed: its checkpoints are no longer needed to resume it."""
         if self.writer:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def directory(cfg: Any) -> Path:
-    """This config's checkpoint folder: <train.checkpoint_dir>/<config hash>, relative to the launch directory."""
-    from runner import sweep
-
-    return (Path(cfg.train.checkpoint_dir) / sweep.config_hash(cfg)).resolve()
+def directory(checkpoint_dir: str, config_hash: str) -> Path:
+    """A config's checkpoint folder: <train.checkpoint_dir>/<config hash>, relative to the launch directory."""
+    return (Path(checkpoint_dir) / config_hash).resolve()

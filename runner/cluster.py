@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from runner.errors import ConfigError
+
 ENV = "TF_CONFIG"
 TASK_TYPES = ("chief", "worker")
 
@@ -48,12 +50,6 @@ class Cluster:
         return json.dumps({"cluster": self.tasks, "task": {"type": self.task_type, "index": self.task_index}})
 
 
-def _error(message: str) -> Exception:
-    from runner.config import ConfigError
-
-    return ConfigError(message)
-
-
 def parse(text: str, source: str = ENV) -> Cluster:
     """A TF_CONFIG JSON string as a Cluster.
 
@@ -63,37 +59,34 @@ def parse(text: str, source: str = ENV) -> Cluster:
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as e:
-        raise _error(f"{source} is not valid JSON ({e.msg} at character {e.pos}): {text[:80]!r}") from None
+        raise ConfigError(f"{source} is not valid JSON ({e.msg} at character {e.pos}): {text[:80]!r}") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not isinstance(spec.get("task"), dict):
-        raise _error(f'{source} needs "cluster" and "task" objects, got: {text[:80]!r}')
+        raise ConfigError(f'{source} needs "cluster" and "task" objects, got: {text[:80]!r}')
     tasks = {t: v for t, v in spec["cluster"].items() if t in TASK_TYPES}
     if not tasks.get("worker") and not tasks.get("chief"):
-        raise _error(f'{source}: "cluster" must list "worker" addresses (host:port), got: {text[:80]!r}')
+        raise ConfigError(f'{source}: "cluster" must list "worker" addresses (host:port), got: {text[:80]!r}')
     for addresses in tasks.values():
         if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
-            raise _error(f"{source}: cluster addresses must be a list of host:port strings, got {addresses!r}")
+            raise ConfigError(f"{source}: cluster addresses must be a list of host:port strings, got {addresses!r}")
     task_type, index = spec["task"].get("type"), spec["task"].get("index")
     if task_type not in tasks:
-        raise _error(f'{source}: task type {task_type!r} is not in the cluster; choose one of: {", ".join(tasks)}')
+        raise ConfigError(f'{source}: task type {task_type!r} is not in the cluster; choose one of: {", ".join(tasks)}')
     if not isinstance(index, int) or not 0 <= index < len(tasks[task_type]):
-        raise _error(f"{source}: task index {index!r} is out of range; {task_type} has {len(tasks[task_type])} tasks")
+        raise ConfigError(f"{source}: task index {index!r} is out of range; {task_type} has {len(tasks[task_type])} tasks")
     return Cluster(tasks, task_type, index)
 
 
-def from_config(cfg: Any) -> Cluster | None:
-    """The cluster of a `strategy=multi_worker` config (from its keys, else TF_CONFIG); None for other strategies.
+def from_options(workers: list[str], task_index: int) -> Cluster:
+    """The cluster of `strategy.workers` / `strategy.task_index`, else of TF_CONFIG when `workers` is empty.
 
     Raises:
         ConfigError: the keys or TF_CONFIG are missing or malformed.
     """
-    if cfg.strategy.name != "multi_worker":
-        return None
-    workers = list(cfg.strategy.workers or [])
     if workers:
-        text = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": cfg.strategy.task_index}})
+        text = json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": task_index}})
         return parse(text, "strategy.workers/strategy.task_index")
     if not os.environ.get(ENV):
-        raise _error(
+        raise ConfigError(
             f"strategy=multi_worker needs the cluster: set strategy.workers=[host:port,...] and strategy.task_index, "
             f"or the {ENV} environment variable"
         )
@@ -108,11 +101,14 @@ def export(cluster: Cluster) -> None:
 def worker_suffix(_root_: Any) -> str:
     """`-worker1` etc. for a multi-worker task, '' otherwise: the `${worker_suffix:}` in hydra.run.dir, so each
     worker started on the same machine in the same second still gets its own output folder and log."""
-    try:
-        spec = from_config(_root_)
-    except ValueError:  # a malformed cluster: validation reports it once the job starts
+    strategy = _root_.get("strategy") or {}
+    if strategy.get("name") != "multi_worker":
         return ""
-    return f"-{spec.name}" if spec else ""
+    try:
+        spec = from_options(list(strategy.get("workers") or []), int(strategy.get("task_index") or 0))
+    except (ConfigError, ValueError, TypeError):  # a malformed cluster: validation reports it once the job starts
+        return ""
+    return f"-{spec.name}"
 
 
 def register_resolver() -> None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.errors import UserError
+
 log = logging.getLogger(__name__)
 
 # Packages Keras imports when installed (MLflow installs both) for its scikit-learn wrappers and image-gallery
@@ -33,7 +35,7 @@ _UNUSED_BY_KERAS = ("sklearn", "matplotlib")
 SIMULATED_GPU_MEMORY_MB = 1024
 
 
-class DeviceError(RuntimeError):
+class DeviceError(UserError):
     """The requested devices cannot be provided in this process."""
 
 

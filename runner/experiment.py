@@ -1,20 +1,22 @@
 """`run(cfg) -> dict`: one experiment from a composed config to a finished MLflow run.
 
-The flow reads top to bottom: validate (no TensorFlow yet) -> tracking run opened -> devices -> data -> strategy
-(model and optimizer under its placement) -> pipeline feed -> training loop -> evaluation -> final metrics.
+The flow reads top to bottom: validate (no TensorFlow yet; a plan) -> tracking run opened -> data -> devices ->
+strategy (model and optimizer under its placement) -> pipeline feed -> training loop -> evaluation -> final metrics.
+This module wires the components together; each does its own work.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
-from runner import cluster, sweep, tracking
-from runner.config import ConfigError, validate
+from runner import measure, tracking
+from runner.config import ConfigError, Plan, validate
 from runner.devices import Devices  # no TensorFlow import: devices.setup imports it
 
 log = logging.getLogger(__name__)
@@ -37,12 +39,12 @@ def _hydra_log_file() -> Path | None:
     return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
 
 
-def _start_tensorflow(cfg: DictConfig, run: tracking.Run) -> Devices:
+def _start_tensorflow(plan: Plan, run: tracking.Run) -> Devices:
     """Configure the devices (the process's first TensorFlow import) and the precision; tag what the run is on."""
     from runner import devices as devices_mod
 
     # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
-    devices = devices_mod.setup(cfg.gpus, cfg.train.intra_op_threads, cfg.train.inter_op_threads)
+    devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
     run.tags({**devices.as_tags(), "devices.workers": "1", "tensorflow.onednn": devices_mod.onednn()})
     # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
@@ -50,45 +52,58 @@ def _start_tensorflow(cfg: DictConfig, run: tracking.Run) -> Devices:
     import keras
 
     # Every model built from here on computes in this precision (set each run: the policy is process-wide).
-    keras.mixed_precision.set_dtype_policy(cfg.train.precision)
-    if warning := devices_mod.precision_warning(cfg.train.precision, devices, devices_mod.host_cpu()):
+    keras.mixed_precision.set_dtype_policy(plan.train.precision)
+    if warning := devices_mod.precision_warning(plan.train.precision, devices, devices_mod.host_cpu()):
         log.warning(warning)
     return devices
 
 
-def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
+def training_for(plan: Plan) -> Any:
+    """What the strategy builds and trains, from the plan (runner.strategies.Training)."""
+    from runner.strategies import Training
+    from runner.strategies.common import build_model, build_optimizer
+
+    return Training(
+        model=plan.model,
+        model_fn=functools.partial(build_model, plan.model),
+        optimizer_fn=functools.partial(build_optimizer, plan.train),
+        seed=plan.train.seed,
+        global_batch=plan.train.global_batch_size,
+        jit_compile=plan.train.jit_compile,
+        cluster=plan.cluster,
+    )
+
+
+def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     """Everything after the run is opened: data, devices, strategy, loop."""
     from data_pipelines import common
 
     # Data first: reading and checking it needs no TensorFlow, so a bad data path fails before the slow import.
-    arrays = common.load_arrays(cfg.data, cfg.train.seed)
-    devices = _start_tensorflow(cfg, run)
+    arrays = plan.data.load(plan.train.seed)
+    devices = _start_tensorflow(plan, run)
 
     import tensorflow as tf
 
-    from runner import strategies, train
+    from runner import train
     from runner.strategies.common import effective_learning_rate
 
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
-    strategy = strategies.build(cfg.strategy.name, devices, cfg)
-    hardware = _hardware_figures(cfg, devices)
+    strategy = plan.strategy.build(devices, training_for(plan))
+    hardware = _hardware_figures(plan, devices)
     run.metrics(hardware, 0)
-    run.tags({"tensorflow.version": tf.__version__, "batch_scaling": cfg.train.batch_scaling,
-              "devices.requested": str(cfg.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
-    run.metrics({"effective_learning_rate": effective_learning_rate(cfg.train)}, 0)
-    pipeline = importlib.import_module(f"data_pipelines.{cfg.pipeline.name}")
+    run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
+              "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
+    run.metrics({"effective_learning_rate": effective_learning_rate(plan.train)}, 0)
     examples = common.examples(arrays.x_train, arrays.y_train)
-    steps = train.total_steps(cfg.train, len(arrays.x_train))
-    _log_plan(cfg, devices, steps, arrays.synthetic)
-    checkpointer, start = _resume(cfg, strategy, run)
+    steps = train.total_steps(plan.train, len(arrays.x_train))
+    _log_plan(plan, devices, steps, arrays.synthetic)
+    checkpointer, start = _resume(plan, strategy, run)
     eval_ds = common.eval_dataset(arrays.x_test, arrays.y_test)
-    profile_dir = _output_dir() / "profile" if cfg.train.profile else None
-    result = train.fit(
-        strategy, lambda: strategy.batches(pipeline, examples, cfg.train.seed), eval_ds, cfg, steps, run.metrics,
-        checkpointer, start, profile_dir,
-    )
-    if "profile_steps" in result:
-        _log_profile(result, profile_dir, run)
+    hooks = _hooks(plan, checkpointer)
+    batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
+    result = train.fit(strategy, batches, eval_ds, plan.train, steps, run.metrics, start, hooks)
+    del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
+    result.update(_after_training(plan, strategy, examples, result, run))
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
@@ -100,13 +115,34 @@ def _train(cfg: DictConfig, run: tracking.Run, started: float) -> dict:
     return result
 
 
-def _log_plan(cfg: DictConfig, devices, steps: int, synthetic: bool) -> None:
+def _hooks(plan: Plan, checkpointer: Any) -> list:
+    """What runs around the training calls: checkpoints, the allocator reset, a profiler trace."""
+    hooks = [checkpointer] if checkpointer is not None else []
+    if plan.train.reuse_freed_memory:
+        hooks.append(measure.ReuseFreedMemory())
+    if plan.train.profile:
+        hooks.append(measure.Profile(_output_dir() / "profile", plan.train.steps_per_call, plan.train.warmup_calls))
+    return hooks
+
+
+def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Run) -> dict:
+    """Figures taken once training is over: peak memory, the input pipeline alone, the profile's table."""
+    figures: dict[str, Any] = {"peak_rss_mb": measure.peak_rss_mb()}
+    if plan.train.measure_input:
+        batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
+        figures.update(measure.input_figures(strategy, batches, plan.train, result))
+    if "profile_steps" in result:
+        _log_profile(result, _output_dir() / "profile", run)
+    return figures
+
+
+def _log_plan(plan: Plan, devices: Devices, steps: int, synthetic: bool) -> None:
     """One line saying what is about to train, on what, for how long."""
     log.info(
-        "training %s/%s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
-        cfg.model.name, cfg.model.variant, devices.count, devices.kind, " (simulated)" if devices.simulated else "",
-        steps, cfg.train.global_batch_size, cfg.train.per_device_batch_size,
-        cfg.train.batch_scaling, " on SYNTHETIC data" if synthetic else "",
+        "training %s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
+        tracking.model_label(plan.cfg), devices.count, devices.kind, " (simulated)" if devices.simulated else "",
+        steps, plan.train.global_batch_size, plan.train.per_device_batch_size,
+        plan.train.batch_scaling, " on SYNTHETIC data" if synthetic else "",
     )
 
 
@@ -127,17 +163,18 @@ def _log_profile(result: dict, folder: Path, run: tracking.Run) -> None:
     run.metrics(figures, int(result["steps"]))
 
 
-def _resume(cfg: DictConfig, strategy, run: tracking.Run):
+def _resume(plan: Plan, strategy: Any, run: tracking.Run) -> tuple[Any, int]:
     """The run's checkpointer and the step to start from (> 0 when a killed run of this config left checkpoints)."""
-    if not cfg.train.checkpoint_every:
+    if not plan.train.checkpoint_every:
         return None, 0
-    from runner import checkpoints, cluster
+    from runner import checkpoints
 
-    spec = cluster.from_config(cfg)
-    folder = checkpoints.directory(cfg)
+    spec = plan.cluster
+    folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
     writer = spec is None or spec.is_chief
     scratch = folder.with_name(f"{folder.name}.{spec.name}") if spec else None
-    checkpointer = checkpoints.Checkpointer(folder, strategy.checkpoint_objects(), run.run_id, writer, scratch)
+    checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
+                                            run.run_id, writer, scratch)
     start, previous = checkpointer.restore()
     if spec is not None:
         strategy.check_same_start(start)
@@ -158,20 +195,20 @@ def weights_digest(variables: list) -> str:
     return digest.hexdigest()[:16]
 
 
-def _hardware_figures(cfg: DictConfig, devices) -> dict:
+def _hardware_figures(plan: Plan, devices: Devices) -> dict:
     """FLOPs of one training step per example (from the model itself) and the probed matmul peak, if enabled."""
     from runner import flops
     from runner.strategies.common import build_model
 
-    figures = {"flops_per_example": flops.training_flops_per_example(build_model(cfg.model, cfg.train.seed))}
-    if cfg.train.probe_peak:
+    figures = {"flops_per_example": flops.training_flops_per_example(build_model(plan.model, plan.train.seed))}
+    if plan.train.probe_peak:
         peak = flops.probe_peak(devices.names[0])
         if peak is not None:
             figures["peak_gflops"] = peak.gflops
     return figures
 
 
-def _mfu_basis(devices) -> str:
+def _mfu_basis(devices: Devices) -> str:
     if devices.simulated:
         return f"the physical peak of {devices.physical}, shared by {devices.count} simulated devices"
     if devices.kind == "CPU":
@@ -179,7 +216,7 @@ def _mfu_basis(devices) -> str:
     return f"{devices.count} x the peak of one {devices.kind}"
 
 
-def _utilisation(result: dict, hardware: dict, devices) -> dict:
+def _utilisation(result: dict, hardware: dict, devices: Devices) -> dict:
     """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak."""
     if "images_per_sec" not in result:
         return {}
@@ -209,16 +246,15 @@ def run(cfg: DictConfig) -> dict:
     """
     started = time.perf_counter()
     try:
-        cfg = validate(cfg)
+        plan = validate(cfg)
     except ConfigError as e:
-        if sweep.is_child():
+        if tracking.is_sweep_child():
             tracking.record_invalid(cfg, e)
         raise
-    uri = tracking.resolve_uri(cfg.mlflow.tracking_uri)
-    workers = cluster.from_config(cfg)
-    chief = workers is None or workers.is_chief  # on a multi-worker job only the chief logs to MLflow
-    with (tracking.tracked(uri, cfg) if chief else tracking.untracked()) as mlrun:
-        result = _train(cfg, mlrun, started)
+    uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
+    chief = plan.cluster is None or plan.cluster.is_chief  # on a multi-worker job only the chief logs to MLflow
+    with (tracking.tracked(uri, plan) if chief else tracking.untracked()) as mlrun:
+        result = _train(plan, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}
         mlrun.metrics(summary, int(result["steps"]))

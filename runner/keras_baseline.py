@@ -3,7 +3,7 @@
     python -m runner.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
         [--optimizer adam|sgd|momentum|rmsprop]
 
-Same model (models.<name>.build), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
+Same model (the registry's `build()`), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
 and learning rate, same global batch and the same host pipeline as the runner's `split` pipeline; Keras' defaults
 otherwise. Fit runs `steps` steps as epochs of `--chunk` steps; the first epoch (tracing, warm-up) is excluded and
 images/s is the mean ± standard error over the other epochs. Prints one JSON line, with the job overhead (process
@@ -18,22 +18,22 @@ import math
 import resource
 import sys
 import time
-from types import SimpleNamespace
+import typing
 
 import numpy as np
 
-from runner.config import OPTIMIZERS
+from data_pipelines import DATASETS
+from data_pipelines.split import Split
+from models import MODELS
+from runner.config import OptimizerName
 
 
 def _dataset(args: argparse.Namespace):
     from data_pipelines import common
 
-    synthetic = args.data == "synthetic"
-    data = SimpleNamespace(name=args.data, path=None, cache_dir=None, train_limit=60000 if synthetic else None,
-                           test_limit=10000 if synthetic else None, allow_download=True, allow_npm=True)
-    arrays = common.load_arrays(data, 0)
-    opts = SimpleNamespace(prefetch=-1, map_parallelism=-1, private_threads=0)
-    ds = common.shuffled(common.examples(arrays.x_train, arrays.y_train), 10000, 0)
+    arrays = DATASETS.get(args.data)().load(0)
+    opts = Split()  # the runner's default pipeline options
+    ds = common.shuffled(common.examples(arrays.x_train, arrays.y_train), opts.shuffle_buffer, 0)
     return common.batched(ds, args.batch, opts)
 
 
@@ -64,15 +64,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the baseline and print its figures as JSON."""
     parser = argparse.ArgumentParser(prog="python -m runner.keras_baseline")
     parser.add_argument("--model", default="mlp")
-    parser.add_argument("--variant", default="default")
+    parser.add_argument("--variant", default=None, help="the model's variant, if it has variants")
     parser.add_argument("--gpus", type=int, default=1)
     parser.add_argument("--mirrored", action="store_true")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--chunk", type=int, default=50)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS)
-    parser.add_argument("--data", default="mnist", choices=["mnist", "synthetic"])
+    parser.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
+    parser.add_argument("--data", default="mnist", choices=DATASETS.names())
     args = parser.parse_args(argv)
 
     import runner
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         scope = tf.device(devices.names[0])
     with scope:
-        model = build_model(SimpleNamespace(name=args.model, variant=args.variant), 0)
+        model = build_model(MODELS.get(args.model)(**({"variant": args.variant} if args.variant else {})), 0)
         model.compile(optimizer=optimizers.make(args.optimizer, args.lr, fused=False),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()

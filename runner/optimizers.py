@@ -67,8 +67,21 @@ class FusedMomentum(keras.optimizers.SGD):
         )
 
 
+class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear warm-up to `rate` over `steps` optimizer steps, then constant."""
+
+    def __init__(self, rate: float, steps: int):
+        self.rate, self.steps = rate, steps
+
+    def __call__(self, step):
+        return self.rate * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / self.steps)
+
+    def get_config(self) -> dict:
+        return {"rate": self.rate, "steps": self.steps}
+
+
 def make(name: str, learning_rate: Any, fused: bool) -> keras.optimizers.Optimizer:
-    """The optimizer `name` (adam | sgd | momentum | rmsprop); fused kernels for adam and momentum when `fused`.
+    """The optimizer `name` (one of `runner.config.OptimizerName`); fused kernels for adam and momentum when `fused`.
 
     Plain SGD and RMSprop stay Keras' own: SGD's update is already one op, and TensorFlow's RMSProp kernel needs a
     momentum slot Keras' RMSprop does not have.

@@ -13,7 +13,6 @@ fresh sqlite store; after them it closes the parent run and prints which combina
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,36 +21,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
+
+from runner import tracking
 
 log = logging.getLogger(__name__)
 
 PARENT_FILE = "parent_run_id"  # in the sweep dir: how jobs on any launcher find the parent run
 RESULT_FILE = "result.json"  # in each job dir: the job's outcome, read back by the summary
-ENV_PARENT = "RUNNER_PARENT_RUN_ID"
-ENV_CHILD = "RUNNER_SWEEP_CHILD"
 
 failures: list[dict] = []  # set by the callback after a sweep; the command line exits non-zero when not empty
 _open_parent: dict[str, str] = {}  # uri and run id of a parent run this process opened and has not closed yet
-
-
-def config_hash(cfg: DictConfig) -> str:
-    """A stable hash of what a run computes: the resolved config without tracking, sweep and checkpoint settings."""
-    data = OmegaConf.to_container(cfg, resolve=True)
-    for key in ("mlflow", "sweep"):
-        data.pop(key, None)
-    for key in ("checkpoint_every", "checkpoint_dir"):  # where and how often to save changes nothing computed
-        data.get("train", {}).pop(key, None)
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def is_child() -> bool:
-    """True in the fresh process a sweep job starts."""
-    return os.environ.get(ENV_CHILD) == "1"
-
-
-def parent_run_id() -> str | None:
-    return os.environ.get(ENV_PARENT) or None
 
 
 def _finished_run_with_hash(uri: str, experiment: str, digest: str) -> str | None:
@@ -67,8 +47,13 @@ def _finished_run_with_hash(uri: str, experiment: str, digest: str) -> str | Non
     return found[0].info.run_id if found else None
 
 
-def _child_command(overrides: list[str], job_dir: str) -> list[str]:
-    return [sys.executable, "-m", "runner", *overrides, f"hydra.run.dir={job_dir}"]
+def _child_command(hc: Any, job_dir: str) -> list[str]:
+    """`python -m runner` with the job's overrides and the sweep's own config directories (`--config-dir`,
+    `hydra.searchpath`), so a user's components are found in the job's process too."""
+    config_dir = [s.path for s in hc.runtime.config_sources if s.provider == "command-line" and s.schema == "file"]
+    searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
+    return [sys.executable, "-m", "runner", *(["--config-dir", config_dir[0]] if config_dir else []),
+            *hc.overrides.task, *searchpath, f"hydra.run.dir={job_dir}"]
 
 
 def _error_line(stderr: str, code: int) -> str:
@@ -86,20 +71,19 @@ def run_isolated(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     from runner.config import validated_or_none
-    from runner.tracking import resolve_uri
 
     hc = HydraConfig.get()
     overrides, job_dir = list(hc.overrides.task), hc.runtime.output_dir
     outcome: dict[str, Any] = {"overrides": " ".join(overrides), "job_dir": job_dir}
-    typed = validated_or_none(cfg)
-    if typed is not None and cfg.sweep.resume:
-        uri = resolve_uri(typed.mlflow.tracking_uri)
-        done = _finished_run_with_hash(uri, typed.mlflow.experiment, config_hash(typed))
+    plan = validated_or_none(cfg)
+    if plan is not None and cfg.sweep.resume:
+        uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
+        done = _finished_run_with_hash(uri, plan.cfg.mlflow.experiment, plan.config_hash)
         if done:
             log.info("resume: %s already FINISHED as run %s; skipped", outcome["overrides"], done)
             return _write(job_dir, {**outcome, "status": "SKIPPED", "run_id": done})
-    env = {**os.environ, ENV_CHILD: "1", ENV_PARENT: _read_parent(hc.sweep.dir) or ""}
-    code, stdout, stderr = _run_child(_child_command(overrides, job_dir), env)
+    env = {**os.environ, tracking.ENV_CHILD: "1", tracking.ENV_PARENT: _read_parent(hc.sweep.dir) or ""}
+    code, stdout, stderr = _run_child(_child_command(hc, job_dir), env)
     Path(job_dir, "child.stdout").write_text(stdout)
     Path(job_dir, "child.stderr").write_text(stderr)
     if code == 0:
@@ -168,7 +152,7 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(parent)
-        os.environ[ENV_PARENT] = parent
+        os.environ[tracking.ENV_PARENT] = parent
         failures.clear()
         log.info("sweep parent run %s in %s", parent, uri)
 

@@ -16,13 +16,30 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
+
+from runner.errors import UserError
+
+if TYPE_CHECKING:
+    from runner.config import Plan
 
 log = logging.getLogger(__name__)
 REPO_DIR = Path(__file__).resolve().parent.parent
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+ENV_PARENT = "RUNNER_PARENT_RUN_ID"  # set for a sweep's job processes: the sweep's parent run
+ENV_CHILD = "RUNNER_SWEEP_CHILD"  # "1" in the fresh process a sweep job starts
+
+
+def is_sweep_child() -> bool:
+    """True in the fresh process a sweep job starts."""
+    return os.environ.get(ENV_CHILD) == "1"
+
+
+def parent_run_id() -> str | None:
+    """The sweep's parent run, inside a sweep job."""
+    return os.environ.get(ENV_PARENT) or None
 
 
 def resolve_uri(configured: str | None) -> str:
@@ -37,7 +54,7 @@ def _artifact_root(uri: str) -> str | None:
     return None
 
 
-class StoreError(RuntimeError):
+class StoreError(UserError):
     """The MLflow tracking store cannot be opened or written; the message names the store and why."""
 
 
@@ -150,6 +167,12 @@ def _git_commit() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
+def model_label(cfg: DictConfig) -> str:
+    """The model and its variant, if it has variants: `mlp/tiny`, `lenet`."""
+    variant = cfg.model.get("variant")
+    return f"{cfg.model.name}/{variant}" if variant else str(cfg.model.name)
+
+
 def run_name(cfg: DictConfig) -> str:
     """A readable name for the MLflow UI's run list."""
     return f"{cfg.model.name}-{cfg.pipeline.name}-{cfg.strategy.name}-{cfg.gpus}dev"
@@ -159,7 +182,7 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
     """Tags every run carries, so the UI and search_runs can filter by them."""
     tags = {
         "model": cfg.model.name,
-        "model.variant": cfg.model.variant,
+        "model.variant": str(cfg.model.get("variant", "")),
         "pipeline": cfg.pipeline.name,
         "strategy": cfg.strategy.name,
         "data": cfg.data.name,
@@ -216,12 +239,10 @@ def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
     return closed
 
 
-def sweep_tags(cfg: DictConfig) -> dict[str, str]:
+def sweep_tags(digest: str) -> dict[str, str]:
     """The config hash (what resume matches on) and, inside a sweep, the parent run."""
-    from runner import sweep
-
-    tags = {"config_hash": sweep.config_hash(cfg)}
-    parent = sweep.parent_run_id()
+    tags = {"config_hash": digest}
+    parent = parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent
     return tags
@@ -229,15 +250,13 @@ def sweep_tags(cfg: DictConfig) -> dict[str, str]:
 
 def record_invalid(cfg: DictConfig, error: Exception) -> None:
     """A sweep job whose config is invalid still gets a run, FAILED with the error, so the sweep shows it."""
-    from runner import sweep
-
     uri = resolve_uri(OmegaConf.select(cfg, "mlflow.tracking_uri", default=None))
     experiment = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
     tags = {k: str(OmegaConf.select(cfg, f"{k}.name", default="?")) for k in ("model", "pipeline", "strategy")}
     tags["devices.count"] = str(OmegaConf.select(cfg, "gpus", default="?"))
     combination = "-".join(tags[k] for k in ("model", "pipeline", "strategy"))
     tags["mlflow.runName"] = f"{combination}-{tags['devices.count']}dev (invalid)"
-    parent = sweep.parent_run_id()
+    parent = parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent
     Run(uri, experiment, tags).end("FAILED", str(error))
@@ -306,10 +325,11 @@ class Run:
 
 
 @contextmanager
-def tracked(uri: str, cfg: DictConfig) -> Iterator[Run]:
-    """Open a run for `cfg`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING."""
+def tracked(uri: str, plan: Plan) -> Iterator[Run]:
+    """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING."""
+    cfg = plan.cfg
     open_store(uri, cfg.mlflow.experiment)  # an unusable store fails here, in one line, before anything else
-    tags = {**base_tags(cfg), **sweep_tags(cfg), **process_tags()}
+    tags = {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}
     close_dead_runs(uri, cfg.mlflow.experiment, tags["config_hash"])
     run = None
     try:

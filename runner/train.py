@@ -1,32 +1,47 @@
 """The training loop: compiled calls of several steps, warm-up-excluded timing, periodic evaluation.
 
-The loop only sees the strategy's two entry points (`train_loop(batches)` and `evaluate(dataset)`), so every
-strategy and pipeline plugs in without changing it.
+The loop only sees the strategy's entry points (`train_loop(batches)` and `evaluate(dataset)`), so every strategy
+and pipeline plugs in without changing it. What is done around the calls without changing them (checkpoints, the
+allocator reset, a profiler trace) comes in as `Hook`s; measurements after training live in `runner.measure`.
 """
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import logging
 import math
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 import numpy as np
 
 import runner
-from runner import malloc
+from runner.errors import UserError
 
 log = logging.getLogger(__name__)
-INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devices waiting for data
+
+Record = Callable[[dict, int], None]  # (metrics, step) -> logged
 
 
-class NonFiniteLoss(RuntimeError):
+class NonFiniteLoss(UserError):
     """The training loss became NaN or infinite."""
+
+
+class Hook:
+    """Something done around the training calls without changing them; subclasses override what they need."""
+
+    def around(self, calls: int, n: int) -> ContextManager[None] | None:
+        """A context to run the next call in (`calls` made so far, `n` steps in it); such a call is not timed."""
+        return None
+
+    def after(self, step: int, n: int, seconds: float, last: bool) -> None:
+        """After the call of `n` steps that ended at `step` took `seconds`; `last`: the run's final call."""
+
+    def figures(self) -> dict[str, float]:
+        """Summary figures this hook adds to the run's result."""
+        return {}
 
 
 def total_steps(train: Any, n_train: int) -> int:
@@ -88,35 +103,7 @@ class Progress:
             self.next_log = step + self.total / 10
 
 
-def input_rate(strategy: Any, batches: Any, steps_per_call: int, calls: int = 3, reuse_memory: bool = True) -> float:
-    """Steps per second the input pipeline delivers alone (no model), timed after one warm-up call."""
-    import tensorflow as tf
-
-    drain = strategy.input_loop(batches)
-    n = tf.constant(steps_per_call)
-    int(drain(n)[1])
-    if reuse_memory:
-        malloc.reuse()  # the warm-up started this feed's iterators (see `_call`)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        int(drain(n)[1])
-    return calls * steps_per_call / (time.perf_counter() - t0)
-
-
-def input_figures(strategy: Any, make_batches: Callable[[], Any], train: Any, timed: dict) -> dict:
-    """Pipeline-alone rate beside the training step rate; input-bound when the pipeline is under 3x the steps."""
-    if not timed:
-        return {}
-    pipeline = input_rate(strategy, make_batches(), train.steps_per_call, reuse_memory=train.reuse_freed_memory)
-    step = 1000.0 / timed["step_time_ms"]
-    bound = pipeline < INPUT_BOUND_RATIO * step
-    if bound:
-        log.warning("input-bound: the pipeline alone gives %.0f batches/s, under %dx the %.0f steps/s of training",
-                    pipeline, INPUT_BOUND_RATIO, step)
-    return {"input_batches_per_sec": pipeline, "step_batches_per_sec": step, "input_bound": float(bound)}
-
-
-def _call(loop: Any, n: int, step: int, reuse_memory: bool) -> tuple[float, float]:
+def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
     """One compiled call of n steps from `step`: (mean loss, seconds). Raises NonFiniteLoss naming the bad step."""
     import tensorflow as tf
 
@@ -124,24 +111,13 @@ def _call(loop: Any, n: int, step: int, reuse_memory: bool) -> tuple[float, floa
     mean_loss, done = loop(tf.constant(n))
     loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
     seconds = time.perf_counter() - t0
-    if reuse_memory:
-        # A generator-based input iterator (tf.distribute's, prefetch_to_device's) starts in a call and leaves glibc
-        # mapping and unmapping every tensor over 128 KiB from then on (runner/malloc.py); undo that after every call.
-        malloc.reuse()
     if done < n:
         raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
     return loss, seconds
 
 
-def _profiled_call(loop: Any, n: int, step: int, reuse_memory: bool, folder: Path) -> tuple[float, float]:
-    """`_call` under TensorFlow's profiler, writing the trace to `folder`."""
-    from runner import profile
-
-    with profile.trace(folder):
-        return _call(loop, n, step, reuse_memory)
-
-
-def _evaluate(strategy: Any, eval_ds: Any, record: Callable[[dict, int], None], step: int) -> tuple[float, float]:
+def evaluate(strategy: Any, eval_ds: Any, record: Record, step: int) -> tuple[float, float]:
+    """Test loss and accuracy now, recorded at `step`."""
     test_loss, test_acc = strategy.evaluate(eval_ds)
     record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
     return test_loss, test_acc
@@ -175,76 +151,70 @@ def fast_forward(strategy: Any, batches: Any, steps: int) -> None:
 
 @dataclass
 class _Calls:
-    """Where the training calls got to: the last step and loss, and what was timed or traced on the way."""
+    """Where the training calls got to: the last step and loss, and when the first step ended."""
 
     timer: Timer
     step: int
     loss: float = float("nan")
     first_step_at: float | None = None  # wall clock when the first call (one step) returned
-    profiled: dict = field(default_factory=dict)
 
 
-def _run_calls(
-    loop: Any, strategy: Any, eval_ds: Any, train: Any, steps: int, start: int,
-    record: Callable[[dict, int], None], checkpointer: Any, profile_dir: Path | None,
-) -> _Calls:
-    """Call the compiled loop until `steps`, logging each call and checkpointing/evaluating on schedule."""
+def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
+    """Run the next call inside whatever context a hook asks for; returns its seconds."""
+    contexts = [c for c in (h.around(done.timer.calls, n) for h in hooks) if c is not None]
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        done.loss, seconds = _call(loop, n, done.step)
+    done.timer.add(n, seconds, timed=not contexts)
+    return seconds
+
+
+def _run_calls(loop: Any, strategy: Any, eval_ds: Any, train: Any, steps: int, start: int, record: Record,
+               hooks: list[Hook]) -> _Calls:
+    """Call the compiled loop until `steps`, logging each call, evaluating on schedule, and telling the hooks."""
     done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps)
     while done.step < steps:
         n = min(call_size(done.step - start, train.steps_per_call), steps - done.step)
-        # Trace the first full call that would be timed (never the first call: that one traces the tf.function).
-        trace = (profile_dir is not None and not done.profiled and n == train.steps_per_call
-                 and done.timer.calls >= max(1, train.warmup_calls))
-        call = functools.partial(_profiled_call, folder=profile_dir) if trace else _call
-        done.loss, dt = call(loop, n, done.step, train.reuse_freed_memory)
-        done.timer.add(n, dt, timed=not trace)
-        if trace:
-            done.profiled = {"profile_steps": float(n), "profile_seconds": dt}
+        seconds = _one_call(loop, done, n, hooks)
         done.first_step_at = done.first_step_at or time.time()
         done.step += n
-        rate = n * train.global_batch_size / dt
+        rate = n * train.global_batch_size / seconds
         record({"train_loss": done.loss, "call_images_per_sec": rate}, done.step)
         progress.update(done.step, done.loss, rate)
-        if checkpointer is not None and done.step < steps and crossed(done.step, n, train.checkpoint_every):
-            checkpointer.save(done.step)
+        for hook in hooks:
+            hook.after(done.step, n, seconds, last=done.step >= steps)
         if done.step < steps and crossed(done.step, n, train.eval_every):
-            _evaluate(strategy, eval_ds, record, done.step)
+            evaluate(strategy, eval_ds, record, done.step)
     return done
 
 
-def fit(
-    strategy: Any, make_batches: Callable[[], Any], eval_ds: Any, cfg: Any, steps: int,
-    record: Callable[[dict, int], None], checkpointer: Any = None, start: int = 0, profile_dir: Path | None = None,
-) -> dict:
-    """Train from step `start` to `steps`, evaluate, time the input pipeline alone, and return the summary metrics.
+def fit(strategy: Any, batches: Any, eval_ds: Any, train: Any, steps: int, record: Record, start: int = 0,
+        hooks: list[Hook] | None = None) -> dict:
+    """Train from step `start` to `steps`, evaluate, and return the summary metrics.
 
     Args:
         strategy: gives train_loop(batches), input_loop(batches) and evaluate(dataset).
-        make_batches: makes a fresh pipeline feed, as the strategy wants it.
+        batches: the pipeline's feed, as the strategy made it.
         eval_ds: the test set.
-        cfg: the validated config.
+        train: the validated `train` config.
         steps: optimizer steps the whole run makes.
         record: called with (metrics, step) for every logged point.
-        checkpointer: saves the training state every `train.checkpoint_every` steps (None: never).
         start: steps already done (restored from a checkpoint); the feed skips their batches.
-        profile_dir: trace the first call that would be timed into this folder (that call is left out of timing).
+        hooks: called around and after every compiled call (checkpoints, profiler, allocator).
 
     Returns:
-        train_loss, test_loss, test_accuracy, images_per_sec (± stderr), step_time_ms, train_seconds, and the
-        pipeline-alone rate beside the step rate (input_batches_per_sec, step_batches_per_sec, input_bound),
-        and with `profile_dir` the traced call's profile_steps and profile_seconds.
+        train_loss, test_loss, test_accuracy, train_seconds, steps, resumed_from_step, seconds_to_first_step,
+        images_per_sec (± stderr), step_time_ms, timed_steps, and the hooks' figures.
     """
-    train = cfg.train
-    batches = make_batches()
+    hooks = hooks or []
     if start:
         fast_forward(strategy, batches, start)
     loop = strategy.train_loop(batches)
     t0 = time.perf_counter()
-    done = _run_calls(loop, strategy, eval_ds, train, steps, start, record, checkpointer, profile_dir)
+    done = _run_calls(loop, strategy, eval_ds, train, steps, start, record, hooks)
     train_seconds = time.perf_counter() - t0
-    del loop, batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
-    test_loss, test_acc = _evaluate(strategy, eval_ds, record, done.step)
-    timed = done.timer.summary(train.global_batch_size)
+    test_loss, test_acc = evaluate(strategy, eval_ds, record, done.step)
     return {
         "train_loss": done.loss,
         "test_loss": test_loss,
@@ -254,8 +224,6 @@ def fit(
         "resumed_from_step": float(start),
         # start-up, data, tracing and one step:
         "seconds_to_first_step": (done.first_step_at or time.time()) - runner.STARTED_AT,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss is in KiB on Linux
-        **timed,
-        **done.profiled,
-        **(input_figures(strategy, make_batches, train, timed) if train.measure_input else {}),
+        **done.timer.summary(train.global_batch_size),
+        **{k: v for hook in hooks for k, v in hook.figures().items()},
     }

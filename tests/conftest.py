@@ -48,6 +48,13 @@ def compose(*overrides: str):
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
+def build_strategy(plan, devices):
+    """Build the plan's strategy over `devices`, as a run does."""
+    from runner.experiment import training_for
+
+    return plan.strategy.build(devices, training_for(plan))
+
+
 def cli_env(env: dict | None = None) -> dict:
     """The environment of a `python -m runner` child: this one, without the tracking URI that in-process tests
     leave behind (mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI), so the child uses its own default store."""

@@ -120,7 +120,7 @@ ROWS = {
     ),
     # asked for: the traceback instead of the line
     "traceback-asked": Bad(
-        ["gpus=-2"], ["runner.config.ConfigError: gpus=-2", f"from 0 to {MAX_DEVICES}"],
+        ["gpus=-2"], ["runner.errors.ConfigError: gpus=-2", f"from 0 to {MAX_DEVICES}"],
         env={"RUNNER_TRACEBACK": "1"}, traceback=True,
     ),
 }

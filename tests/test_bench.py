@@ -48,16 +48,16 @@ def test_keras_baseline_times_plain_fit(tmp_path):
 
 
 def test_grid_optimizer_reaches_runner_jobs_and_keras_fit():
-    from runner import bench
+    from runner.bench import grid, jobs
 
     args = argparse.Namespace(models=["mlp"], variants=["tiny"], steps=None, steps_per_call=None, batch=128,
                               data="mnist", test_limit=None, optimizer="momentum")
-    (setting,) = bench.settings(args)
+    (setting,) = grid.settings(args)
     cfg = compose(*setting.overrides())
     assert cfg.train.optimizer == "momentum" and cfg.model.variant == "tiny"
-    cmd = bench.keras_command(setting, 2, mirrored=True)
+    cmd = jobs.keras_command(setting, 2, mirrored=True)
     assert cmd[cmd.index("--optimizer") + 1] == "momentum" and cmd[-1] == "--mirrored"
-    assert "optimizer momentum" in bench.format_table(bench.Table(setting, "now"))[0]
+    assert "optimizer momentum" in grid.format_table(jobs.Table(setting, "now"))[0]
 
 
 GRID = ["--models", "mlp", "--variants", "tiny", "--gpus", "1,2", "--strategies", "replicated", "--pipelines",
@@ -142,18 +142,20 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
 
 
 def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
-    from runner import bench
+    from data_pipelines import PIPELINES
+    from runner.bench import grid, jobs
+    from runner.bench.__main__ import main
 
     with pytest.raises(SystemExit) as exit_:
-        bench.main(["grid", "--steps", "60", "--steps-per-call", "25"])  # 2 calls, 1 timed: 25 steps in 1 call
+        main(["grid", "--steps", "60", "--steps-per-call", "25"])  # 2 calls, 1 timed: 25 steps in 1 call
     assert exit_.value.code == 2
     assert "times only 25 steps" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        bench.main(["strategies", "--repeats", "0"])
+        main(["strategies", "--repeats", "0"])
     assert exit_.value.code == 2 and "argument --repeats: 0 is not a positive count" in capsys.readouterr().err
-    jobs = bench.plan([*bench.DATA_PARALLEL, "single"], list(bench.PIPELINES), [1, 2, 4, 8])
-    assert len(jobs) == 2 + 1 + 4 + 4 * 9 + 3  # single x2, keras fit, keras mirrored x4, 36 data-parallel, 3 single
-    assert all(bench.timed_steps(*bench.DEFAULT_STEPS[key]) >= 20 for key in bench.DEFAULT_STEPS)
+    planned = grid.plan([*grid.DATA_PARALLEL, "single"], PIPELINES.names(), [1, 2, 4, 8])
+    assert len(planned) == 2 + 1 + 4 + 4 * 9 + 3  # single x2, keras fit, keras mirrored x4, 36 data-parallel, 3 single
+    assert all(jobs.timed_steps(*jobs.DEFAULT_STEPS[key]) >= 20 for key in jobs.DEFAULT_STEPS)
 
 
 @pytest.mark.slow  # 3 fresh jobs, ~45 s: with the two above, the default run would pass 10 minutes on 2 cores
@@ -176,18 +178,18 @@ def test_settings_benchmark_puts_each_value_beside_its_default(tmp_path):
 
 
 def test_repeats_combine_into_the_median_row_with_its_range():
-    from runner import bench
+    from runner.bench import grid, jobs
 
     runs = [{"images_per_sec": r, "images_per_sec_stderr": 9.0, "timed_steps": 50.0, "peak_rss_mb": rss,
              "seconds_to_first_step": t} for r, rss, t in [(300.0, 900.0, 5.0), (100.0, 950.0, 7.0), (200.0, 920.0, 6.0)]]
-    row = bench.combine(runs)
+    row = jobs.combine(runs)
     assert row["images_per_sec"] == 200.0 and (row["images_per_sec_low"], row["images_per_sec_high"]) == (100, 300)
     assert row["seconds_to_first_step"] == 6.0 and row["peak_rss_mb"] == 950.0 and row["repeats"] == 3
-    assert bench.combine([runs[0], {"error": "boom"}]) == {"error": "boom"}  # a failed repeat fails the row
-    assert bench.combine(runs[:1]) is runs[0]
-    setting = bench.Setting("mlp", "tiny", 60, 10, 128, "mnist")
-    single = bench.Job("single", 1, "runner single (before the grid)", "single", "split")
-    table = bench.Table(setting, "now", rows=[(single, row)], repeats=3)
-    lines = bench.format_table(table)
+    assert jobs.combine([runs[0], {"error": "boom"}]) == {"error": "boom"}  # a failed repeat fails the row
+    assert jobs.combine(runs[:1]) is runs[0]
+    setting = jobs.Setting("mlp", "tiny", 60, 10, 128, "mnist")
+    single = jobs.Job("single", 1, "runner single (before the grid)", "single", "split")
+    table = jobs.Table(setting, "now", rows=[(single, row)], repeats=3)
+    lines = grid.format_table(table)
     assert "images/s, median (lowest-highest) of 3 runs" in lines[4] and "median of 3 runs" in lines[2]
     assert lines[6].startswith("| runner single (before the grid) | 1 | 200 (100-300) | 50 | 1.00 |")

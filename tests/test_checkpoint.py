@@ -98,7 +98,10 @@ def test_non_finite_loss_keeps_the_last_good_checkpoint(tf_devices, store, tmp_p
 
 
 def test_checkpoint_settings_do_not_change_the_config_hash():
-    from runner.sweep import config_hash
+    from runner.config import validate
+
+    def config_hash(cfg):
+        return validate(cfg).config_hash
 
     base = compose("debug=smoke")
     assert config_hash(base) == config_hash(compose("debug=smoke", "train.checkpoint_every=7"))
@@ -122,7 +125,8 @@ def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp
     fast-forwarded 10 steps, must produce the same 10 losses."""
     import tensorflow as tf
 
-    from runner import strategies
+    from conftest import build_strategy
+
     from runner.checkpoints import Checkpointer
     from runner.config import validate
     from runner.devices import Devices
@@ -131,15 +135,16 @@ def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp
     from data_pipelines import common
 
     gpus = 1 if strategy == "single" else 2
-    cfg = validate(compose("debug=smoke", f"strategy={strategy}", f"pipeline={pipeline}", f"model={model}", f"gpus={gpus}"))
+    plan = validate(compose("debug=smoke", f"strategy={strategy}", f"pipeline={pipeline}", f"model={model}",
+                            f"gpus={gpus}"))
     x = np.random.default_rng(0).integers(0, 255, (512, 28, 28), dtype=np.uint8)
     y = np.random.default_rng(1).integers(0, 10, 512).astype(np.int32)
-    module = __import__(f"data_pipelines.{pipeline}", fromlist=["x"])
     devices = Devices(tuple(f"/device:CPU:{i}" for i in range(gpus)), "CPU", gpus > 1, "test")
 
     def fresh():
-        s = strategies.build(strategy, devices, cfg)
-        return s, s.batches(module, common.examples(x, y), 0), Checkpointer(tmp_path, s.checkpoint_objects(), "r1")
+        s = build_strategy(plan, devices)
+        ckpt = Checkpointer(tmp_path, 1000, s.checkpoint_objects(), "r1")
+        return s, s.batches(plan.pipeline, common.examples(x, y), 0), ckpt
 
     def losses(s, batches, n):
         loop = s.train_loop(batches)

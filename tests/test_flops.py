@@ -25,18 +25,18 @@ def _mlp_formula(h: int) -> float:
 
 
 def test_mlp_default_is_about_3_2_mflop_per_example(flops):
-    from models import mlp
+    from models.mlp import MLP
 
-    count = flops.training_flops_per_example(mlp.build("default"))
+    count = flops.training_flops_per_example(MLP(variant="default").build())
     assert 3.0e6 <= count <= 3.4e6
     assert count == _mlp_formula(512) == 3_209_216
 
 
 def test_mlp_count_follows_the_hidden_units_across_variants(flops):
     """Per hidden unit the cost is affine in h (6h + 3196): the h x h layer makes the total quadratic, not linear."""
-    from models import mlp
+    from models.mlp import HIDDEN_UNITS, MLP
 
-    counts = {h: flops.training_flops_per_example(mlp.build(v)) for v, h in mlp.VARIANTS.items()}
+    counts = {h: flops.training_flops_per_example(MLP(variant=v).build()) for v, h in HIDDEN_UNITS.items()}
     assert counts == {h: _mlp_formula(h) for h in counts}
     per_unit = {h: c / h for h, c in counts.items()}
     slope, intercept = np.polyfit(list(per_unit), list(per_unit.values()), 1)
@@ -47,9 +47,9 @@ def test_mlp_count_follows_the_hidden_units_across_variants(flops):
 @pytest.mark.parametrize("name,variant", [("mlp", "default"), ("nin", "tiny")])
 def test_analytic_matches_profiler_within_5_percent(flops, name, variant):
     """MLP and NIN (SAME-padded, stride-1 convs): the profiler's formulas and ours count the same work."""
-    import importlib
+    from models import MODELS
 
-    model = importlib.import_module(f"models.{name}").build(variant)
+    model = MODELS.get(name)(variant=variant).build()
     analytic, profiled = flops.training_flops_per_example(model), flops.profiler_flops_per_example(model)
     assert profiled == pytest.approx(analytic, rel=0.05)
     assert profiled >= analytic  # the profiler adds bias, pooling and loss ops, never fewer multiply-adds
@@ -74,9 +74,9 @@ def _profiler_convention(model) -> float:
 
 def test_cnn_counts_agree_once_the_profilers_valid_padding_convention_is_applied(flops):
     """cnn (VALID convs): the forward passes agree; in training the profiler charges backprop on the input area."""
-    from models import cnn
+    from models.cnn import CNN
 
-    model = cnn.build("tiny")
+    model = CNN(variant="tiny").build()
     forward = flops.profiler_flops_per_example(model, training=False)
     assert forward == pytest.approx(flops.forward_flops_per_example(model), rel=0.05)
     analytic, profiled = flops.training_flops_per_example(model), flops.profiler_flops_per_example(model)
@@ -135,9 +135,9 @@ def _best_mlp_rate(tf, batch: int = 128, steps: int = 20, calls: int = 4) -> flo
     """Best images/s of compiled Adam steps of the MLP on in-memory data (best of `calls`, as the probe)."""
     import keras
 
-    from models import mlp
+    from models.mlp import MLP
 
-    model, opt = mlp.build("default"), keras.optimizers.Adam(1e-3)
+    model, opt = MLP(variant="default").build(), keras.optimizers.Adam(1e-3)
     opt.build(model.trainable_variables)
     x = tf.random.uniform((batch, 28, 28, 1), seed=0)
     y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32, seed=0)
@@ -161,11 +161,11 @@ def _best_mlp_rate(tf, batch: int = 128, steps: int = 20, calls: int = 4) -> flo
 
 def test_measured_mlp_mfu_is_a_fraction(flops, tf_devices, tmp_path):
     """The MLP's real training rate times its analytic FLOPs stays under the matmul peak: 0 < MFU < 1."""
-    from models import mlp
+    from models.mlp import MLP
 
     rate = _best_mlp_rate(tf_devices)
     peak = flops.probe_peak(size=1024, seconds=0.5, cache_dir=tmp_path)
-    value = flops.mfu(rate, flops.training_flops_per_example(mlp.build("default")), peak.gflops)
+    value = flops.mfu(rate, flops.training_flops_per_example(MLP(variant="default").build()), peak.gflops)
     assert 0 < value < 1, f"{rate:.0f} images/s against {peak.gflops:.0f} GFLOP/s gives MFU {value:.2f}"
 
 

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import compose, runs
+from conftest import build_strategy, compose, runs
 
 from runner.config import validate
 from runner.experiment import run
@@ -39,17 +39,16 @@ def _trained(model: str, gpus: int, split: str | None, calls: int = 20, steps_pe
     import tensorflow as tf
 
     from data_pipelines import common
-    from data_pipelines import split as pipeline
-    from runner import devices, strategies
+    from runner import devices
 
     name = "model_parallel" if split else "single"
-    overrides = [f"model={model}", f"strategy={name}", f"gpus={gpus}", "data.train_limit=1024"]
+    overrides = [f"model={model}", f"strategy={name}", f"gpus={gpus}", "data.train_limit=1024", "pipeline=split"]
     if split:
         overrides.append(f"strategy.split={split}")
-    cfg = validate(compose("debug=smoke", "pipeline.shuffle_buffer=0", *overrides))
-    strategy = strategies.build(name, devices.setup(gpus), cfg)
-    arrays = common.load_arrays(cfg.data, cfg.train.seed)
-    batches = strategy.batches(pipeline, common.examples(arrays.x_train, arrays.y_train), cfg.train.seed)
+    plan = validate(compose("debug=smoke", "pipeline.shuffle_buffer=0", *overrides))
+    strategy = build_strategy(plan, devices.setup(gpus))
+    arrays = plan.data.load(plan.train.seed)
+    batches = strategy.batches(plan.pipeline, common.examples(arrays.x_train, arrays.y_train), plan.train.seed)
     loop = strategy.train_loop(batches)
     losses = []
     for _ in range(calls):
@@ -127,11 +126,11 @@ def test_two_tower_nin_learns_with_one_full_copy_per_device(tf_devices):
 def test_width_slices_reassemble_the_reference_weights_even_when_uneven(tf_devices):
     import keras
 
-    from models import mlp
+    from models.mlp import MLP
     from runner.strategies.model_parallel import width_cells
 
     keras.utils.set_random_seed(0)
-    reference = mlp.build("tiny")  # Flatten, Dense 64, Dense 64, Dense 10
+    reference = MLP(variant="tiny").build()  # Flatten, Dense 64, Dense 64, Dense 10
     devices = tuple(f"/device:CPU:{i}" for i in range(3))
     cells = width_cells(reference, devices)
     assert [c.device for c in cells] == [*devices, *devices, devices[0]]  # the output layer stays whole on 0
@@ -151,25 +150,15 @@ def test_stage_cuts_minimise_the_largest_stage():
 
 
 def test_impossible_splits_are_refused(tf_devices):
-    from models import cnn, mlp
+    from models.cnn import CNN
+    from models.mlp import MLP
     from runner.strategies.model_parallel import stage_cells, width_cells
 
     devices = tuple(f"/device:CPU:{i}" for i in range(4))
     with pytest.raises(ValueError, match="at least 4 layers with weights"):
-        stage_cells(mlp.build("tiny"), devices)  # 3 Dense layers
+        stage_cells(MLP(variant="tiny").build(), devices)  # 3 Dense layers
     with pytest.raises(ValueError, match="split=width needs Flatten and Dense layers only"):
-        width_cells(cnn.build("tiny"), devices[:2])
-
-
-@pytest.mark.parametrize("name", ["mlp", "cnn", "nin"])
-def test_weighted_layers_counts_what_keras_builds(tf_devices, name):
-    """Config validation (no TensorFlow) uses weighted_layers() to refuse more stages than layers with weights."""
-    import importlib
-
-    module = importlib.import_module(f"models.{name}")
-    for variant in module.VARIANTS:
-        built = sum(bool(layer.trainable_weights) for layer in module.build(variant).layers)
-        assert module.weighted_layers(variant) == built, variant
+        width_cells(CNN(variant="tiny").build(), devices[:2])
 
 
 @pytest.mark.parametrize("model,split", [("mlp", "width"), ("cnn", "stages"), ("nin", "stages")])

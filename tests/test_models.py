@@ -2,21 +2,43 @@
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 
-from runner.config import model_variants
-
-MODELS = ["mlp", "cnn", "nin"]
+from models import MODELS, Model, variants
 
 
-@pytest.mark.parametrize("name,variant", [(m, v) for m in MODELS for v in model_variants(m)])
-def test_variant_builds_and_gives_logits(tf_devices, name, variant):
-    model = importlib.import_module(f"models.{name}").build(variant)
-    out = model(np.zeros((3, 28, 28, 1), np.float32), training=False)
+def every_variant() -> list:
+    """One options object per model and variant (the models without variants once), from the registry."""
+    cls = MODELS.get
+    return [cls(n)(variant=v) if v is not None else cls(n)() for n in MODELS.names() for v in variants(n)]
+
+
+@pytest.mark.parametrize("model", every_variant(), ids=str)
+def test_variant_builds_and_gives_logits(tf_devices, model):
+    assert isinstance(model, Model)
+    out = model.build()(np.zeros((3, 28, 28, 1), np.float32), training=False)
     assert tuple(out.shape) == (3, 10)
+
+
+@pytest.mark.parametrize("model", every_variant(), ids=str)
+def test_layers_with_weights_and_dense_only_say_what_keras_builds(tf_devices, model):
+    """Config validation (no TensorFlow) uses them to choose and check strategy=model_parallel's split."""
+    import keras
+
+    weighted = [layer for layer in model.build().layers if layer.trainable_weights]
+    assert model.layers_with_weights() == len(weighted)
+    assert model.dense_only == all(isinstance(layer, keras.layers.Dense) for layer in weighted)
+
+
+def test_lenet_is_the_tensorflow_tutorial_network(tf_devices):
+    from models.lenet import LeNet
+
+    model = LeNet(variant="default").build()
+    convs = _layers(model, "Conv2D")
+    assert [(c.filters, c.kernel_size, c.padding) for c in convs] == [(32, (5, 5), "same"), (64, (5, 5), "same")]
+    assert [p.pool_size for p in _layers(model, "MaxPooling2D")] == [(2, 2), (2, 2)]
+    assert [d.units for d in _layers(model, "Dense")] == [512, 10]
 
 
 def _layers(model, kind):
@@ -24,17 +46,17 @@ def _layers(model, kind):
 
 
 def test_mlp_default_is_784_512_512_10(tf_devices):
-    from models import mlp
+    from models.mlp import MLP
 
-    dense = _layers(mlp.build("default"), "Dense")
+    dense = _layers(MLP("mlp", "default").build(), "Dense")
     assert [d.units for d in dense] == [512, 512, 10]
     assert dense[0].kernel.shape == (784, 512)
 
 
 def test_cnn_paper_is_five_3x3_convs_of_128_one_pool_dense_128(tf_devices):
-    from models import cnn
+    from models.cnn import CNN
 
-    model = cnn.build("paper")
+    model = CNN(variant="paper").build()
     convs = _layers(model, "Conv2D")
     assert [(c.filters, c.kernel_size) for c in convs] == [(128, (3, 3))] * 5
     assert len(_layers(model, "MaxPooling2D")) == 1
@@ -42,9 +64,9 @@ def test_cnn_paper_is_five_3x3_convs_of_128_one_pool_dense_128(tf_devices):
 
 
 def test_nin_has_mlpconv_blocks_and_global_average_pooling(tf_devices):
-    from models import nin
+    from models.nin import NIN
 
-    model = nin.build("default")
+    model = NIN(variant="default").build()
     kernels = [c.kernel_size for c in _layers(model, "Conv2D")]
     assert kernels.count((1, 1)) == 6  # two 1x1 convs in each of three mlpconv blocks
     assert len(_layers(model, "Dense")) == 0

@@ -71,12 +71,10 @@ def test_multi_worker_without_a_cluster_says_how_to_give_one(monkeypatch):
 
 
 def test_cluster_keys_produce_tf_config_and_the_global_batch_spans_all_workers(monkeypatch):
-    from runner import cluster
-
     monkeypatch.delenv("TF_CONFIG", raising=False)
     cfg = validate(compose("strategy=multi_worker", "debug=smoke", "strategy.workers=[h0:1,h1:1,h2:1,h3:1]",
                            "strategy.task_index=2"))
-    spec = cluster.from_config(cfg)
+    spec = cfg.cluster
     assert (spec.count, spec.name, spec.is_chief) == (4, "worker2", False)
     assert cfg.train.per_device_batch_size == 16  # smoke's global 64 over 4 workers
     assert '"index": 2' in spec.tf_config()

@@ -3,15 +3,14 @@ tower's batch on its own device. Labels carry each example's index so the tests 
 
 from __future__ import annotations
 
-import importlib
-
 import numpy as np
 import pytest
 from conftest import compose
 
+from data_pipelines import PIPELINES as REGISTRY
 from runner.config import validate
 
-PIPELINES = ["split", "per_tower", "sharded"]
+PIPELINES = REGISTRY.names()
 N_EXAMPLES, GLOBAL = 512, 64
 
 
@@ -23,13 +22,12 @@ def _indexed(tf):
 
 
 def _opts(name, **overrides):
-    cfg = validate(compose(f"pipeline={name}", *[f"pipeline.{k}={v}" for k, v in overrides.items()]))
-    return cfg.pipeline
+    return validate(compose(f"pipeline={name}", *[f"pipeline.{k}={v}" for k, v in overrides.items()])).pipeline
 
 
 def _epoch_of_tower_batches(tf, name, towers):
     devices = [f"/device:CPU:{i}" for i in range(towers)]
-    batches = importlib.import_module(f"data_pipelines.{name}").towers(_indexed(tf), GLOBAL, devices, _opts(name), 0)
+    batches = _opts(name).towers(_indexed(tf), GLOBAL, devices, 0)
     return [batches.next() for _ in range(N_EXAMPLES // GLOBAL)], devices
 
 
@@ -83,7 +81,7 @@ def test_sharded_shards_are_disjoint_strides(tf_devices):
 def test_mirrored_input_maps_onto_tf_distribute_with_disjoint_replica_batches(tf_devices, name):
     tf = tf_devices
     strategy = tf.distribute.MirroredStrategy(["/device:CPU:0", "/device:CPU:1"])
-    it = importlib.import_module(f"data_pipelines.{name}").distribute(strategy, _indexed(tf), GLOBAL, _opts(name), 0)
+    it = _opts(name).distribute(strategy, _indexed(tf), GLOBAL, 0)
     seen = []
     for _ in range(N_EXAMPLES // GLOBAL):
         x, y = next(it)
@@ -96,10 +94,8 @@ def test_mirrored_input_maps_onto_tf_distribute_with_disjoint_replica_batches(tf
 
 
 def test_shuffle_is_seeded_and_changes_every_epoch(tf_devices):
-    from data_pipelines import split
-
     def first_labels(seed, steps):
-        b = split.towers(_indexed(tf_devices), GLOBAL, ["/device:CPU:0"], _opts("split", shuffle_buffer=512), seed)
+        b = _opts("split", shuffle_buffer=512).towers(_indexed(tf_devices), GLOBAL, ["/device:CPU:0"], seed)
         return [b.next()[0][1].numpy().tolist() for _ in range(steps)]
 
     a, b = first_labels(0, 16), first_labels(0, 16)

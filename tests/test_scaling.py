@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import compose
+from conftest import build_strategy, compose
 
 from runner.config import ConfigError, validate
 from runner.devices import Devices
@@ -16,15 +16,14 @@ MODES = {
 
 
 def _tower_batch_sizes(n: int, mode: str) -> tuple[list[int], object]:
-    from data_pipelines import common, split
-    from runner import strategies
+    from data_pipelines import common
 
-    cfg = validate(compose("debug=smoke", "strategy=replicated", f"gpus={n}", *MODES[mode]))
+    plan = validate(compose("debug=smoke", "strategy=replicated", "pipeline=split", f"gpus={n}", *MODES[mode]))
     devices = Devices(tuple(f"/device:CPU:{i}" for i in range(n)), "CPU", n > 1, "test")
-    strategy = strategies.build("replicated", devices, cfg)
+    strategy = build_strategy(plan, devices)
     ds = common.examples(np.zeros((1024, 28, 28), np.uint8), np.zeros(1024, np.int32))
-    step = strategy.batches(split, ds, 0).next()
-    return [int(x.shape[0]) for x, _ in step], cfg
+    step = strategy.batches(plan.pipeline, ds, 0).next()
+    return [int(x.shape[0]) for x, _ in step], plan
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlflow
 import numpy as np
 import pytest
-from conftest import compose
+from conftest import build_strategy, compose
 
 from runner.config import validate
 from runner.devices import Devices
@@ -41,25 +41,22 @@ def test_two_devices_reproduce_the_single_device_loss_sequence(single_losses, st
 
 
 def _strategy(tf, name, n, *overrides):
-    from runner import strategies
-
-    cfg = validate(compose("debug=smoke", f"strategy={name}", f"gpus={n}", *overrides))
+    plan = validate(compose("debug=smoke", f"strategy={name}", f"gpus={n}", *overrides))
     names = tuple(f"/device:CPU:{i}" for i in range(n))
-    return strategies.build(name, Devices(names, "CPU", n > 1, "test"), cfg), cfg
+    return build_strategy(plan, Devices(names, "CPU", n > 1, "test")), plan
 
 
-def _feed(tf, strategy, cfg):
+def _feed(tf, strategy, plan):
     from data_pipelines import common
 
     x = np.random.default_rng(0).integers(0, 255, (512, 28, 28), dtype=np.uint8)
     y = np.random.default_rng(1).integers(0, 10, 512).astype(np.int32)
-    pipeline = __import__(f"data_pipelines.{cfg.pipeline.name}", fromlist=["x"])
-    return strategy.batches(pipeline, common.examples(x, y), 0)
+    return strategy.batches(plan.pipeline, common.examples(x, y), 0)
 
 
 def test_replicated_copies_stay_identical_after_every_step(tf_devices):
-    strategy, cfg = _strategy(tf_devices, "replicated", 4)
-    loop = strategy.train_loop(_feed(tf_devices, strategy, cfg))
+    strategy, plan = _strategy(tf_devices, "replicated", 4)
+    loop = strategy.train_loop(_feed(tf_devices, strategy, plan))
     before = [v.numpy() for v in strategy.models[0].trainable_variables]
     for _ in range(3):
         loop(tf_devices.constant(1))
@@ -87,10 +84,10 @@ def _matmul_devices(tf, loop) -> tuple[dict, dict]:
 
 @pytest.mark.parametrize("n", [2, 4])
 def test_replicated_places_a_copy_and_a_tower_per_device(tf_devices, n):
-    strategy, cfg = _strategy(tf_devices, "replicated", n)
+    strategy, plan = _strategy(tf_devices, "replicated", n)
     homes = {path.split("/")[0]: dev for path, dev in strategy.variable_devices().items()}
     assert homes == {str(i): f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(n)}
-    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, plan)))
     devices = {f"/device:CPU:{i}" for i in range(n)}
     assert set(forward) == devices and set(backward) == devices  # every tower's forward and backward on its device
     assert len(set(forward.values())) == 1 and len(set(backward.values())) == 1  # the same work on each
@@ -98,10 +95,10 @@ def test_replicated_places_a_copy_and_a_tower_per_device(tf_devices, n):
 
 @pytest.mark.parametrize("ps_device,home", [("cpu", "CPU:0"), ("first_device", "CPU:0")])
 def test_parameter_server_keeps_one_copy_on_its_device_and_towers_on_all(tf_devices, ps_device, home):
-    strategy, cfg = _strategy(tf_devices, "parameter_server", 4, f"strategy.ps_device={ps_device}")
+    strategy, plan = _strategy(tf_devices, "parameter_server", 4, f"strategy.ps_device={ps_device}")
     devices = set(strategy.variable_devices().values())
     assert len(strategy.models) == 1 and {d.split("device:")[1] for d in devices} == {home}
-    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, plan)))
     assert set(forward) == set(backward) == {f"/device:CPU:{i}" for i in range(4)}
 
 
@@ -118,8 +115,8 @@ def test_mirrored_mirrors_every_variable_on_every_device(tf_devices, n):
 @pytest.mark.parametrize("n", [2, 4])
 def test_mirrored_feeds_replica_i_from_the_pipeline_on_device_i(tf_devices, n):
     # sharded: tower i's iterator stages its batches on device i; replica i must train there, on that batch.
-    strategy, cfg = _strategy(tf_devices, "mirrored", n, "pipeline=sharded")
-    loop = strategy.train_loop(_feed(tf_devices, strategy, cfg))
+    strategy, plan = _strategy(tf_devices, "mirrored", n, "pipeline=sharded")
+    loop = strategy.train_loop(_feed(tf_devices, strategy, plan))
     forward, backward = _matmul_devices(tf_devices, loop)
     devices = {f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(n)}
     assert set(forward) == devices and set(backward) == devices
@@ -132,24 +129,24 @@ def test_mirrored_feeds_replica_i_from_the_pipeline_on_device_i(tf_devices, n):
 def test_mirrored_split_feed_is_the_pipelines_own_or_tf_distributes(tf_devices, n, feed):
     # towers (the default): the pipeline's one get_next() of the global batch and its tf.split (images, labels)
     # inside the loop; distribute: tf.distribute's per-replica iterators, one get_next() per device, no split.
-    strategy, cfg = _strategy(tf_devices, "mirrored", n, "pipeline=split", f"strategy.input={feed}")
-    nodes = _graph_nodes(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    strategy, plan = _strategy(tf_devices, "mirrored", n, "pipeline=split", f"strategy.input={feed}")
+    nodes = _graph_nodes(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, plan)))
     gets, splits = (sum(node.op == op for node in nodes) for op in ("IteratorGetNext", "Split"))
     assert (gets, splits) == ((1, 2) if feed == "towers" else (n, 0))
 
 
 def test_single_puts_everything_on_its_device(tf_devices):
-    strategy, cfg = _strategy(tf_devices, "single", 1)
+    strategy, plan = _strategy(tf_devices, "single", 1)
     assert {d.split("device:")[1] for d in strategy.variable_devices().values()} == {"CPU:0"}
-    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, cfg)))
+    forward, backward = _matmul_devices(tf_devices, strategy.train_loop(_feed(tf_devices, strategy, plan)))
     assert set(forward) == set(backward) == {"/device:CPU:0"}
 
 
 def test_unknown_strategy_name_raises():
-    from runner import strategies
+    from runner.strategies import STRATEGIES
 
-    with pytest.raises(ValueError, match="unknown strategy 'ring'.*mirrored"):
-        strategies.build("ring", None, None)
+    with pytest.raises(ValueError, match="'ring'.*choose one of:.*mirrored"):
+        STRATEGIES.get("ring")
 
 
 def test_mirrored_auto_sums_on_one_device_on_cpus(tf_devices):

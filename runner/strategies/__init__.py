@@ -1,79 +1,147 @@
-"""Strategy factory. The registry below imports no TensorFlow, so config validation can use it before TF loads.
+"""Parallelism strategies: where the model's variables live and how one training step runs on the devices.
 
-A strategy owns variable placement and gives the training loop two compiled entry points:
-`train_loop(batches) -> fn(n)` running n optimizer steps per call, and `evaluate(dataset) -> (loss, accuracy)`.
+A strategy has two sides, both in its module:
+
+- its **options** (contract `StrategyOptions`): a dataclass registered with `STRATEGIES`, read by config validation
+  before TensorFlow starts: which device counts it takes, how many towers (model replicas fed separate batches) it
+  runs, its own cross-key checks, and `build()`;
+- the **built strategy** (contract `Strategy`): the model and optimizer placed on the devices, and the compiled
+  entry points the training loop calls.
+
+Strategies receive what they use (`Training`), never the whole config, so a test can build one from plain values.
+Modules refer to TensorFlow through `runner.lazy`, so importing them for their options loads nothing.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
+
+from runner.errors import ConfigError
+from runner.registry import Registry
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
+    import keras
+    import tensorflow as tf
+
+    from data_pipelines import Pipeline
+    from data_pipelines.common import Examples
+    from models import Model
+    from runner.cluster import Cluster
+    from runner.devices import Devices
+
+MAX_DEVICES = 16
+
+# fn(n) -> (mean loss of the steps run, steps run): n steps in one compiled call, stopping at a non-finite loss.
+Loop = Callable[["tf.Tensor"], tuple["tf.Tensor", "tf.Tensor"]]
 
 
 @dataclass(frozen=True)
-class Spec:
-    """What config validation needs to know about a strategy, without building it."""
+class Training:
+    """What a strategy builds and trains, as plain values.
 
-    module: str
-    min_gpus: int
-    max_gpus: int | None
-    data_parallel: bool
-    summary: str
+    Attributes:
+        model: the model's options (`model.build()` makes a fresh copy).
+        model_fn: seed -> the model with that seed's initial weights (every strategy's copies start the same).
+        optimizer_fn: variables -> the configured optimizer, its slots already built for them.
+        seed: the run's seed.
+        global_batch: examples per step over all towers.
+        jit_compile: XLA-compile the step's compute (strategies that support it).
+        cluster: the multi-worker cluster, or None.
+    """
+
+    model: Model
+    model_fn: Callable[[int], keras.Model]
+    optimizer_fn: Callable[[list], keras.optimizers.Optimizer]
+    seed: int
+    global_batch: int
+    jit_compile: bool = False
+    cluster: Cluster | None = None
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """A built strategy: what the training loop, checkpoints and tags use."""
+
+    evaluate: Callable[[Any], tuple[float, float]]  # test dataset -> (mean loss, accuracy)
+
+    def batches(self, pipeline: Pipeline, examples: Examples, seed: int) -> Any:
+        """The pipeline's feed, made for this strategy's towers (its own loop's `next()` or tf.distribute's)."""
+
+    def train_loop(self, batches: Any) -> Loop:
+        """The compiled training call: n synchronous optimizer steps over all towers."""
+
+    def input_loop(self, batches: Any) -> Loop:
+        """The same call pulling input only, to time the pipeline alone and to fast-forward a resumed feed."""
+
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """Name -> trackable (models, optimizers) that a checkpoint saves and restores."""
+
+    def weights(self) -> list:
+        """The trained weights (what the final digest covers)."""
+
+    def variable_devices(self) -> dict[str, str]:
+        """Every variable (copy) and the device it lives on (placement tests)."""
+
+    def describe(self) -> dict[str, str]:
+        """Tags saying where the variables live."""
+
+
+@runtime_checkable
+class StrategyOptions(Protocol):
+    """A strategy's options, checked before TensorFlow starts."""
+
+    name: str
 
     def towers(self, gpus: int) -> int:
-        """Number of towers (model replicas fed separate batches) on `gpus` devices."""
+        """Towers (model replicas fed separate batches) on `gpus` devices of this process."""
+
+    def cluster(self) -> Cluster | None:
+        """The processes training together (multi-worker), or None for a single process. Raises ConfigError."""
+
+    def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
+        """Raise ConfigError (one line) when this strategy cannot run with these devices, model or settings."""
+
+    def build(self, devices: Devices, training: Training) -> Strategy:
+        """The strategy over `devices`, its model and optimizer built under its placement."""
+
+
+@dataclass
+class StrategyBase:
+    """What the built-in strategies share: a device range, data or model parallelism, the common checks."""
+
+    name: str = ""
+
+    min_gpus: ClassVar[int] = 1
+    max_gpus: ClassVar[int | None] = None
+    data_parallel: ClassVar[bool] = True  # one tower per device (else: one tower, the model split)
+    multi_process: ClassVar[bool] = False  # needs one process per worker (a cluster), not one process
+    jit_compile: ClassVar[bool] = False  # whether train.jit_compile=true is supported
+
+    def towers(self, gpus: int) -> int:
         return max(gpus, 1) if self.data_parallel else 1
 
-    def check(self, cfg: DictConfig) -> None:
-        """Raise ConfigError if `gpus` is outside what this strategy can use."""
-        from runner.config import ConfigError
+    def cluster(self) -> Cluster | None:
+        return None
 
-        too_few = cfg.gpus < self.min_gpus
-        too_many = self.max_gpus is not None and cfg.gpus > self.max_gpus
-        if too_few or too_many:
-            top = self.max_gpus if self.max_gpus is not None else "any"
-            valid = [n for n, s in STRATEGIES.items() if s.min_gpus <= cfg.gpus <= (s.max_gpus or cfg.gpus)]
+    @classmethod
+    def takes(cls, gpus: int) -> bool:
+        """Whether this strategy runs on `gpus` devices."""
+        return cls.min_gpus <= gpus <= (cls.max_gpus if cls.max_gpus is not None else MAX_DEVICES)
+
+    def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
+        if not self.takes(gpus):
+            valid = [s for s in STRATEGIES.names() if STRATEGIES.get(s).takes(gpus)]
+            shown = self.max_gpus if self.max_gpus is not None else "any"
             raise ConfigError(
-                f"strategy={cfg.strategy.name} needs gpus from {self.min_gpus} to {top}, got gpus={cfg.gpus}; "
-                f"strategies valid with gpus={cfg.gpus}: {', '.join(valid)}"
+                f"strategy={self.name} needs gpus from {self.min_gpus} to {shown}, got gpus={gpus}; "
+                f"strategies valid with gpus={gpus}: {', '.join(valid)}"
+            )
+        if jit_compile and not self.jit_compile:
+            supported = [s for s in STRATEGIES.names() if STRATEGIES.get(s).jit_compile]
+            raise ConfigError(
+                f"train.jit_compile=true is supported by strategy={', '.join(supported)} only, not strategy={self.name}"
             )
 
 
-STRATEGIES: dict[str, Spec] = {
-    "single": Spec("single", 0, 1, False, "one device, no tf.distribute (gpus=0: host CPU, gpus=1: first device)"),
-    "mirrored": Spec("mirrored", 1, None, True, "tf.distribute.MirroredStrategy over all selected devices"),
-    "replicated": Spec("replicated", 1, None, True, "in-graph towers, a variable copy per device, averaged grads"),
-    "parameter_server": Spec("replicated", 1, None, True, "in-graph towers reading one variable copy (ps_device)"),
-    "multi_worker": Spec(
-        "multi_worker", 1, None, True,
-        "tf.distribute.MultiWorkerMirroredStrategy over processes/machines (TF_CONFIG or strategy.workers)",
-    ),
-    "model_parallel": Spec(
-        "model_parallel", 2, None, False,
-        "one model split over the devices, one batch per step (strategy.split: width | stages | two_tower)",
-    ),
-}
-
-
-def build(name: str, devices: Any, cfg: DictConfig) -> Any:
-    """Create the strategy `name` over `devices`.
-
-    Args:
-        name: a key of STRATEGIES.
-        devices: the runner.devices.Devices the run trains on.
-        cfg: the validated config (model, optimizer and training settings).
-
-    Returns:
-        The strategy object, with its model and optimizer built under its placement.
-
-    Raises:
-        ValueError: `name` is not a known strategy.
-    """
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of: {', '.join(sorted(STRATEGIES))}")
-    module = importlib.import_module(f"runner.strategies.{STRATEGIES[name].module}")
-    return module.Strategy(devices, cfg)
+STRATEGIES = Registry("strategy", "runner.strategies")

@@ -1,20 +1,24 @@
-"""Pieces every strategy uses: building the model and optimizer, the loss, and evaluation."""
+"""Pieces every strategy uses: building the model and optimizer, the loss, evaluation, the compiled step loop."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import keras
-import tensorflow as tf
+from runner.lazy import lazy
 
-from runner import optimizers
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from models import Model
+else:
+    keras, tf = lazy("keras"), lazy("tensorflow")
 
 
-def build_model(model_cfg: Any, seed: int) -> keras.Model:
-    """Build the configured model with seeded initial weights (the same weights for every strategy)."""
+def build_model(model: Model, seed: int) -> keras.Model:
+    """Build `model` with seeded initial weights (the same weights for every strategy and every copy)."""
     keras.utils.set_random_seed(seed)
-    return importlib.import_module(f"models.{model_cfg.name}").build(model_cfg.variant)
+    return model.build()
 
 
 def effective_learning_rate(train_cfg: Any) -> float:
@@ -24,27 +28,16 @@ def effective_learning_rate(train_cfg: Any) -> float:
     return train_cfg.learning_rate * factor
 
 
-class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warm-up to `rate` over `steps` optimizer steps, then constant."""
-
-    def __init__(self, rate: float, steps: int):
-        self.rate, self.steps = rate, steps
-
-    def __call__(self, step):
-        return self.rate * tf.minimum(1.0, tf.cast(step + 1, tf.float32) / self.steps)
-
-    def get_config(self) -> dict:
-        return {"rate": self.rate, "steps": self.steps}
-
-
 def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimizer:
     """Create the configured optimizer (rate after the batch rule and warm-up) and its slot variables now.
 
     Slots are built eagerly because a compiled loop must not create variables on its first step (under
     tf.distribute that fails with "You must feed a value for placeholder tensor").
     """
+    from runner import optimizers
+
     rate = effective_learning_rate(train_cfg)
-    lr = WarmUp(rate, train_cfg.lr_warmup_steps) if train_cfg.lr_warmup_steps else rate
+    lr = optimizers.WarmUp(rate, train_cfg.lr_warmup_steps) if train_cfg.lr_warmup_steps else rate
     optimizer = optimizers.make(train_cfg.optimizer, lr, train_cfg.fused_optimizer)
     optimizer.build(variables)
     return optimizer

@@ -11,19 +11,53 @@ either way; the pipeline's own feed is the cheaper (mlp/tiny, mirrored x2, split
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-import tensorflow as tf
+from runner.lazy import lazy
+from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies.common import make_evaluate, per_example_loss, steps_loop, touch
 
-from runner.strategies.common import build_model, build_optimizer, make_evaluate, per_example_loss, steps_loop, touch
+if TYPE_CHECKING:
+    import tensorflow as tf
 
+    from runner.devices import Devices
+else:
+    tf = lazy("tensorflow")
+
+CrossDeviceOps = Literal["auto", "tensorflow", "nccl", "hierarchical_copy", "reduce_to_one_device"]
 _CROSS_DEVICE_OPS = {
-    "auto": lambda: None,  # TensorFlow's choice, except on CPUs (see `distribution`)
+    "auto": lambda: None,  # TensorFlow's choice, except on CPUs (see `Mirrored.distribution`)
     "tensorflow": lambda: None,  # TensorFlow's choice: collective all-reduce on CPUs, NCCL on GPUs
     "nccl": lambda: tf.distribute.NcclAllReduce(),
     "hierarchical_copy": lambda: tf.distribute.HierarchicalCopyAllReduce(),
     "reduce_to_one_device": lambda: tf.distribute.ReductionToOneDevice(),
 }
+
+
+@STRATEGIES.register
+@dataclass
+class Mirrored(StrategyBase):
+    """tf.distribute.MirroredStrategy over the selected devices, trained by the runner's own compiled loop."""
+
+    name: str = "mirrored"
+    # auto: reduce_to_one_device on CPUs, TensorFlow's choice elsewhere | tensorflow (collective ring on CPUs, NCCL on
+    # GPUs) | nccl | hierarchical_copy | reduce_to_one_device
+    cross_device_ops: CrossDeviceOps = "auto"
+    input: Literal["towers", "distribute"] = "towers"  # the pipeline's own feed, per replica | tf.distribute's API
+
+    def build(self, devices: Devices, training: Training) -> Replicas:
+        return Replicas(self.distribution(devices), devices, training, input_api=self.input == "distribute")
+
+    def distribution(self, devices: Devices) -> tf.distribute.Strategy:
+        """The tf.distribute strategy: MirroredStrategy over this process's devices."""
+        choice = self.cross_device_ops
+        if choice == "auto" and devices.kind == "CPU":
+            # TensorFlow picks collective all-reduce for CPU devices; on devices sharing the same cores its ring
+            # waits cost 13.7 ms of the 9.9 ms step (profiled, default MLP on 4), against 0.6 ms for one sum
+            # (`python -m runner.bench settings`: 1.3x the images/s on 4 devices).
+            choice = "reduce_to_one_device"
+        return tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=_CROSS_DEVICE_OPS[choice]())
 
 
 class PerReplicaFeed:
@@ -50,42 +84,33 @@ class PerReplicaFeed:
         return per_replica(0), per_replica(1)
 
 
-class Strategy:
-    """One model replica per device, variables mirrored, gradients all-reduced."""
+class Replicas:
+    """One model replica per device of a tf.distribute strategy, variables mirrored, gradients all-reduced.
 
-    # multi_worker sets this: across workers only tf.distribute's input API gives each worker its share of the data.
-    input_api_only = False
+    Args:
+        strategy: the tf.distribute strategy (MirroredStrategy, or MultiWorkerMirroredStrategy for multi_worker).
+        devices: this process's devices.
+        training: what to build and train.
+        input_api: feed through tf.distribute's input API instead of the pipeline's own towers.
+    """
 
-    def __init__(self, devices: Any, cfg: Any):
-        self.cfg = cfg
-        self.devices = devices
-        self.strategy = self.distribution()
+    def __init__(self, strategy: tf.distribute.Strategy, devices: Devices, training: Training, input_api: bool):
+        self.strategy, self.devices, self.training, self.input_api = strategy, devices, training, input_api
         with self.strategy.scope():
-            self.model = build_model(cfg.model, cfg.train.seed)
-            self.optimizer = build_optimizer(cfg.train, self.model.trainable_variables)
+            self.model = training.model_fn(training.seed)
+            self.optimizer = training.optimizer_fn(self.model.trainable_variables)
         self.evaluate = make_evaluate(self.model, devices.names[0])
 
-    def distribution(self) -> tf.distribute.Strategy:
-        """The tf.distribute strategy: MirroredStrategy over this process's devices."""
-        choice = self.cfg.strategy.cross_device_ops
-        if choice == "auto" and self.devices.kind == "CPU":
-            # TensorFlow picks collective all-reduce for CPU devices; on devices sharing the same cores its ring
-            # waits cost 13.7 ms of the 9.9 ms step (profiled, default MLP on 4), against 0.6 ms for one sum
-            # (`python -m runner.bench settings`: 1.3x the images/s on 4 devices).
-            choice = "reduce_to_one_device"
-        ops = _CROSS_DEVICE_OPS[choice]()
-        return tf.distribute.MirroredStrategy(list(self.devices.names), cross_device_ops=ops)
-
-    def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
+    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed: its own towers as per-replica values, or mapped onto tf.distribute's input API."""
-        batch, opts = self.cfg.train.global_batch_size, self.cfg.pipeline
-        if self.input_api_only or self.cfg.strategy.input == "distribute":
-            return pipeline.distribute(self.strategy, ds, batch, opts, seed)
-        return PerReplicaFeed(self.strategy, pipeline.towers(ds, batch, list(self.devices.names), opts, seed))
+        batch = self.training.global_batch
+        if self.input_api:
+            return pipeline.distribute(self.strategy, examples, batch, seed)
+        return PerReplicaFeed(self.strategy, pipeline.towers(examples, batch, list(self.devices.names), seed))
 
     def train_loop(self, batches: Any):
         """fn(n) -> mean loss of n synchronous steps over all replicas, compiled."""
-        model, optimizer, global_batch = self.model, self.optimizer, self.cfg.train.global_batch_size
+        model, optimizer, global_batch = self.model, self.optimizer, self.training.global_batch
 
         def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             # x: (G/replicas, 28, 28, 1) on this replica's device

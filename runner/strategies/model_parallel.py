@@ -11,8 +11,8 @@
   their logits summed. This is a *different model* from `single` (an ensemble trained jointly), so its losses are
   not comparable with the other strategies'.
 
-`width` and `stages` start from the weights of `common.build_model(cfg.model, cfg.train.seed)`, so with the same
-seed and data they compute the same losses as `strategy=single` (up to float summation order).
+`width` and `stages` start from the weights of the run's model built with the run's seed, so with the same seed and
+data they compute the same losses as `strategy=single` (up to float summation order).
 
 Placement. `keras.distribution` does nothing on the TensorFlow backend, so the network is rebuilt as a list of
 *cells*: pieces of the model on one device each, their variables created under that device. The forward pass runs
@@ -28,23 +28,69 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
-import keras
 import numpy as np
-import tensorflow as tf
 
-from runner.strategies.common import build_model, build_optimizer, drain_loop, make_evaluate, steps_loop
+from runner.errors import ConfigError
+from runner.lazy import lazy
+from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies.common import drain_loop, make_evaluate, steps_loop
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from models import Model
+    from runner.devices import Devices
+else:
+    keras, tf = lazy("keras"), lazy("tensorflow")
 
 INPUT = -1  # Cell.inputs index meaning "the image batch"
-SPLITS = ("width", "stages", "two_tower")
+Split = Literal["auto", "width", "stages", "two_tower"]
 
 
-def resolve_split(split: str, model: str) -> str:
-    """`auto` -> `width` for the MLP (its layers are all Dense), `stages` for the convolutional models."""
-    if split == "auto":
-        return "width" if model == "mlp" else "stages"
-    return split
+@STRATEGIES.register
+@dataclass
+class ModelParallel(StrategyBase):
+    """One model split across the devices, fed the whole global batch each step (model, not data, parallelism).
+
+    split: auto (width for a model whose weighted layers are all Dense, stages otherwise) | width | stages |
+    two_tower (see the module docstring).
+    """
+
+    name: str = "model_parallel"
+    split: Split = "auto"
+
+    min_gpus: ClassVar[int] = 2
+    data_parallel: ClassVar[bool] = False
+
+    def resolved_split(self, model: Model) -> str:
+        """`auto` -> `width` for an all-Dense model (the MLP), `stages` for the others."""
+        if self.split == "auto":
+            return "width" if model.dense_only else "stages"
+        return self.split
+
+    def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
+        """The split must suit the model and the number of devices."""
+        super().check(gpus, model, jit_compile)
+        split = self.resolved_split(model)
+        named = split if split == self.split else f"auto (= {split} for model={model.name})"
+        if split == "width" and not model.dense_only:
+            raise ConfigError(
+                f"strategy.split=width is not allowed with model={model.name}: width splits Dense layers and "
+                f"model={model.name} has other layers with weights; choose one of: auto, stages, two_tower"
+            )
+        layers = model.layers_with_weights()
+        if split == "stages" and layers is not None and gpus > layers:
+            others = "width, two_tower" if model.dense_only else "two_tower"
+            raise ConfigError(
+                f"strategy.split={named} with gpus={gpus} needs at least {gpus} layers with weights, "
+                f"model={model.name} has {layers}; use gpus from 2 to {layers}, or strategy.split: {others}"
+            )
+
+    def build(self, devices: Devices, training: Training) -> SplitModel:
+        return SplitModel(self.resolved_split(training.model), devices, training)
 
 
 def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
@@ -152,7 +198,7 @@ def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
     """
     groups, shapes = _groups(model), _shapes(model)
     if len(groups) < len(devices):
-        raise ValueError(
+        raise ConfigError(
             f"split=stages needs at least {len(devices)} layers with weights, {model.name} has {len(groups)}"
         )
     costs = [sum(model.layers[i].count_params() * int(np.prod(shapes[i + 1][1:-1])) for i in g) for g in groups]
@@ -176,7 +222,9 @@ def width_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
     groups, shapes = _groups(model), _shapes(model)
     kinds_ok = all(isinstance(layer, (keras.layers.Dense, keras.layers.Flatten)) for layer in model.layers)
     if not kinds_ok or not all(isinstance(model.layers[g[-1]], keras.layers.Dense) for g in groups):
-        raise ValueError(f"split=width needs Flatten and Dense layers only, each Flatten before a Dense; {model.name}")
+        raise ConfigError(
+            f"split=width needs Flatten and Dense layers only, each Flatten before a Dense; {model.name} has others"
+        )
     cells: list[Cell] = []
     prev: tuple[int, ...] = (INPUT,)
     for g, idx in enumerate(groups):
@@ -195,12 +243,12 @@ def width_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
     return cells
 
 
-def tower_cells(model_cfg: Any, seed: int, devices: tuple[str, ...]) -> list[Cell]:
+def tower_cells(model_fn: Callable[[int], Any], seed: int, devices: tuple[str, ...]) -> list[Cell]:
     """`two_tower`: a full model per device (copy i seeded with seed + i), logits summed on devices[0]."""
     cells = []
     for i, device in enumerate(devices):
         with tf.device(device), keras.name_scope(f"tower{i}"):
-            cells.append(Cell(f"tower{i}", device, [build_model(model_cfg, seed + i)], (INPUT,)))
+            cells.append(Cell(f"tower{i}", device, [model_fn(seed + i)], (INPUT,)))
     return cells + [Cell("sum", devices[0], [], tuple(range(len(devices))), merge=tf.add_n)]
 
 
@@ -249,39 +297,34 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
             upstream[i].append(d_in)
 
 
-class Strategy:
+class SplitModel:
     """The model cut into cells placed on the devices (see the module docstring); one batch per step."""
 
-    def __init__(self, devices: Any, cfg: Any):
-        self.cfg = cfg
-        self.devices = devices
-        self.split = resolve_split(cfg.strategy.split, cfg.model.name)
+    def __init__(self, split: str, devices: Devices, training: Training):
+        self.split, self.devices, self.training = split, devices, training
         self.cells = self._build_cells(devices.names)
         for cell in self.cells:
             if cell.trainable_variables:
                 with tf.device(cell.device), keras.name_scope(cell.name):
-                    cell.optimizer = build_optimizer(cfg.train, cell.trainable_variables)
+                    cell.optimizer = training.optimizer_fn(cell.trainable_variables)
         # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
         self.evaluate = make_evaluate(self, devices.names[0])
 
     def _build_cells(self, names: tuple[str, ...]) -> list[Cell]:
-        if self.split not in SPLITS:
-            raise ValueError(f"strategy.split={self.split!r} is not allowed; choose one of: auto, {', '.join(SPLITS)}")
         if self.split == "two_tower":
-            return tower_cells(self.cfg.model, self.cfg.train.seed, names)
+            return tower_cells(self.training.model_fn, self.training.seed, names)
         # The single strategy's model and initial weights, built once and cut up; only the copies are kept.
         with tf.device(names[0]):
-            reference = build_model(self.cfg.model, self.cfg.train.seed)
+            reference = self.training.model_fn(self.training.seed)
         return (width_cells if self.split == "width" else stage_cells)(reference, names)
 
     def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
         """Logits (b, 10) for images (b, 28, 28, 1) through the placed cells (what `evaluate` calls)."""
         return forward(self.cells, x, training)[-1]
 
-    def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
+    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """One tower: the whole global batch, fed on the first device (the model, not the batch, is split)."""
-        names = [self.devices.names[0]]
-        return pipeline.towers(ds, self.cfg.train.global_batch_size, names, self.cfg.pipeline, seed)
+        return pipeline.towers(examples, self.training.global_batch, [self.devices.names[0]], seed)
 
     def train_loop(self, batches: Any):
         """fn(n) -> mean loss of n optimizer steps, compiled.

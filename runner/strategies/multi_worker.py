@@ -1,9 +1,9 @@
 """Strategy `multi_worker`: tf.distribute.MultiWorkerMirroredStrategy across processes, the runner's own loop.
 
-The same replica step, feeds and evaluation as `mirrored` (this class only swaps the tf.distribute strategy):
-variables mirrored on every worker's devices, gradients all-reduced across workers by collective ops, each
-worker's input pipeline sharded so the workers see disjoint examples. Keras `fit` is not used: under this strategy
-it is broken in Keras 3 (keras-team/keras#20585).
+The same replica step, feeds and evaluation as `mirrored` (only the tf.distribute strategy differs): variables
+mirrored on every worker's devices, gradients all-reduced across workers by collective ops, each worker's input
+pipeline sharded so the workers see disjoint examples. Keras `fit` is not used: under this strategy it is broken in
+Keras 3 (keras-team/keras#20585).
 
 The strategy must exist before TensorFlow's runtime starts ("Collective ops must be configured at program
 startup"), so the experiment builds it right after configuring the devices; its constructor waits until every
@@ -13,44 +13,65 @@ worker in TF_CONFIG is up.
 from __future__ import annotations
 
 import logging
-
-import tensorflow as tf
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from runner import cluster
 from runner.devices import DeviceError
-from runner.strategies import mirrored
+from runner.lazy import lazy
+from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies.mirrored import Replicas
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from runner.devices import Devices
+else:
+    tf = lazy("tensorflow")
 
 log = logging.getLogger(__name__)
 
-_IMPLEMENTATIONS = {
-    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
-    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
-    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
-}
 
+@STRATEGIES.register
+@dataclass
+class MultiWorker(StrategyBase):
+    """Several processes (usually machines) training one model in sync; worker 0 (the chief) logs to MLflow.
 
-class Strategy(mirrored.Strategy):
-    """One replica per device on every worker; the global batch is split over workers x devices."""
+    Start one process per worker with the same config, or leave `workers` empty and export TF_CONFIG (what cluster
+    launchers set). The global batch is split over workers x devices.
+    """
 
-    input_api_only = True  # whatever `strategy.input` says
+    name: str = "multi_worker"
+    workers: list[str] = field(default_factory=list)  # host:port of every worker, the same list on each; [] = TF_CONFIG
+    task_index: int = 0  # this process's index in `workers`
+    communication: Literal["auto", "ring", "nccl"] = "auto"  # how the workers' gradients are all-reduced
 
-    def distribution(self) -> tf.distribute.Strategy:
-        """MultiWorkerMirroredStrategy for the cluster in the config or TF_CONFIG (waits for every worker)."""
-        if self.devices.kind == "CPU" and self.devices.count > 1:
+    multi_process: ClassVar[bool] = True
+
+    def cluster(self) -> cluster.Cluster:
+        """The cluster from `workers`/`task_index`, else from TF_CONFIG. Raises ConfigError if neither is usable."""
+        return cluster.from_options(self.workers, self.task_index)
+
+    def build(self, devices: Devices, training: Training) -> WorkerReplicas:
+        if devices.kind == "CPU" and devices.count > 1:
             # MultiWorkerMirroredStrategy places one replica on a worker's CPU whatever logical devices exist.
             raise DeviceError(
-                f"strategy=multi_worker trains on one CPU per worker, got gpus={self.cfg.gpus} on a machine without "
+                f"strategy=multi_worker trains on one CPU per worker, got gpus={devices.count} on a machine without "
                 "GPUs; use gpus=1 and add workers instead"
             )
-        spec = cluster.from_config(self.cfg)
+        spec = training.cluster
         cluster.export(spec)
         log.info("joining %d workers as %s (waits for all of them)", spec.count, spec.name)
-        options = tf.distribute.experimental.CommunicationOptions(
-            implementation=_IMPLEMENTATIONS[self.cfg.strategy.communication]
-        )
+        implementation = getattr(tf.distribute.experimental.CommunicationImplementation, self.communication.upper())
+        options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         log.info("cluster up: %d replicas in sync", strategy.num_replicas_in_sync)
-        return strategy
+        # Only tf.distribute's input API gives each worker its share of the data.
+        return WorkerReplicas(strategy, devices, training, input_api=True)
+
+
+class WorkerReplicas(Replicas):
+    """One replica per device on every worker."""
 
     def check_same_start(self, step: int) -> None:
         """Every worker must resume from the same step, or the collectives would pair different steps.
@@ -69,7 +90,7 @@ class Strategy(mirrored.Strategy):
 
     def describe(self) -> dict[str, str]:
         """Where the variables live, and the cluster (for tags)."""
-        spec = cluster.from_config(self.cfg)
+        spec = self.training.cluster
         return {
             "placement": f"mirrored on every worker's {', '.join(self.devices.names)}",
             "devices.workers": str(spec.count),

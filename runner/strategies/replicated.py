@@ -12,18 +12,19 @@ tf_cnn_benchmarks' `variable_update` modes did. The two differ only in where the
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
-import tensorflow as tf
+from runner.lazy import lazy
+from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies.common import drain_loop, make_evaluate, per_example_loss, steps_loop
 
-from runner.strategies.common import (
-    build_model,
-    build_optimizer,
-    drain_loop,
-    make_evaluate,
-    per_example_loss,
-    steps_loop,
-)
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from runner.devices import Devices
+else:
+    tf = lazy("tensorflow")
 
 
 def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str) -> tuple[tf.Tensor, list[tf.Tensor]]:
@@ -43,29 +44,49 @@ def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Ten
     return out
 
 
-class Strategy:
-    """N in-graph towers; variables replicated per device or held once on a parameter-server device."""
+@STRATEGIES.register
+@dataclass
+class Replicated(StrategyBase):
+    """A full copy of the variables on every device, each updated with the averaged gradient."""
 
-    def __init__(self, devices: Any, cfg: Any):
-        self.cfg = cfg
-        self.devices = list(devices.names)
-        self.replicated = cfg.strategy.name == "replicated"
-        homes = self.devices if self.replicated else [self._ps_device(cfg.strategy.ps_device)]
+    name: str = "replicated"
+
+    def build(self, devices: Devices, training: Training) -> Towers:
+        return Towers(list(devices.names), training)
+
+
+@STRATEGIES.register
+@dataclass
+class ParameterServer(StrategyBase):
+    """One copy of the variables on `ps_device`, read by every tower (Keras' multi_gpu_model layout)."""
+
+    name: str = "parameter_server"
+    ps_device: Literal["cpu", "first_device"] = "cpu"  # the host CPU | the first training device
+
+    def build(self, devices: Devices, training: Training) -> Towers:
+        home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
+        return Towers(list(devices.names), training, ps_device=home)
+
+
+class Towers:
+    """N in-graph towers, tower i on devices[i]; a model copy (with its optimizer) on every device (replicated:
+    tower i uses its own device's copy), or one copy on `ps_device` that every tower reads."""
+
+    def __init__(self, devices: list[str], training: Training, ps_device: str | None = None):
+        self.devices, self.training = devices, training
+        self.replicated = ps_device is None
+        self.homes = devices if ps_device is None else [ps_device]
         self.models, self.optimizers = [], []
-        for home in homes:  # the same seed for every copy: identical initial weights
+        for home in self.homes:  # the same seed for every copy: identical initial weights
             with tf.device(home):
-                model = build_model(cfg.model, cfg.train.seed)
+                model = training.model_fn(training.seed)
                 self.models.append(model)
-                self.optimizers.append(build_optimizer(cfg.train, model.trainable_variables))
-        self.homes = homes
+                self.optimizers.append(training.optimizer_fn(model.trainable_variables))
         self.evaluate = make_evaluate(self.models[0], self.devices[0])
 
-    def _ps_device(self, choice: str) -> str:
-        return "/device:CPU:0" if choice == "cpu" else self.devices[0]
-
-    def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
+    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed for one tower per device."""
-        return pipeline.towers(ds, self.cfg.train.global_batch_size, self.devices, self.cfg.pipeline, seed)
+        return pipeline.towers(examples, self.training.global_batch, self.devices, seed)
 
     def _model_for(self, tower: int) -> Any:
         return self.models[tower] if self.replicated else self.models[0]

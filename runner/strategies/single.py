@@ -2,35 +2,50 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import tensorflow as tf
+from runner.lazy import lazy
+from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies.common import drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop
 
-from runner.strategies.common import (
-    build_model,
-    build_optimizer,
-    drain_loop,
-    make_evaluate,
-    maybe_jit,
-    per_example_loss,
-    steps_loop,
-)
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from runner.devices import Devices
+else:
+    tf = lazy("tensorflow")
 
 
-class Strategy:
-    """Model, optimizer and every op on `devices.names[0]`."""
+@STRATEGIES.register
+@dataclass
+class Single(StrategyBase):
+    """One device: gpus=0 runs on the host CPU, gpus=1 on the first device."""
 
-    def __init__(self, devices: Any, cfg: Any):
-        self.device = devices.names[0]
-        self.cfg = cfg
+    name: str = "single"
+
+    min_gpus: ClassVar[int] = 0
+    max_gpus: ClassVar[int | None] = 1
+    data_parallel: ClassVar[bool] = False
+    jit_compile: ClassVar[bool] = True
+
+    def build(self, devices: Devices, training: Training) -> SingleDevice:
+        return SingleDevice(devices.names[0], training)
+
+
+class SingleDevice:
+    """Model, optimizer and every op on one device."""
+
+    def __init__(self, device: str, training: Training):
+        self.device, self.training = device, training
         with tf.device(self.device):
-            self.model = build_model(cfg.model, cfg.train.seed)
-            self.optimizer = build_optimizer(cfg.train, self.model.trainable_variables)
+            self.model = training.model_fn(training.seed)
+            self.optimizer = training.optimizer_fn(self.model.trainable_variables)
         self.evaluate = make_evaluate(self.model, self.device)
 
-    def batches(self, pipeline: Any, ds: Any, seed: int) -> Any:
+    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed for one tower on this device."""
-        return pipeline.towers(ds, self.cfg.train.global_batch_size, [self.device], self.cfg.pipeline, seed)
+        return pipeline.towers(examples, self.training.global_batch, [self.device], seed)
 
     def train_loop(self, batches: Any):
         """fn(n) -> mean loss of n optimizer steps, compiled."""
@@ -43,7 +58,7 @@ class Strategy:
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
 
-        update = maybe_jit(update, self.cfg.train.jit_compile)
+        update = maybe_jit(update, self.training.jit_compile)
 
         def step() -> tf.Tensor:
             ((x, y),) = batches.next()  # (G, 28, 28, 1), (G,)

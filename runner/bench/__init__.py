@@ -1,0 +1,32 @@
+"""Benchmarks: every measurement in a fresh process; runner jobs are normal runs, read back from MLflow.
+
+    python -m runner.bench grid [--models mlp,cnn,nin] [--variants tiny,default] [--gpus 1,2,4,8]
+        [--strategies mirrored,replicated,parameter_server,single] [--pipelines split,per_tower,sharded]
+        [--steps N --steps-per-call K] [--data mnist|synthetic] [--optimizer adam|sgd|momentum|rmsprop]
+        [--repeats R] [--out FILE]
+
+runs, for each model/variant, the runner's single device (before and after the grid), plain Keras `fit` on one
+device, then for each device count Keras `fit` under MirroredStrategy and every strategy x pipeline (`single` on
+1 device only), and prints one table per model/variant: images/s ± standard error over the timed steps, as ratios
+to the runner's single-device rate and to Keras fit, the pipeline-alone rate against the step rate, peak RSS and
+job overhead (process start to first step); then a summary of the targets of the issue, PASS or FAIL in this run.
+With --repeats R every job runs R times, in R rounds over all the jobs, and each row shows the median images/s
+and its range (a single run of a millisecond-step job can be a quarter off on a shared host).
+
+    python -m runner.bench strategies [--gpus 2,4] [--model mlp --variant default] [--steps 600]
+
+is the same table for one model on 2 and 4 devices with the data-parallel strategies.
+
+    python -m runner.bench settings [--groups calls,fused,xla,precision,threads,reduce] [--steps N]
+
+measures each speed setting users expect (steps per compiled call, fused optimizer updates, XLA, mixed
+precision, host threads, mirrored's cross-device reduction and input feed, freed memory kept for reuse): one row
+per value, each a fresh job, as a ratio to the first row of its group (the default), which is measured again at
+the end of the group to show the noise.
+
+    python -m runner.bench pipelines [--gpus 1,2,4] [--strategies replicated,mirrored] [--model mlp] [--steps 400]
+
+prints, for each pipeline x strategy x device count, the batches/s of the input pipeline alone and of the full
+training step, their ratio, and whether the run is input-bound (pipeline under 3x the step rate).
+Runner jobs land in the MLflow experiment `bench_<command>` with their config and devices.
+"""

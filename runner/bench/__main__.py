@@ -1,0 +1,104 @@
+"""The benchmarks' command line: `python -m runner.bench grid|strategies|settings|pipelines` (runner/bench/__init__.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+
+from data_pipelines import DATASETS, PIPELINES
+from models import MODELS
+import runner.bench
+from runner.bench.grid import DATA_PARALLEL, grid, settings
+from runner.bench.jobs import MIN_TIMED_STEPS, timed_steps
+from runner.bench.pipelines import pipelines
+from runner.bench.settings import SPEED_SETTINGS, _check_settings_steps, speed_settings
+from runner.config import OptimizerName
+
+
+def _ints(text: str) -> list[int]:
+    return [int(v) for v in text.split(",")]
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive count")
+    return value
+
+
+def _names(text: str) -> list[str]:
+    return [v for v in text.split(",") if v]
+
+
+def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argparse.ArgumentParser:
+    """`grid` (the whole issue grid by default) and `strategies` (one model, 2 and 4 devices) share the options."""
+    helps = {"grid": "every model/variant x strategy x pipeline x N vs single device and Keras fit, with targets",
+             "strategies": "data-parallel strategies x pipelines vs single device and Keras fit, one model"}
+    g = sub.add_parser(name, help=helps[name])
+    g.add_argument("--models", "--model", dest="models", type=_names,
+                   default=MODELS.names() if full else ["mlp"])
+    g.add_argument("--variants", "--variant", dest="variants", type=_names,
+                   default=["tiny", "default"] if full else ["default"])
+    g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])
+    g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, "single"] if full else list(DATA_PARALLEL))
+    g.add_argument("--steps", type=int, default=None, help="steps per job (default: per model/variant)")
+    g.add_argument("--steps-per-call", type=int, default=None, help="steps per compiled call (default: per model)")
+    g.add_argument("--test-limit", type=int, default=None, help="evaluate runner jobs on the first N test images")
+    g.add_argument("--repeats", type=_positive, default=1,
+                   help="run every job this many times, in rounds; rows show the median and the range")
+    g.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName),
+                   help="for runner jobs and Keras fit alike (default adam, the runner's default)")
+    g.add_argument("--out", default=None, help="also write the markdown to this file")
+    return g
+
+
+def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """At least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2."""
+    for s in settings(args) if args.command != "pipelines" else []:
+        n = timed_steps(s.steps, s.steps_per_call)
+        if n < MIN_TIMED_STEPS or n < 2 * s.steps_per_call:
+            parser.error(f"{s.name}: --steps {s.steps} --steps-per-call {s.steps_per_call} times only {n} steps "
+                         f"(the first call is warm-up, a short tail is not timed); need >= {MIN_TIMED_STEPS} steps "
+                         "in >= 2 calls")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line of the benchmarks."""
+    parser = argparse.ArgumentParser(prog="python -m runner.bench", description=runner.bench.__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("pipelines", help="input pipeline alone vs training step, per pipeline x strategy x N")
+    p.add_argument("--gpus", type=_ints, default=[1, 2, 4])
+    p.add_argument("--strategies", type=_names, default=["replicated", "mirrored"])
+    p.add_argument("--model", default="mlp")
+    p.add_argument("--variant", default="default")
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--steps-per-call", type=int, default=50)
+    for parsed in (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False)):
+        parsed.add_argument("--pipelines", type=_names, default=PIPELINES.names())
+        parsed.add_argument("--batch", type=int, default=128)
+        parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
+        parsed.add_argument("--tracking-uri", default=None)
+    st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
+    st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
+    st.add_argument("--steps", type=int, default=None, help="steps per job (default: the group's)")
+    st.add_argument("--test-limit", type=int, default=1000, help="evaluate on the first N test images")
+    st.add_argument("--tracking-uri", default=None)
+    st.add_argument("--out", default=None, help="also write the markdown to this file")
+    args = parser.parse_args(argv)
+    if args.command == "settings":
+        unknown = sorted(set(args.groups) - set(SPEED_SETTINGS))
+        if unknown:
+            parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
+        _check_settings_steps(parser, args)
+        return speed_settings(args)
+    _check_steps(parser, args)
+    return pipelines(args) if args.command == "pipelines" else grid(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,197 @@
+"""`grid` and `strategies`: every model/variant x strategy x pipeline x device count beside the runner's single device
+and Keras fit, one table per model/variant, and whether each target holds in this run."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Callable
+
+from runner.bench.jobs import (
+    DEFAULT_STEPS,
+    MIN_TIMED_STEPS,
+    Job,
+    Progress,
+    Setting,
+    Table,
+    machine,
+    emit,
+    measure,
+)
+from models import variants
+from runner.strategies import STRATEGIES
+
+# The strategies of one process that train a model replica per device, from the registry.
+DATA_PARALLEL = tuple(n for n in STRATEGIES.names() if STRATEGIES.get(n).data_parallel
+                      and not STRATEGIES.get(n).multi_process)
+
+# The targets.
+KERAS_TARGET = {"mlp": 1.5}  # runner single / Keras fit on one device; other models: 1.0
+SCALING_TARGET = {2: 0.9, 4: 0.9, 8: 0.6}  # every data-parallel strategy x pipeline on N devices / runner single
+INPUT_TARGET = 3.0  # pipeline alone / training step
+OVERHEAD_TARGET_S = 10.0  # process start to first step
+RSS_TARGET_MB = 1536.0  # a tiny (smoke) MLP job
+
+
+def plan(strategies: list[str], pipelines: list[str], gpus: list[int]) -> list[Job]:
+    """The jobs of one table, in the order they run: single device and Keras fit first, single again last."""
+    jobs = [Job("single", 1, "runner single (before the grid)", "single", "split"), Job("keras", 1, "keras fit")]
+    for n in gpus:
+        jobs.append(Job("keras_mirrored", n, "keras fit + MirroredStrategy"))
+        for strategy in strategies:
+            if strategy == "single" and n != 1:
+                continue  # single takes one device
+            jobs += [Job("runner", n, f"runner {strategy} / {p}", strategy, p) for p in pipelines]
+    return jobs + [Job("single", 1, "runner single (after the grid)", "single", "split")]
+
+
+COLUMNS = ("what", "devices", "images/s ± stderr", "timed steps", "x runner single", "x keras fit",
+           "pipeline alone (batches/s)", "pipeline / step", "peak RSS (MB)", "overhead (s)")
+
+
+def _ratio(value: float, base: float | None) -> str:
+    return f"{value / base:.2f}" if base else "-"
+
+
+def format_row(job: Job, m: dict, table: Table) -> str:
+    """One table row; a failed job shows its error, a job timed over fewer than 20 steps is flagged."""
+    if "error" in m:
+        return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * 7
+    ips, steps = m["images_per_sec"], int(m.get("timed_steps", 0))
+    spread = (f"({m['images_per_sec_low']:,.0f}-{m['images_per_sec_high']:,.0f})" if "repeats" in m
+              else f"± {m['images_per_sec_stderr']:,.0f}")
+    cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}",
+             f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
+             _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras"))]
+    if "input_batches_per_sec" in m:
+        pipeline = m["input_batches_per_sec"]
+        cells += [f"{pipeline:,.0f}", f"{pipeline / m['step_batches_per_sec']:.1f}x"]
+    else:
+        cells += ["-", "-"]
+    cells += [f"{m['peak_rss_mb']:,.0f}" if "peak_rss_mb" in m else "-",
+              f"{m['seconds_to_first_step']:.1f}" if "seconds_to_first_step" in m else "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def format_table(table: Table) -> list[str]:
+    """The header naming the setting, the two bases of the ratios, and the rows."""
+    s, single, keras = table.setting, table.rate("single"), table.rate("keras")
+    columns = list(COLUMNS)
+    if table.repeats > 1:
+        columns[2] = f"images/s, median (lowest-highest) of {table.repeats} runs"
+    each = (f" Each row is the median of {table.repeats} runs of its job, run in {table.repeats} rounds over all "
+            "the jobs." if table.repeats > 1 else "")
+    return [
+        f"## {s.name}: global batch {s.batch}, {s.steps} steps ({s.steps_per_call} per call, the first call "
+        f"untimed), data {s.data}, optimizer {s.optimizer}, {table.date}",
+        "",
+        f"x runner single: over {single or 0:,.0f} images/s (the mean of the two runner single rows); "
+        f"x keras fit: over {keras or 0:,.0f} images/s. {len(table.rows)} jobs in {table.seconds:.0f} s.{each}",
+        "",
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *(format_row(job, m, table) for job, m in table.rows),
+        "",
+    ]
+
+
+def check(name: str, items: list[tuple[str, float | None]], holds: Callable[[float], bool], worst: str,
+          fmt: Callable[[float], str]) -> str:
+    """`- PASS|FAIL name: k of n hold; <worst> value (where)`; a failed job (None) does not hold."""
+    if not items:
+        return f"- n/a {name}: not measured in this run"
+    ok = [v is not None and holds(v) for _, v in items]
+    measured = [(v, where) for where, v in items if v is not None]
+    text = f"- {'PASS' if all(ok) else 'FAIL'} {name}: {sum(ok)} of {len(ok)} hold"
+    if measured:
+        value, where = (max if worst == "highest" else min)(measured, key=lambda item: item[0])  # first of ties
+        text += f"; {worst} {fmt(value)} ({where})"
+    failed = len(items) - len(measured)
+    return text + (f"; {failed} failed" if failed else "")
+
+
+def _ratio_or_none(m: dict, base: float | None) -> float | None:
+    return m["images_per_sec"] / base if base and "images_per_sec" in m else None
+
+
+def table_targets(table: Table) -> list[str]:
+    """Per model/variant: runner single vs Keras fit, and every data-parallel strategy x pipeline per N."""
+    s, single, keras = table.setting, table.rate("single"), table.rate("keras")
+    need = KERAS_TARGET.get(s.model, 1.0)
+    vs_keras = [("runner single / keras fit", single / keras if single and keras else None)]
+    lines = [check(f"{s.name}: runner 1 device >= {need}x keras fit", vs_keras, lambda v: v >= need, "lowest",
+                   lambda v: f"{v:.2f}x")]
+    for n, floor in SCALING_TARGET.items():
+        items = [(f"{job.strategy}/{job.pipeline}", _ratio_or_none(m, single)) for job, m in table.rows
+                 if job.kind == "runner" and job.gpus == n and job.strategy in DATA_PARALLEL]
+        if items:
+            lines.append(check(f"{s.name}: every data-parallel strategy x pipeline at {n} devices >= {floor}x "
+                               "runner single", items, lambda v, f=floor: v >= f, "lowest", lambda v: f"{v:.2f}x"))
+    return lines
+
+
+def _items(tables: list[Table], value: Callable[[dict], float | None], kinds: tuple[str, ...],
+           only: Callable[[Setting], bool] = lambda s: True) -> list[tuple[str, float | None]]:
+    return [(f"{t.setting.name} {job.where}", value(m)) for t in tables if only(t.setting)
+            for job, m in t.rows if job.kind in kinds]
+
+
+def _get(key: str) -> Callable[[dict], float | None]:
+    return lambda m: m.get(key)
+
+
+def targets(tables: list[Table]) -> list[str]:
+    """The summary block: each target of the issue and whether it holds in this run."""
+    runner_kinds = ("single", "runner")
+    lines = ["## Targets (this run)", ""]
+    for table in tables:
+        lines += table_targets(table)
+    pipeline = _items(tables, lambda m: m["input_batches_per_sec"] / m["step_batches_per_sec"]
+                      if "input_batches_per_sec" in m else None, runner_kinds)
+    lines.append(check(f"pipeline alone >= {INPUT_TARGET:g}x the step rate, every runner job", pipeline,
+                       lambda v: v >= INPUT_TARGET, "lowest", lambda v: f"{v:.1f}x"))
+    overhead = _items(tables, _get("seconds_to_first_step"), runner_kinds)
+    lines.append(check(f"job overhead (process start to first step) <= {OVERHEAD_TARGET_S:g} s, every runner job",
+                       overhead, lambda v: v <= OVERHEAD_TARGET_S, "highest", lambda v: f"{v:.1f} s"))
+    rss = _items(tables, _get("peak_rss_mb"), runner_kinds, lambda s: s.model == "mlp" and s.variant == "tiny")
+    lines.append(check(f"peak RSS of a tiny (smoke) MLP runner job <= {RSS_TARGET_MB:g} MB, any devices", rss,
+                       lambda v: v <= RSS_TARGET_MB, "highest", lambda v: f"{v:,.0f} MB"))
+    steps = _items(tables, _get("timed_steps"), ("single", "runner", "keras", "keras_mirrored"))
+    lines.append(check(f"at least {MIN_TIMED_STEPS} timed steps after warm-up, every job", steps,
+                       lambda v: v >= MIN_TIMED_STEPS, "fewest", lambda v: f"{v:.0f}"))
+    return lines
+
+
+def settings(args: argparse.Namespace) -> list[Setting]:
+    """One setting per model x variant, with its steps (given, or DEFAULT_STEPS)."""
+    out = []
+    for model in args.models:
+        for variant in [v for v in variants(model) if v is None or v in args.variants]:
+            steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
+            out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
+                               args.data, args.test_limit, args.optimizer))
+    return out
+
+
+def grid(args: argparse.Namespace) -> int:
+    """Every model/variant x strategy x pipeline x N beside the runner's single device and Keras fit."""
+    from runner.tracking import ensure_experiment, resolve_uri
+
+    uri, experiment = resolve_uri(args.tracking_uri), f"bench_{args.command}"
+    ensure_experiment(uri, experiment)  # create the store once, before the jobs
+    jobs, todo = plan(args.strategies, args.pipelines, args.gpus), settings(args)
+    runner_jobs = sum(job.kind in ("single", "runner") for job in jobs) * len(todo) * args.repeats
+    total = len(jobs) * len(todo) * args.repeats
+    rounds = f" in {args.repeats} rounds" if args.repeats > 1 else ""
+    out: list[str] = []
+    emit(out, [f"# benchmark {args.command}: {total} jobs{rounds} ({runner_jobs} runner, {total - runner_jobs} keras "
+               f"fit), each in a fresh process; {time.ctime()}; {machine()}", ""])
+    progress, tables = Progress(total), []
+    for setting in todo:
+        tables.append(measure(setting, jobs, uri, experiment, progress, args.repeats))
+        emit(out, format_table(tables[-1]))
+    emit(out, targets(tables))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    return 1 if any("error" in m for t in tables for _, m in t.rows) else 0

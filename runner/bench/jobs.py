@@ -1,0 +1,189 @@
+"""Benchmark jobs: each measurement in a fresh process (runner jobs are normal runs read back from MLflow, Keras fit
+runs in `runner.keras_baseline`), repeated in rounds and combined into rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+MIN_TIMED_STEPS = 20
+# (model, variant) -> (steps, steps per call) when --steps is not given: about 10-20 s of training on one device
+# of the 2-core development CPU (the slow variants get fewer, shorter calls); always >= 20 timed steps.
+DEFAULT_STEPS = {
+    ("mlp", "tiny"): (300, 25), ("mlp", "default"): (600, 50), ("mlp", "chainer"): (600, 50),
+    ("cnn", "tiny"): (300, 25), ("cnn", "default"): (120, 10), ("cnn", "paper"): (60, 5),
+    ("nin", "tiny"): (300, 25), ("nin", "default"): (60, 5), ("nin", "paper"): (40, 4),
+    ("lenet", None): (120, 10),
+}
+
+
+def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
+    """Run one job in a fresh process; return its final MLflow metrics, or {'error': ...} if it failed."""
+    from mlflow.tracking import MlflowClient
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    args = [sys.executable, "-m", "runner", *overrides, f"mlflow.tracking_uri={uri}", f"mlflow.experiment={experiment}"]
+    proc = subprocess.run(args, capture_output=True, text=True, env=env)
+    match = re.search(r"mlflow run ([0-9a-f]{32})", proc.stdout)
+    if proc.returncode != 0 or not match:
+        lines = [line for line in proc.stderr.splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+    return dict(MlflowClient(uri).get_run(match.group(1)).data.metrics)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What every job of one table shares: model, variant, steps, global batch, data, optimizer."""
+
+    model: str
+    variant: str | None  # None: a model without variants
+    steps: int
+    steps_per_call: int
+    batch: int
+    data: str
+    test_limit: int | None = None
+    optimizer: str = "adam"
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.variant}" if self.variant else self.model
+
+    def overrides(self) -> list[str]:
+        """The runner's config overrides for this setting."""
+        out = [f"model={self.model}", f"train.steps={self.steps}", f"train.global_batch_size={self.batch}",
+               f"data={self.data}", f"train.steps_per_call={self.steps_per_call}", f"train.optimizer={self.optimizer}"]
+        out += [f"model.variant={self.variant}"] if self.variant else []
+        return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else [])
+
+
+def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
+    """Steps the runner times (full calls after the warm-up; a short tail call is not timed), as Keras fit here."""
+    return max(0, steps // steps_per_call - warmup_calls) * steps_per_call
+
+
+def keras_command(setting: Setting, gpus: int, mirrored: bool) -> list[str]:
+    """The command line of plain Keras fit for one setting (runner.keras_baseline)."""
+    cmd = [sys.executable, "-m", "runner.keras_baseline", "--model", setting.model,
+           *(["--variant", setting.variant] if setting.variant else []), "--gpus", str(gpus), "--batch", str(setting.batch), "--steps", str(setting.steps), "--data", setting.data,
+           "--chunk", str(setting.steps_per_call), "--optimizer", setting.optimizer]
+    return cmd + (["--mirrored"] if mirrored else [])
+
+
+def keras_job(setting: Setting, gpus: int, mirrored: bool) -> dict:
+    """Plain Keras fit in a fresh process; its JSON figures, or {'error': ...}."""
+    proc = subprocess.run(keras_command(setting, gpus, mirrored), capture_output=True, text=True,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class Job:
+    """One measurement: a runner job (kind single/runner) or a Keras fit (kind keras/keras_mirrored)."""
+
+    kind: str
+    gpus: int
+    label: str
+    strategy: str = ""
+    pipeline: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.label} x{self.gpus}"
+
+
+@dataclass
+class Table:
+    """The measured rows of one setting, in measurement order."""
+
+    setting: Setting
+    date: str
+    rows: list[tuple[Job, dict]] = field(default_factory=list)
+    seconds: float = 0.0
+    repeats: int = 1
+
+    def rate(self, kind: str) -> float | None:
+        """Mean images/s of the rows of one kind (single: the runner's single device), None if none succeeded."""
+        rates = [m["images_per_sec"] for job, m in self.rows if job.kind == kind and "images_per_sec" in m]
+        return sum(rates) / len(rates) if rates else None
+
+
+class Progress:
+    """One stderr line per finished job, with the elapsed time and a naive estimate of the time left."""
+
+    def __init__(self, total: int):
+        self.total, self.done, self.start = total, 0, time.perf_counter()
+
+    def run(self, what: str, measure: Callable[[], dict]) -> dict:
+        t0 = time.perf_counter()
+        metrics = measure()
+        self.done += 1
+        elapsed = time.perf_counter() - self.start
+        left = elapsed / self.done * (self.total - self.done)
+        rate = f"{metrics['images_per_sec']:,.0f} images/s" if "images_per_sec" in metrics else "FAILED"
+        print(f"[{self.done}/{self.total}] {what}: {rate} ({time.perf_counter() - t0:.1f} s; "
+              f"{elapsed / 60:.1f} min elapsed, ~{left / 60:.0f} min left)", file=sys.stderr, flush=True)
+        return metrics
+
+
+def run_one(setting: Setting, job: Job, uri: str, experiment: str, progress: Progress) -> dict:
+    """One job of one setting in a fresh process: its figures, or {'error': ...}."""
+    if job.kind.startswith("keras"):
+        run = lambda: keras_job(setting, job.gpus, job.kind == "keras_mirrored")  # noqa: E731
+    else:
+        overrides = [f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}"]
+        run = lambda: run_job([*overrides, *setting.overrides()], uri, experiment)  # noqa: E731
+    metrics = progress.run(f"{setting.name} {job.where}", run)
+    if "error" not in metrics and "images_per_sec" not in metrics:
+        metrics = {"error": "no timed steps: raise --steps to a few times --steps-per-call"}
+    return metrics
+
+
+def combine(runs: list[dict]) -> dict:
+    """One row from a job's repeats: the median of each figure (peak RSS: the highest), images/s with its lowest
+    and highest; a failed repeat fails the row. One run is its own row."""
+    failed = [m for m in runs if "error" in m]
+    if failed or len(runs) == 1:
+        return (failed or runs)[0]
+    numeric = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and all(k in m for m in runs)]
+    out = {k: statistics.median(m[k] for m in runs) for k in numeric}
+    rates = [m["images_per_sec"] for m in runs]
+    out.update(images_per_sec_low=min(rates), images_per_sec_high=max(rates), repeats=len(runs))
+    if "peak_rss_mb" in out:
+        out["peak_rss_mb"] = max(m["peak_rss_mb"] for m in runs)
+    return out
+
+
+def measure(setting: Setting, jobs: list[Job], uri: str, experiment: str, progress: Progress,
+            repeats: int = 1) -> Table:
+    """Run every job of one setting `repeats` times, each in a fresh process, one round over all jobs at a time
+    (so a slow spell of the host hits every row alike); each row is the combination of its job's runs."""
+    table, t0 = Table(setting, time.strftime("%Y-%m-%d %H:%M"), repeats=repeats), time.perf_counter()
+    runs: dict[Job, list[dict]] = {job: [] for job in jobs}
+    for _ in range(repeats):
+        for job in jobs:
+            runs[job].append(run_one(setting, job, uri, experiment, progress))
+    table.rows = [(job, combine(runs[job])) for job in jobs]
+    table.seconds = time.perf_counter() - t0
+    return table
+
+
+def emit(out: list[str], lines: list[str]) -> None:
+    """Print lines now (a long grid shows each table as it finishes) and keep them for --out."""
+    print("\n".join(lines), flush=True)
+    out += lines
+
+
+def machine() -> str:
+    """What the figures below ran on: the host CPU and its cores (the jobs read the same; see devices.host_cpu)."""
+    from runner.devices import host_cpu
+
+    return f"{host_cpu()}, {os.cpu_count()} cores"

@@ -1,0 +1,101 @@
+"""`settings`: each speed setting users expect, its values side by side as ratios to the group's default."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from runner.bench.jobs import MIN_TIMED_STEPS, machine, emit, run_job, timed_steps
+
+
+def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str]]]:
+    """(label, overrides) rows of one option: its default first, then the others."""
+    return [(f"{option}={default} (default)", []), *[(f"{option}={v}", [f"{option}={v}"]) for v in others]]
+
+
+_MLP = ["model=mlp", "model.variant=default", "train.steps=600", "train.steps_per_call=50"]
+_CNN = ["model=cnn", "model.variant=default", "train.steps=120", "train.steps_per_call=10"]
+_MLP_TINY = ["model=mlp", "model.variant=tiny", "train.steps=300", "train.steps_per_call=25"]
+# TensorFlow's generator datasets (behind tf.distribute's per-device input iterators) are what set the malloc trap.
+_DISTRIBUTE = ["strategy=mirrored", "gpus=2", "strategy.input=distribute"]
+# group -> (what, where, the group's job, [(value, its overrides)]); the first value is the default.
+SPEED_SETTINGS = {
+    "calls": ("steps per compiled call", "mlp/default, single", _MLP,
+              _values("train.steps_per_call", "50", "10", "1")),
+    "fused": ("fused optimizer update", "mlp/default, replicated x4", [*_MLP, "strategy=replicated", "gpus=4"],
+              _values("train.fused_optimizer", "true", "false")),
+    "fused1": ("fused optimizer update", "mlp/default, single", _MLP,
+               _values("train.fused_optimizer", "true", "false")),
+    "xla": ("XLA compilation", "mlp/default, single", _MLP, _values("train.jit_compile", "false", "true")),
+    "xla_cnn": ("XLA compilation", "cnn/default, single", _CNN, _values("train.jit_compile", "false", "true")),
+    "precision": ("mixed precision", "mlp/default, single", _MLP,
+                  _values("train.precision", "float32", "mixed_bfloat16")),
+    "precision_cnn": ("mixed precision", "cnn/default, single", _CNN,
+                      _values("train.precision", "float32", "mixed_bfloat16")),
+    "threads": ("host threads", "mlp/default, replicated x2", [*_MLP, "strategy=replicated", "gpus=2"], [
+        ("train.intra_op_threads=-1 (default: cores / devices)", []),
+        ("train.intra_op_threads=0 (TensorFlow's default)", ["train.intra_op_threads=0"]),
+        ("train.intra_op_threads=2", ["train.intra_op_threads=2"]),
+        ("train.inter_op_threads=1", ["train.inter_op_threads=1"]),
+        ("train.inter_op_threads=4", ["train.inter_op_threads=4"])]),
+    "threads1": ("host threads", "mlp/tiny, single", _MLP_TINY, [
+        ("train.intra_op_threads=-1 (default: TensorFlow's own on one device)", []),
+        ("train.intra_op_threads=1", ["train.intra_op_threads=1"])]),
+    "malloc": ("freed memory kept for reuse", "mlp/default, mirrored x2, tf.distribute input",
+               [*_MLP, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
+    "malloc_cnn": ("freed memory kept for reuse", "cnn/default, mirrored x2, tf.distribute input",
+                   [*_CNN, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
+    "input": ("mirrored's input", "mlp/tiny, mirrored x2", [*_MLP_TINY, "strategy=mirrored", "gpus=2"],
+              _values("strategy.input", "towers", "distribute")),
+    "input4": ("mirrored's input", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"],
+               _values("strategy.input", "towers", "distribute")),
+    "reduce": ("cross-device reduction", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"], [
+        ("strategy.cross_device_ops=auto (default: reduce_to_one_device on CPUs)", []),
+        ("strategy.cross_device_ops=tensorflow (collective ring)", ["strategy.cross_device_ops=tensorflow"]),
+        ("strategy.cross_device_ops=hierarchical_copy", ["strategy.cross_device_ops=hierarchical_copy"])]),
+}
+
+
+def speed_settings(args: argparse.Namespace) -> int:
+    """One table: each setting's values side by side, images/s as a ratio to the group's default."""
+    from runner.tracking import ensure_experiment, resolve_uri
+
+    uri, experiment = resolve_uri(args.tracking_uri), "bench_settings"
+    ensure_experiment(uri, experiment)
+    out: list[str] = []
+    emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}; {machine()}", "",
+               "| setting | model, strategy | value | images/s ± stderr | x default | test accuracy |",
+               "|---|---|---|---|---|---|"])
+    failed = False
+    for group in args.groups:
+        what, where, job, values = SPEED_SETTINGS[group]
+        base = None  # the default's images/s (the group's first row); None if that job failed
+        for i, (label, extra) in enumerate([*values, (f"{values[0][0]}, again", values[0][1])]):
+            steps = [f"train.steps={args.steps}"] if args.steps else []
+            m = run_job([*job, *extra, *steps, "train.checkpoint_every=0", f"data.test_limit={args.test_limit}"],
+                        uri, experiment)
+            if "error" in m or "images_per_sec" not in m:
+                failed = True
+                emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', 'no timed steps')[:80]} | | |"])
+                continue
+            base = m["images_per_sec"] if i == 0 else base
+            rate = f"{m['images_per_sec']:,.0f} ± {m['images_per_sec_stderr']:,.0f}"
+            ratio = f"{m['images_per_sec'] / base:.2f}" if base else "-"
+            emit(out, [f"| {what} | {where} | `{label}` | {rate} | {ratio} "
+                       f"| {m['test_accuracy']:.4f} |"])
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    return 1 if failed else 0
+
+
+def _check_settings_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """With --steps: every row of the chosen groups still times >= 20 steps in >= 2 calls, or exit 2."""
+    for group in args.groups if args.steps else []:
+        _, _, job, values = SPEED_SETTINGS[group]
+        for label, extra in values:
+            per_call = int([o for o in [*job, *extra] if o.startswith("train.steps_per_call=")][-1].split("=")[1])
+            n = timed_steps(args.steps, per_call)
+            if n < MIN_TIMED_STEPS or n < 2 * per_call:
+                parser.error(f"--steps {args.steps} times only {n} steps of `{label}` ({per_call} per call; the "
+                             f"first call is warm-up); need >= {MIN_TIMED_STEPS} steps in >= 2 calls")

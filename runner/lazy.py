@@ -1,0 +1,30 @@
+"""`tf = lazy("tensorflow")`: a module imported on its first attribute use.
+
+Component modules (strategies, the shared strategy pieces) define their options beside their TensorFlow code.
+Config validation imports them to read those options before TensorFlow may be imported (the devices must be
+configured first, and a bad config should fail in well under a second), so they refer to TensorFlow and Keras
+through this proxy; type checkers see the real import (`if TYPE_CHECKING: import tensorflow as tf`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+
+class LazyModule:
+    """Stands in for module `name` and imports it when an attribute is first read."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self._name!r}>"
+
+
+def lazy(name: str) -> Any:
+    """A proxy for module `name`, imported on first use (not at this call)."""
+    return LazyModule(name)

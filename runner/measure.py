@@ -1,0 +1,89 @@
+"""What a run measures beside the training loop: hooks around its calls, and figures taken after it.
+
+- `ReuseFreedMemory` (hook): undoes, after every call, the allocator setting TensorFlow's generator datasets leave
+  behind (`runner.malloc`).
+- `Profile` (hook): traces the first call that would be timed with TensorFlow's profiler (`runner.profile`).
+- `input_figures` (after training): the input pipeline's rate alone beside the training step's.
+- `peak_rss_mb` (after training): the process's peak resident memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from pathlib import Path
+from typing import Any, ContextManager
+
+from runner import malloc
+from runner.train import Hook
+
+log = logging.getLogger(__name__)
+INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devices waiting for data
+
+
+class ReuseFreedMemory(Hook):
+    """A generator-based input iterator (tf.distribute's, prefetch_to_device's) starts in a call and leaves glibc
+    mapping and unmapping every tensor over 128 KiB from then on (runner/malloc.py); undo that after every call."""
+
+    def after(self, step: int, n: int, seconds: float, last: bool) -> None:
+        malloc.reuse()
+
+
+class Profile(Hook):
+    """Trace the first full call that would be timed (never the first call: that one traces the tf.function) into
+    `folder`; that call is then left out of the timing, and its steps and seconds become figures."""
+
+    def __init__(self, folder: Path, steps_per_call: int, warmup_calls: int):
+        self.folder, self.steps_per_call, self.warmup_calls = folder, steps_per_call, warmup_calls
+        self.tracing = False
+        self.traced: dict[str, float] = {}
+
+    def around(self, calls: int, n: int) -> ContextManager[None] | None:
+        if self.traced or n != self.steps_per_call or calls < max(1, self.warmup_calls):
+            return None
+        from runner import profile
+
+        self.tracing = True
+        return profile.trace(self.folder)
+
+    def after(self, step: int, n: int, seconds: float, last: bool) -> None:
+        if self.tracing:
+            self.tracing = False
+            self.traced = {"profile_steps": float(n), "profile_seconds": seconds}
+
+    def figures(self) -> dict[str, float]:
+        return self.traced
+
+
+def input_rate(strategy: Any, batches: Any, steps_per_call: int, calls: int = 3, reuse_memory: bool = True) -> float:
+    """Steps per second the input pipeline delivers alone (no model), timed after one warm-up call."""
+    import tensorflow as tf
+
+    drain = strategy.input_loop(batches)
+    n = tf.constant(steps_per_call)
+    int(drain(n)[1])
+    if reuse_memory:
+        malloc.reuse()  # the warm-up started this feed's iterators (see ReuseFreedMemory)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        int(drain(n)[1])
+    return calls * steps_per_call / (time.perf_counter() - t0)
+
+
+def input_figures(strategy: Any, batches: Any, train: Any, timed: dict) -> dict:
+    """Pipeline-alone rate beside the training step rate; input-bound when the pipeline is under 3x the steps."""
+    if "step_time_ms" not in timed:
+        return {}
+    pipeline = input_rate(strategy, batches, train.steps_per_call, reuse_memory=train.reuse_freed_memory)
+    step = 1000.0 / timed["step_time_ms"]
+    bound = pipeline < INPUT_BOUND_RATIO * step
+    if bound:
+        log.warning("input-bound: the pipeline alone gives %.0f batches/s, under %dx the %.0f steps/s of training",
+                    pipeline, INPUT_BOUND_RATIO, step)
+    return {"input_batches_per_sec": pipeline, "step_batches_per_sec": step, "input_bound": float(bound)}
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory so far, in MiB (ru_maxrss is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -1,0 +1,203 @@
+"""One registry per component kind (model, pipeline, strategy, data), and typed options from a config node.
+
+A component is a dataclass: its fields are its options (choices as `Literal`s, each default written once) and its
+methods do its work. A built-in component registers itself with its kind's registry (`@MODELS.register` in its
+module), which also stores its fields as the Hydra schema `schema/<kind>/<name>` that its YAML extends. A user's
+component is named by `_target_` in a YAML of their own config directory (`--config-dir`): the dotted path of such
+a class (or, where the kind allows it, of a plain function, e.g. one returning a Keras model).
+
+Hydra composes the YAML; `Registry.options(node)` turns the composed node into the component object, checking
+types, unknown keys and choices with one-line `ConfigError`s. Nothing here imports TensorFlow: component modules
+import it lazily, so validation runs before TensorFlow starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+import pkgutil
+import typing
+from typing import Any, Callable, Literal, Mapping, Optional, Union
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from runner.errors import ConfigError
+
+TARGET = "_target_"
+Rule = tuple[Callable[[Any], bool], str]  # (check of a value, what is allowed): a component's `RULES[field]`
+
+
+def positive(value: Any) -> bool:
+    return value is None or value > 0
+
+
+def non_negative(value: Any) -> bool:
+    return value is None or value >= 0
+
+
+def _literal_values(annotation: Any) -> tuple | None:
+    """The allowed values of a `Literal[...]` or `Optional[Literal[...]]` annotation, else None."""
+    if typing.get_origin(annotation) is Literal:
+        return typing.get_args(annotation)
+    if typing.get_origin(annotation) is Union:
+        for arg in typing.get_args(annotation):
+            if typing.get_origin(arg) is Literal:
+                return typing.get_args(arg)
+    return None
+
+
+def _plain(annotation: Any) -> Any:
+    """An annotation OmegaConf 2.3 can check: Literal[...] becomes the type of its values."""
+    values = _literal_values(annotation)
+    if values is None:
+        return annotation
+    base = type(values[0])
+    return Optional[base] if type(None) in typing.get_args(annotation) else base
+
+
+def fields(cls: type) -> dict[str, Any]:
+    """Field name -> resolved annotation of an options dataclass (its ClassVars excluded)."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def schema(cls: type) -> type:
+    """The dataclass OmegaConf and Hydra's ConfigStore type-check against: cls's fields, Literals as plain types,
+    nested options dataclasses as their own schemas."""
+    specs = []
+    for f in dataclasses.fields(cls):
+        annotation = fields(cls)[f.name]
+        if dataclasses.is_dataclass(annotation):
+            annotation = schema(annotation)
+            default = {"default_factory": annotation}
+        elif f.default_factory is not dataclasses.MISSING:
+            default = {"default_factory": f.default_factory}
+        else:
+            default = {"default": f.default} if f.default is not dataclasses.MISSING else {}
+        specs.append((f.name, _plain(annotation), dataclasses.field(**default)))
+    return dataclasses.make_dataclass(cls.__name__, specs)
+
+
+def _key(kind: str, key: str) -> str:
+    return f"{kind}.{key}" if kind else key
+
+
+def _one_line(e: OmegaConfBaseException, kind: str) -> str:
+    key = getattr(e, "full_key", None) or ""
+    message = str(getattr(e, "msg", e)).splitlines()[0]
+    return f"{_key(kind, key)}: {message}" if key else f"{kind or 'config'}: {message}"
+
+
+def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
+    """Literal choices and `RULES` of cls, and of the options dataclasses nested in it."""
+    for name, annotation in fields(cls).items():
+        if dataclasses.is_dataclass(annotation):
+            _check_values(annotation, values[name], _key(kind, name))
+        allowed = _literal_values(annotation)
+        if allowed is not None and values[name] not in allowed and not (values[name] is None and None in allowed):
+            choices = ", ".join(str(a) for a in allowed)
+            raise ConfigError(f"{_key(kind, name)}={values[name]!r} is not allowed; choose one of: {choices}")
+    for key, (ok, allowed) in getattr(cls, "RULES", {}).items():
+        if not ok(values[key]):
+            raise ConfigError(f"{_key(kind, key)}={values[key]!r} is not allowed; expected {allowed}")
+
+
+def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any]:
+    """`node`'s values checked against cls: types and unknown keys by OmegaConf, then Literal choices and the
+    class's `RULES` (value ranges). The `_target_` key, which names the class, is left out.
+
+    Raises:
+        ConfigError: one line naming the key, the value and what is allowed.
+    """
+    plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})
+    except OmegaConfBaseException as e:
+        raise ConfigError(_one_line(e, kind)) from None
+    values = OmegaConf.to_container(merged, resolve=True)
+    _check_values(cls, values, kind)
+    return values
+
+
+def typed(cls: type, node: Mapping[str, Any], kind: str) -> Any:
+    """`node` as a `cls` object, checked as `typed_values` does."""
+    return cls(**typed_values(cls, node, kind))
+
+
+def locate(path: str, kind: str) -> Any:
+    """The object at dotted `path` (`package.module.name`), or a ConfigError saying why it cannot be imported."""
+    module_name, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        raise ConfigError(
+            f"{kind}.{TARGET}={path!r} cannot be imported ({type(e).__name__}: {e}); put its package on PYTHONPATH "
+            "or install it"
+        ) from None
+
+
+class Registry:
+    """The components of one kind: built-ins found in `package`, plus classes a config names with `_target_`.
+
+    Args:
+        kind: the config group, e.g. "model".
+        package: where the built-ins live; every public module of it is imported once to register them.
+        from_function: turns (target path, function, other keys) into a component, for kinds where a plain
+            function is a component (models); None: `_target_` must name a class.
+    """
+
+    def __init__(self, kind: str, package: str, from_function: Callable[..., Any] | None = None):
+        self.kind, self.package, self.from_function = kind, package, from_function
+        self._classes: dict[str, type] = {}
+        self._discovered = False
+
+    def register(self, cls: type) -> type:
+        """Class decorator: a built-in component under the default of its `name` field, and its Hydra schema."""
+        from hydra.core.config_store import ConfigStore
+
+        name = cls.name
+        self._classes[name] = cls
+        ConfigStore.instance().store(group=f"schema/{self.kind}", name=name, node=schema(cls))
+        return cls
+
+    def discover(self) -> None:
+        """Import every public module of the package, so each built-in registers itself."""
+        if self._discovered:
+            return
+        self._discovered = True
+        package = importlib.import_module(self.package)
+        for module in pkgutil.iter_modules(package.__path__):
+            if not module.name.startswith("_"):
+                importlib.import_module(f"{self.package}.{module.name}")
+
+    def names(self) -> list[str]:
+        """The built-in components' names, sorted."""
+        self.discover()
+        return sorted(self._classes)
+
+    def get(self, name: str) -> type:
+        """The built-in component class `name`."""
+        self.discover()
+        if name not in self._classes:
+            raise ConfigError(
+                f"{self.kind}.name={name!r} is not allowed; choose one of: {', '.join(self.names())} "
+                f"(or name your own class with {self.kind}.{TARGET})"
+            )
+        return self._classes[name]
+
+    def options(self, node: Mapping[str, Any]) -> Any:
+        """The component a composed config node describes: by `_target_` if it has one, else by `name`."""
+        if TARGET not in node:
+            return typed(self.get(str(node.get("name"))), node, self.kind)
+        target = locate(str(node[TARGET]), self.kind)
+        if inspect.isclass(target) and dataclasses.is_dataclass(target):
+            return typed(target, node, self.kind)
+        if callable(target) and self.from_function is not None:
+            rest = {k: v for k, v in node.items() if k != TARGET}
+            return self.from_function(str(node[TARGET]), target, rest)
+        wanted = "a dataclass or a function" if self.from_function else "a dataclass"
+        raise ConfigError(f"{self.kind}.{TARGET}={node[TARGET]!r} is not {wanted}")
