@@ -89,18 +89,11 @@ class DataError(UserError):
 
 
 def default_cache_dir() -> pathlib.Path:
-    """Return the directory where verified MNIST IDX files are cached.
+    """Where verified MNIST IDX files are cached: ``$RUNNER_CACHE_DIR`` if set, else
+    ``$XDG_CACHE_HOME/runner/mnist``, else ``~/.cache/runner/mnist`` (runner.cache)."""
+    from runner.cache import cache_dir
 
-    Returns:
-        ``$RUNNER_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/runner/mnist``,
-        else ``~/.cache/runner/mnist``. Empty variables count as unset.
-    """
-    explicit = os.environ.get("RUNNER_CACHE_DIR")
-    if explicit:
-        return pathlib.Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = pathlib.Path(xdg).expanduser() if xdg else pathlib.Path.home() / ".cache"
-    return base / "runner" / "mnist"
+    return cache_dir("mnist")
 
 
 # --------------------------------------------------------------------- IDX

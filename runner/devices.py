@@ -68,10 +68,24 @@ class Devices:
 _ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
+def parse_cpuinfo(text: str) -> dict[str, str]:
+    """The fields of the first processor in the text of /proc/cpuinfo."""
+    first = text.strip().split("\n\n")[0]
+    return dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in first.splitlines()))
+
+
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+    """This machine's /proc/cpuinfo fields (first processor); {} where there is no such file (not Linux)."""
+    try:
+        return parse_cpuinfo(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return {}
+
+
 def describe_cpuinfo(text: str) -> str:
     """'<model name> (family F model M), <ISA flags>' from the text of /proc/cpuinfo (its first processor)."""
-    first = text.strip().split("\n\n")[0]
-    fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in first.splitlines()))
+    fields = parse_cpuinfo(text)
     flags = set(fields.get("flags", "").split())
     isa = ", ".join(f for f in _ISA_FLAGS if f in flags) or "no avx2"
     name, family, model = (fields.get(k, "?") for k in ("model name", "cpu family", "model"))

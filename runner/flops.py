@@ -38,6 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from runner.cache import cache_dir as runner_cache_dir
+
 log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "bfloat16")
@@ -249,25 +251,11 @@ class Peak:
     cached: bool
 
 
-def default_cache_dir() -> Path:
-    """`$RUNNER_CACHE_DIR` if set (as for MNIST), else `$XDG_CACHE_HOME/runner`, else `~/.cache/runner`."""
-    explicit = os.environ.get("RUNNER_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "runner"
-
-
 def _cpuinfo(field: str) -> str:
-    """The first value of `field` in /proc/cpuinfo ('' where there is no such file, e.g. macOS)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            name, _, value = line.partition(":")
-            if name.strip() == field:
-                return value.strip()
-    except OSError:
-        pass
-    return ""
+    """The first processor's `field` in /proc/cpuinfo ('' where there is none, e.g. macOS)."""
+    from runner.devices import cpuinfo
+
+    return cpuinfo().get(field, "")
 
 
 def _cpu_description() -> str:
@@ -426,7 +414,7 @@ def probe_peak(
         dtype: "float32", "float16" or "bfloat16".
         size: side of the square matrices (2048 reaches the peak on CPUs; the key includes it).
         seconds: timed budget of the measurement (the best call wins); about 1.5x that in all.
-        cache_dir: folder of `peak.json`; default `default_cache_dir()`.
+        cache_dir: folder of `peak.json`; default `runner.cache.cache_dir()`.
         refresh: measure even if cached; the cache keeps the higher of the old and new figures, since other
             processes can only slow a measurement down (probe on an idle machine: the entry records
             how much of the CPUs other processes used meanwhile).
@@ -445,7 +433,7 @@ def probe_peak(
         log.info("no native %s on %s: peak not probed", dtype, device)
         return None
     key = f"{device}|{dtype}|{size}"
-    path = (cache_dir or default_cache_dir()) / CACHE_FILE
+    path = (cache_dir or runner_cache_dir()) / CACHE_FILE
     entry = _read_cache(path).get(key)
     old = float(entry.get("gflops", 0)) if isinstance(entry, dict) else 0.0
     if old > 0 and not refresh:
