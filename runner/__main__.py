@@ -157,6 +157,11 @@ def cli() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     from runner import sweep
 
+    if sys.argv[1:2] in (["--version"], ["-V"]):
+        import runner
+
+        print(f"runner {runner.__version__} ({runner.DISTRIBUTION})")
+        sys.exit(0)
     if sys.argv[1:2] == ["report"]:
         from runner.report import main as report_main
 

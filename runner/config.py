@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import json
 import math
 from dataclasses import dataclass, field
@@ -33,7 +34,9 @@ if TYPE_CHECKING:
     from runner.cluster import Cluster
     from runner.strategies import StrategyOptions
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# The configs: the package data `runner.conf` (the repository's conf/, mapped there by pyproject.toml), found the
+# same way in a wheel, a `pip install .` and an editable install.
+CONF_DIR = Path(str(importlib.resources.files("runner.conf")))
 COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "strategy": STRATEGIES, "data": DATASETS}
 PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)

@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 
+import runner
 from runner.errors import UserError
 
 if TYPE_CHECKING:
     from runner.config import Plan
 
 log = logging.getLogger(__name__)
-REPO_DIR = Path(__file__).resolve().parent.parent
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 ENV_PARENT = "RUNNER_PARENT_RUN_ID"  # set for a sweep's job processes: the sweep's parent run
 ENV_CHILD = "RUNNER_SWEEP_CHILD"  # "1" in the fresh process a sweep job starts
@@ -159,9 +159,28 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
     return out
 
 
-def _git_commit() -> str | None:
+def _source_checkout() -> Path | None:
+    """The checkout the runner is installed from in editable mode (`pip install -e`), from the install's own record
+    (PEP 610 direct_url.json); None for a regular install, whose version says what ran."""
+    import json
+    from importlib import metadata
+
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True, timeout=5)
+        direct = json.loads(metadata.distribution(runner.DISTRIBUTION).read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    url = direct.get("url", "")
+    editable = direct.get("dir_info", {}).get("editable", False)
+    return Path(url.removeprefix("file://")) if editable and url.startswith("file://") else None
+
+
+def _git_commit() -> str | None:
+    """The commit of the editable checkout that runs, if there is one and git can read it."""
+    checkout = _source_checkout()
+    if checkout is None:
+        return None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
@@ -188,6 +207,7 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
         "data": cfg.data.name,
         "data.synthetic": str(cfg.data.name == "synthetic").lower(),
         "mlflow.runName": run_name(cfg),
+        "runner.version": runner.__version__,
     }
     commit = _git_commit()
     if commit:
