@@ -52,6 +52,9 @@ class Pipeline(Protocol):
     def distribute(self, strategy: Any, examples: Examples, global_batch: int, seed: int) -> Any:
         """The same feed through tf.distribute's input API: an iterator of per-replica batches."""
 
+    def check(self, towers: int, train_examples: int | None) -> None:
+        """Raise ConfigError (one line) when this pipeline cannot feed `towers` from that many examples."""
+
 
 @dataclass
 class PipelineOptions:
@@ -70,6 +73,9 @@ class PipelineOptions:
         "private_threads": (non_negative, "0 (shared pool) or a positive integer"),
     }
 
+    def check(self, towers: int, train_examples: int | None) -> None:
+        """One iterator feeds every tower: any number of examples will do (they repeat)."""
+
 
 @dataclass
 class DatasetOptions:
@@ -83,6 +89,10 @@ class DatasetOptions:
         "train_limit": (positive, "a positive integer or null"),
         "test_limit": (positive, "a positive integer or null"),
     }
+
+    def train_examples(self) -> int | None:
+        """How many training examples `load` will give, if known without loading them."""
+        return self.train_limit
 
 
 DATASETS = Registry("data", "data_pipelines")

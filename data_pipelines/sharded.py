@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar
 
 from data_pipelines import PIPELINES, PipelineOptions
 from data_pipelines.common import batched, per_tower_batch, shuffled
+from runner.errors import ConfigError
 from runner.registry import Rule, positive
 
 
@@ -80,6 +81,14 @@ class Sharded(PipelineOptions):
     RULES: ClassVar[dict[str, Rule]] = {
         **PipelineOptions.RULES, "device_buffer": (positive, "a positive number of batches"),
     }
+
+    def check(self, towers: int, train_examples: int | None) -> None:
+        """Every shard needs at least one example (shard i holds examples i, i + N, ...)."""
+        if train_examples is not None and train_examples < towers:
+            raise ConfigError(
+                f"pipeline=sharded splits the {train_examples} training examples into {towers} shards, one per tower; "
+                f"it needs at least {towers} (raise data.train_limit) or use pipeline=split"
+            )
 
     def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Batches:
         """Feed len(devices) towers, each from its own shard staged on its own device."""

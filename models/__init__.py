@@ -36,6 +36,10 @@ class Model(Protocol):
     def layers_with_weights(self) -> int | None:
         """How many layers have weights (the most stages `strategy.split=stages` can cut); None: known once built."""
 
+    def activations_per_example(self) -> int | None:
+        """Floats the layers compute per example (their outputs; reshapes and dropout not counted), for validation's
+        memory estimate; None: unknown."""
+
     @property
     def dense_only(self) -> bool:
         """Whether every layer with weights is Dense (`strategy.split=width` applies)."""
@@ -48,6 +52,9 @@ class ModelOptions:
     name: str = ""
 
     def layers_with_weights(self) -> int | None:
+        return None
+
+    def activations_per_example(self) -> int | None:
         return None
 
     @property

@@ -43,5 +43,16 @@ class CNN(ModelOptions):
         ]
         return keras.Sequential(layers, name=f"cnn_{self.variant}")
 
+    def activations_per_example(self) -> int:
+        filters, pool_after, dense = LAYERS[self.variant]
+        side, total = 28, 0
+        for i, f in enumerate(filters):
+            side -= 2  # valid 3x3
+            total += f * side * side
+            if i == pool_after:
+                side //= 2
+                total += f * side * side
+        return total + dense + NUM_CLASSES
+
     def layers_with_weights(self) -> int:
         return len(LAYERS[self.variant][0]) + 2  # the convs and the two Dense layers

@@ -40,5 +40,9 @@ class LeNet(ModelOptions):
             name=f"lenet_{self.variant}",
         )
 
+    def activations_per_example(self) -> int:
+        conv1, conv2, dense = WIDTHS[self.variant]
+        return conv1 * (28 * 28 + 14 * 14) + conv2 * (14 * 14 + 7 * 7) + dense + NUM_CLASSES
+
     def layers_with_weights(self) -> int:
         return 4  # two convolutions, two Dense layers

@@ -35,6 +35,9 @@ class MLP(ModelOptions):
             name=f"mlp_{self.variant}",
         )
 
+    def activations_per_example(self) -> int:
+        return 2 * HIDDEN_UNITS[self.variant] + NUM_CLASSES
+
     def layers_with_weights(self) -> int:
         return 3  # the three Dense layers, whatever the variant
 

@@ -49,5 +49,9 @@ class NIN(ModelOptions):
         layers.append(keras.layers.GlobalAveragePooling2D())  # (b, 10) logits
         return keras.Sequential(layers, name=f"nin_{self.variant}")
 
+    def activations_per_example(self) -> int:
+        c1, c2, c3 = CHANNELS[self.variant]
+        return 3 * c1 * 28 * 28 + c1 * 14 * 14 + 3 * c2 * 14 * 14 + c2 * 7 * 7 + (2 * c3 + NUM_CLASSES) * 7 * 7 + NUM_CLASSES
+
     def layers_with_weights(self) -> int:
         return 3 * len(CHANNELS[self.variant])  # three convolutions per mlpconv block

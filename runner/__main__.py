@@ -15,11 +15,16 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from runner.config import CONF_DIR, GROUPS, group_options
+from runner.config import CONF_DIR, GROUPS, HYDRA_GROUPS, allowed, group_options
 from runner.errors import UserError
 
 log = logging.getLogger("runner")
 USER_ERROR_EXIT = 2
+# Hydra launcher settings that Hydra itself does not check before the sweep starts.
+HYDRA_RULES = {
+    "hydra.launcher.n_jobs": (lambda v: isinstance(v, int) and v != 0 and v >= -(os.cpu_count() or 1),
+                              "a positive number of parallel jobs, or -1 for one per CPU"),
+}
 
 
 def _fail(message: str) -> None:
@@ -46,6 +51,21 @@ def config_dirs(args: list[str]) -> tuple[Path, ...]:
     return tuple(Path(d).expanduser() for d in dirs if d)
 
 
+def check_launch_dir(args: list[str]) -> str | None:
+    """Hydra writes each run's folder under the launch directory (outputs/, multirun/) unless hydra.run.dir /
+    hydra.sweep.dir say otherwise, and fails with a traceback when it cannot: say so in one line first."""
+    from runner.paths import unwritable
+
+    if any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args):
+        return None
+    problem = unwritable(Path.cwd())
+    if problem:
+        return (f"the launch directory cannot be written ({problem}): each run writes its folder (outputs/) and, by "
+                "default, its store (mlflow.db) there; run from a writable folder, or set hydra.run.dir=/writable/dir "
+                "and mlflow.tracking_uri")
+    return None
+
+
 def check_group_overrides(args: list[str]) -> str | None:
     """Find a command-line choice of a config group that does not exist (`model=foo`, `-m model=mlp,foo`).
 
@@ -66,7 +86,11 @@ def check_group_overrides(args: list[str]) -> str | None:
         except Exception:  # not an override (e.g. the value of --config-name): Hydra reports it if it matters
             continue
         group = override.key_or_group
-        if group not in GROUPS or override.is_delete():
+        if group in HYDRA_RULES and not override.is_delete():
+            ok, wanted = HYDRA_RULES[group]
+            if not ok(override.value()):
+                return f"{group}={override.value()} is not allowed; expected {wanted}"
+        if group not in (*GROUPS, *HYDRA_GROUPS) or override.is_delete():
             continue
         values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
         allowed = group_options(group, extra)
@@ -92,9 +116,10 @@ def main(cfg: DictConfig) -> Any:
     except UserError as e:
         # Exiting here, inside the job, keeps Hydra from adding its own "Error executing job" line.
         _report(e)
+    rate = f"{result['images_per_sec']:,.0f} images/s" if "images_per_sec" in result else "images/s not measured"
     print(
         f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}  "
-        f"{result.get('images_per_sec', float('nan')):,.0f} images/s  ({result['steps']:.0f} steps, "
+        f"{rate}  ({result['steps']:.0f} steps, "
         f"{result['wall_seconds']:.1f} s)  "
         + (f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)")
     )
@@ -109,10 +134,31 @@ def one_line(e: BaseException) -> str:
     """
     paragraph = str(e).strip().split("\n\n")[0].splitlines()[:2]
     text = " ".join(line.strip() for line in paragraph) or type(e).__name__
+    if text.startswith("Could not override '"):
+        return _unknown_key(text.split("'")[1]) or text
     cause = e.__cause__ or e.__context__
     if text.startswith("Error merging override") and cause is not None and str(cause).strip():
         text += f": {str(cause).strip().splitlines()[0]}"
+        key = text.removeprefix("Error merging override ").split("=", 1)[0]
+        if allowed(key):
+            text += f"; {key} must be {allowed(key).removeprefix('expected ')}"
     return text
+
+
+def _unknown_key(key: str) -> str | None:
+    """For a key the chosen component does not have (`strategy.cross_device_ops` with strategy=single): which
+    components of the group have it, instead of Hydra's hint to append it."""
+    from runner.config import COMPONENTS
+    from runner.registry import fields
+
+    group, _, name = key.partition(".")
+    if group not in COMPONENTS or not name or "." in name:
+        return None
+    registry = COMPONENTS[group]
+    owners = [n for n in registry.names() if name in fields(registry.get(n))]
+    if not owners:
+        return f"{key} is not an option of any {group}; `python -m runner --cfg job` shows the chosen {group}'s options"
+    return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"
 
 
 def _log_to_files(message: str) -> None:
@@ -155,7 +201,7 @@ def cli() -> None:
 
     os.environ.setdefault("RUNNER_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", ""))
     os.environ["HYDRA_FULL_ERROR"] = "1"
-    from runner import sweep
+    from runner import signals, sweep, tracking
 
     if sys.argv[1:2] in (["--version"], ["-V"]):
         import runner
@@ -166,16 +212,22 @@ def cli() -> None:
         from runner.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
-    error = check_group_overrides(sys.argv[1:])
+    if sys.argv[1:2] == ["replay"]:
+        from runner.journal import main as replay_main
+
+        sys.exit(replay_main(sys.argv[2:]))
+    tracking.bound_http_retries()
+    error = check_group_overrides(sys.argv[1:]) or check_launch_dir(sys.argv[1:])
     if error:
         _fail(error)
+    signals.install()
     try:
         main()
         _exit_now(1 if sweep.failures else 0)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, signals.Terminated) as e:
         sweep.close_open_parent("KILLED")
-        print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        print("interrupted" if isinstance(e, KeyboardInterrupt) else f"terminated ({e})", file=sys.stderr)
+        _exit_now(130 if isinstance(e, KeyboardInterrupt) else 143)
     except (UserError, HydraException, OmegaConfBaseException) as e:
         sweep.close_open_parent("FAILED")
         _report(e)

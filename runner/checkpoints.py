@@ -23,11 +23,27 @@ from typing import Any
 
 import tensorflow as tf
 
+from runner.errors import UserError
 from runner.train import Hook, crossed
 
 log = logging.getLogger(__name__)
 logging.getLogger("absl").setLevel(logging.WARNING)  # the checkpoint writer logs an INFO line per save
 RUN_FILE = "run.json"  # beside the checkpoints: which MLflow run wrote them, at which step
+
+
+class CheckpointError(UserError):
+    """A checkpoint cannot be written; the message says where and what to do."""
+
+
+def unreadable(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be read whole (every saved tensor), or None."""
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for name in reader.get_variable_to_shape_map():
+            reader.get_tensor(name)
+    except Exception as e:  # noqa: BLE001 - any failure to read it means "damaged"
+        return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
+    return None
 
 
 class Checkpointer(Hook):
@@ -53,15 +69,25 @@ class Checkpointer(Hook):
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(target), max_to_keep=2)
 
     def restore(self) -> tuple[int, str | None]:
-        """Load the latest checkpoint, if any: (its step, the MLflow run that wrote it), else (0, None)."""
-        latest = tf.train.latest_checkpoint(str(self.directory))  # every worker reads the chief's folder
-        if latest is None:
-            return 0, None
-        self.checkpoint.restore(latest).assert_existing_objects_matched()
-        step = int(self.step.numpy())
-        info = self._read_run_file()
-        log.info("resuming from checkpoint %s at step %d", latest, step)
-        return step, info.get("run_id")
+        """Load the newest intact checkpoint, if any: (its step, the MLflow run that wrote it), else (0, None).
+
+        Each candidate, newest first, is read whole before anything is restored from it, so a damaged one (a
+        truncated or missing data file) is reported by name and skipped without touching the variables.
+        """
+        state = tf.train.get_checkpoint_state(str(self.directory))  # every worker reads the chief's folder
+        candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        for path in candidates:
+            damage = unreadable(path)
+            if damage:
+                log.warning("checkpoint %s is damaged (%s); trying an older one", path, damage)
+                continue
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+            step = int(self.step.numpy())
+            log.info("resuming from checkpoint %s at step %d", path, step)
+            return step, self._read_run_file().get("run_id")
+        if candidates:
+            log.warning("no intact checkpoint in %s: training starts from step 0", self.directory)
+        return 0, None
 
     def _read_run_file(self) -> dict:
         try:
@@ -72,7 +98,14 @@ class Checkpointer(Hook):
     def save(self, step: int) -> None:
         """Save the training state as of `step` (all workers of a multi-worker job must call this together)."""
         self.step.assign(step)
-        path = self.manager.save(checkpoint_number=step)
+        try:
+            path = self.manager.save(checkpoint_number=step)
+        except (OSError, tf.errors.OpError) as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise CheckpointError(
+                f"the checkpoint at step {step} could not be written to {self.manager.directory} ({reason}); free "
+                "space there or set train.checkpoint_dir elsewhere (train.checkpoint_every=0: no checkpoints)"
+            ) from None
         if self.writer:
             (self.directory / RUN_FILE).write_text(json.dumps({"run_id": self.run_id, "step": step}))
             log.info("checkpoint at step %d: %s", step, path)
@@ -81,6 +114,10 @@ class Checkpointer(Hook):
 
     def after(self, step: int, n: int, seconds: float, last: bool) -> None:
         if not last and crossed(step, n, self.every):
+            self.save(step)
+
+    def stopped(self, step: int) -> None:
+        if self.step.numpy() != step:  # not saved by `after` at this very step
             self.save(step)
 
     def finished(self) -> None:

@@ -15,6 +15,7 @@ import hashlib
 import importlib.resources
 import json
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -26,6 +27,7 @@ from data_pipelines import DATASETS, PIPELINES
 from models import MODELS
 from runner.errors import ConfigError
 from runner.registry import Registry, Rule, non_negative, positive, schema, typed_values
+from runner.registry import fields as registry_fields
 from runner.strategies import MAX_DEVICES, STRATEGIES
 
 if TYPE_CHECKING:
@@ -82,7 +84,8 @@ class TrainConf:
         "lr_warmup_steps": (non_negative, "0 or a positive number of steps"),
         "intra_op_threads": (lambda v: v >= -1, "-1 (auto), 0 (TensorFlow's default) or a positive integer"),
         "inter_op_threads": (non_negative, "0 (TensorFlow's default) or a positive integer"),
-        "epochs": (positive, "a positive number or null"),
+        "epochs": (lambda v: v is None or 0 < v < math.inf, "a positive finite number or null"),
+        "seed": (lambda v: 0 <= v < 2**32, f"an integer from 0 to {2**32 - 1} (TensorFlow's seed range)"),
         "steps": (positive, "a positive integer or null"),
         "steps_per_call": (positive, "a positive integer"),
         "warmup_calls": (non_negative, "0 or a positive integer"),
@@ -98,6 +101,11 @@ class MlflowConf:
 
     tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db
     experiment: str = "runner"
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "experiment": (lambda v: bool(v.strip()) and v == v.strip() and "/" not in v,
+                       "a non-empty name without leading or trailing spaces or '/'"),
+    }
 
 
 @dataclass
@@ -162,10 +170,34 @@ class Plan:
         return int(self.cfg.gpus)
 
 
+HYDRA_GROUPS = ("hydra/launcher", "hydra/sweeper")  # Hydra's own groups a user picks on the command line
+
+
 def group_options(group: str, extra_dirs: tuple[Path, ...] = ()) -> list[str]:
     """The options of a config group: the YAML files in `conf/<group>/` and in `<dir>/<group>/` of each extra
-    config directory (a user's `--config-dir` or `hydra.searchpath` entries)."""
-    return sorted({p.stem for folder in (CONF_DIR, *extra_dirs) for p in (folder / group).glob("*.yaml")})
+    config directory (a user's `--config-dir` or `hydra.searchpath` entries); for Hydra's own groups, also the
+    options its installed plugins register."""
+    names = {p.stem for folder in (CONF_DIR, *extra_dirs) for p in (folder / group).glob("*.yaml")}
+    if group in HYDRA_GROUPS:
+        from hydra.core.plugins import Plugins
+
+        Plugins.instance()  # registers the installed plugins' configs
+        names |= {n.removesuffix(".yaml") for n in ConfigStore.instance().list(group)}
+    return sorted(names)
+
+
+def allowed(key: str) -> str | None:
+    """What a top-level key allows (`gpus`, `train.seed`, ...), from its Literal choices or its rule."""
+    cls, *path = [Config, *key.split(".")]
+    for name in path[:-1]:
+        cls = registry_fields(cls).get(name)
+        if not dataclasses.is_dataclass(cls):
+            return None
+    rule = getattr(cls, "RULES", {}).get(path[-1])
+    choices = typing.get_args(registry_fields(cls).get(path[-1])) if path[-1] in registry_fields(cls) else ()
+    if rule:
+        return rule[1]
+    return f"one of: {', '.join(map(str, choices))}" if choices and all(isinstance(c, str) for c in choices) else None
 
 
 def config_hash(cfg: DictConfig) -> str:
@@ -187,6 +219,13 @@ def _top_level(cfg: DictConfig) -> dict[str, Any]:
 
 def _resolve_batch(train: dict[str, Any], towers: int, where: str) -> None:
     """Fill in the batch size the scaling mode derives: strong fixes the global batch, weak the per-device one."""
+    derived = train["global_batch_size"] // towers
+    if train["batch_scaling"] == "strong" and train["per_device_batch_size"] not in (None, derived):
+        raise ConfigError(
+            f"train.per_device_batch_size={train['per_device_batch_size']} is derived under strong scaling "
+            f"(train.global_batch_size={train['global_batch_size']} over {towers} towers); set "
+            "train.global_batch_size instead, or train.batch_scaling=weak to fix the per-device batch"
+        )
     if train["batch_scaling"] == "weak":
         if train["per_device_batch_size"] is None:
             raise ConfigError("train.batch_scaling=weak needs train.per_device_batch_size (a positive integer)")
@@ -219,10 +258,40 @@ def validate(cfg: DictConfig) -> Plan:
     cluster = strategy.cluster()
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
+    parts["pipeline"].check(towers, parts["data"].train_examples())
+    _check_memory(values["train"], parts["model"], towers)
     resolved = OmegaConf.create({**values, **{kind: _as_node(part, values[kind]) for kind, part in parts.items()}})
     OmegaConf.set_readonly(resolved, True)
     return Plan(resolved, parts["model"], parts["pipeline"], strategy, parts["data"], towers, cluster,
                 config_hash(resolved))
+
+
+IMAGE_BYTES = 28 * 28 * 4  # one float32 MNIST image
+
+
+def memory_estimate(train: dict[str, Any], model: Any, towers: int) -> tuple[int, int]:
+    """Bytes a config needs at least: (input batches, activations). The input pipeline holds a few global batches
+    (the one being made, the prefetched, the step's); each tower keeps its batch's layer outputs for the backward
+    pass and computes as many gradients (x2). Weights are left out; a model that cannot say its activations counts
+    as none (the estimate is a floor, meant to refuse the impossible, not to fit tightly)."""
+    inputs = 3 * train["global_batch_size"] * IMAGE_BYTES
+    per_example = model.activations_per_example() or 0
+    return inputs, 2 * towers * train["per_device_batch_size"] * per_example * 4
+
+
+def _check_memory(train: dict[str, Any], model: Any, towers: int) -> None:
+    """Refuse a config whose batches cannot fit in this machine's memory (they would grow until it runs out)."""
+    from runner.devices import memory_bytes
+
+    inputs, activations = memory_estimate(train, model, towers)
+    available = memory_bytes()
+    if inputs + activations > available:
+        gb = 1 << 30
+        raise ConfigError(
+            f"train.global_batch_size={train['global_batch_size']} needs at least {(inputs + activations) / gb:,.1f} "
+            f"GiB ({inputs / gb:,.1f} GiB of input batches, {activations / gb:,.1f} GiB of activations for model="
+            f"{model.name}), this machine has {available / gb:,.1f} GiB; use a smaller batch"
+        )
 
 
 def _as_node(part: Any, composed: Any) -> dict[str, Any]:

@@ -83,6 +83,20 @@ def cpuinfo() -> dict[str, str]:
         return {}
 
 
+def nvidia_gpus_present() -> bool:
+    """Whether this machine shows NVIDIA GPUs to this process, read without TensorFlow (for validation): the driver's
+    device list, unless CUDA_VISIBLE_DEVICES hides every GPU."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
+
+
+def memory_bytes() -> int:
+    """The machine's physical memory (what a run's tensors and input buffers must fit in)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def describe_cpuinfo(text: str) -> str:
     """'<model name> (family F model M), <ISA flags>' from the text of /proc/cpuinfo (its first processor)."""
     fields = parse_cpuinfo(text)

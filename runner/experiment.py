@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runner import measure, tracking
+from runner import measure, tracking, train
 from runner.config import ConfigError, Plan, validate
 from runner.devices import Devices  # no TensorFlow import: devices.setup imports it
 
@@ -88,7 +88,7 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     from runner.strategies.common import effective_learning_rate
 
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
-    strategy = plan.strategy.build(devices, training_for(plan))
+    strategy = _build_strategy(plan, devices, run)
     hardware = _hardware_figures(plan, devices)
     run.metrics(hardware, 0)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
@@ -103,6 +103,10 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
     result = train.fit(strategy, batches, eval_ds, plan.train, steps, run.metrics, start, hooks)
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
+    if "images_per_sec" not in result:
+        why = train.untimed(plan.train, steps)
+        log.warning(why)
+        run.tags({"images_per_sec.missing": why})
     result.update(_after_training(plan, strategy, examples, result, run))
     if checkpointer is not None:
         checkpointer.finished()
@@ -113,6 +117,22 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
                                            if "input_bound" in result else {})})
     return result
+
+
+def _build_strategy(plan: Plan, devices: Devices, run: tracking.Run) -> Any:
+    """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog (bounded by
+    strategy.peer_timeout, Ctrl-C and SIGTERM honoured: runner/watchdog.py)."""
+    if plan.cluster is None:
+        return plan.strategy.build(devices, training_for(plan))
+    from runner import signals, watchdog
+
+    me = (plan.cluster.task_type, plan.cluster.task_index)
+    others = [a for kind, addresses in plan.cluster.tasks.items() for i, a in enumerate(addresses) if (kind, i) != me]
+    uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri) if run.run_id else None
+    with watchdog.bounded_wait(plan.strategy.peer_timeout, plan.cluster.name, ", ".join(others), uri, run.run_id):
+        strategy = plan.strategy.build(devices, training_for(plan))
+    signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
+    return strategy
 
 
 def _hooks(plan: Plan, checkpointer: Any) -> list:
@@ -133,6 +153,9 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         figures.update(measure.input_figures(strategy, batches, plan.train, result))
     if "profile_steps" in result:
         _log_profile(result, _output_dir() / "profile", run)
+    elif plan.train.profile:
+        log.warning("train.profile=true traced nothing: the profiler traces the first full call after warm-up; "
+                    "it needs train.steps >= %d", train.steps_to_time(plan.train) + plan.train.steps_per_call)
     return figures
 
 
@@ -183,6 +206,19 @@ def _resume(plan: Plan, strategy: Any, run: tracking.Run) -> tuple[Any, int]:
         if previous:
             run.copy_history(previous, start)  # the new run's charts continue the killed run's
     return checkpointer, start
+
+
+def _check_checkpoint_dir(plan: Plan) -> None:
+    """Refuse, before anything starts, a checkpoint location that cannot be written."""
+    from runner.paths import unwritable
+
+    folder = Path(plan.train.checkpoint_dir)
+    problem = unwritable(folder) if plan.train.checkpoint_every else None
+    if problem:
+        raise ConfigError(
+            f"train.checkpoint_dir={plan.train.checkpoint_dir} cannot hold checkpoints: {problem}; choose a writable "
+            "folder, or train.checkpoint_every=0 for none"
+        )
 
 
 def weights_digest(variables: list) -> str:
@@ -251,9 +287,11 @@ def run(cfg: DictConfig) -> dict:
         if tracking.is_sweep_child():
             tracking.record_invalid(cfg, e)
         raise
+    _check_checkpoint_dir(plan)
     uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
     chief = plan.cluster is None or plan.cluster.is_chief  # on a multi-worker job only the chief logs to MLflow
-    with (tracking.tracked(uri, plan) if chief else tracking.untracked()) as mlrun:
+    journal_dir = _output_dir() if _hydra_log_file() else None  # a journal file only in a job's own folder
+    with (tracking.tracked(uri, plan, journal_dir) if chief else tracking.untracked()) as mlrun:
         result = _train(plan, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}

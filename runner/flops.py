@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from runner.cache import cache_dir as runner_cache_dir
+from runner.paths import cache_dir as runner_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def probe_peak(
         dtype: "float32", "float16" or "bfloat16".
         size: side of the square matrices (2048 reaches the peak on CPUs; the key includes it).
         seconds: timed budget of the measurement (the best call wins); about 1.5x that in all.
-        cache_dir: folder of `peak.json`; default `runner.cache.cache_dir()`.
+        cache_dir: folder of `peak.json`; default `runner.paths.cache_dir()`.
         refresh: measure even if cached; the cache keeps the higher of the old and new figures, since other
             processes can only slow a measurement down (probe on an idle machine: the entry records
             how much of the CPUs other processes used meanwhile).

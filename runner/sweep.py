@@ -23,7 +23,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runner import tracking
+from runner import signals, tracking
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +94,16 @@ def run_isolated(cfg: DictConfig) -> dict:
 def _run_child(command: list[str], env: dict) -> tuple[int, str, str]:
     """Run a job process to the end: (exit status, stdout, stderr).
 
-    On Ctrl-C the child, in the same process group, got the interrupt too: give it time to close its MLflow run as
-    KILLED instead of killing it at once (which is what subprocess.run would do, leaving the run RUNNING).
+    On Ctrl-C the child, in the same process group, got the interrupt too; SIGTERM (sent to this process alone by
+    `kill`, `timeout` or a scheduler) is passed on to it. Either way the child gets time to save a checkpoint and
+    close its MLflow run as KILLED instead of being killed at once (which would leave the run RUNNING).
     """
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         try:
             stdout, stderr = child.communicate()
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, signals.Terminated) as e:
+            if isinstance(e, signals.Terminated):
+                child.terminate()
             try:
                 child.communicate(timeout=60)
             except subprocess.TimeoutExpired:

@@ -7,6 +7,7 @@ sweep lands in one place. Artifacts go to `mlartifacts/` beside the database.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -22,14 +23,48 @@ from omegaconf import DictConfig, OmegaConf
 
 import runner
 from runner.errors import UserError
+from runner.journal import NAME as JOURNAL_NAME
+from runner.journal import Journal, send
+from runner.signals import Terminated
 
 if TYPE_CHECKING:
     from runner.config import Plan
 
 log = logging.getLogger(__name__)
+# MLflow's sqlite store logs every failed write with its full traceback and SQL (e.g. a full disk); the runner says
+# what failed itself, in one line, and keeps the run's writes (`Run`).
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 ENV_PARENT = "RUNNER_PARENT_RUN_ID"  # set for a sweep's job processes: the sweep's parent run
 ENV_CHILD = "RUNNER_SWEEP_CHILD"  # "1" in the fresh process a sweep job starts
+OFFLINE_RETRY_SECONDS = 30.0  # while the store cannot be written, how often to try it again
+FINAL_WAIT_SECONDS = 30.0  # at the run's end, how long to keep trying a store that cannot be written
+# MLflow's HTTP client retries 7 times with a backoff factor of 2 and waits 120 s per request: a dead tracking
+# server then stalls a run for minutes. The runner's bounds (unless the user sets them): a dead server is reported
+# within about 30 s. While a run is offline each retry is a single attempt (`quick_http`).
+HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+def bound_http_retries() -> None:
+    """Apply HTTP_BOUNDS where the user has not set their own (MLflow reads them at every request)."""
+    for name, value in HTTP_BOUNDS.items():
+        os.environ.setdefault(name, value)
+
+
+@contextmanager
+def quick_http() -> Iterator[None]:
+    """One attempt per request, 5 s at most, while the block runs: probing a store that was down."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def is_sweep_child() -> bool:
@@ -94,23 +129,12 @@ def _sqlite_problem(uri: str) -> str | None:
     Checked before MLflow opens it: MLflow answers an unwritable path with its own traceback, and for a read-only
     directory only after retrying for about 100 s.
     """
+    from runner.paths import unwritable
+
     path = uri.removeprefix("sqlite:///")
     if not path or path == ":memory:":
         return None
-    db = Path(path)
-    if db.exists():
-        if not db.is_file():
-            return f"{db} is not a file"
-        if not os.access(db, os.W_OK):
-            return f"{db} is not writable"
-    ancestor = db.parent  # the database's directory, or the nearest existing folder MLflow would create it under
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        return f"{ancestor} is a file, not a directory"
-    if not os.access(ancestor, os.W_OK | os.X_OK):
-        return f"directory {ancestor} is not writable"
-    return None
+    return unwritable(Path(path), "file")
 
 
 def open_store(uri: str, experiment: str) -> str:
@@ -125,23 +149,65 @@ def open_store(uri: str, experiment: str) -> str:
         raise StoreError(f"tracking store {uri} cannot be used: {problem}; {fix}")
     try:
         return ensure_experiment(uri, experiment)
+    except StoreError:
+        raise
     except Exception as e:  # noqa: BLE001 - whatever the store's failure, the user's fix is the same
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise StoreError(f"tracking store {uri} cannot be opened: {type(e).__name__}: {first}; {fix}") from e
+        raise StoreError(f"tracking store {uri} cannot be opened: {reason(e)}; {fix}") from e
+
+
+def reason(e: BaseException) -> str:
+    """A store's failure in a few words: the OS error behind a failed HTTP request, else the first line."""
+    import re
+
+    text = str(e).strip()
+    errno = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
+    database = re.search(r"\((sqlite3\.\w+|psycopg2?\.\w+|pymysql\.\w+)\) ([^\n]+)", text)
+    if errno:
+        return errno.group(0)
+    if database:
+        return f"{database.group(1)}: {database.group(2)}"
+    return f"{type(e).__name__}: {(text.splitlines() or [''])[0][:300]}"
+
+
+@contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Hold a lock beside a sqlite store while the block runs: MLflow creates a fresh store's schema on first use,
+    and several processes doing so at once leave it half-migrated. Other stores need no lock."""
+    if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
+        yield
+        return
+    import fcntl
+
+    lock = Path(uri.removeprefix("sqlite:///") + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def ensure_experiment(uri: str, name: str) -> str:
-    """Create the store's schema and the experiment if missing; return the experiment id.
+    """Create the store's schema and the experiment if missing (under `schema_lock`, so any number of processes
+    may start at once on a fresh store); return the experiment id.
 
-    Call this once before parallel jobs start: two processes creating a fresh sqlite schema at once fail.
+    Raises:
+        StoreError: the experiment exists but was deleted.
     """
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    return client.create_experiment(name, artifact_location=_artifact_root(uri))
+    with schema_lock(uri):
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            return client.create_experiment(name, artifact_location=_artifact_root(uri))
+    if exp.lifecycle_stage == "deleted":
+        raise StoreError(
+            f"experiment {name!r} was deleted in {uri}; restore it (mlflow experiments restore --experiment-id "
+            f"{exp.experiment_id}) or choose another mlflow.experiment"
+        )
+    return exp.experiment_id
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:
@@ -283,70 +349,114 @@ def record_invalid(cfg: DictConfig, error: Exception) -> None:
 
 
 class Run:
-    """One MLflow run, written through MlflowClient (no global 'active run' state)."""
+    """One MLflow run, written through MlflowClient (no global 'active run' state).
 
-    def __init__(self, uri: str, experiment: str, tags: dict[str, str]):
+    Every write goes to the run's journal first (runner/journal.py) and then to the store. A store that fails
+    mid-run does not stop training: the run goes offline, keeps journaling, tries the store again every
+    OFFLINE_RETRY_SECONDS (one quick attempt), and at the end sends everything or raises a StoreError naming the
+    journal and the `runner replay` command.
+
+    Args:
+        uri: the tracking store.
+        experiment: the experiment's name (created if missing).
+        tags: the run's first tags.
+        journal_dir: where the journal file goes (the run's output folder); None keeps it in memory.
+    """
+
+    def __init__(self, uri: str, experiment: str, tags: dict[str, str], journal_dir: Path | None = None):
         from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(uri)
+        self.client, self.uri = MlflowClient(uri), uri
         experiment_id = ensure_experiment(uri, experiment)
         self.run_id = self.client.create_run(experiment_id, tags=tags).info.run_id
-        self.uri = uri
+        header = {"journal": 1, "uri": uri, "run_id": self.run_id, "experiment": experiment}
+        self.journal = Journal(journal_dir / JOURNAL_NAME if journal_dir else None, header)
+        self.offline: tuple[str, float] | None = None  # (why, when to try again) while the store cannot be written
 
-    @whole_write()  # a Ctrl-C never cuts a store write in half
+    def _record(self, op: str, **args: Any) -> None:
+        self.journal.append(op, **args)
+        self._send()
+
+    def _send(self, final: bool = False) -> None:
+        """Send the journal's pending writes in order; on failure go (or stay) offline. `final`: keep trying for up
+        to FINAL_WAIT_SECONDS (a store that is restarting), then raise a StoreError naming the journal."""
+        if self.offline and not final and time.monotonic() < self.offline[1]:
+            return
+        deadline = time.monotonic() + (FINAL_WAIT_SECONDS if final and self.offline else 0)
+        while True:
+            try:
+                with whole_write(), (quick_http() if self.offline and not final else contextlib.nullcontext()):
+                    for entry in self.journal.pending():
+                        send(self.client, self.run_id, entry)
+                        self.journal.ack(entry["seq"])
+                break
+            except Exception as e:  # noqa: BLE001 - whatever the store's failure, training goes on
+                self._went_offline(reason(e))
+                if not final:
+                    return
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"tracking store {self.uri} could not be written ({reason(e)}); this run's "
+                        f"{len(self.journal.pending())} unsent writes are in {self.journal.path or 'memory only'}: "
+                        f"once the store works, run `runner replay {self.journal.path}`"
+                    ) from e
+                time.sleep(5)
+        if self.offline:
+            log.warning("tracking store %s answers again: the run's writes are sent", self.uri)
+            self.offline = None
+
+    def _went_offline(self, why: str) -> None:
+        if self.offline is None:
+            log.warning("tracking store %s cannot be written (%s): training goes on, the run's writes are kept in %s "
+                        "and sent when it answers", self.uri, why, self.journal.path or "memory")
+        self.offline = (why, time.monotonic() + OFFLINE_RETRY_SECONDS)
+
     def params(self, params: dict[str, str]) -> None:
-        from mlflow.entities import Param
+        self._record("params", params={k: str(v) for k, v in params.items()})
 
-        self.client.log_batch(self.run_id, params=[Param(k, v) for k, v in params.items()])
-
-    @whole_write()
     def tags(self, tags: dict[str, str]) -> None:
-        from mlflow.entities import RunTag
+        self._record("tags", tags={k: str(v) for k, v in tags.items()})
 
-        self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-
-    @whole_write()
     def metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        self._record("metrics", points=[[k, float(v), now, step] for k, v in metrics.items()])
 
-    @whole_write()
     def text(self, text: str, name: str) -> None:
-        self.client.log_text(self.run_id, text, name)
+        self._record("text", text=text, name=name)
 
-    @whole_write()
     def file(self, path: Path) -> None:
         if path.is_file():
-            self.client.log_artifact(self.run_id, str(path))
+            self._record("file", path=str(path))
 
-    @whole_write()
     def copy_history(self, source_run_id: str, until_step: int) -> None:
         """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history)."""
-        from mlflow.entities import Metric
-
         old = self.client.get_run(source_run_id).data.metrics
         points = [
-            Metric(key, m.value, m.timestamp, m.step)
+            [key, m.value, m.timestamp, m.step]
             for key in old
             for m in self.client.get_metric_history(source_run_id, key)
             if m.step <= until_step
         ]
-        for i in range(0, len(points), 1000):  # MLflow takes at most 1000 metrics per batch
-            self.client.log_batch(self.run_id, metrics=points[i : i + 1000])
+        self._record("metrics", points=points)
 
-    @whole_write()
     def end(self, status: str, error: str | None = None) -> None:
-        """Close the run as FINISHED, FAILED or KILLED; a failure's message is kept as the `error` tag."""
+        """Close the run as FINISHED, FAILED or KILLED (a failure's message kept as the `error` tag), after every
+        write the journal holds; the journal file is removed once the store has it all.
+
+        Raises:
+            StoreError: the store still cannot be written; the message names the journal and how to replay it.
+        """
         if error:
-            self.tags({"error": error[:5000]})
-        self.client.set_terminated(self.run_id, status)
+            self.journal.append("tags", tags={"error": error[:5000]})
+        self.journal.append("end", status=status)
+        self._send(final=True)
+        self.journal.remove()
 
 
 @contextmanager
-def tracked(uri: str, plan: Plan) -> Iterator[Run]:
-    """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING."""
+def tracked(uri: str, plan: Plan, journal_dir: Path | None = None) -> Iterator[Run]:
+    """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING
+    (a store that cannot be written at the end: a StoreError naming the journal that holds the rest)."""
     cfg = plan.cfg
     open_store(uri, cfg.mlflow.experiment)  # an unusable store fails here, in one line, before anything else
     tags = {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}
@@ -354,14 +464,14 @@ def tracked(uri: str, plan: Plan) -> Iterator[Run]:
     run = None
     try:
         with whole_write():  # a Ctrl-C during the creation is raised once `run` is set, and closes it KILLED
-            run = Run(uri, cfg.mlflow.experiment, tags)
+            run = Run(uri, cfg.mlflow.experiment, tags, journal_dir)
         log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
         run.params(flatten(cfg))
         run.text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         yield run
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Terminated) as e:
         if run is not None:
-            run.end("KILLED", "interrupted (KeyboardInterrupt)")
+            run.end("KILLED", f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")
         raise
     except BaseException as e:
         if run is not None:

@@ -18,6 +18,7 @@ from typing import Any, Callable, ContextManager
 import numpy as np
 
 import runner
+from runner import signals
 from runner.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,9 @@ class Hook:
 
     def after(self, step: int, n: int, seconds: float, last: bool) -> None:
         """After the call of `n` steps that ended at `step` took `seconds`; `last`: the run's final call."""
+
+    def stopped(self, step: int) -> None:
+        """The run is stopping early at `step` (a signal asked it to); save what is needed to resume."""
 
     def figures(self) -> dict[str, float]:
         """Summary figures this hook adds to the run's result."""
@@ -123,6 +127,19 @@ def evaluate(strategy: Any, eval_ds: Any, record: Record, step: int) -> tuple[fl
     return test_loss, test_acc
 
 
+def steps_to_time(train: Any) -> int:
+    """The fewest steps a run needs for one timed call: calls 1 (one step) and 2 (up to the first multiple of
+    steps_per_call) are never full, and the first `warmup_calls` calls are warm-up."""
+    return max(3, train.warmup_calls + 1) * train.steps_per_call - train.steps_per_call
+
+
+def untimed(train: Any, steps: int) -> str:
+    """Why a run of `steps` steps timed nothing, and what would: the one line a too-short run logs."""
+    return (f"images/s not measured: {steps} steps leave no full call after warm-up (train.warmup_calls="
+            f"{train.warmup_calls}, train.steps_per_call={train.steps_per_call}); timing needs train.steps >= "
+            f"{steps_to_time(train)}")
+
+
 def call_size(done: int, steps_per_call: int) -> int:
     """Steps in the next compiled call after `done` steps of this process: 1 for the first, then up to a multiple.
 
@@ -174,18 +191,24 @@ def _run_calls(loop: Any, strategy: Any, eval_ds: Any, train: Any, steps: int, s
                hooks: list[Hook]) -> _Calls:
     """Call the compiled loop until `steps`, logging each call, evaluating on schedule, and telling the hooks."""
     done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps)
-    while done.step < steps:
-        n = min(call_size(done.step - start, train.steps_per_call), steps - done.step)
-        seconds = _one_call(loop, done, n, hooks)
-        done.first_step_at = done.first_step_at or time.time()
-        done.step += n
-        rate = n * train.global_batch_size / seconds
-        record({"train_loss": done.loss, "call_images_per_sec": rate}, done.step)
-        progress.update(done.step, done.loss, rate)
-        for hook in hooks:
-            hook.after(done.step, n, seconds, last=done.step >= steps)
-        if done.step < steps and crossed(done.step, n, train.eval_every):
-            evaluate(strategy, eval_ds, record, done.step)
+    with signals.at_call_boundaries():  # Ctrl-C or SIGTERM: stop after the running call, its step saved
+        while done.step < steps:
+            n = min(call_size(done.step - start, train.steps_per_call), steps - done.step)
+            seconds = _one_call(loop, done, n, hooks)
+            done.first_step_at = done.first_step_at or time.time()
+            done.step += n
+            rate = n * train.global_batch_size / seconds
+            record({"train_loss": done.loss, "call_images_per_sec": rate}, done.step)
+            progress.update(done.step, done.loss, rate)
+            for hook in hooks:
+                hook.after(done.step, n, seconds, last=done.step >= steps)
+            if signals.requested() is not None and done.step < steps:
+                log.warning("stopping at step %d of %d on request", done.step, steps)
+                for hook in hooks:
+                    hook.stopped(done.step)
+                signals.stop()
+            if done.step < steps and crossed(done.step, n, train.eval_every):
+                evaluate(strategy, eval_ds, record, done.step)
     return done
 
 

@@ -46,6 +46,13 @@ def _truncated_dir(tmp: Path, name: str) -> Path:
     return folder
 
 
+def _deleted_experiment(db: Path, name: str) -> None:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{db}")
+    client.delete_experiment(client.create_experiment(name))
+
+
 def _file_as_dir(tmp: Path) -> None:
     (tmp / "afile").write_text("a regular file, so nothing can be created under it\n")
 
@@ -118,6 +125,33 @@ ROWS = {
         ["strategy=multi_worker"], ["TF_CONFIG is not valid JSON", "{\"cluster\": [oops"],
         env={"TF_CONFIG": '{"cluster": [oops'},
     ),
+    # values that pass the types but could not run (each used to crash or hang after validation)
+    "batch-too-big": Bad(["train.global_batch_size=1000000000"],
+                         ["train.global_batch_size=1000000000", "GiB", "this machine has", "smaller batch"]),
+    "seed-negative": Bad(["train.seed=-1"], ["train.seed=-1", "0 to 4294967295"]),
+    "seed-too-big": Bad(["train.seed=4294967296"], ["train.seed=4294967296", "0 to 4294967295"]),
+    "epochs-infinite": Bad(["train.epochs=inf"], ["train.epochs=inf", "finite"]),
+    "nccl-without-gpus": Bad(["strategy=mirrored", "gpus=2", "strategy.cross_device_ops=nccl"],
+                             ["cross_device_ops=nccl", "NVIDIA GPUs", "reduce_to_one_device"]),
+    "sharded-fewer-examples-than-shards": Bad(
+        ["strategy=replicated", "pipeline=sharded", "gpus=8", "data.train_limit=5"],
+        ["pipeline=sharded", "5 training examples", "8 shards", "data.train_limit"]),
+    "per-device-batch-under-strong-scaling": Bad(
+        ["train.per_device_batch_size=3"], ["train.per_device_batch_size=3", "strong scaling", "batch_scaling=weak"]),
+    "key-of-another-strategy": Bad(["strategy.cross_device_ops=nccl"],
+                                   ["strategy.cross_device_ops", "not an option of the chosen strategy",
+                                    "strategy=mirrored"]),
+    "experiment-empty": Bad(["mlflow.experiment="], ["mlflow.experiment=''", "non-empty name"]),
+    "gpus-null": Bad(["gpus=null"], ["gpus=null", f"from 0 to {MAX_DEVICES}"]),
+    "launcher-unknown": Bad(["hydra/launcher=nonsense"], ["hydra/launcher=nonsense", "joblib", "slurm"]),
+    "launcher-no-jobs": Bad(["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"],
+                            ["hydra.launcher.n_jobs=0", "a positive number of parallel jobs"]),
+    "checkpoint-dir-is-a-file": Bad(["train.checkpoint_dir={tmp}/afile"],
+                                    ["train.checkpoint_dir={tmp}/afile", "is a file, not a directory"],
+                                    setup=_file_as_dir),
+    "experiment-deleted": Bad(["mlflow.tracking_uri=sqlite:///{tmp}/deleted.db"],
+                              ["experiment 'smoke' was deleted", "mlflow experiments restore"],
+                              setup=lambda tmp: _deleted_experiment(tmp / "deleted.db", "smoke")),
     # asked for: the traceback instead of the line
     "traceback-asked": Bad(
         ["gpus=-2"], ["runner.errors.ConfigError: gpus=-2", f"from 0 to {MAX_DEVICES}"],

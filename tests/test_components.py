@@ -98,6 +98,23 @@ def _sweep(folder: Path, *overrides: str):
                    "data.train_limit=1024", "data.test_limit=256", *overrides, cwd=folder, env=env, timeout=900)
 
 
+def test_user_model_pipeline_and_strategy_train_together(user_folder):
+    """The default suite's short form: the user's model fed by the user's pipeline under the user's strategy and
+    under model_parallel (stages), and the user's strategy fed by the sharded pipeline: 3 fresh jobs."""
+    proc = _sweep(user_folder, "model=small_convnet", "pipeline=tower_batches", "strategy=every_device,model_parallel")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = _sweep(user_folder, "strategy=every_device", "pipeline=sharded")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = runs(f"sqlite:///{user_folder / 'mlflow.db'}", "smoke")
+    children = table[table["tags.mlflow.parentRunId"].notna()]
+    assert set(children["status"]) == {"FINISHED"} and len(children) == 3
+    assert sorted(zip(children["tags.model"], children["tags.pipeline"], children["tags.strategy"])) == [
+        ("mlp", "sharded", "every_device"), ("small_convnet", "tower_batches", "every_device"),
+        ("small_convnet", "tower_batches", "model_parallel")]
+    assert (children["metrics.test_accuracy"] > 0.1).all()
+
+
+@pytest.mark.slow  # 8 fresh jobs, ~60 s
 def test_user_model_pipeline_and_strategy_train_under_every_strategy_that_applies(user_folder):
     """The user's model under every built-in strategy that takes 2 devices (model_parallel: stages, since it is not
     all Dense) and the user's strategy, fed by the user's pipeline; the user's strategy under every built-in

@@ -71,3 +71,14 @@ def test_nin_has_mlpconv_blocks_and_global_average_pooling(tf_devices):
     assert kernels.count((1, 1)) == 6  # two 1x1 convs in each of three mlpconv blocks
     assert len(_layers(model, "Dense")) == 0
     assert len(_layers(model, "GlobalAveragePooling2D")) == 1
+
+
+@pytest.mark.parametrize("model", every_variant(), ids=str)
+def test_activations_per_example_counts_every_layer_output(tf_devices, model):
+    """The memory estimate of validation (no TensorFlow) counts what the built model's layers output per example."""
+    import math
+
+    built = model.build()
+    outputs = sum(math.prod(layer.output.shape[1:]) for layer in built.layers
+                  if type(layer).__name__ not in ("Flatten", "Dropout"))
+    assert model.activations_per_example() == outputs

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from runner.devices import nvidia_gpus_present
+from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, StrategyBase, Training
 from runner.strategies.common import make_evaluate, per_example_loss, steps_loop, touch
@@ -45,6 +47,14 @@ class Mirrored(StrategyBase):
     # GPUs) | nccl | hierarchical_copy | reduce_to_one_device
     cross_device_ops: CrossDeviceOps = "auto"
     input: Literal["towers", "distribute"] = "towers"  # the pipeline's own feed, per replica | tf.distribute's API
+
+    def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
+        super().check(gpus, model, jit_compile)
+        if self.cross_device_ops == "nccl" and not nvidia_gpus_present():
+            raise ConfigError(
+                "strategy.cross_device_ops=nccl needs NVIDIA GPUs and this machine shows none; choose auto, "
+                "tensorflow, hierarchical_copy or reduce_to_one_device"
+            )
 
     def build(self, devices: Devices, training: Training) -> Replicas:
         return Replicas(self.distribution(devices), devices, training, input_api=self.input == "distribute")

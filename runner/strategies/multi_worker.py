@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner import cluster
-from runner.devices import DeviceError
+from runner.devices import DeviceError, nvidia_gpus_present
+from runner.errors import ConfigError
 from runner.lazy import lazy
+from runner.registry import Rule
 from runner.strategies import STRATEGIES, StrategyBase, Training
 from runner.strategies.mirrored import Replicas
 
@@ -45,12 +47,21 @@ class MultiWorker(StrategyBase):
     workers: list[str] = field(default_factory=list)  # host:port of every worker, the same list on each; [] = TF_CONFIG
     task_index: int = 0  # this process's index in `workers`
     communication: Literal["auto", "ring", "nccl"] = "auto"  # how the workers' gradients are all-reduced
+    peer_timeout: float = 300.0  # seconds to wait for every worker to start before giving up
+
+    RULES: ClassVar[dict[str, Rule]] = {"peer_timeout": (lambda v: v > 0, "a positive number of seconds")}
 
     multi_process: ClassVar[bool] = True
 
     def cluster(self) -> cluster.Cluster:
         """The cluster from `workers`/`task_index`, else from TF_CONFIG. Raises ConfigError if neither is usable."""
         return cluster.from_options(self.workers, self.task_index)
+
+    def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
+        super().check(gpus, model, jit_compile)
+        if self.communication == "nccl" and not nvidia_gpus_present():
+            raise ConfigError("strategy.communication=nccl needs NVIDIA GPUs and this machine shows none; "
+                              "choose auto or ring")
 
     def build(self, devices: Devices, training: Training) -> WorkerReplicas:
         if devices.kind == "CPU" and devices.count > 1:

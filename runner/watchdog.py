@@ -1,0 +1,100 @@
+"""A bounded, interruptible wait for a multi-worker job's peers.
+
+MultiWorkerMirroredStrategy's constructor waits until every worker in the cluster has started, inside TensorFlow's
+C++ code and holding Python's interpreter lock: no Python code of the process runs meanwhile, so neither a timeout
+nor a Ctrl-C handler can act, and TensorFlow's own SIGTERM handler (its preemption notifier) swallows SIGTERM.
+The wait is watched from outside instead: a small process started just before it, which
+
+- exits quietly once told the cluster is up;
+- after `strategy.peer_timeout` seconds prints one `error:` line naming the workers waited for, ends the job's MLflow
+  run FAILED, and kills the stuck process;
+- on Ctrl-C (SIGINT reaches the whole foreground process group) or SIGTERM sent to it, ends the run KILLED and
+  kills the stuck process.
+
+    python -m runner.watchdog --pid PID --seconds S --name worker0 --waiting-for "host:port, ..." \
+        [--uri URI --run-id ID]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import select
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+class _Stop(Exception):
+    """A signal arrived (raised from the handler, so that the wait in `select` ends)."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stop(signal.Signals(signum).name)
+
+
+def _end_run(uri: str | None, run_id: str | None, status: str, error: str) -> None:
+    if not (uri and run_id):
+        return
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(uri)
+        client.set_tag(run_id, "error", error)
+        client.set_terminated(run_id, status)
+    except Exception as e:  # noqa: BLE001 - the stuck process is killed whatever the store says
+        print(f"the run could not be closed in {uri} ({type(e).__name__}); the next start of this config marks it",
+              file=sys.stderr)
+
+
+def watch(args: argparse.Namespace) -> int:
+    """Wait for "up" on stdin, the timeout or a signal; see the module docstring."""
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        ready, _, _ = select.select([sys.stdin], [], [], args.seconds)
+    except _Stop as stop:
+        error = f"interrupted ({stop}) while waiting for {args.waiting_for}"
+        _end_run(args.uri, args.run_id, "KILLED", error)
+        print(error, file=sys.stderr, flush=True)
+        os.kill(args.pid, signal.SIGKILL)
+        return 0
+    if not ready:  # the time is up
+        error = (f"{args.name} waited {args.seconds:g} s for {args.waiting_for} and gave up: start every worker of "
+                 "strategy.workers (or TF_CONFIG), or raise strategy.peer_timeout")
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        _end_run(args.uri, args.run_id, "FAILED", error)
+        os.kill(args.pid, signal.SIGKILL)
+    return 0  # up, or the watched process has gone (stdin closed)
+
+
+@contextmanager
+def bounded_wait(seconds: float, name: str, waiting_for: str, uri: str | None, run_id: str | None) -> Iterator[None]:
+    """Watch the block (`name`'s wait for `waiting_for`) from a separate process; see the module docstring."""
+    command = [sys.executable, "-m", "runner.watchdog", "--pid", str(os.getpid()), "--seconds", str(seconds),
+               "--name", name, "--waiting-for", waiting_for]
+    if uri and run_id:
+        command += ["--uri", uri, "--run-id", run_id]
+    guard = subprocess.Popen(command, stdin=subprocess.PIPE, text=True)
+    try:
+        yield
+    finally:
+        guard.stdin.write("up\n")
+        guard.stdin.close()
+        guard.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runner.watchdog", description=__doc__.splitlines()[0])
+    parser.add_argument("--pid", type=int, required=True, help="the process whose wait is watched")
+    parser.add_argument("--seconds", type=float, required=True, help="how long the wait may last")
+    parser.add_argument("--waiting-for", required=True, help="who is waited for (for the error line)")
+    parser.add_argument("--name", default="this worker", help="who waits (for the error line)")
+    parser.add_argument("--uri", default=None, help="the MLflow store of the watched process's run")
+    parser.add_argument("--run-id", default=None, help="the watched process's MLflow run")
+    return watch(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""What fails after validation: the tracking store (a real sqlite store raced by separate processes, a real
+`mlflow server` killed mid-run, a real full tmpfs), signals (real SIGTERM), checkpoints (a truncated file, a full
+disk), the launch folder (a read-only mount). Each test asserts the promise: the run ends FINISHED, FAILED or
+KILLED, never RUNNING; its metrics are all in the store (or replayed into it); a failure is one `error:` line and
+no traceback. Every run is a fresh `python -m runner` process, as a user starts it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+from conftest import cli_env, run_cli
+
+from runner.train import call_size
+
+# A run long enough to break into (~10 s of training on one CPU core), with one metric point per 20-step call.
+LONG = ["debug=smoke", "train.steps=6000", "train.steps_per_call=20", "train.probe_peak=false",
+        "train.measure_input=false"]
+
+
+def calls(steps: int, steps_per_call: int) -> int:
+    """How many compiled calls (so train_loss points) a run of `steps` makes."""
+    done = count = 0
+    while done < steps:
+        done += min(call_size(done, steps_per_call), steps - done)
+        count += 1
+    return count
+
+
+def start_cli(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def points(uri: str, run_id: str | None = None, key: str = "train_loss") -> int:
+    """How many points of `key` the only (or the given) run of the store holds; 0 before any run exists."""
+    from mlflow import MlflowClient
+
+    from runner.tracking import schema_lock
+
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        return 0  # opening it here would create the store's schema while the run does
+    with schema_lock(uri):
+        client = MlflowClient(uri)
+    with contextlib.suppress(Exception):
+        if run_id is None:
+            found = client.search_runs([e.experiment_id for e in client.search_experiments()])
+            run_id = found[0].info.run_id if found else None
+        return len(client.get_metric_history(run_id, key)) if run_id else 0
+    return 0
+
+
+def only_run(uri: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    return run
+
+
+def errors(stderr: str) -> list[str]:
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return [line for line in stderr.splitlines() if line.startswith("error:")]
+
+
+@contextlib.contextmanager
+def mlflow_server(folder: Path, port: int) -> Iterator[subprocess.Popen]:
+    """A real tracking server on 127.0.0.1:`port` with a sqlite backend in `folder`, stopped on leaving."""
+    proc = start_server(folder, port)
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def start_server(folder: Path, port: int) -> subprocess.Popen:
+    command = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder / 'server.db'}",
+               "--artifacts-destination", str(folder / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
+               "--workers", "1"]
+    proc = subprocess.Popen(command, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+    def up() -> bool:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        return False
+
+    wait_for("the mlflow server", up, timeout=90)
+    return proc
+
+
+def kill_server(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)  # the server and its worker processes
+    proc.wait()
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str, readonly: bool = False) -> Iterator[Path]:
+    """A real small filesystem at `path` (root may mount one; this project's machines and CI run as root)."""
+    path.mkdir(parents=True, exist_ok=True)
+    options = f"size={size}" + (",ro" if readonly else "")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def fill(folder: Path) -> Path:
+    """Write a file into `folder` until its filesystem is full; returns the file (delete it to free the space)."""
+    filler = folder / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        for chunk in (1 << 20, 1 << 12, 1):  # down to the last byte
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * chunk):
+                    pass
+    finally:
+        os.close(fd)
+    return filler
+
+
+# Three times in a row, each on a fresh store; the default suite runs the first attempt, `pytest -m slow` the others.
+@pytest.mark.parametrize("attempt", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+def test_separate_runs_started_at_once_on_a_fresh_store_all_finish(tmp_path, attempt):
+    """4 separate `python -m runner` processes started at once on a fresh sqlite store: every run recorded."""
+    from mlflow import MlflowClient
+
+    procs = [start_cli(tmp_path, "debug=smoke", "train.steps=1", "train.probe_peak=false", "train.measure_input=false",
+                       "data=synthetic", "data.train_limit=256", "data.test_limit=64", f"train.seed={i}")
+             for i in range(4)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-1500:] for _, err in outs]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    found = client.search_runs([client.get_experiment_by_name("smoke").experiment_id])
+    assert sorted(r.info.status for r in found) == ["FINISHED"] * 4
+
+
+def test_a_dead_tracking_server_at_start_fails_in_one_line_within_30_s(tmp_path):
+    t0 = time.monotonic()
+    proc = run_cli("debug=smoke", f"mlflow.tracking_uri=http://127.0.0.1:{free_port()}", cwd=tmp_path)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode == 2
+    (line,) = errors(proc.stderr)
+    assert "cannot be opened" in line and "Connection refused" in line
+
+
+def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(tmp_path, port)
+    run = start_cli(tmp_path, *LONG, f"mlflow.tracking_uri={uri}")
+    try:
+        wait_for("the first points", lambda: points(uri) >= 5)
+        kill_server(server)
+        time.sleep(3)  # the run goes on without its store...
+        server = start_server(tmp_path, port)  # ...until it is back (the run sends its backlog at the latest at the end)
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        assert "cannot be written" in out + err and "answers again" in out + err and errors(err) == []
+        record = only_run(uri)
+        assert record.info.status == "FINISHED"
+        assert points(uri, record.info.run_id) == calls(6000, 20)
+        assert "test_accuracy" in record.data.metrics
+    finally:
+        run.kill()
+        kill_server(server)
+
+
+@pytest.mark.slow  # two server starts and a replay, ~60 s
+def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_path):
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = start_server(tmp_path, port)
+    run = start_cli(tmp_path, *LONG, f"mlflow.tracking_uri={uri}")
+    try:
+        wait_for("the first points", lambda: points(uri) >= 5)
+        kill_server(server)
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 2
+        (line,) = errors(err)
+        journal = line.split("`runner replay ")[1].rstrip("`")
+        assert Path(journal).is_file() and "could not be written" in line
+        server = start_server(tmp_path, port)
+        replay = subprocess.run([sys.executable, "-m", "runner", "replay", journal], cwd=tmp_path, env=cli_env(),
+                                capture_output=True, text=True, timeout=120)
+        assert replay.returncode == 0, replay.stderr[-2000:]
+        record = only_run(uri)
+        assert record.info.status == "FINISHED"
+        assert points(uri, record.info.run_id) == calls(6000, 20)
+    finally:
+        run.kill()
+        kill_server(server)
+
+
+def test_a_store_on_a_disk_that_fills_mid_run_loses_nothing_once_space_is_freed(tmp_path):
+    with tmpfs(tmp_path / "small", "4m") as disk:
+        uri = f"sqlite:///{disk / 'mlflow.db'}"
+        run = start_cli(tmp_path, *LONG, "train.steps=9000", f"mlflow.tracking_uri={uri}")
+        wait_for("the first points", lambda: points(uri) >= 5)
+        filler = fill(disk)
+        time.sleep(4)  # the run goes on without its store
+        filler.unlink()  # space is back: the run sends its backlog (at the latest when it ends)
+        out, err = run.communicate(timeout=300)
+        assert run.returncode == 0, err[-3000:]
+        assert "cannot be written" in out + err and "full" in out + err and errors(err) == []
+        record = only_run(uri)
+        assert record.info.status == "FINISHED"
+        assert points(uri, record.info.run_id) == calls(9000, 20)
+
+
+def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resumes(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*LONG, "train.steps=60000", "train.checkpoint_every=100000"]
+    run = start_cli(tmp_path, *args)
+    wait_for("the first points", lambda: points(uri) >= 5)
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 143, err[-3000:]
+    assert errors(err) == [] and "terminated (stopped by SIGTERM)" in err
+    killed = only_run(uri)
+    assert killed.info.status == "KILLED" and "SIGTERM" in killed.data.tags["error"]
+    (saved,) = (tmp_path / "checkpoints").glob("*/ckpt-*.index")  # the step reached, not a multiple of 100000
+    step = int(saved.stem.split("-")[1])
+    assert points(uri, killed.info.run_id) == calls(step, 20)  # every point up to the step reached is stored
+    again = start_cli(tmp_path, *args)  # the same config, started again (as a requeued job is)
+    wait_for("the resumed run", lambda: points(uri) > calls(step, 20))
+    again.send_signal(signal.SIGTERM)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 143 and f"at step {step}" in out + err
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    resumed = client.search_runs([client.get_experiment_by_name("smoke").experiment_id], order_by=["start_time DESC"])
+    assert resumed[0].data.tags["resumed_from_step"] == str(step)
+
+
+def test_a_truncated_newest_checkpoint_is_named_and_the_older_one_resumes(tmp_path):
+    args = [*LONG, "train.steps=4000", "train.checkpoint_every=1000"]
+    run = start_cli(tmp_path, *args)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    folder = tmp_path / "checkpoints"
+    wait_for("two checkpoints", lambda: len(list(folder.glob("*/ckpt-*.index"))) >= 2, timeout=240)
+    run.kill()  # SIGKILL: nothing is cleaned up
+    run.communicate()
+    newest = max(folder.glob("*/ckpt-*.data-*"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+    older_step = int(newest.name.split("-")[1].split(".")[0]) - 1000
+    newest.write_bytes(newest.read_bytes()[:100])
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = proc.stdout + proc.stderr
+    assert f"{newest.with_suffix('').with_suffix('')}" in log or newest.name.split(".")[0] in log
+    assert "is damaged" in log and f"at step {older_step}" in log
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("smoke").experiment_id], "attributes.status = 'FINISHED'")
+    assert [r.data.tags["resumed_from_step"] for r in runs] == [str(older_step)]
+
+
+def test_a_checkpoint_on_a_full_disk_is_one_line_and_the_run_ends_failed_with_its_metrics(tmp_path):
+    with tmpfs(tmp_path / "small", "1m") as disk:
+        fill(disk)
+        uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        proc = run_cli("debug=smoke", "train.steps=200", "train.checkpoint_every=100", f"train.checkpoint_dir={disk}",
+                       cwd=tmp_path)
+        assert proc.returncode == 2
+        (line,) = errors(proc.stderr)
+        assert "checkpoint at step 100 could not be written" in line and str(disk) in line
+        failed = only_run(uri)
+        assert failed.info.status == "FAILED"
+        assert points(uri, failed.info.run_id) == calls(100, 10)  # every point up to the failed save
+
+
+def test_a_read_only_launch_folder_or_checkpoint_folder_is_one_line(tmp_path):
+    with tmpfs(tmp_path / "ro", "1m", readonly=True) as folder:
+        proc = run_cli("debug=smoke", cwd=folder)
+        assert proc.returncode == 2
+        (line,) = errors(proc.stderr)
+        assert "launch directory cannot be written" in line and str(folder) in line
+        proc = run_cli("debug=smoke", f"train.checkpoint_dir={folder}/ckpt", cwd=tmp_path)
+        assert proc.returncode == 2
+        (line,) = errors(proc.stderr)
+        assert "train.checkpoint_dir" in line and "not writable" in line
+        assert not (tmp_path / "mlflow.db").exists()  # refused before any run opened
+
+
+@pytest.mark.parametrize("args", [pytest.param(["train.steps=1"], marks=pytest.mark.slow),
+                                  ["train.warmup_calls=100", "train.profile=true"],
+                                  pytest.param(["train.steps=null", "train.epochs=0.0001"], marks=pytest.mark.slow)],
+                         ids=lambda a: a[-1])
+def test_a_run_too_short_to_time_says_why_in_one_line_and_in_a_tag(tmp_path, args):
+    proc = run_cli("debug=smoke", *args, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "images/s not measured" in proc.stdout and "nan" not in proc.stdout
+    assert ("train.profile=true traced nothing" in proc.stdout) == ("train.profile=true" in args)
+    record = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert "images_per_sec" not in record.data.metrics
+    assert "timing needs train.steps >=" in record.data.tags["images_per_sec.missing"]
+
+
+def _lonely_worker(tmp_path: Path, *extra: str) -> subprocess.Popen:
+    """Worker 0 of a 2-worker cluster whose worker 1 never starts (its own process group, as from a terminal)."""
+    ports = [free_port(), free_port()]
+    args = ["debug=smoke", "strategy=multi_worker", "gpus=1",
+            f"strategy.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]", *extra]
+    proc = subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc.missing = f"127.0.0.1:{ports[1]}"
+    return proc
+
+
+def test_a_missing_peer_is_given_up_after_the_bounded_wait_in_one_line(tmp_path):
+    proc = _lonely_worker(tmp_path, "strategy.peer_timeout=10")
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=120)
+    assert time.monotonic() - t0 < 60 and proc.returncode != 0
+    (line,) = errors(err)
+    assert f"worker0 waited 10 s for {proc.missing} and gave up" in line and "strategy.peer_timeout" in line
+    record = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert record.info.status == "FAILED" and proc.missing in record.data.tags["error"]
+
+
+def test_ctrl_c_stops_a_worker_waiting_for_its_peers(tmp_path):
+    proc = _lonely_worker(tmp_path)  # the default wait: 300 s
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def waiting() -> bool:
+        with contextlib.suppress(Exception):
+            return only_run(uri).data.tags.get("devices.kind") == "CPU"  # devices set up: the wait comes next
+        return False
+
+    wait_for("the worker to start waiting", waiting)
+    time.sleep(3)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in its terminal does
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "interrupted (SIGINT) while waiting for" in err
+    record = only_run(uri)
+    assert record.info.status == "KILLED"
