@@ -11,7 +11,7 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
 
 from runner.errors import ConfigError
 from runner.registry import Registry
@@ -29,6 +29,7 @@ class Model(Protocol):
     """What the runner needs of a model's options."""
 
     name: str
+    target_accuracy: float | None  # the test accuracy a run of it is timed to by default (None: no default target)
 
     def build(self) -> keras.Model:
         """A fresh, uncompiled model mapping (batch, 28, 28, 1) images to (batch, 10) logits (Keras' current seed)."""
@@ -50,6 +51,8 @@ class ModelOptions:
     """Base of the built-in models: what a model does not know until built is None / False."""
 
     name: str = ""
+
+    target_accuracy: ClassVar[float | None] = None
 
     def layers_with_weights(self) -> int | None:
         return None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
 
@@ -18,6 +18,8 @@ class MLP(ModelOptions):
 
     name: str = "mlp"
     variant: Variant = "default"
+
+    target_accuracy: ClassVar[float] = 0.98  # the test accuracy a run is timed to by default
 
     def build(self):
         """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""

@@ -117,6 +117,11 @@ def main(cfg: DictConfig) -> Any:
         # Exiting here, inside the job, keeps Hydra from adding its own "Error executing job" line.
         _report(e)
     rate = f"{result['images_per_sec']:,.0f} images/s" if "images_per_sec" in result else "images/s not measured"
+    if "time_to_accuracy_seconds" in result:
+        rate += (f"  target {result['target_accuracy']:.2f} reached in {result['time_to_accuracy_seconds']:.1f} s "
+                 f"({result['steps_to_accuracy']:.0f} steps)")
+    elif "target_accuracy" in result:
+        rate += f"  target {result['target_accuracy']:.2f} not reached"
     print(
         f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}  "
         f"{rate}  ({result['steps']:.0f} steps, "

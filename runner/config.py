@@ -43,6 +43,7 @@ COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "stra
 PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)
 OptimizerName = Literal["adam", "sgd", "momentum", "rmsprop"]  # built by runner.optimizers.make
+MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 
 
 @dataclass
@@ -64,7 +65,13 @@ class TrainConf:
     reuse_freed_memory: bool = True  # glibc: keep freed tensors in the heap (tf.data generator iterators switch it off)
     learning_rate: float = 1e-3
     seed: int = 0
-    eval_every: int = 0  # evaluate on the test set every N steps; 0 = only at the end
+    eval_every: int = 0  # evaluate on the full test set every N steps; 0 = only at the end
+    # Time to accuracy: the test accuracy the run is timed to (MODEL_TARGET: the model's own, e.g. mlp 0.98, cnn/nin/
+    # lenet 0.99; null: none). Every `check_every` steps (0: about 20 checks per run) the first `check_examples` test
+    # examples are evaluated; a check at or over the target is confirmed on the full test set.
+    target_accuracy: float | None = -1.0
+    check_every: int = 0
+    check_examples: int = 1000
     jit_compile: bool = False  # XLA-compile the training step's compute (strategy=single)
     # float32 | mixed_bfloat16 (bfloat16 compute, float32 variables and loss). mixed_float16 is not offered: float16
     # needs loss scaling in every strategy's step; bfloat16 has float32's range.
@@ -92,6 +99,10 @@ class TrainConf:
         "learning_rate": (lambda v: 0 < v < math.inf, "a positive finite number"),
         "eval_every": (non_negative, "0 (end only) or a positive number of steps"),
         "checkpoint_every": (non_negative, "0 (no checkpoints) or a positive number of steps"),
+        "target_accuracy": (lambda v: v is None or v == MODEL_TARGET or 0 < v <= 1,
+                            f"a test accuracy in (0, 1], {MODEL_TARGET:g} (the model's own) or null (none)"),
+        "check_every": (non_negative, "0 (about 20 checks per run) or a positive number of steps"),
+        "check_examples": (positive, "a positive number of test examples"),
     }
 
 
@@ -258,6 +269,8 @@ def validate(cfg: DictConfig) -> Plan:
     cluster = strategy.cluster()
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
+    if values["train"]["target_accuracy"] == MODEL_TARGET:
+        values["train"]["target_accuracy"] = getattr(parts["model"], "target_accuracy", None)
     parts["pipeline"].check(towers, parts["data"].train_examples())
     _check_memory(values["train"], parts["model"], towers)
     resolved = OmegaConf.create({**values, **{kind: _as_node(part, values[kind]) for kind, part in parts.items()}})

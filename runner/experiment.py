@@ -98,11 +98,13 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     steps = train.total_steps(plan.train, len(arrays.x_train))
     _log_plan(plan, devices, steps, arrays.synthetic)
     checkpointer, start = _resume(plan, strategy, run)
-    eval_ds = common.eval_dataset(arrays.x_test, arrays.y_test)
+    evals = _evaluations(plan, strategy, arrays, steps, run)
     hooks = _hooks(plan, checkpointer)
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
-    result = train.fit(strategy, batches, eval_ds, plan.train, steps, run.metrics, start, hooks)
+    result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks)
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
+    if plan.train.target_accuracy:
+        run.tags({"target.reached": str("time_to_accuracy_seconds" in result).lower()})
     if "images_per_sec" not in result:
         why = train.untimed(plan.train, steps)
         log.warning(why)
@@ -133,6 +135,18 @@ def _build_strategy(plan: Plan, devices: Devices, run: tracking.Run) -> Any:
         strategy = plan.strategy.build(devices, training_for(plan))
     signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
     return strategy
+
+
+def _evaluations(plan: Plan, strategy: Any, arrays: Any, steps: int, run: tracking.Run) -> train.Evaluations:
+    """The test set, its first `train.check_examples` examples for the accuracy checks, and the target."""
+    from data_pipelines import common
+
+    n = plan.train.check_examples
+    return train.Evaluations(
+        strategy, common.eval_dataset(arrays.x_test, arrays.y_test),
+        common.eval_dataset(arrays.x_test[:n], arrays.y_test[:n]), run.metrics, plan.train.target_accuracy,
+        plan.train.eval_every, train.check_cadence(plan.train, steps),
+    )
 
 
 def _hooks(plan: Plan, checkpointer: Any) -> list:

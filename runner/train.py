@@ -120,11 +120,73 @@ def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
     return loss, seconds
 
 
-def evaluate(strategy: Any, eval_ds: Any, record: Record, step: int) -> tuple[float, float]:
-    """Test loss and accuracy now, recorded at `step`."""
-    test_loss, test_acc = strategy.evaluate(eval_ds)
-    record({"test_loss": test_loss, "test_accuracy": test_acc}, step)
-    return test_loss, test_acc
+@dataclass
+class Evaluations:
+    """Evaluation during training, timed apart from it: the full test set every `eval_every` steps and at the end,
+    and accuracy checks toward `target` (time to accuracy, as MLPerf's time-to-train and DAWNBench's
+    time-to-accuracy): every `check_every` steps the `checks` subset is evaluated, and a check at or over the target
+    is confirmed on the full test set, whose crossing fixes the step and the training seconds.
+
+    Attributes:
+        strategy: gives evaluate(dataset) -> (loss, accuracy).
+        full: the test set; checks: its first examples (cheap enough to run often).
+        record: logs (metrics, step).
+        target: the test accuracy to time the run to; None: no checks.
+        eval_every, check_every: steps between full evaluations / checks (0: none).
+        seconds: spent evaluating so far (not training time).
+        reached: (step, training seconds) when the full test set first reached the target.
+    """
+
+    strategy: Any
+    full: Any
+    checks: Any
+    record: Record
+    target: float | None = None
+    eval_every: int = 0
+    check_every: int = 0
+    seconds: float = 0.0
+    reached: tuple[int, float] | None = None
+
+    def after_call(self, step: int, n: int, train_seconds: float, last: bool) -> None:
+        """Evaluate what is due after the call of `n` steps that ended at `step` (the last call: `final` does)."""
+        t0 = time.perf_counter()
+        if not last and crossed(step, n, self.eval_every):
+            self._full(step, train_seconds)
+        elif not last and self.target and not self.reached and crossed(step, n, self.check_every):
+            _, accuracy = self.strategy.evaluate(self.checks)
+            self.record({"check_accuracy": accuracy, "check_train_seconds": train_seconds}, step)
+            if accuracy >= self.target:
+                self._full(step, train_seconds)
+        self.seconds += time.perf_counter() - t0
+
+    def _full(self, step: int, train_seconds: float) -> tuple[float, float]:
+        loss, accuracy = self.strategy.evaluate(self.full)
+        self.record({"test_loss": loss, "test_accuracy": accuracy}, step)
+        if self.target and not self.reached and accuracy >= self.target:
+            self.reached = (step, train_seconds)
+            log.info("test accuracy %.4f reached the target %.4f at step %d after %.1f s of training", accuracy,
+                     self.target, step, train_seconds)
+        return loss, accuracy
+
+    def final(self, step: int, train_seconds: float) -> dict[str, float]:
+        """The end-of-run evaluation, and the time-to-accuracy figures."""
+        t0 = time.perf_counter()
+        loss, accuracy = self._full(step, train_seconds)
+        self.seconds += time.perf_counter() - t0
+        out = {"test_loss": loss, "test_accuracy": accuracy, "eval_seconds": self.seconds}
+        if self.target:
+            out["target_accuracy"] = self.target
+        if self.reached:
+            out.update(steps_to_accuracy=float(self.reached[0]), time_to_accuracy_seconds=self.reached[1])
+        return out
+
+
+def check_cadence(train: Any, steps: int) -> int:
+    """Steps between accuracy checks: `train.check_every`, else about 20 per run on call boundaries."""
+    if train.check_every:
+        return int(train.check_every)
+    per_call = train.steps_per_call
+    return max(per_call, math.ceil(steps / 20 / per_call) * per_call)
 
 
 def steps_to_time(train: Any) -> int:
@@ -174,6 +236,7 @@ class _Calls:
     step: int
     loss: float = float("nan")
     first_step_at: float | None = None  # wall clock when the first call (one step) returned
+    train_seconds: float = 0.0  # the loop's time, evaluation excluded
 
 
 def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
@@ -187,10 +250,11 @@ def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
     return seconds
 
 
-def _run_calls(loop: Any, strategy: Any, eval_ds: Any, train: Any, steps: int, start: int, record: Record,
+def _run_calls(loop: Any, evals: Evaluations, train: Any, steps: int, start: int, record: Record,
                hooks: list[Hook]) -> _Calls:
     """Call the compiled loop until `steps`, logging each call, evaluating on schedule, and telling the hooks."""
     done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps)
+    t0 = time.perf_counter()
     with signals.at_call_boundaries():  # Ctrl-C or SIGTERM: stop after the running call, its step saved
         while done.step < steps:
             n = min(call_size(done.step - start, train.steps_per_call), steps - done.step)
@@ -207,19 +271,19 @@ def _run_calls(loop: Any, strategy: Any, eval_ds: Any, train: Any, steps: int, s
                 for hook in hooks:
                     hook.stopped(done.step)
                 signals.stop()
-            if done.step < steps and crossed(done.step, n, train.eval_every):
-                evaluate(strategy, eval_ds, record, done.step)
+            evals.after_call(done.step, n, time.perf_counter() - t0 - evals.seconds, last=done.step >= steps)
+    done.train_seconds = time.perf_counter() - t0 - evals.seconds
     return done
 
 
-def fit(strategy: Any, batches: Any, eval_ds: Any, train: Any, steps: int, record: Record, start: int = 0,
+def fit(strategy: Any, batches: Any, evals: Evaluations, train: Any, steps: int, record: Record, start: int = 0,
         hooks: list[Hook] | None = None) -> dict:
     """Train from step `start` to `steps`, evaluate, and return the summary metrics.
 
     Args:
-        strategy: gives train_loop(batches), input_loop(batches) and evaluate(dataset).
+        strategy: gives train_loop(batches) and input_loop(batches).
         batches: the pipeline's feed, as the strategy made it.
-        eval_ds: the test set.
+        evals: the evaluations during and after training (test set, accuracy checks, target).
         train: the validated `train` config.
         steps: optimizer steps the whole run makes.
         record: called with (metrics, step) for every logged point.
@@ -227,22 +291,19 @@ def fit(strategy: Any, batches: Any, eval_ds: Any, train: Any, steps: int, recor
         hooks: called around and after every compiled call (checkpoints, profiler, allocator).
 
     Returns:
-        train_loss, test_loss, test_accuracy, train_seconds, steps, resumed_from_step, seconds_to_first_step,
-        images_per_sec (± stderr), step_time_ms, timed_steps, and the hooks' figures.
+        train_loss, test_loss, test_accuracy, train_seconds (evaluation excluded), eval_seconds, steps,
+        resumed_from_step, seconds_to_first_step, images_per_sec (± stderr), step_time_ms, timed_steps, with a target
+        target_accuracy and, once reached, time_to_accuracy_seconds and steps_to_accuracy, and the hooks' figures.
     """
     hooks = hooks or []
     if start:
         fast_forward(strategy, batches, start)
     loop = strategy.train_loop(batches)
-    t0 = time.perf_counter()
-    done = _run_calls(loop, strategy, eval_ds, train, steps, start, record, hooks)
-    train_seconds = time.perf_counter() - t0
-    test_loss, test_acc = evaluate(strategy, eval_ds, record, done.step)
+    done = _run_calls(loop, evals, train, steps, start, record, hooks)
     return {
         "train_loss": done.loss,
-        "test_loss": test_loss,
-        "test_accuracy": test_acc,
-        "train_seconds": train_seconds,
+        **evals.final(done.step, done.train_seconds),
+        "train_seconds": done.train_seconds,
         "steps": float(done.step),
         "resumed_from_step": float(start),
         # start-up, data, tracing and one step:

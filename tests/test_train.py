@@ -140,3 +140,30 @@ def test_profile_traces_one_call_and_logs_time_per_op_kind(tf_devices, store, tm
     # One device, ops on TensorFlow's 2 inter-op threads: matmul spans cannot add up to more than 2 x the wall time
     # (a nested op counted twice would break this long before).
     assert m["profile_ms_matmul"] <= 2 * m["profile_wall_ms_per_step"]
+
+
+def test_time_to_accuracy_is_training_time_to_the_first_full_test_set_at_the_target(tf_devices, store):
+    """Checks on the first 256 test examples every 10 steps; one at or over 0.6 is confirmed on the full test set."""
+    result = _smoke(store, "train.target_accuracy=0.6", "train.check_every=10", "train.check_examples=256")
+    client = mlflow.MlflowClient(store)
+    checks = {m.step: m.value for m in client.get_metric_history(result["run_id"], "check_accuracy")}
+    seconds = {m.step: m.value for m in client.get_metric_history(result["run_id"], "check_train_seconds")}
+    full = {m.step: m.value for m in client.get_metric_history(result["run_id"], "test_accuracy")}
+    reached = int(result["steps_to_accuracy"])
+    assert set(checks) == set(seconds) and max(checks) == reached < 60  # no check after the target was reached
+    assert checks[reached] >= 0.6 and full[reached] >= 0.6  # the check, confirmed on all 1024 test examples
+    assert all(checks[s] < 0.6 or full.get(s, 0) < 0.6 for s in checks if s < reached)
+    assert result["time_to_accuracy_seconds"] == pytest.approx(seconds[reached])
+    assert 0 < result["time_to_accuracy_seconds"] < result["train_seconds"]  # evaluation time is not counted
+    assert result["eval_seconds"] > 0
+    row = runs(store, "smoke").set_index("run_id").loc[result["run_id"]]
+    assert row["tags.target.reached"] == "true" and row["metrics.target_accuracy"] == 0.6
+
+
+def test_a_target_never_reached_is_recorded_as_such(tf_devices, store):
+    result = _smoke(store)  # the MLP's own target, 0.98: far off after 60 smoke steps
+    assert result["target_accuracy"] == 0.98 and "time_to_accuracy_seconds" not in result
+    row = runs(store, "smoke").set_index("run_id").loc[result["run_id"]]
+    assert row["tags.target.reached"] == "false"
+    off = _smoke(store, "train.target_accuracy=null")
+    assert "target_accuracy" not in off
