@@ -94,6 +94,10 @@ class DatasetOptions:
         """How many training examples `load` will give, if known without loading them."""
         return self.train_limit
 
+    def describe(self) -> str:
+        """Where the examples come from, in a few words (the run's dataset source)."""
+        return f"data={self.name}"
+
 
 DATASETS = Registry("data", "data_pipelines")
 PIPELINES = Registry("pipeline", "data_pipelines")

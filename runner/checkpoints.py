@@ -15,6 +15,7 @@ trains from step 0); a run that fails or is killed keeps them, the last good one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -121,9 +122,11 @@ class Checkpointer(Hook):
             self.save(step)
 
     def finished(self) -> None:
-        """The run completed: its checkpoints are no longer needed to resume it."""
+        """The run completed: its checkpoints are no longer needed to resume it (nor is an empty parent folder)."""
         if self.writer:
             shutil.rmtree(self.directory, ignore_errors=True)
+            with contextlib.suppress(OSError):  # other configs' checkpoints still in it: keep it
+                self.directory.parent.rmdir()
 
 
 def directory(checkpoint_dir: str, config_hash: str) -> Path:

@@ -112,10 +112,12 @@ class MlflowConf:
 
     tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db
     experiment: str = "runner"
+    system_metrics_interval: float = 10.0  # seconds between MLflow's system-metrics samples (CPU, memory, GPU); 0: off
 
     RULES: ClassVar[dict[str, Rule]] = {
         "experiment": (lambda v: bool(v.strip()) and v == v.strip() and "/" not in v,
                        "a non-empty name without leading or trailing spaces or '/'"),
+        "system_metrics_interval": (non_negative, "0 (off) or a positive number of seconds"),
     }
 
 

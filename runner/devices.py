@@ -251,11 +251,14 @@ def setup(gpus: int, intra: int = -1, inter: int = 0) -> Devices:
     Raises:
         DeviceError: the devices cannot be provided in this process.
     """
-    tf = import_tensorflow()
-    try:
-        devices = _configure(tf, gpus)
-    except RuntimeError:  # "... cannot be modified after being initialized"
-        devices = _reuse(tf, gpus)
+    from runner.quiet import filtered_stderr
+
+    with filtered_stderr():  # TensorFlow's start-up lines, filtered to those that matter
+        tf = import_tensorflow()
+        try:
+            devices = _configure(tf, gpus)
+        except RuntimeError:  # "... cannot be modified after being initialized"
+            devices = _reuse(tf, gpus)
     _configure_threads(tf, devices, intra, inter)
     if devices.simulated:
         log.warning(

@@ -80,6 +80,7 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
 
     # Data first: reading and checking it needs no TensorFlow, so a bad data path fails before the slow import.
     arrays = plan.data.load(plan.train.seed)
+    _log_dataset(plan, arrays, run)
     devices = _start_tensorflow(plan, run)
 
     import tensorflow as tf
@@ -90,10 +91,9 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
     strategy = _build_strategy(plan, devices, run)
     hardware = _hardware_figures(plan, devices)
-    run.metrics(hardware, 0)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
-    run.metrics({"effective_learning_rate": effective_learning_rate(plan.train)}, 0)
+    run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
     examples = common.examples(arrays.x_train, arrays.y_train)
     steps = train.total_steps(plan.train, len(arrays.x_train))
     _log_plan(plan, devices, steps, arrays.synthetic)
@@ -113,6 +113,7 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
+    result.update(hardware)  # summary figures, logged once at the final step with the others
     result.update(_utilisation(result, hardware, devices))
     digest = weights_digest(strategy.weights())
     log.info("final weights sha256 %s", digest)
@@ -147,6 +148,16 @@ def _evaluations(plan: Plan, strategy: Any, arrays: Any, steps: int, run: tracki
         common.eval_dataset(arrays.x_test[:n], arrays.y_test[:n]), run.metrics, plan.train.target_accuracy,
         plan.train.eval_every, train.check_cadence(plan.train, steps),
     )
+
+
+def _log_dataset(plan: Plan, arrays: Any, run: tracking.Run) -> None:
+    """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes."""
+    import hashlib
+
+    for context, x, y in (("train", arrays.x_train, arrays.y_train), ("test", arrays.x_test, arrays.y_test)):
+        digest = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()[:8]
+        profile = {"examples": len(x), "image_shape": list(x.shape[1:]), "synthetic": arrays.synthetic}
+        run.dataset(plan.data.name, digest, plan.data.describe(), profile, context)
 
 
 def _hooks(plan: Plan, checkpointer: Any) -> list:
@@ -316,4 +327,6 @@ def run(cfg: DictConfig) -> dict:
                 handler.flush()
             mlrun.file(log_file)
     result["run_id"] = mlrun.run_id
+    result["experiment_id"] = getattr(mlrun, "experiment_id", None)
+    result["tracking_uri"] = uri
     return result

@@ -95,6 +95,12 @@ def send(client: Any, run_id: str, entry: dict[str, Any]) -> None:
     elif op == "file":
         if Path(args["path"]).is_file():
             client.log_artifact(run_id, args["path"])
+    elif op == "dataset":
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        dataset = Dataset(args["name"], args["digest"], "local", json.dumps({"uri": args["source"]}),
+                          profile=json.dumps(args["profile"]))
+        client.log_inputs(run_id, datasets=[DatasetInput(dataset, [InputTag("mlflow.data.context", args["context"])])])
     elif op == "end":
         client.set_terminated(run_id, args["status"])
     else:

@@ -13,11 +13,14 @@ fresh sqlite store; after them it closes the parent run and prints which combina
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -164,18 +167,42 @@ class SweepCallback(Callback):
 
         from runner.tracking import resolve_uri, whole_write
 
+        from runner import ui
+
         outcomes = _outcomes(config.hydra.sweep.dir)
         lines = summary_lines(outcomes)
         print("\n".join(lines), file=sys.stderr)
         failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
         parent = _read_parent(config.hydra.sweep.dir)
-        client = MlflowClient(resolve_uri(config.mlflow.tracking_uri))
+        uri = resolve_uri(config.mlflow.tracking_uri)
+        client = MlflowClient(uri)
+        with contextlib.suppress(Exception):  # the pointer is a convenience: a store failure is reported below
+            print(ui.where_to_look(uri, client.get_run(parent).info.experiment_id), file=sys.stderr)
         with whole_write():
             try:
+                _summarise_on_parent(client, parent)
                 client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
             finally:  # the parent is closed even if the summary cannot be stored
                 client.set_terminated(parent, "FAILED" if failures else "FINISHED")
                 _open_parent.clear()
+
+
+def _summarise_on_parent(client: Any, parent: str) -> None:
+    """Give the parent's row in the runs table something to say: the best images/s and test accuracy of its jobs,
+    the fastest time to accuracy, and the models, pipelines, strategies and device counts they covered."""
+    from mlflow.entities import Metric, RunTag
+
+    experiment = client.get_run(parent).info.experiment_id
+    jobs = [r for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+            if r.info.status == "FINISHED"]
+    figures = {"images_per_sec": max, "test_accuracy": max, "time_to_accuracy_seconds": min}
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, pick(values), now, 0) for key, pick in figures.items()
+               if (values := [r.data.metrics[key] for r in jobs if key in r.data.metrics])]
+    metrics.append(Metric("jobs_finished", float(len(jobs)), now, 0))
+    tags = [RunTag(key, ", ".join(sorted({r.data.tags.get(key, "?") for r in jobs}, key=str)))
+            for key in ("model", "pipeline", "strategy", "devices.count", "devices.kind") if jobs]
+    client.log_batch(parent, metrics=metrics, tags=tags)
 
 
 def close_open_parent(status: str) -> None:
@@ -196,7 +223,7 @@ def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:
     overrides = list(config.hydra.overrides.task)
     tags = {
         "sweep": "parent",
-        "sweep.command": " ".join(["runner", *sys.argv[1:]]),
+        "sweep.command": " ".join(shlex.quote(a) for a in [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]]),
         "sweep.overrides": " ".join(overrides),
         "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
         "mlflow.runName": "sweep " + "/".join(Path(config.hydra.sweep.dir).parts[-2:]),

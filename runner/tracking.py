@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
+import sys
 import signal
 import socket
 import subprocess
@@ -197,16 +199,22 @@ def ensure_experiment(uri: str, name: str) -> str:
     """
     from mlflow.tracking import MlflowClient
 
+    from runner import ui
+
     with schema_lock(uri):
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name(name)
         if exp is None:
-            return client.create_experiment(name, artifact_location=_artifact_root(uri))
+            experiment_id = client.create_experiment(name, artifact_location=_artifact_root(uri))
+            ui.set_up(client, experiment_id, {})
+            return experiment_id
     if exp.lifecycle_stage == "deleted":
         raise StoreError(
             f"experiment {name!r} was deleted in {uri}; restore it (mlflow experiments restore --experiment-id "
             f"{exp.experiment_id}) or choose another mlflow.experiment"
         )
+    if ui.VIEW_TAG not in exp.tags:  # an experiment made before the runner set up its view, or by someone else
+        ui.set_up(client, exp.experiment_id, exp.tags)
     return exp.experiment_id
 
 
@@ -274,6 +282,9 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
         "data.synthetic": str(cfg.data.name == "synthetic").lower(),
         "mlflow.runName": run_name(cfg),
         "runner.version": runner.__version__,
+        # The UI's Source column: the command that made the run.
+        "mlflow.source.name": " ".join(shlex.quote(a) for a in [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]]),
+        "mlflow.source.type": "LOCAL",
     }
     commit = _git_commit()
     if commit:
@@ -363,15 +374,17 @@ class Run:
         journal_dir: where the journal file goes (the run's output folder); None keeps it in memory.
     """
 
-    def __init__(self, uri: str, experiment: str, tags: dict[str, str], journal_dir: Path | None = None):
+    def __init__(self, uri: str, experiment: str, tags: dict[str, str], journal_dir: Path | None = None,
+                 system_metrics: float = 0.0):
         from mlflow.tracking import MlflowClient
 
         self.client, self.uri = MlflowClient(uri), uri
-        experiment_id = ensure_experiment(uri, experiment)
-        self.run_id = self.client.create_run(experiment_id, tags=tags).info.run_id
+        self.experiment_id = ensure_experiment(uri, experiment)
+        self.run_id = self.client.create_run(self.experiment_id, tags=tags).info.run_id
         header = {"journal": 1, "uri": uri, "run_id": self.run_id, "experiment": experiment}
         self.journal = Journal(journal_dir / JOURNAL_NAME if journal_dir else None, header)
         self.offline: tuple[str, float] | None = None  # (why, when to try again) while the store cannot be written
+        self.monitor = _system_metrics(self.run_id, uri, system_metrics) if system_metrics else None
 
     def _record(self, op: str, **args: Any) -> None:
         self.journal.append(op, **args)
@@ -428,6 +441,10 @@ class Run:
         if path.is_file():
             self._record("file", path=str(path))
 
+    def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
+        """Record the data as an MLflow dataset input of the run (the UI's Dataset column)."""
+        self._record("dataset", name=name, digest=digest, source=source, profile=profile, context=context)
+
     def copy_history(self, source_run_id: str, until_step: int) -> None:
         """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history)."""
         old = self.client.get_run(source_run_id).data.metrics
@@ -446,11 +463,28 @@ class Run:
         Raises:
             StoreError: the store still cannot be written; the message names the journal and how to replay it.
         """
+        if self.monitor is not None:
+            self.monitor.finish()  # its last samples, before the run closes
         if error:
             self.journal.append("tags", tags={"error": error[:5000]})
         self.journal.append("end", status=status)
         self._send(final=True)
         self.journal.remove()
+
+
+def _system_metrics(run_id: str, uri: str, interval: float) -> Any:
+    """MLflow's system-metrics monitor (CPU, memory, disk, network; GPU utilisation and memory with nvidia-ml-py),
+    sampling every `interval` seconds in a thread of its own, started; None if it cannot run here."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop INFO lines
+        monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, samples_before_logging=1, tracking_uri=uri)
+        monitor.start()
+        return monitor
+    except Exception as e:  # noqa: BLE001 - a run does not need it
+        log.warning("no system metrics (%s: %s)", type(e).__name__, e)
+        return None
 
 
 @contextmanager
@@ -464,7 +498,7 @@ def tracked(uri: str, plan: Plan, journal_dir: Path | None = None) -> Iterator[R
     run = None
     try:
         with whole_write():  # a Ctrl-C during the creation is raised once `run` is set, and closes it KILLED
-            run = Run(uri, cfg.mlflow.experiment, tags, journal_dir)
+            run = Run(uri, cfg.mlflow.experiment, tags, journal_dir, cfg.mlflow.system_metrics_interval)
         log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
         run.params(flatten(cfg))
         run.text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")

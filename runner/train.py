@@ -87,24 +87,40 @@ class Timer:
 
 
 class Progress:
-    """A one-line bar on an interactive terminal; otherwise a log line about every 10% (log files stay readable)."""
+    """tqdm's bar on an interactive terminal (steps, loss, images/s, elapsed, time left); elsewhere a log line about
+    every 10% with the same figures, so that log files stay readable."""
 
-    def __init__(self, total: int):
-        self.total = total
-        self.tty = sys.stderr.isatty()
-        self.next_log = 0.0
+    def __init__(self, total: int, start: int = 0):
+        self.total, self.start, self.t0, self.next_log = total, start, time.monotonic(), 0.0
+        self.bar = None
+        if sys.stderr.isatty():
+            import shutil
+
+            from tqdm import tqdm
+
+            width = shutil.get_terminal_size((100, 20)).columns  # a terminal of unknown size: 100 columns
+            self.bar = tqdm(total=total, initial=start, unit="step", ncols=width, file=sys.stderr, leave=True)
 
     def update(self, step: int, loss: float, rate: float) -> None:
-        if self.tty:
-            done = int(30 * step / self.total)
-            bar = "#" * done + "." * (30 - done)
-            sys.stderr.write(f"\r[{bar}] step {step}/{self.total} loss {loss:.4f} {rate:,.0f} img/s")
-            sys.stderr.flush()
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} img/s", refresh=False)
+            self.bar.update(step - self.bar.n)
             if step >= self.total:
-                sys.stderr.write("\n")
+                self.bar.close()
         elif step >= self.next_log or step >= self.total:
-            log.info("step %d/%d loss %.4f %.0f img/s", step, self.total, loss, rate)
+            elapsed = time.monotonic() - self.t0
+            left = elapsed / max(step - self.start, 1) * (self.total - step)
+            log.info("step %d/%d loss %.4f %.0f img/s, %s elapsed, %s left", step, self.total, loss, rate,
+                     _clock(elapsed), _clock(left))
             self.next_log = step + self.total / 10
+
+
+def _clock(seconds: float) -> str:
+    """12.3 s, 4:05 or 1:02:03."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
 
 
 def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
@@ -253,7 +269,7 @@ def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
 def _run_calls(loop: Any, evals: Evaluations, train: Any, steps: int, start: int, record: Record,
                hooks: list[Hook]) -> _Calls:
     """Call the compiled loop until `steps`, logging each call, evaluating on schedule, and telling the hooks."""
-    done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps)
+    done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps, start)
     t0 = time.perf_counter()
     with signals.at_call_boundaries():  # Ctrl-C or SIGTERM: stop after the running call, its step saved
         while done.step < steps:

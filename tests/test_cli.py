@@ -22,7 +22,7 @@ def test_smoke_run_from_cli_lands_in_the_default_store(tmp_path):
     client = mlflow.MlflowClient(_store(tmp_path))
     assert len(client.get_metric_history(run_id, "train_loss")) == 7  # after step 1, then every 10 of 60
     artifacts = [a.path for a in client.list_artifacts(run_id)]
-    assert "config.yaml" in artifacts and "__main__.log" in artifacts
+    assert "config.yaml" in artifacts and "runner.log" in artifacts
     assert df.iloc[0]["params.model.variant"] == "tiny"
     assert df.iloc[0]["tags.tensorflow.version"].startswith("2.21")
     assert df.iloc[0]["tags.tensorflow.onednn"] == onednn()  # TensorFlow's own choice for this CPU
@@ -43,3 +43,24 @@ def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
     proc = run_cli("--cfg", "job", "model=cnn", cwd=tmp_path)
     assert proc.returncode == 0
     assert "name: cnn" in proc.stdout and "global_batch_size: 128" in proc.stdout
+
+
+def test_a_smoke_run_shows_few_lines_before_its_progress_and_no_cuda_error(tmp_path):
+    """TensorFlow's start-up noise is filtered (runner/quiet.py); on a machine without GPUs no CUDA error shows.
+    Run as a user would: stdout and stderr on one terminal, TensorFlow's own log level untouched."""
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    env = cli_env()
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    proc = subprocess.run([sys.executable, "-m", "runner", "debug=smoke"], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    lines = proc.stdout.splitlines()
+    first_progress = next(i for i, line in enumerate(lines) if "step 1/60" in line)
+    assert first_progress <= 8, "\n".join(lines[:first_progress])
+    assert not [line for line in lines if "cuInit" in line or "CUDA error" in line]
+    assert "no GPU found: training on the CPU" in proc.stdout
+    assert "elapsed" in lines[first_progress] and "left" in lines[first_progress]  # elapsed time and ETA

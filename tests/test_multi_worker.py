@@ -42,7 +42,7 @@ def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path):
     assert row["tags.weights.sha256"] in digests and row["metrics.test_accuracy"] > 0.5
     assert row["params.train.per_device_batch_size"] == "32"  # global 64 over 2 workers x 1 device
     # Each worker keeps its own log, in its own output folder, even when started in the same second.
-    logs = {p.parent.name.rsplit("-", 1)[1]: p.read_text() for p in tmp_path.glob("outputs/*/*/__main__.log")}
+    logs = {p.parent.name.rsplit("-", 1)[1]: p.read_text() for p in tmp_path.glob("outputs/*/*/runner.log")}
     assert sorted(logs) == ["worker0", "worker1"]
     assert all("final weights sha256" in text for text in logs.values())
 

@@ -79,7 +79,7 @@ def test_effective_rate_and_scaling_are_logged(tf_devices, store):
     run(compose("debug=smoke", "strategy=replicated", "gpus=2", *MODES["weak"], "train.lr_scaling=linear",
                 "train.lr_reference_batch=32", f"mlflow.tracking_uri={store}", "train.steps=20"))
     row = runs(store, "smoke").iloc[0]
-    assert row["metrics.effective_learning_rate"] == pytest.approx(2e-3)
+    assert float(row["params.train.effective_learning_rate"]) == pytest.approx(2e-3)
     assert (row["params.train.global_batch_size"], row["params.train.per_device_batch_size"]) == ("64", "32")
     assert row["tags.batch_scaling"] == "weak"
 

@@ -1,0 +1,58 @@
+"""TensorFlow's start-up lines, filtered to those that matter.
+
+Importing TensorFlow and listing its devices writes, from C++ and before its logging is configured (so
+TF_CPP_MIN_LOG_LEVEL does not reach them), a dozen lines to the terminal, several twice: absl's notice about its
+own initialisation, oneDNN being on, CUDA drivers not found, the CPU instructions the binary was not built for, and
+on a machine without GPUs an alarming `failed call to cuInit: ... CUDA error`. The run records what matters of them
+itself (the `tensorflow.onednn` and `devices.*` tags; "no GPU found: training on the CPU" once). `filtered_stderr`
+drops those lines at the file-descriptor level while the block runs and passes every other line through.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Iterator
+
+NOISE = re.compile(
+    r"All log messages before absl::InitializeLog|oneDNN custom operations are on|Could not find cuda drivers"
+    r"|cpu_feature_guard|To enable the following instructions|rebuild TensorFlow with the appropriate compiler"
+    r"|failed call to cuInit|Unable to register cu(DNN|FFT|BLAS) factory|computation placer already registered"
+    r"|TF-TRT Warning"
+)
+
+
+def _pump(source: int, target: int) -> None:
+    """Copy lines from `source` to `target`, dropping the NOISE ones, until `source` closes."""
+    with os.fdopen(source, "rb", closefd=True) as lines:
+        for line in lines:
+            if not NOISE.search(line.decode(errors="replace")):
+                os.write(target, line)
+
+
+@contextmanager
+def filtered_stderr() -> Iterator[None]:
+    """While the block runs, the process's stderr (file descriptor 2, C++ writes included) loses the NOISE lines.
+
+    RUNNER_VERBOSE_TENSORFLOW=1 leaves stderr alone.
+    """
+    if os.environ.get("RUNNER_VERBOSE_TENSORFLOW", "") not in ("", "0"):
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+    pump = threading.Thread(target=_pump, args=(read, saved), daemon=True)
+    pump.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the pump sees the end and stops
+        pump.join(timeout=5)
+        os.close(saved)
