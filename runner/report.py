@@ -1,14 +1,13 @@
-"""`runner report` / `python -m runner.report`: compare runs from MLflow in a table and two plots.
+"""`runner report` / `python -m runner.report`: compare runs from MLflow in a table, a verdict and three plots.
 
-    runner report [--experiment NAME] [--parent RUN_ID | --latest-sweep] [--filter "tags.model = 'mlp'"]
-                  [--tracking-uri URI] [--out DIR]
+    runner report                                    the newest sweep in the store, else the newest experiment
+    runner report --experiment NAME [--latest-sweep | --parent RUN_ID] [--filter "tags.model = 'mlp'"]
 
-The table has one row per run: model, pipeline, strategy, device count and kind, batch scaling mode (strong: the
-global batch fixed as devices grow; weak: the per-device batch fixed), images/s ± standard error, speedup and
-efficiency against the 1-device run of the same model, pipeline, strategy and scaling mode (else of the same model
-under `single`), test accuracy, wall time and status. The plots are throughput against device count per strategy
-with the ideal linear line, and test accuracy per combination. With a sweep's parent run, table and plots are also
-logged as artifacts of that parent, so they show in the MLflow UI.
+The first line says what was chosen. The table has one row per run: model, pipeline, strategy, devices, scaling
+mode, images/s ± standard error, speedup and efficiency against the 1-device run of the same model, pipeline,
+strategy and scaling mode (else of the model under `single`), time to the target accuracy, test accuracy, whether it
+learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/verdict.py) and
+the plots (runner/plots.py). With a sweep's parent run, table and plots are also logged as artifacts of that parent.
 """
 
 from __future__ import annotations
@@ -19,6 +18,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from runner import plots, verdict
+
+
+class ReportError(Exception):
+    """Nothing to report, or not what was asked for; the message is one line naming what exists."""
 
 
 @dataclass
@@ -41,8 +46,12 @@ class Row:
     host_only: bool = False  # gpus=0: the host CPU alone, the baseline beside the device runs
     achieved_gflops: float = math.nan
     mfu: float = math.nan
+    loss: float = math.nan
+    time_to_accuracy: float = math.nan
+    target: float = math.nan
     speedup: float = math.nan
     efficiency: float = math.nan
+    same: bool | None = None  # learns the same as the model's 1-device run
 
     @property
     def device_label(self) -> str:
@@ -53,42 +62,73 @@ class Row:
 
 def _row(run: Any) -> Row:
     tags, m = run.data.tags, run.data.metrics
+    variant = tags.get("model.variant", "")
     return Row(
-        run.info.run_id, tags.get("model", "?"), tags.get("pipeline", "?"), tags.get("strategy", "?"),
-        int(tags.get("devices.count", 0)), tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true",
-        m.get("images_per_sec", math.nan), m.get("images_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan),
-        m.get("wall_seconds", math.nan), run.info.status, tags.get("batch_scaling", "strong"),
-        tags.get("devices.requested") == "0", m.get("achieved_gflops", math.nan), m.get("mfu", math.nan),
+        run.info.run_id, f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
+        tags.get("pipeline", "?"), tags.get("strategy", "?"), int(tags.get("devices.count", 0)),
+        tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true", m.get("images_per_sec", math.nan),
+        m.get("images_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan), m.get("wall_seconds", math.nan),
+        run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
+        m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
+        m.get("time_to_accuracy_seconds", math.nan), m.get("target_accuracy", math.nan),
     )
 
 
-def fetch(uri: str, experiment: str, parent: str | None, filter_string: str) -> list[Row]:
-    """The runs to report (a sweep parent's children, or all non-parent runs of the experiment)."""
-    from mlflow.tracking import MlflowClient
+@dataclass(frozen=True)
+class Selection:
+    """What a report covers: an experiment, and a sweep parent or not; `said` is the line that tells the user."""
 
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise SystemExit(f"error: no experiment {experiment!r} in {uri}")
-    clauses = [filter_string] if filter_string else []
+    experiment: str
+    experiment_id: str
+    parent: str | None
+    said: str
+
+
+def select(client: Any, experiment: str | None, parent: str | None, latest_sweep: bool) -> Selection:
+    """The runs a report covers: as asked, or (nothing asked) the newest sweep in the store, else the newest
+    experiment. Raises ReportError naming what exists when the ask cannot be met."""
+    experiments = [e for e in client.search_experiments() if e.name != "Default" or e.experiment_id != "0"]
+    names = ", ".join(sorted(e.name for e in experiments)) or "none"
+    if experiment is not None:
+        exp = next((e for e in experiments if e.name == experiment), None)
+        if exp is None:
+            raise ReportError(f"no experiment {experiment!r} in {client.tracking_uri}; experiments: {names}")
+        pool = [exp]
+    else:
+        pool = experiments
+    if not pool:
+        raise ReportError(f"no experiments in {client.tracking_uri}: run `python -m runner` first")
     if parent:
-        clauses.append(f"tags.mlflow.parentRunId = '{parent}'")
-    runs = client.search_runs([exp.experiment_id], " and ".join(clauses), max_results=5000)
+        run = client.get_run(parent)
+        return Selection(_name(pool, run.info.experiment_id), run.info.experiment_id, parent,
+                         f"report: sweep parent run {parent}")
+    sweeps = client.search_runs([e.experiment_id for e in pool], "tags.sweep = 'parent'",
+                                order_by=["start_time DESC"], max_results=1)
+    if sweeps and (latest_sweep or experiment is None):
+        run = sweeps[0]
+        where = run.data.tags.get("mlflow.runName", run.info.run_id)
+        return Selection(_name(pool, run.info.experiment_id), run.info.experiment_id, run.info.run_id,
+                         f"report: {where} (parent run {run.info.run_id}) in experiment "
+                         f"{_name(pool, run.info.experiment_id)!r}, the newest sweep")
+    if latest_sweep:
+        raise ReportError(f"no sweep in experiment {experiment!r} (run one with `python -m runner -m ...`), or "
+                          f"leave out --latest-sweep to report its runs")
+    exp = pool[0] if experiment is not None else max(pool, key=lambda e: e.last_update_time or 0)
+    why = "" if experiment is not None else ", the newest experiment (no sweep in the store)"
+    return Selection(exp.name, exp.experiment_id, None, f"report: all runs of experiment {exp.name!r}{why}")
+
+
+def _name(experiments: list[Any], experiment_id: str) -> str:
+    return next((e.name for e in experiments if e.experiment_id == experiment_id), experiment_id)
+
+
+def fetch(client: Any, selection: Selection, filter_string: str) -> list[Row]:
+    """The runs of a selection (a sweep parent's children, or the experiment's runs but parents)."""
+    clauses = [filter_string] if filter_string else []
+    if selection.parent:
+        clauses.append(f"tags.mlflow.parentRunId = '{selection.parent}'")
+    runs = client.search_runs([selection.experiment_id], " and ".join(clauses), max_results=5000)
     return add_speedups([_row(r) for r in runs if r.data.tags.get("sweep") != "parent"])
-
-
-def latest_sweep(uri: str, experiment: str) -> str | None:
-    """The newest sweep parent run of the experiment."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    found = client.search_runs(
-        [exp.experiment_id], "tags.sweep = 'parent'", order_by=["start_time DESC"], max_results=1
-    )
-    return found[0].info.run_id if found else None
 
 
 def _baseline(row: Row, finished: list[Row]) -> Row | None:
@@ -99,14 +139,17 @@ def _baseline(row: Row, finished: list[Row]) -> Row | None:
     return (same or single or [None])[0]
 
 
-def add_speedups(rows: list[Row]) -> list[Row]:
-    """Speedup = images/s over the baseline's; efficiency = speedup / devices."""
+def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Tolerance()) -> list[Row]:
+    """Speedup = images/s over the baseline's; efficiency = speedup / devices; learns the same as 1 device."""
     finished = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.images_per_sec)]
     for row in rows:
         base = _baseline(row, finished)
         if base is not None and row.status == "FINISHED" and row.devices:
             row.speedup = row.images_per_sec / base.images_per_sec
             row.efficiency = row.speedup / row.devices
+        reference = verdict.one_device(verdict.runs_from([r for r in finished if r.model == row.model]))
+        if reference is not None and row.status == "FINISHED":
+            row.same = verdict.learns_same(verdict.runs_from([row])[0], reference, tolerance)
     return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices))
 
 
@@ -115,101 +158,118 @@ def _fmt(value: float, spec: str) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    """The comparison as a Markdown table."""
+    """The comparison as a Markdown table, with a footnote where speedups are missing."""
     head = ("| model | pipeline | strategy | devices | scaling | images/s | ± stderr | speedup | efficiency "
-            "| GFLOP/s | MFU | test acc | wall s | status |\n" + "|---" * 14 + "|")
+            "| time to acc. (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 15 + "|")
+    same = {True: "yes", False: "no", None: "-"}
     lines = [
         f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
-        f"| {_fmt(r.images_per_sec, ',.0f')} "
-        f"| {_fmt(r.stderr, ',.0f')} | {_fmt(r.speedup, '.2f')} | {_fmt(r.efficiency, '.2f')} "
-        f"| {_fmt(r.achieved_gflops, '.1f')} | {_fmt(r.mfu, '.1%')} "
-        f"| {_fmt(r.accuracy, '.4f')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
+        f"| {_fmt(r.images_per_sec, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.speedup, '.2f')} "
+        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} "
+        f"| {same[r.same]} | {_fmt(r.mfu, '.1%')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
         for r in rows
     ]
+    notes = []
+    if any(math.isnan(r.speedup) and r.status == "FINISHED" for r in rows):
+        notes.append("speedup/efficiency `-`: no 1-device run of that model, pipeline and strategy (or of `single`)")
+    if any(math.isnan(r.time_to_accuracy) and r.status == "FINISHED" for r in rows):
+        notes.append("time to accuracy `-`: the run did not reach its target (or had none)")
+    return "\n".join([head, *lines, *(f"\n{n}" for n in notes)])
+
+
+def curves(client: Any, rows: list[Row]) -> dict[str, list[tuple[float, float]]]:
+    """Each run's accuracy against training seconds: its checks, then its final evaluation."""
+    out = {}
+    for r in rows:
+        seconds = {m.step: m.value for m in client.get_metric_history(r.run_id, "check_train_seconds")}
+        accuracy = {m.step: m.value for m in client.get_metric_history(r.run_id, "check_accuracy")}
+        points = [(seconds[s], accuracy[s]) for s in sorted(seconds) if s in accuracy]
+        run = client.get_run(r.run_id).data.metrics
+        if "train_seconds" in run and not math.isnan(r.accuracy):
+            points.append((run["train_seconds"], r.accuracy))
+        out[r.run_id] = points
+    return out
+
+
+def report(client: Any, selection: Selection, filter_string: str, out: Path,
+           tolerance: verdict.Tolerance = verdict.Tolerance()) -> tuple[str, list[str], list[Path]]:
+    """Build the table, the verdict lines and the plots; log them to the parent run if there is one."""
+    rows = add_speedups(fetch(client, selection, filter_string), tolerance)
+    if not rows:
+        raise ReportError(f"no runs in {selection.said.removeprefix('report: ')}")
+    text, lines = table(rows), [v.line() for v in verdict.decide(verdict.runs_from(rows), tolerance)]
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.md").write_text("\n".join([text, "", *lines]) + "\n")
+    paths = [out / "scaling.png", out / "time_to_accuracy.png", out / "accuracy.png"]
+    plots.scaling(rows, paths[0])
+    plots.time_to_accuracy(rows, curves(client, rows), paths[1])
+    plots.accuracy(rows, paths[2])
+    if selection.parent:
+        for path in [out / "report.md", *paths]:
+            client.log_artifact(selection.parent, str(path), "report")
+    return text, lines, paths
+
+
+def compact(rows: list[Row]) -> str:
+    """One line per job, the figures a sweep's end shows: combination, images/s, time to accuracy, accuracy, status."""
+    head = "| model | combination | images/s | time to acc. (s) | test acc | status |\n|---|---|---|---|---|---|"
+    lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.images_per_sec, ',.0f')} "
+             f"| {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} | {r.status} |" for r in rows]
     return "\n".join([head, *lines])
 
 
-def plot_throughput(rows: list[Row], path: Path) -> None:
-    """Images/s against device count, one line per model/pipeline/strategy, with the ideal linear line."""
-    import matplotlib
+def sweep_end(client: Any, parent: str) -> list[str]:
+    """What the end of a sweep prints: its jobs' compact table, the verdict, and where to look further."""
+    from runner import ui
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 5))
-    groups: dict[tuple, list[Row]] = {}
-    for r in rows:
-        if r.status == "FINISHED" and not math.isnan(r.images_per_sec):
-            groups.setdefault((r.model, r.pipeline, r.strategy), []).append(r)
-    for (model, pipeline, strategy), rs in sorted(groups.items()):
-        rs.sort(key=lambda r: r.devices)
-        xs, ys = [r.devices for r in rs], [r.images_per_sec for r in rs]
-        (line,) = ax.plot(xs, ys, "o-", label=f"{model}/{pipeline}/{strategy}")
-        base = [r for r in rs if r.devices == 1]
-        if base and len(rs) > 1:
-            ax.plot(xs, [base[0].images_per_sec * x for x in xs], ":", color=line.get_color(), alpha=0.6)
-    ax.set(xlabel="devices", ylabel="images/s", title="Throughput vs devices (dotted: ideal linear scaling)")
-    ax.set_xticks(sorted({r.devices for rs in groups.values() for r in rs}))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    run = client.get_run(parent)
+    experiment = client.get_experiment(run.info.experiment_id).name
+    selection = Selection(experiment, run.info.experiment_id, parent, "")
+    rows = fetch(client, selection, "")
+    lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))]
+    return ["", compact(rows), "", *lines, "", f"experiment: {experiment!r}; table, plots and verdict: runner report "
+            f"--experiment {experiment} --parent {parent}", ui.where_to_look(client.tracking_uri, run.info.experiment_id)]
 
 
-def plot_accuracy(rows: list[Row], path: Path) -> None:
-    """Test accuracy per combination, as horizontal bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    done = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.accuracy)]
-    fig, ax = plt.subplots(figsize=(8, max(2.5, 0.3 * len(done) + 1)))
-    labels = [f"{r.model}/{r.pipeline}/{r.strategy}/{r.device_label}" for r in done]
-    ax.barh(labels, [r.accuracy for r in done], color="tab:blue")
-    ax.set(xlabel="test accuracy", xlim=(0, 1), title="Test accuracy per combination")
-    ax.tick_params(axis="y", labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def report(uri: str, experiment: str, parent: str | None, filter_string: str, out: Path) -> tuple[str, list[Path]]:
-    """Build the table and plots; log them to the parent run if there is one. Returns (table, plot paths)."""
-    rows = fetch(uri, experiment, parent, filter_string)
-    out.mkdir(parents=True, exist_ok=True)
-    text = table(rows)
-    (out / "report.md").write_text(text + "\n")
-    plots = [out / "throughput.png", out / "accuracy.png"]
-    plot_throughput(rows, plots[0])
-    plot_accuracy(rows, plots[1])
-    if parent:
-        from mlflow.tracking import MlflowClient
-
-        client = MlflowClient(uri)
-        for path in [out / "report.md", *plots]:
-            client.log_artifact(parent, str(path), "report")
-    return text, plots
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runner report", description="Compare runs from MLflow: a table, one verdict "
+                                "line per model, and plots. With no arguments: the newest sweep in the store.")
+    p.add_argument("--experiment", default=None, help="the experiment to report (default: the one of the newest "
+                   "sweep, else the newest experiment)")
+    p.add_argument("--parent", default=None, help="a sweep's parent run id: report its children")
+    p.add_argument("--latest-sweep", action="store_true", help="report the newest sweep of --experiment (an error "
+                   "if it has none)")
+    p.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"tags.model = 'mlp'\"")
+    p.add_argument("--tracking-uri", default=None, help="the store (default: $MLFLOW_TRACKING_URI, else "
+                   "sqlite:///mlflow.db in this folder)")
+    p.add_argument("--out", default="report", help="folder for report.md and the PNG plots (default: report)")
+    p.add_argument("--accuracy-tolerance", type=float, default=verdict.Tolerance.accuracy,
+                   help="'learns the same': the largest |Δ test accuracy| to the 1-device run (default: %(default)s)")
+    p.add_argument("--loss-tolerance", type=float, default=verdict.Tolerance.loss,
+                   help="'learns the same': the largest relative |Δ test loss| (default: %(default)s)")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line of the report."""
+    """Command line of the report; one `error:` line and status 2 when there is nothing to report."""
+    from mlflow.tracking import MlflowClient
+
     from runner.tracking import resolve_uri
 
-    parser = argparse.ArgumentParser(prog="runner report", description="Compare runs from MLflow.")
-    parser.add_argument("--experiment", default="runner")
-    parser.add_argument("--parent", default=None, help="a sweep's parent run id: report its children")
-    parser.add_argument("--latest-sweep", action="store_true", help="report the newest sweep of the experiment")
-    parser.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"tags.model = 'mlp'\"")
-    parser.add_argument("--tracking-uri", default=None)
-    parser.add_argument("--out", default="report", help="folder for report.md and the PNG plots")
-    args = parser.parse_args(argv)
-    uri = resolve_uri(args.tracking_uri)
-    parent = args.parent or (latest_sweep(uri, args.experiment) if args.latest_sweep else None)
-    text, plots = report(uri, args.experiment, parent, args.filter, Path(args.out))
+    args = parser().parse_args(argv)
+    client = MlflowClient(resolve_uri(args.tracking_uri))
+    try:
+        selection = select(client, args.experiment, args.parent, args.latest_sweep)
+        text, lines, paths = report(client, selection, args.filter, Path(args.out),
+                                    verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(selection.said)
     print(text)
-    print(f"\nplots: {', '.join(str(p) for p in plots)}" + (f"; logged to parent run {parent}" if parent else ""))
+    print("\n".join(["", *lines]))
+    logged = f"; logged to parent run {selection.parent}" if selection.parent else ""
+    print(f"\nplots: {', '.join(str(p) for p in paths)}{logged}")
     return 0
 
 

@@ -13,7 +13,6 @@ fresh sqlite store; after them it closes the parent run and prints which combina
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -165,19 +164,19 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient
 
+        from runner.report import sweep_end
         from runner.tracking import resolve_uri, whole_write
-
-        from runner import ui
 
         outcomes = _outcomes(config.hydra.sweep.dir)
         lines = summary_lines(outcomes)
-        print("\n".join(lines), file=sys.stderr)
         failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
         parent = _read_parent(config.hydra.sweep.dir)
-        uri = resolve_uri(config.mlflow.tracking_uri)
-        client = MlflowClient(uri)
-        with contextlib.suppress(Exception):  # the pointer is a convenience: a store failure is reported below
-            print(ui.where_to_look(uri, client.get_run(parent).info.experiment_id), file=sys.stderr)
+        client = MlflowClient(resolve_uri(config.mlflow.tracking_uri))
+        try:
+            lines += sweep_end(client, parent)
+        except Exception as e:  # noqa: BLE001 - the table is a convenience; closing the parent is what matters
+            lines.append(f"(no table of the jobs: {type(e).__name__}: {e})")
+        print("\n".join(lines), file=sys.stderr)
         with whole_write():
             try:
                 _summarise_on_parent(client, parent)

@@ -13,7 +13,7 @@ def _store(cwd) -> str:
 
 
 def test_smoke_run_from_cli_lands_in_the_default_store(tmp_path):
-    proc = run_cli("debug=smoke", cwd=tmp_path)
+    proc = run_cli("debug=smoke", "mlflow.system_metrics_interval=0.5", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "test accuracy" in proc.stdout
     df = runs(_store(tmp_path), "smoke")  # default store: mlflow.db in the launch directory
@@ -26,6 +26,15 @@ def test_smoke_run_from_cli_lands_in_the_default_store(tmp_path):
     assert df.iloc[0]["params.model.variant"] == "tiny"
     assert df.iloc[0]["tags.tensorflow.version"].startswith("2.21")
     assert df.iloc[0]["tags.tensorflow.onednn"] == onednn()  # TensorFlow's own choice for this CPU
+    run = client.get_run(run_id)
+    assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics, sampled
+    inputs = {[t.value for t in d.tags][0]: d.dataset for d in run.inputs.dataset_inputs}
+    assert sorted(inputs) == ["test", "train"] and inputs["train"].name == "mnist"
+    assert '"examples": 4096' in inputs["train"].profile  # the smoke preset's slice
+    assert run.data.tags["mlflow.source.name"].endswith("-m runner debug=smoke mlflow.system_metrics_interval=0.5")
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert "mlflow.sharedViewState.runner" in experiment.tags and "mlflow.note.content" in experiment.tags
+    assert f"#/experiments/{run.info.experiment_id}/runs?viewStateShareKey=runner" in proc.stdout
 
 
 def test_mirrored_on_two_simulated_devices_says_so(tmp_path):

@@ -16,7 +16,7 @@ import pytest
 from conftest import cli_env, run_cli, runs
 
 # One job is invalid on purpose: strategy=single cannot use 2 devices.
-SWEEP = ["-m", "debug=smoke", "strategy=single,mirrored", "gpus=1,2"]
+SWEEP = ["-m", "debug=smoke", "strategy=single,mirrored", "gpus=1,2", "train.target_accuracy=0.5"]
 
 
 def _children(df):
@@ -34,7 +34,12 @@ def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
     cwd, proc, uri = swept
     assert proc.returncode == 1  # a job failed
     assert "sweep: 4 jobs: 3 finished, 1 failed, 0 skipped" in proc.stderr
-    assert "FAILED debug=smoke strategy=single gpus=2: strategy=single needs gpus from 0 to 1" in proc.stderr
+    assert ("FAILED debug=smoke strategy=single gpus=2 train.target_accuracy=0.5: strategy=single needs gpus from 0 "
+            "to 1") in proc.stderr
+    # The end of the sweep: one row per job, the verdict, the experiment and the commands to go further.
+    assert "| mlp/tiny | mirrored/split x2 |" in proc.stderr and "| single/split x2 | - | - | - | FAILED |" in proc.stderr
+    assert "verdict: mlp/tiny: fastest " in proc.stderr and "s to 50% test accuracy" in proc.stderr
+    assert "runner report --experiment smoke --parent " in proc.stderr and "mlflow ui --backend-store-uri" in proc.stderr
     df = runs(uri, "smoke")
     parents = df[df["tags.sweep"] == "parent"]
     assert len(parents) == 1 and parents.iloc[0]["status"] == "FAILED"
@@ -131,7 +136,14 @@ def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
         acc = f"{run['metrics.test_accuracy']:.4f}"
         ips = f"{run['metrics.images_per_sec']:,.0f}"
         assert any(acc in line and ips in line and run["tags.strategy"] in line for line in proc.stdout.splitlines())
-    for name in ("throughput.png", "accuracy.png"):
+    assert (finished["metrics.time_to_accuracy_seconds"] > 0).all()  # every job reached 50% test accuracy
+    (verdict,) = [line for line in proc.stdout.splitlines() if line.startswith("verdict:")]
+    fastest = verdict.split("fastest ")[1].split(" (")[0]  # e.g. "mirrored/split x2"
+    strategy, rest = fastest.split("/")
+    pipeline, devices = rest.split(" x")
+    assert any(f"| {pipeline} | {strategy} | {devices} " in line for line in proc.stdout.splitlines()), verdict
+    assert "s to 50% test accuracy" in verdict and "learns the same as 1 device" in verdict
+    for name in ("scaling.png", "time_to_accuracy.png", "accuracy.png"):
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 

@@ -1,0 +1,116 @@
+"""The report's pictures, readable at the size MLflow previews them (labels and legends >= 9 pt):
+
+- `scaling.png`: images/s (left) and speedup (right) against device count, one line per pipeline x strategy, with
+  the ideal linear line drawn; with a single device count, a sorted horizontal bar chart of images/s instead.
+- `time_to_accuracy.png`: test accuracy against training seconds, one curve per combination (its accuracy checks and
+  final evaluation), the target as a horizontal line.
+- `accuracy.png`: final test accuracy per combination as dots on an axis zoomed to the data, values printed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+FONT = 10  # points, for labels, ticks and legends
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": FONT, "legend.fontsize": FONT - 1, "axes.titlesize": FONT + 1})
+    return plt
+
+
+def _label(row: Any) -> str:
+    return f"{row.model} {row.strategy}/{row.pipeline}"
+
+
+def scaling(rows: list[Any], path: Path) -> None:
+    """Throughput and speedup against devices, or a bar chart when there is one device count."""
+    plt = _pyplot()
+    done = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.images_per_sec)]
+    if len({r.devices for r in done}) < 2:
+        return _bars(plt, done, path)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
+    groups: dict[str, list[Any]] = {}
+    for r in done:
+        groups.setdefault(_label(r), []).append(r)
+    counts = sorted({r.devices for r in done})
+    for label, rs in sorted(groups.items()):
+        rs.sort(key=lambda r: r.devices)
+        xs, ys = [r.devices for r in rs], [r.images_per_sec for r in rs]
+        (line,) = left.plot(xs, ys, "o-", label=label)
+        speedups = [(r.devices, r.speedup) for r in rs if not math.isnan(r.speedup)]
+        if speedups:
+            right.plot(*zip(*speedups), "o-", color=line.get_color(), label=label)
+    one = [r.images_per_sec for r in done if r.devices == 1]
+    if one:  # ideal: the best 1-device rate times the devices
+        left.plot(counts, [max(one) * n for n in counts], "k--", alpha=0.6, label="ideal (linear)")
+    right.plot(counts, counts, "k--", alpha=0.6, label="ideal (linear)")
+    left.set(xlabel="devices", ylabel="images/s", title="Throughput")
+    right.set(xlabel="devices", ylabel="speedup over 1 device", title="Speedup")
+    for ax in (left, right):
+        ax.set_xticks(counts)
+        ax.grid(alpha=0.3)
+    left.legend(loc="best")
+    _save(plt, fig, path)
+
+
+def _bars(plt: Any, done: list[Any], path: Path) -> None:
+    done = sorted(done, key=lambda r: r.images_per_sec)
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
+    labels = [f"{_label(r)} x{r.devices}" for r in done]
+    bars = ax.barh(labels, [r.images_per_sec for r in done], color="tab:blue")
+    ax.bar_label(bars, labels=[f"{r.images_per_sec:,.0f}" for r in done], padding=3)
+    ax.set(xlabel="images/s", title="Throughput (one device count: no scaling curve)")
+    ax.set_xlim(0, max([r.images_per_sec for r in done], default=1) * 1.2)
+    _save(plt, fig, path)
+
+
+def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    """Accuracy against training seconds per run (`curves`: run id -> [(seconds, accuracy), ...])."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for r in rows:
+        points = sorted(curves.get(r.run_id, []))
+        if points:
+            ax.plot(*zip(*points), "o-", markersize=3, label=f"{_label(r)} x{r.devices}")
+    targets = {r.target for r in rows if not math.isnan(r.target)}
+    for target in targets:
+        ax.axhline(target, color="k", linestyle="--", alpha=0.6, label=f"target {target:.0%}")
+    ax.set(xlabel="training seconds (evaluation excluded)", ylabel="test accuracy",
+           title="Time to accuracy")
+    ax.grid(alpha=0.3)
+    if ax.lines:
+        ax.legend(loc="lower right")
+    _save(plt, fig, path)
+
+
+def accuracy(rows: list[Any], path: Path) -> None:
+    """Final test accuracy per combination: dots on an axis zoomed to the data, values printed."""
+    plt = _pyplot()
+    done = sorted([r for r in rows if r.status == "FINISHED" and not math.isnan(r.accuracy)],
+                  key=lambda r: r.accuracy)
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
+    labels = [f"{_label(r)} x{r.devices}" for r in done]
+    values = [r.accuracy for r in done]
+    ax.plot(values, labels, "o", color="tab:green", markersize=8)
+    for value, label in zip(values, labels):
+        ax.annotate(f"{value:.4f}", (value, label), textcoords="offset points", xytext=(8, -3))
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    pad = max((high - low) * 0.25, 0.002)
+    ax.set_xlim(low - pad, high + pad * 2)
+    ax.set(xlabel="final test accuracy", title="Test accuracy per combination (axis zoomed to the data)")
+    ax.grid(axis="x", alpha=0.3)
+    _save(plt, fig, path)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

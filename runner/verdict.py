@@ -1,0 +1,192 @@
+"""The answer to "which pipeline and strategy is fastest on my devices, and does it still learn the same?", from a
+table of runs, as one `verdict:` line per model.
+
+Fastest means: lowest time to the target accuracy (training seconds, evaluation excluded) among the combinations
+that reached it; where none did, highest throughput (images/s), and the line says so. A combination is a pipeline,
+strategy and device count; several runs of one combination (repeats) are combined by their median and give its
+spread. The margin over the runner-up counts as real only when it exceeds the noise: for throughput, twice the
+combined standard error of the two rates (each run measures its calls' spread), or, with repeats, ranges that do
+not overlap; for time to accuracy only repeats measure the noise, so a single run each says "noise unknown".
+"Learns the same" compares each run's final test accuracy and loss with the 1-device run of its model.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close a run's final test figures must be to the 1-device run's to count as learning the same."""
+
+    accuracy: float = 0.01  # absolute difference of test accuracy
+    loss: float = 0.10  # relative difference of test loss
+
+    def __str__(self) -> str:
+        return f"|Δ test accuracy| <= {self.accuracy:g}, |Δ test loss| <= {self.loss:.0%}"
+
+
+@dataclass
+class Run:
+    """What the verdict needs of one run (runner.report's rows give these fields)."""
+
+    model: str
+    pipeline: str
+    strategy: str
+    devices: int
+    images_per_sec: float = math.nan
+    stderr: float = math.nan
+    accuracy: float = math.nan
+    loss: float = math.nan
+    time_to_accuracy: float = math.nan  # NaN: the target was not reached (or none was set)
+    target: float = math.nan
+    status: str = "FINISHED"
+
+    @property
+    def combination(self) -> str:
+        return f"{self.strategy}/{self.pipeline} x{self.devices}"
+
+
+@dataclass
+class Combination:
+    """The runs of one pipeline x strategy x devices, combined: median figures and their spread."""
+
+    name: str
+    runs: list[Run] = field(default_factory=list)
+
+    def values(self, key: str) -> list[float]:
+        return [v for r in self.runs if not math.isnan(v := getattr(r, key))]
+
+    def median(self, key: str) -> float:
+        values = self.values(key)
+        return statistics.median(values) if values else math.nan
+
+    @property
+    def devices(self) -> int:
+        return self.runs[0].devices
+
+
+def learns_same(run: Run, base: Run | None, tolerance: Tolerance) -> bool | None:
+    """Whether `run` ends within `tolerance` of `base` (its model's 1-device run); None when there is nothing to
+    compare (no base, or a figure missing)."""
+    if base is None or any(math.isnan(v) for v in (run.accuracy, run.loss, base.accuracy, base.loss)):
+        return None
+    close_loss = abs(run.loss - base.loss) <= tolerance.loss * abs(base.loss)
+    return abs(run.accuracy - base.accuracy) <= tolerance.accuracy and close_loss
+
+
+def one_device(runs: Iterable[Run]) -> Run | None:
+    """The reference run of a model: on 1 device, `single` first (the strategy every other is compared with)."""
+    candidates = [r for r in runs if r.devices == 1 and r.status == "FINISHED"]
+    return min(candidates, key=lambda r: (r.strategy != "single", r.pipeline != "split"), default=None)
+
+
+def _combinations(runs: list[Run]) -> list[Combination]:
+    groups: dict[str, Combination] = {}
+    for run in runs:
+        groups.setdefault(run.combination, Combination(run.combination)).runs.append(run)
+    return list(groups.values())
+
+
+def _beyond_noise(best: Combination, other: Combination, key: str) -> bool | None:
+    """Whether best's advantage on `key` exceeds the noise; None when the noise is unknown."""
+    a, b = best.values(key), other.values(key)
+    if len(a) > 1 and len(b) > 1:  # repeats: the ranges must not overlap
+        return min(a) > max(b) if key == "images_per_sec" else max(a) < min(b)
+    if key == "images_per_sec":
+        errors = [best.median("stderr"), other.median("stderr")]
+        if any(math.isnan(e) for e in errors):
+            return None
+        return best.median(key) - other.median(key) > 2 * math.hypot(*errors)
+    return None
+
+
+@dataclass
+class Verdict:
+    """The fastest combination of one model, and what supports the claim."""
+
+    model: str
+    basis: str  # "time to accuracy" or "throughput"
+    best: Combination
+    runner_up: Combination | None
+    over_runner_up: float | None  # how many times faster than the runner-up
+    over_one_device: float | None  # how many times faster than the 1-device run
+    beyond_noise: bool | None
+    target: float
+    reached: int  # combinations that reached the target
+    same: tuple[int, int]  # (combinations that learn the same, combinations compared)
+    tolerance: Tolerance
+
+    def line(self) -> str:
+        """The `verdict:` line."""
+        key = "time_to_accuracy" if self.basis == "time to accuracy" else "images_per_sec"
+        value = self.best.median(key)
+        figure = f"{value:.1f} s to {self.target:.0%} test accuracy" if key == "time_to_accuracy" else \
+            f"{value:,.0f} images/s"
+        parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
+        if self.basis == "throughput":
+            parts[0] += ", by throughput: " + (f"no run reached {self.target:.0%} test accuracy"
+                                                if not math.isnan(self.target) else "no target accuracy was set")
+        if self.runner_up is not None and self.over_runner_up is not None:
+            parts.append(f"{self.over_runner_up:.2f}x {self.runner_up.name}")
+            parts.append({True: "beyond the noise", False: "within the noise",
+                          None: "noise unknown (single runs: repeat them to know)"}[self.beyond_noise])
+        if self.over_one_device is not None:
+            parts.append(f"{self.over_one_device:.2f}x 1 device")
+        agree, compared = self.same
+        parts.append(f"learns the same as 1 device: {agree} of {compared} ({self.tolerance})" if compared else
+                     "learns the same: no 1-device run to compare with")
+        return "; ".join(parts)
+
+
+def _speed(c: Combination, basis: str) -> float:
+    """Larger is faster: images/s, or 1 / time to accuracy."""
+    if basis == "throughput":
+        return c.median("images_per_sec")
+    return 1.0 / c.median("time_to_accuracy")
+
+
+def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]:
+    """One verdict per model over its finished runs (ties go to the first combination by name)."""
+    verdicts = []
+    for model in sorted({r.model for r in runs}):
+        mine = [r for r in runs if r.model == model and r.status == "FINISHED"]
+        combos = sorted(_combinations(mine), key=lambda c: c.name)
+        if not combos:
+            continue
+        reached = [c for c in combos if c.values("time_to_accuracy")]
+        basis = "time to accuracy" if reached else "throughput"
+        ranked = sorted([c for c in (reached or combos) if not math.isnan(_speed(c, basis))],
+                        key=lambda c: -_speed(c, basis))
+        if not ranked:
+            continue
+        verdicts.append(_verdict(model, basis, ranked, mine, combos, len(reached), tolerance))
+    return verdicts
+
+
+def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run], combos: list[Combination],
+             reached: int, tolerance: Tolerance) -> Verdict:
+    best, runner_up = ranked[0], ranked[1] if len(ranked) > 1 else None
+    key = "time_to_accuracy" if basis == "time to accuracy" else "images_per_sec"
+    base = one_device(mine)
+    base_combo = next((c for c in combos if base is not None and c.name == base.combination), None)
+    over_base = (_speed(best, basis) / _speed(base_combo, basis)
+                 if base_combo is not None and base_combo is not best and base_combo in ranked else None)
+    verdicts = [learns_same(r, base, tolerance) for r in mine if r is not base]
+    judged = [v for v in verdicts if v is not None]
+    targets = [r.target for r in mine if not math.isnan(r.target)]
+    return Verdict(
+        model, basis, best, runner_up,
+        _speed(best, basis) / _speed(runner_up, basis) if runner_up is not None else None,
+        over_base, _beyond_noise(best, runner_up, key) if runner_up is not None else None,
+        targets[0] if targets else math.nan, reached, (sum(judged), len(judged)), tolerance,
+    )
+
+
+def runs_from(rows: Iterable[Any]) -> list[Run]:
+    """Verdict runs from report rows (anything with the same field names)."""
+    return [Run(r.model, r.pipeline, r.strategy, r.devices, r.images_per_sec, r.stderr, r.accuracy, r.loss,
+                r.time_to_accuracy, r.target, r.status) for r in rows]

@@ -1,0 +1,148 @@
+"""`runner report`: the verdict's choice and its noise rule on made-up run tables, and the command's defaults and
+errors through the real CLI on a real sqlite store filled through MlflowClient."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import cli_env
+
+from runner.verdict import Run, Tolerance, decide, learns_same
+
+
+def run(strategy, devices, ips=1000.0, stderr=10.0, tta=math.nan, acc=0.95, loss=0.2, pipeline="split", model="mlp"):
+    return Run(model, pipeline, strategy, devices, ips, stderr, acc, loss, tta, 0.9)
+
+
+def test_the_fastest_to_the_target_wins_even_with_fewer_images_per_second():
+    runs = [run("single", 1, ips=1000, tta=20.0), run("mirrored", 2, ips=1800, tta=16.0),
+            run("replicated", 2, ips=1900, tta=10.0)]
+    (v,) = decide(runs)
+    assert (v.basis, v.best.name, v.runner_up.name) == ("time to accuracy", "replicated/split x2", "mirrored/split x2")
+    assert v.over_runner_up == pytest.approx(1.6) and v.over_one_device == pytest.approx(2.0)
+    assert v.beyond_noise is None and "noise unknown" in v.line()  # single runs: time has no measured noise
+    assert v.line().startswith("verdict: mlp: fastest replicated/split x2 (10.0 s to 90% test accuracy)")
+
+
+def test_runs_that_never_reached_the_target_are_not_ranked_on_time():
+    runs = [run("single", 1, ips=1000, tta=20.0), run("mirrored", 2, ips=5000)]  # mirrored: never reached
+    (v,) = decide(runs)
+    assert v.best.name == "single/split x1" and v.runner_up is None and v.reached == 1
+
+
+def test_no_run_reached_the_target_falls_back_to_throughput_and_says_so():
+    runs = [run("single", 1, ips=1000), run("mirrored", 2, ips=1500), run("replicated", 2, ips=1400)]
+    (v,) = decide(runs)
+    assert v.basis == "throughput" and v.best.name == "mirrored/split x2"
+    assert "by throughput: no run reached 90% test accuracy" in v.line()
+    assert v.over_one_device == pytest.approx(1.5)
+
+
+def test_a_difference_inside_twice_the_combined_stderr_is_within_the_noise():
+    close = decide([run("mirrored", 2, ips=1500, stderr=40), run("replicated", 2, ips=1400, stderr=40)])[0]
+    assert close.beyond_noise is False and "within the noise" in close.line()  # 100 < 2 * hypot(40, 40) = 113
+    far = decide([run("mirrored", 2, ips=1500, stderr=20), run("replicated", 2, ips=1400, stderr=20)])[0]
+    assert far.beyond_noise is True and "beyond the noise" in far.line()
+
+
+def test_repeats_are_combined_by_their_median_and_judged_by_their_ranges():
+    runs = [run("mirrored", 2, tta=t) for t in (10.0, 11.0, 12.0)] + [run("replicated", 2, tta=t)
+                                                                       for t in (11.5, 13.0, 14.0)]
+    (v,) = decide(runs)
+    assert v.best.name == "mirrored/split x2" and v.best.median("time_to_accuracy") == 11.0
+    assert v.beyond_noise is False  # ranges 10-12 and 11.5-14 overlap
+    runs[3].time_to_accuracy = 12.5
+    assert decide(runs)[0].beyond_noise is True  # 10-12 against 12.5-14
+
+
+def test_ties_go_to_the_first_combination_by_name_and_are_not_beyond_the_noise():
+    (v,) = decide([run("replicated", 2, tta=10.0), run("mirrored", 2, tta=10.0)])
+    assert v.best.name == "mirrored/split x2" and v.over_runner_up == 1.0 and v.beyond_noise is None
+
+
+def test_learns_the_same_within_the_stated_tolerance():
+    base = run("single", 1, acc=0.95, loss=0.20)
+    assert learns_same(run("mirrored", 2, acc=0.945, loss=0.21), base, Tolerance()) is True
+    assert learns_same(run("mirrored", 2, acc=0.93, loss=0.20), base, Tolerance()) is False  # accuracy 0.02 off
+    assert learns_same(run("mirrored", 2, acc=0.95, loss=0.25), base, Tolerance()) is False  # loss 25% off
+    assert learns_same(run("mirrored", 2), None, Tolerance()) is None
+    (v,) = decide([base, run("mirrored", 2, acc=0.945, loss=0.21, tta=5.0), run("replicated", 2, acc=0.9, tta=6.0)])
+    assert v.same == (1, 2) and "learns the same as 1 device: 1 of 2" in v.line()
+
+
+def test_one_verdict_per_model():
+    lines = [v.line() for v in decide([run("single", 1, model="cnn"), run("single", 1), run("mirrored", 2)])]
+    assert [line.split(":")[1].strip() for line in lines] == ["cnn", "mlp"]
+
+
+@pytest.fixture
+def store(tmp_path):
+    """Experiments 'alpha' (two plain runs) and 'beta' (a sweep parent with two children), made through MLflow."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+
+    def job(experiment, strategy, devices, ips, parent=None):
+        tags = {"model": "mlp", "pipeline": "split", "strategy": strategy, "devices.count": str(devices),
+                "devices.kind": "CPU", **({"mlflow.parentRunId": parent} if parent else {})}
+        rid = client.create_run(experiment, tags=tags).info.run_id
+        for key, value in {"images_per_sec": ips, "images_per_sec_stderr": 5.0, "test_accuracy": 0.9,
+                           "test_loss": 0.3, "train_seconds": 3.0, "target_accuracy": 0.8}.items():
+            client.log_metric(rid, key, value)
+        client.set_terminated(rid)
+        return rid
+
+    alpha = client.create_experiment("alpha")
+    job(alpha, "single", 1, 1000)
+    job(alpha, "mirrored", 2, 1500)
+    beta = client.create_experiment("beta")
+    parent = client.create_run(beta, tags={"sweep": "parent", "mlflow.runName": "sweep 2026/x"}).info.run_id
+    job(beta, "single", 1, 900, parent)
+    job(beta, "replicated", 2, 1700, parent)
+    client.set_terminated(parent)
+    return uri, parent
+
+
+def _report(tmp_path, uri, *args):
+    return subprocess.run([sys.executable, "-m", "runner", "report", "--tracking-uri", uri, "--out",
+                           str(tmp_path / "out"), *args], capture_output=True, text=True, env=cli_env(), timeout=120)
+
+
+def test_no_arguments_report_the_newest_sweep_and_say_so(tmp_path, store):
+    uri, parent = store
+    proc = _report(tmp_path, uri)
+    assert proc.returncode == 0, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("report: sweep 2026/x") and parent in first and "'beta'" in first
+    assert "| replicated |" in proc.stdout and "| mirrored |" not in proc.stdout  # the sweep's children only
+    (verdict,) = [line for line in proc.stdout.splitlines() if line.startswith("verdict:")]
+    assert "fastest replicated/split x2 (1,700 images/s), by throughput: no run reached 80%" in verdict
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == ["accuracy.png", "scaling.png",
+                                                                         "time_to_accuracy.png"]
+    assert all(p.stat().st_size > 10_000 for p in (tmp_path / "out").glob("*.png"))
+
+
+def test_an_experiment_without_a_sweep_reports_its_runs_and_latest_sweep_there_is_an_error(tmp_path, store):
+    uri, _ = store
+    proc = _report(tmp_path, uri, "--experiment", "alpha")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[0] == "report: all runs of experiment 'alpha'"
+    proc = _report(tmp_path, uri, "--experiment", "alpha", "--latest-sweep")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "no sweep in experiment 'alpha'" in proc.stderr
+
+
+def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store):
+    uri, _ = store
+    proc = _report(tmp_path, uri, "--experiment", "gamma")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: no experiment 'gamma' in {uri}; experiments: alpha, beta"
+
+
+def test_every_option_has_help():
+    from runner.report import parser
+
+    assert all(action.help for action in parser()._actions)
