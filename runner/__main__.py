@@ -28,7 +28,9 @@ HYDRA_RULES = {
 
 
 def _fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
+    from runner.redact import redact
+
+    print(f"error: {redact(message)}", file=sys.stderr)
     sys.exit(USER_ERROR_EXIT)
 
 

@@ -306,6 +306,11 @@ def run(cfg: DictConfig) -> dict:
         ConfigError: the config is invalid (raised before anything is built or logged).
     """
     started = time.perf_counter()
+    from runner.redact import redact_files, redact_logs
+
+    redact_logs()
+    if _hydra_log_file():
+        redact_files(_output_dir())
     try:
         plan = validate(cfg)
     except ConfigError as e:

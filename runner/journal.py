@@ -112,6 +112,9 @@ def replay(path: Path, uri: str | None = None) -> tuple[int, str]:
     from mlflow.tracking import MlflowClient
 
     journal = Journal.load(path)
+    if uri is None and "***" in journal.header["uri"]:
+        raise ValueError(f"the journal's store {journal.header['uri']} had credentials, masked here: pass "
+                         "--tracking-uri (and the credentials in MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD)")
     client, run_id = MlflowClient(uri or journal.header["uri"]), journal.header["run_id"]
     pending = journal.pending()
     for entry in pending:

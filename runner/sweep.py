@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from runner import signals, tracking
+from runner.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def summary_lines(outcomes: list[dict]) -> list[str]:
     """Counts per status, then one line per failed combination with its error."""
     counts = {s: sum(o["status"] == s for o in outcomes) for s in ("FINISHED", "FAILED", "SKIPPED")}
     lines = [f"sweep: {len(outcomes)} jobs: " + ", ".join(f"{n} {s.lower()}" for s, n in counts.items())]
-    lines += [f"  FAILED {o['overrides']}: {o['error']}" for o in outcomes if o["status"] == "FAILED"]
+    lines += [redact(f"  FAILED {o['overrides']}: {o['error']}") for o in outcomes if o["status"] == "FAILED"]
     return lines
 
 
@@ -147,8 +147,11 @@ class SweepCallback(Callback):
     """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from runner.redact import redact_files, redact_logs
         from runner.tracking import open_store, resolve_uri, whole_write
 
+        redact_logs()  # Hydra logs each job's overrides
+        redact_files(Path(config.hydra.sweep.dir))
         uri = resolve_uri(config.mlflow.tracking_uri)
         experiment_id = open_store(uri, config.mlflow.experiment)  # schema + experiment, once, up front
         with whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
@@ -222,8 +225,8 @@ def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:
     overrides = list(config.hydra.overrides.task)
     tags = {
         "sweep": "parent",
-        "sweep.command": " ".join(shlex.quote(a) for a in [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]]),
-        "sweep.overrides": " ".join(overrides),
+        "sweep.command": redact(tracking.command_line()),
+        "sweep.overrides": redact(" ".join(overrides)),
         "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
         "mlflow.runName": "sweep " + "/".join(Path(config.hydra.sweep.dir).parts[-2:]),
     }

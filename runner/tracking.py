@@ -11,10 +11,10 @@ import contextlib
 import logging
 import os
 import shlex
-import sys
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -27,6 +27,7 @@ import runner
 from runner.errors import UserError
 from runner.journal import NAME as JOURNAL_NAME
 from runner.journal import Journal, send
+from runner.redact import redact
 from runner.signals import Terminated
 
 if TYPE_CHECKING:
@@ -49,9 +50,17 @@ HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 
 
 def bound_http_retries() -> None:
-    """Apply HTTP_BOUNDS where the user has not set their own (MLflow reads them at every request)."""
+    """Apply HTTP_BOUNDS where the user has not set their own (MLflow reads them at every request), and keep
+    MLflow from printing run links itself: they would show credentials written into the tracking URI, and the runner
+    prints its own (masked) link."""
     for name, value in HTTP_BOUNDS.items():
         os.environ.setdefault(name, value)
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+
+
+def command_line() -> str:
+    """This process's command line as typed (`python -m runner ...`), for tags."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
 
 
 @contextmanager
@@ -154,7 +163,13 @@ def open_store(uri: str, experiment: str) -> str:
     except StoreError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the store's failure, the user's fix is the same
-        raise StoreError(f"tracking store {uri} cannot be opened: {reason(e)}; {fix}") from e
+        if getattr(e, "error_code", "") in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            status = "401: not authenticated" if e.error_code == "UNAUTHENTICATED" else "403: permission denied"
+            raise StoreError(
+                f"tracking server {redact(uri)} refused the credentials (HTTP {status}); pass them in "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+            ) from None
+        raise StoreError(f"tracking store {redact(uri)} cannot be opened: {reason(e)}; {fix}") from e
 
 
 def reason(e: BaseException) -> str:
@@ -230,7 +245,7 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
             out[prefix[:-1]] = str(node)[:_MAX_PARAM_LEN]
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return out
+    return {key: redact(value) for key, value in out.items()}
 
 
 def _source_checkout() -> Path | None:
@@ -283,7 +298,7 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
         "mlflow.runName": run_name(cfg),
         "runner.version": runner.__version__,
         # The UI's Source column: the command that made the run.
-        "mlflow.source.name": " ".join(shlex.quote(a) for a in [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]]),
+        "mlflow.source.name": redact(command_line()),
         "mlflow.source.type": "LOCAL",
     }
     commit = _git_commit()
@@ -381,7 +396,7 @@ class Run:
         self.client, self.uri = MlflowClient(uri), uri
         self.experiment_id = ensure_experiment(uri, experiment)
         self.run_id = self.client.create_run(self.experiment_id, tags=tags).info.run_id
-        header = {"journal": 1, "uri": uri, "run_id": self.run_id, "experiment": experiment}
+        header = {"journal": 1, "uri": redact(uri), "run_id": self.run_id, "experiment": experiment}
         self.journal = Journal(journal_dir / JOURNAL_NAME if journal_dir else None, header)
         self.offline: tuple[str, float] | None = None  # (why, when to try again) while the store cannot be written
         self.monitor = _system_metrics(self.run_id, uri, system_metrics) if system_metrics else None
@@ -409,7 +424,7 @@ class Run:
                     return
                 if time.monotonic() > deadline:
                     raise StoreError(
-                        f"tracking store {self.uri} could not be written ({reason(e)}); this run's "
+                        f"tracking store {redact(self.uri)} could not be written ({reason(e)}); this run's "
                         f"{len(self.journal.pending())} unsent writes are in {self.journal.path or 'memory only'}: "
                         f"once the store works, run `runner replay {self.journal.path}`"
                     ) from e
@@ -501,7 +516,7 @@ def tracked(uri: str, plan: Plan, journal_dir: Path | None = None) -> Iterator[R
             run = Run(uri, cfg.mlflow.experiment, tags, journal_dir, cfg.mlflow.system_metrics_interval)
         log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
         run.params(flatten(cfg))
-        run.text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        run.text(redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
         yield run
     except (KeyboardInterrupt, Terminated) as e:
         if run is not None:

@@ -74,7 +74,10 @@ def ui_command(uri: str) -> str | None:
 
 
 def where_to_look(uri: str, experiment_id: str) -> str:
-    """One line: the UI command (if the store is local) and the URL of the runs view."""
+    """One line: the UI command (if the store is local) and the URL of the runs view (credentials masked)."""
+    from runner.redact import redact
+
+    uri = redact(uri)
     command = ui_command(uri)
     return f"MLflow UI: {command}, then open {view_url(uri, experiment_id)}" if command else \
         f"MLflow UI: {view_url(uri, experiment_id)}"

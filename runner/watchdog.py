@@ -26,6 +26,7 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
+
 class _Stop(Exception):
     """A signal arrived (raised from the handler, so that the wait in `select` ends)."""
 

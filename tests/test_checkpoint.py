@@ -124,15 +124,13 @@ def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp
     """Train 10 steps, checkpoint, train 10 more; a fresh strategy restored from the checkpoint, with its feed
     fast-forwarded 10 steps, must produce the same 10 losses."""
     import tensorflow as tf
-
     from conftest import build_strategy
 
+    from data_pipelines import common
     from runner.checkpoints import Checkpointer
     from runner.config import validate
     from runner.devices import Devices
     from runner.train import fast_forward
-
-    from data_pipelines import common
 
     gpus = 1 if strategy == "single" else 2
     plan = validate(compose("debug=smoke", f"strategy={strategy}", f"pipeline={pipeline}", f"model={model}",

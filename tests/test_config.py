@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from conftest import compose
-
 from hydra.errors import HydraException
 
 from runner.__main__ import one_line

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 from conftest import REPO, cli_env
+
 from runner.devices import Devices, describe_cpuinfo, precision_warning
 
 # The first lines of /proc/cpuinfo on two EPYC hosts that both call themselves "AMD EPYC" (abridged flags).

@@ -76,7 +76,9 @@ def test_the_plugins_own_options_are_not_shadowed(name, target):
     launcher = _compose(f"hydra/launcher={name}").hydra.launcher
     assert launcher._target_ == target
     assert launcher.submitit_folder.endswith("/.submitit/%j")  # the plugin's default, not ours
-    assert launcher.name != "runner"
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.to_container(launcher)["name"] == "${hydra.job.name}"  # the plugin's own, not our "runner"
 
 
 def test_slurm_launcher_writes_the_sbatch_flags_we_chose(tmp_path, monkeypatch):

@@ -19,6 +19,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listening(port: int) -> str | None:
+    """Where a TCP port of this machine listens: "loopback", "every interface", another address, or None."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in open(table).read().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.split(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                if set(address) == {"0"}:
+                    return "every interface"
+                return "loopback" if address in ("0100007F", "00000000000000000000000001000000") else address
+    return None
+
+
+def _wait_for_listeners(ports: list[int], timeout: float = 120) -> dict[int, str]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {port: _listening(port) for port in ports}
+        if all(found.values()):
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"the workers never listened on {ports}")
+
+
 def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path):
     workers = f"strategy.workers=[127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}]"
     env = cli_env()
@@ -29,9 +54,14 @@ def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path):
         )
         for i in (1, 0)
     ]
+    listening = _wait_for_listeners([int(w.split(":")[1]) for w in workers.strip("]").split("[")[1].split(",")])
     outputs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-2000:]
+    # TensorFlow's servers listen on every interface, though the spec names 127.0.0.1: each worker says so.
+    assert set(listening.values()) == {"every interface"}, listening
+    for out, err in outputs:
+        assert "listens on port" in out + err and "trusted network or behind a firewall" in out + err
     digests = {re.search(r"final weights sha256 ([0-9a-f]{16})", out + err).group(1) for out, err in outputs}
     assert len(digests) == 1  # the two workers end with bit-identical weights
 

@@ -7,6 +7,7 @@ import argparse
 import time
 from typing import Callable
 
+from models import variants
 from runner.bench.jobs import (
     DEFAULT_STEPS,
     MIN_TIMED_STEPS,
@@ -14,11 +15,10 @@ from runner.bench.jobs import (
     Progress,
     Setting,
     Table,
-    machine,
     emit,
+    machine,
     measure,
 )
-from models import variants
 from runner.strategies import STRATEGIES
 
 # The strategies of one process that train a model replica per device, from the registry.

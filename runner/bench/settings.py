@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from runner.bench.jobs import MIN_TIMED_STEPS, machine, emit, run_job, timed_steps
+from runner.bench.jobs import MIN_TIMED_STEPS, emit, machine, run_job, timed_steps
 
 
 def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str]]]:

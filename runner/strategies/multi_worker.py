@@ -72,6 +72,7 @@ class MultiWorker(StrategyBase):
             )
         spec = training.cluster
         cluster.export(spec)
+        log.warning(exposure(spec))
         log.info("joining %d workers as %s (waits for all of them)", spec.count, spec.name)
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation, self.communication.upper())
         options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
@@ -79,6 +80,16 @@ class MultiWorker(StrategyBase):
         log.info("cluster up: %d replicas in sync", strategy.num_replicas_in_sync)
         # Only tf.distribute's input API gives each worker its share of the data.
         return WorkerReplicas(strategy, devices, training, input_api=True)
+
+
+def exposure(spec: cluster.Cluster) -> str:
+    """The one-line warning every worker prints: TensorFlow's gRPC server binds 0.0.0.0:<port> whatever host the
+    cluster names (grpc_server_lib.cc builds the listening address from the port alone; no option changes it), and
+    serves unauthenticated requests, so anyone who reaches the port can run graphs in this process."""
+    port = spec.tasks[spec.task_type][spec.task_index].rsplit(":", 1)[1]
+    return (f"strategy=multi_worker: {spec.name}'s TensorFlow server listens on port {port} of every network "
+            "interface (TensorFlow binds 0.0.0.0 whatever strategy.workers names) and accepts unauthenticated "
+            "requests: run multi-worker jobs only on a trusted network or behind a firewall that admits the workers alone")
 
 
 class WorkerReplicas(Replicas):
