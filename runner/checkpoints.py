@@ -82,7 +82,14 @@ class Checkpointer(Hook):
             if damage:
                 log.warning("checkpoint %s is damaged (%s); trying an older one", path, damage)
                 continue
-            self.checkpoint.restore(path).assert_existing_objects_matched()
+            try:
+                self.checkpoint.restore(path).assert_existing_objects_matched()
+            except (AssertionError, ValueError) as e:
+                raise CheckpointError(
+                    f"checkpoint {path} does not fit this run's variables (written by another strategy, model or "
+                    f"device count: {(str(e).splitlines() or [''])[0][:200]}); remove it or set train.checkpoint_dir "
+                    "elsewhere"
+                ) from None
             step = int(self.step.numpy())
             log.info("resuming from checkpoint %s at step %d", path, step)
             return step, self._read_run_file().get("run_id")

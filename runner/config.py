@@ -78,6 +78,7 @@ class TrainConf:
     precision: Literal["float32", "mixed_bfloat16"] = "float32"
     measure_input: bool = True  # after training, time the input pipeline alone and flag input-bound runs
     probe_peak: bool = True  # measure the device's matmul peak once per machine (cached) to log MFU
+    probe_floor: bool = False  # after training, time the step's unavoidable work (runner/floor.py): step_time_over_floor
     profile: bool = False  # trace the first timed call with TensorFlow's profiler; log CPU time per op kind
     intra_op_threads: int = -1  # threads per op; -1 auto: cores / devices on simulated CPU devices, else TF's default
     inter_op_threads: int = 0  # ops run at once; 0: TensorFlow's default (one per core)

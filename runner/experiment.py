@@ -86,7 +86,7 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     import tensorflow as tf
 
     from runner import train
-    from runner.strategies.common import effective_learning_rate
+    from runner.strategies.common import effective_learning_rate, optimizer_state_bytes
 
     # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
     strategy = _build_strategy(plan, devices, run)
@@ -94,6 +94,7 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
+    hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
     examples = common.examples(arrays.x_train, arrays.y_train)
     steps = train.total_steps(plan.train, len(arrays.x_train))
     _log_plan(plan, devices, steps, arrays.synthetic)
@@ -109,7 +110,7 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
         why = train.untimed(plan.train, steps)
         log.warning(why)
         run.tags({"images_per_sec.missing": why})
-    result.update(_after_training(plan, strategy, examples, result, run))
+    result.update(_after_training(plan, strategy, examples, result, run, devices))
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
@@ -170,9 +171,18 @@ def _hooks(plan: Plan, checkpointer: Any) -> list:
     return hooks
 
 
-def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Run) -> dict:
-    """Figures taken once training is over: peak memory, the input pipeline alone, the profile's table."""
+def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Run,
+                    devices: Devices) -> dict:
+    """Figures taken once training is over: peak memory, the input pipeline alone, the profile's table, the floor."""
     figures: dict[str, Any] = {"peak_rss_mb": measure.peak_rss_mb()}
+    if plan.train.probe_floor and "step_time_ms" in result:
+        from runner import floor
+        from runner.strategies.common import build_model
+
+        model = build_model(plan.model, plan.train.seed)
+        figures.update(floor.floor_step_ms(model, plan.train.global_batch_size, plan.train.optimizer,
+                                           devices.names[0]))
+        figures["step_time_over_floor"] = result["step_time_ms"] / figures["floor_step_ms"]
     if plan.train.measure_input:
         batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
         figures.update(measure.input_figures(strategy, batches, plan.train, result))

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from conftest import build_strategy, compose
 
+from data_pipelines import PIPELINES as _PIPELINES
+from runner.bench.grid import DATA_PARALLEL  # every data-parallel strategy of one process, from the registry
 from runner.config import validate
 from runner.devices import Devices
 from runner.experiment import run
 
-DATA_PARALLEL = ["mirrored", "replicated", "parameter_server"]
-PIPELINES = ["split", "per_tower", "sharded"]
+PIPELINES = _PIPELINES.names()
 EXACT = ["pipeline.shuffle_buffer=0", "train.steps=20", "train.steps_per_call=1", "data.train_limit=1024"]
 
 

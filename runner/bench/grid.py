@@ -46,7 +46,8 @@ def plan(strategies: list[str], pipelines: list[str], gpus: list[int]) -> list[J
 
 
 COLUMNS = ("what", "devices", "images/s ± stderr", "timed steps", "x runner single", "x keras fit",
-           "pipeline alone (batches/s)", "pipeline / step", "peak RSS (MB)", "overhead (s)")
+           "step / floor", "MFU", "optimizer state / device (MB)", "pipeline alone (batches/s)", "pipeline / step",
+           "peak RSS (MB)", "overhead (s)")
 
 
 def _ratio(value: float, base: float | None) -> str:
@@ -56,13 +57,16 @@ def _ratio(value: float, base: float | None) -> str:
 def format_row(job: Job, m: dict, table: Table) -> str:
     """One table row; a failed job shows its error, a job timed over fewer than 20 steps is flagged."""
     if "error" in m:
-        return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * 7
+        return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * (len(COLUMNS) - 3)
     ips, steps = m["images_per_sec"], int(m.get("timed_steps", 0))
     spread = (f"({m['images_per_sec_low']:,.0f}-{m['images_per_sec_high']:,.0f})" if "repeats" in m
               else f"± {m['images_per_sec_stderr']:,.0f}")
     cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}",
              f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
-             _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras"))]
+             _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras")),
+             f"{m['step_time_over_floor']:.2f}" if "step_time_over_floor" in m else "-",
+             f"{m['mfu']:.1%}" if "mfu" in m else "-",
+             f"{m['optimizer_state_bytes_per_device'] / 2**20:.2f}" if "optimizer_state_bytes_per_device" in m else "-"]
     if "input_batches_per_sec" in m:
         pipeline = m["input_batches_per_sec"]
         cells += [f"{pipeline:,.0f}", f"{pipeline / m['step_batches_per_sec']:.1f}x"]

@@ -113,3 +113,21 @@ def drain_loop(next_batches):
         return tf.add_n([touch(x, y) for x, y in next_batches()])
 
     return steps_loop(step)
+
+
+def optimizer_state_bytes(strategy: Any) -> dict[str, int]:
+    """Bytes of optimizer state (slots, step counters) per device: what an update keeps beside the weights.
+
+    Found from the optimizers among the strategy's checkpoint objects; a mirrored variable counts on each device
+    it is copied to.
+    """
+    out: dict[str, int] = {}
+    for optimizer in strategy.checkpoint_objects().values():
+        if not isinstance(optimizer, keras.optimizers.Optimizer):
+            continue
+        for variable in optimizer.variables:
+            value = variable.value if isinstance(variable, keras.Variable) else variable
+            copies = getattr(value, "values", None) or [value]  # a MirroredVariable: one per device
+            for copy in copies:
+                out[copy.device] = out.get(copy.device, 0) + int(copy.shape.num_elements()) * copy.dtype.size
+    return out

@@ -1,0 +1,81 @@
+"""A speed limit for the model's own shapes: the training step reduced to the work it cannot avoid.
+
+MFU compares a run with the device's peak on one large matrix product, which a batch-128 MLP's small matrices can
+never reach. The floor compares it with what its own work costs here, measured in the same process on the same
+device: the forward and backward pass of the model at the run's global batch (every matmul and convolution at its
+exact shape, timed alone: no input pipeline, no optimizer, no cross-device traffic), plus one optimizer update's
+memory traffic (the weights, their gradient and the optimizer's slots, each read and the changed ones written) at
+the memory bandwidth measured by copying a large tensor. `train.probe_floor=true` measures it after training and
+logs `floor_step_ms` and `step_time_over_floor` (the run's step time over the floor; 1.0 is the limit). On devices
+that share one processor (simulated ones), the whole global batch is the unavoidable work of a step, whatever the
+number of devices.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+# Arrays an update touches per weight (read + written), by optimizer: weight and gradient read, weight written,
+# and each slot read and written (adam: m and v; momentum: the velocity; rmsprop: the mean square; sgd: none).
+TOUCHED = {"adam": 3 + 4, "momentum": 3 + 2, "rmsprop": 3 + 2, "sgd": 3}
+
+
+def _timed(fn: Any, repeats: int = 5) -> float:
+    """Median seconds of `fn()` after two warm-up calls (tracing, first allocations)."""
+    fn()
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 10) -> float:
+    """Seconds per forward and backward pass of `model` on `batch` images on `device` (gradients not applied)."""
+    import keras
+    import tensorflow as tf
+
+    with tf.device(device):
+        x = tf.random.uniform((batch, 28, 28, 1))  # (B, 28, 28, 1)
+        y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32)  # (B,)
+
+    @tf.function(autograph=False)
+    def passes() -> tf.Tensor:
+        def one(i, total):
+            with tf.device(device), tf.GradientTape() as tape:
+                logits = tf.cast(model(x, training=True), tf.float32)  # (B, 10)
+                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            return i + 1, total + tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])  # every gradient is needed
+
+        return tf.while_loop(lambda i, _: i < calls, one, (tf.constant(0), tf.constant(0.0)))[1]
+
+    return _timed(lambda: float(passes())) / calls
+
+
+def bandwidth_bytes_per_second(device: str, megabytes: int = 64) -> float:
+    """Memory bandwidth of `device`: bytes read plus written per second copying a large tensor."""
+    import tensorflow as tf
+
+    with tf.device(device):
+        source = tf.Variable(tf.zeros((megabytes << 18,)))  # megabytes of float32
+        target = tf.Variable(tf.zeros((megabytes << 18,)))
+
+    @tf.function
+    def copy() -> None:
+        target.assign(source * 1.0001)
+
+    return 2 * (megabytes << 20) / _timed(lambda: copy())
+
+
+def floor_step_ms(model: Any, batch: int, optimizer: str, device: str) -> dict[str, float]:
+    """The floor of one training step in ms and its parts."""
+    compute = forward_backward_seconds(model, batch, device)
+    weights = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
+    traffic = TOUCHED.get(optimizer, 7) * 4 * weights / bandwidth_bytes_per_second(device)
+    return {"floor_step_ms": 1000 * (compute + traffic), "floor_compute_ms": 1000 * compute,
+            "floor_update_ms": 1000 * traffic}

@@ -1,0 +1,162 @@
+"""Strategy `sharded_update`: `replicated`'s in-graph towers with the weight update sharded across the devices.
+
+`replicated` keeps a full copy of the weights and of the optimizer's slots on every device, and every device
+applies the same averaged gradient to its own copy: N devices do N times the update work and hold N times the
+optimizer state. Sharding the update (Xu et al. 2020, "Automatic Cross-Replica Sharding of Weight Update in
+Data-Parallel Training"; ZeRO stage 1) removes both: per step,
+
+1. each tower computes its gradients on its own device and cuts them into N slices of the flattened parameters
+   (P padded to a multiple of N: slice j holds parameters j*P/N to (j+1)*P/N, across variable boundaries);
+2. reduce-scatter: device j sums (and averages) the towers' slice j;
+3. device j applies the optimizer to its slice of the weights, a variable of P/N values living on it, with its own
+   optimizer, so its slots are P/N too;
+4. all-gather: every device concatenates the N updated slices and writes them into its model copy, which its tower
+   reads in the next step.
+
+Slices of the flattened parameters, not of every variable: one optimizer update per device per step whatever the
+model has, where slicing each variable would make N updates per variable (small ops cost more than they move on
+the CPU). The slices are read from and written to the variables they cover (`pieces`), without building the whole
+flat vector: measured on the default MLP at 4 devices, concatenating and splitting whole flat buffers cost more
+(2.9 ms/step) than the sharding saved on the update (1.8 ms/step).
+The averaged gradient and the element-wise update are those of `replicated`, so with the same data the two train
+the same losses (tested: 20 unshuffled steps to 1e-4 relative at 2 and 4 devices, three optimizers); they are not
+bit-identical, since TensorFlow may compute a slice of a gradient by a smaller product, rounding differently in
+the last place. Checkpoints hold the N slices and their optimizers under names that
+carry N: a checkpoint restores onto the same device count only (the config hash, which includes `gpus`, keeps
+other counts apart anyway).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from runner.lazy import lazy
+from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies.common import make_evaluate, steps_loop
+from runner.strategies.replicated import Towers, tower_gradients
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from runner.devices import Devices
+else:
+    keras, tf = lazy("keras"), lazy("tensorflow")
+
+
+@STRATEGIES.register
+@dataclass
+class ShardedUpdate(StrategyBase):
+    """replicated's towers; each device updates 1/N of the weights and holds 1/N of the optimizer state."""
+
+    name: str = "sharded_update"
+
+    def build(self, devices: Devices, training: Training) -> ShardedTowers:
+        return ShardedTowers(list(devices.names), training)
+
+
+def _flat(tensors: list[tf.Tensor], padding: int) -> tf.Tensor:
+    """Variables (any shapes) -> one vector (P + padding,)."""
+    parts = [tf.reshape(t, [-1]) for t in tensors]
+    return tf.concat(parts + ([tf.zeros([padding], parts[0].dtype)] if padding else []), 0)
+
+
+def pieces(sizes: list[int], n: int) -> tuple[list[list[tuple[int, int, int]]], int]:
+    """Where the flat weights' N slices come from, without building the flat vector: for slice j, the
+    (variable index, start, end) ranges of the flattened variables it holds, in order; and the slice length.
+    The last slice is padded with zeros up to the length."""
+    length = math.ceil(sum(sizes) / n)
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+    offset = 0
+    for index, size in enumerate(sizes):
+        start = 0
+        while start < size:
+            j = (offset + start) // length
+            end = min(size, (j + 1) * length - offset)
+            out[j].append((index, start, end))
+            start = end
+        offset += size
+    return out, length
+
+
+class ShardedTowers(Towers):
+    """A model copy per device for the towers (no optimizer), and the weights' N slices with their optimizers."""
+
+    def __init__(self, devices: list[str], training: Training):
+        self.devices, self.training, self.replicated, self.homes = devices, training, True, devices
+        self.models = []
+        for device in devices:  # the same seed for every copy: identical initial weights
+            with tf.device(device):
+                self.models.append(training.model_fn(training.seed))
+        variables = self.models[0].trainable_variables
+        self.sizes = [math.prod(v.shape) for v in variables]
+        n, total = len(devices), sum(self.sizes)
+        self.pieces, self.slice = pieces(self.sizes, n)
+        self.padding = self.slice * n - total
+        flat = _flat([v.value for v in variables], self.padding)  # (P padded,)
+        self.shards, self.optimizers = [], []
+        for j, device in enumerate(devices):
+            with tf.device(device):
+                shard = keras.Variable(flat[j * self.slice:(j + 1) * self.slice], name=f"shard{j}_of_{n}")
+                self.shards.append(shard)
+                self.optimizers.append(training.optimizer_fn([shard]))
+        self.evaluate = make_evaluate(self.models[0], devices[0])
+
+    def train_loop(self, batches: Any):
+        """fn(n) -> mean loss of n synchronous steps: towers, reduce-scatter, sharded update, all-gather."""
+        n = len(self.devices)
+
+        def step() -> tf.Tensor:
+            losses, slices = [], []
+            for i, (x, y) in enumerate(batches.next()):  # x: (G/N, 28, 28, 1) for tower i
+                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i])
+                with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
+                    slices.append([self._slice(grads, j) for j in range(n)])  # each (P/N,)
+                losses.append(loss)
+            for j, (device, shard, optimizer) in enumerate(zip(self.devices, self.shards, self.optimizers)):
+                with tf.device(device):  # reduce-scatter: device j averages slice j; then updates its shard
+                    optimizer.apply_gradients([(tf.add_n([s[j] for s in slices]) / n, shard)])
+            for device, model in zip(self.devices, self.models):
+                with tf.device(device):  # all-gather: each variable of this copy from the slices that hold it
+                    self._gather(model)
+            return tf.add_n(losses) / len(losses)
+
+        return steps_loop(step)
+
+    def _slice(self, grads: list[tf.Tensor], j: int) -> tf.Tensor:
+        """Slice j (P/N,) of the flattened gradients, read from the variables it covers."""
+        parts = [tf.reshape(grads[v], [-1])[a:b] for v, a, b in self.pieces[j]]
+        short = self.slice - sum(b - a for _, a, b in self.pieces[j])
+        parts += [tf.zeros([short], grads[0].dtype)] if short else []
+        return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+    def _gather(self, model: Any) -> None:
+        """Write the updated slices into a model copy's variables."""
+        found: list[list[tf.Tensor]] = [[] for _ in model.trainable_variables]
+        for j, shard in enumerate(self.shards):
+            offset = 0
+            for v, a, b in self.pieces[j]:
+                found[v].append(shard.value[offset:offset + b - a])
+                offset += b - a
+        for variable, parts in zip(model.trainable_variables, found):
+            value = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+            variable.assign(tf.reshape(value, variable.shape))
+
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """Every model copy (its non-trainable state too), every shard and its optimizer; names carry N."""
+        n = len(self.devices)
+        objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
+        objects.update({f"shard{j}_of_{n}": [s] for j, s in enumerate(self.shards)})
+        return {**objects, **{f"optimizer{j}_of_{n}": o for j, o in enumerate(self.optimizers)}}
+
+    def variable_devices(self) -> dict[str, str]:
+        """Every model copy's variables and every shard, with the device they live on."""
+        out = super().variable_devices()
+        return {**out, **{s.path: s.value.device for s in self.shards}}
+
+    def describe(self) -> dict[str, str]:
+        n = len(self.devices)
+        return {"placement": f"a model copy per device on {', '.join(self.devices)}; device j updates weights "
+                             f"and optimizer state slice j of {n} ({self.slice:,} values each)"}
