@@ -50,7 +50,7 @@ MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 class TrainConf:
     """How a run trains and what it measures (`train.<key>=value`)."""
 
-    batch_scaling: Literal["strong", "weak"] = "strong"  # strong: global batch fixed as devices grow; weak: per-device
+    batch_scaling: Literal["strong", "weak"] = "strong"  # strong: the global batch is fixed; weak: the per-device one
     global_batch_size: int = 128  # examples per step over all devices (strong); derived = per-device x towers (weak)
     per_device_batch_size: int | None = None  # examples per tower per step (weak); derived = global / towers (strong)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # the rule when the global batch changes (x global/ref)
@@ -60,18 +60,17 @@ class TrainConf:
     steps: int | None = None  # total optimizer steps; overrides epochs
     steps_per_call: int = 50  # steps per compiled tf.function call (fewer Python round trips)
     warmup_calls: int = 1  # compiled calls excluded from timing (tracing, first allocations)
-    optimizer: OptimizerName = "adam"
+    optimizer: OptimizerName = "adam"  # momentum: SGD with momentum 0.9
     fused_optimizer: bool = True  # adam, momentum: one TensorFlow kernel per variable update (false: Keras' own ops)
     reuse_freed_memory: bool = True  # glibc: keep freed tensors in the heap (tf.data generator iterators switch it off)
-    learning_rate: float = 1e-3
-    seed: int = 0
+    learning_rate: float = 1e-3  # before the batch rule (lr_scaling) and warm-up
+    seed: int = 0  # initial weights, shuffling, dropout, synthetic data
     eval_every: int = 0  # evaluate on the full test set every N steps; 0 = only at the end
-    # Time to accuracy: the test accuracy the run is timed to (MODEL_TARGET: the model's own, e.g. mlp 0.98, cnn/nin/
-    # lenet 0.99; null: none). Every `check_every` steps (0: about 20 checks per run) the first `check_examples` test
-    # examples are evaluated; a check at or over the target is confirmed on the full test set.
+    # The test accuracy the run is timed to (time_to_accuracy_seconds); -1: the model's own (mlp 0.98, cnn, nin and
+    # lenet 0.99); null: none.
     target_accuracy: float | None = -1.0
-    check_every: int = 0
-    check_examples: int = 1000
+    check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
+    check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
     jit_compile: bool = False  # XLA-compile the training step's compute (strategy=single)
     # float32 | mixed_bfloat16 (bfloat16 compute, float32 variables and loss). mixed_float16 is not offered: float16
     # needs loss scaling in every strategy's step; bfloat16 has float32's range.
@@ -112,7 +111,7 @@ class MlflowConf:
     """Where runs are logged (`mlflow.<key>=value`)."""
 
     tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db
-    experiment: str = "runner"
+    experiment: str = "runner"  # the MLflow experiment (debug=smoke and the presets set their own)
     system_metrics_interval: float = 10.0  # seconds between MLflow's system-metrics samples (CPU, memory, GPU); 0: off
 
     RULES: ClassVar[dict[str, Rule]] = {

@@ -110,8 +110,8 @@ def describe_cpuinfo(text: str) -> str:
 def host_cpu() -> str:
     """The host CPU's model and vector instruction sets, recorded with every result.
 
-    Why: the same job measures differently on another CPU of the same name. On this project's machines one
-    "AMD EPYC" ran CNN steps in mixed_bfloat16 1.8x faster than float32, another (AVX2 only) 10x slower.
+    Why: the same job measures differently on another CPU of the same name: with AVX-512 BF16 the CNN's
+    mixed_bfloat16 steps run faster than float32, on an AVX2-only CPU of the same name an order of magnitude slower.
     """
     try:
         return describe_cpuinfo(Path("/proc/cpuinfo").read_text())
@@ -141,8 +141,8 @@ _BF16_ISA = ("avx512_bf16", "amx_bf16")
 def precision_warning(precision: str, devices: Devices, cpu: str) -> str | None:
     """A one-line warning when `precision` is likely slower than float32 on these devices, else None.
 
-    Measured on this project's CPU hosts: the CNN in mixed_bfloat16 ran 1.8x faster than float32 on an EPYC with
-    avx512_bf16, and 10x slower on one with AVX2 only.
+    Without avx512_bf16 or amx_bf16 a CPU converts to float32 and back around every op: the CNN's mixed_bfloat16
+    steps ran 10x slower than float32 on an AVX2-only CPU, 1.8x faster on one with avx512_bf16.
 
     Args:
         precision: train.precision ("float32" or "mixed_bfloat16").

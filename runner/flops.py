@@ -269,7 +269,7 @@ def _cpu_description() -> str:
 def _cpu_supports(dtype: str) -> bool:
     """fp32 always; bf16/fp16 only with native instructions, which oneDNN uses (else they are emulated, slower).
 
-    Measured on an AMD EPYC with avx512_bf16: bf16 matmuls ran ~1.8x fp32, fp16 (no avx512_fp16) ~0.5x.
+    With avx512_bf16 bf16 matmuls ran ~1.8x fp32; fp16 without avx512_fp16 ~0.5x.
     """
     flags = set(_cpuinfo("flags").split())
     native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}

@@ -10,8 +10,8 @@ none, and 1.5x the images/s (`python -m runner.bench settings --groups malloc`; 
 
 This happens only where TensorFlow's CPU tensors come from malloc, i.e. with its oneDNN ops off (its default on
 CPUs without AVX512_VNNI/AVX512_BF16/AMX, such as AVX2-only ones). With oneDNN on, TensorFlow's own allocator pools
-large tensors and the threshold changes nothing (0.08 page faults per MiB tensor against 76 with oneDNN off, on
-one host, 2026-11-24); `reuse()` is then harmless. The run's `tensorflow.onednn` tag says which case it was.
+large tensors and the threshold changes nothing (0.08 page faults per MiB tensor against 76 with oneDNN off);
+`reuse()` is then harmless. The run's `tensorflow.onednn` tag says which case it was.
 """
 
 from __future__ import annotations

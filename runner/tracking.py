@@ -113,8 +113,7 @@ def whole_write() -> Iterator[None]:
 
     Why: a KeyboardInterrupt raised inside SQLAlchemy between sqlite's write and its commit leaves that connection
     holding the store's lock; the run's closing writes then each wait MLflow's 20 s busy timeout, fail, and the run
-    stays RUNNING (found when the Ctrl-C sweep test failed on 2026-11-24; reproduced by raising KeyboardInterrupt
-    at each line of one metric write in turn). Nested uses hold the signal until the outermost write ends.
+    stays RUNNING (reproduced by raising KeyboardInterrupt at each line of one metric write in turn). Nested uses hold the signal until the outermost write ends.
     Only the main thread can set signal handlers; elsewhere, or when SIGINT is ignored, this does nothing.
     """
     global _holding_interrupts

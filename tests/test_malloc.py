@@ -53,7 +53,7 @@ def test_reuse_sets_glibcs_thresholds_here():
 def test_mirrored_run_leaves_freed_tensors_reusable_only_with_the_option_on(tmp_path):
     # With oneDNN off, TensorFlow's CPU tensors come from glibc's malloc, where the trap is. TensorFlow turns
     # oneDNN on by itself on CPUs with AVX512_VNNI/AVX512_BF16/AMX, and its allocator then pools large tensors, so
-    # nothing is mapped per step (measured 2026-11-24: 0.08 faults per MiB with the 128 KiB threshold set, 76 with
+    # nothing is mapped per step (measured: 0.08 faults per MiB with the 128 KiB threshold set, 76 with
     # oneDNN off); the test pins the case where the option matters, whatever CPU it runs on.
     env = cli_env({"TF_CPP_MIN_LOG_LEVEL": "0", "PYTHONPATH": f"{REPO / 'tests'}:{REPO}",
                    "TF_ENABLE_ONEDNN_OPTS": "0"})
