@@ -72,9 +72,11 @@ class TrainConf:
     check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
     check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
     jit_compile: bool = False  # XLA-compile the training step's compute (strategy=single)
-    # float32 | mixed_bfloat16 (bfloat16 compute, float32 variables and loss). mixed_float16 is not offered: float16
-    # needs loss scaling in every strategy's step; bfloat16 has float32's range.
-    precision: Literal["float32", "mixed_bfloat16"] = "float32"
+    # float32 | mixed_bfloat16 (bfloat16 compute, float32 variables and loss; float32's range) | mixed_float16
+    # (float16 compute with dynamic loss scaling: GPUs' tensor cores from V100 and T4 on)
+    precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = "float32"
+    loss_scale: float = 32768.0  # mixed_float16: the starting loss scale; halved on a non-finite gradient (skipped)
+    loss_scale_period: int = 2000  # mixed_float16: finite steps in a row after which the loss scale doubles
     measure_input: bool = True  # after training, time the input pipeline alone and flag input-bound runs
     probe_peak: bool = True  # measure the device's matmul peak once per machine (cached) to log MFU
     probe_floor: bool = False  # after training, time the step's unavoidable work (runner/floor.py): step_time_over_floor
@@ -103,6 +105,8 @@ class TrainConf:
                             f"a test accuracy in (0, 1], {MODEL_TARGET:g} (the model's own) or null (none)"),
         "check_every": (non_negative, "0 (about 20 checks per run) or a positive number of steps"),
         "check_examples": (positive, "a positive number of test examples"),
+        "loss_scale": (lambda v: 1 <= v < math.inf, "a finite number from 1 (2**15 is Keras' start)"),
+        "loss_scale_period": (positive, "a positive number of steps"),
     }
 
 
@@ -252,6 +256,15 @@ def _resolve_batch(train: dict[str, Any], towers: int, where: str) -> None:
     train["per_device_batch_size"] = train["global_batch_size"] // towers
 
 
+def _check_precision(strategy: Any, precision: str) -> None:
+    """float16 trains only where the strategy's step scales the loss (small gradients would round to zero)."""
+    if precision == "mixed_float16" and not getattr(strategy, "loss_scaling", False):
+        raise ConfigError(
+            f"train.precision=mixed_float16 needs loss scaling in the step and strategy={strategy.name} does not "
+            "apply it (StrategyBase.loss_scaling); use train.precision=float32 or mixed_bfloat16"
+        )
+
+
 def validate(cfg: DictConfig) -> Plan:
     """Check a composed config and return its plan.
 
@@ -268,6 +281,7 @@ def validate(cfg: DictConfig) -> Plan:
     parts = {kind: registry.options(values[kind] or {}) for kind, registry in COMPONENTS.items()}
     strategy, gpus = parts["strategy"], values["gpus"]
     strategy.check(gpus, parts["model"], values["train"]["jit_compile"])
+    _check_precision(strategy, values["train"]["precision"])
     cluster = strategy.cluster()
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")

@@ -144,11 +144,19 @@ def precision_warning(precision: str, devices: Devices, cpu: str) -> str | None:
     Without avx512_bf16 or amx_bf16 a CPU converts to float32 and back around every op: the CNN's mixed_bfloat16
     steps ran 10x slower than float32 on an AVX2-only CPU, 1.8x faster on one with avx512_bf16.
 
+    float16 is for GPUs (tensor cores from V100 and T4 on): CPUs mostly convert it to float32 and back around every
+    op, and the loss scaling adds a check per step; it runs, to try a GPU config on a CPU, not to be fast.
+
     Args:
-        precision: train.precision ("float32" or "mixed_bfloat16").
+        precision: train.precision ("float32", "mixed_bfloat16" or "mixed_float16").
         devices: the devices the run trains on.
         cpu: the host CPU's description, as `host_cpu()` gives it.
     """
+    if precision == "mixed_float16" and devices.kind == "CPU":
+        return (
+            f"train.precision=mixed_float16 on CPU devices ({cpu}): float16 is for GPUs; this runs, slower than "
+            "float32, to try a GPU config here; train.precision=float32 is the fast choice on a CPU"
+        )
     if precision != "mixed_bfloat16" or devices.kind != "CPU" or any(isa in cpu for isa in _BF16_ISA):
         return None
     return (

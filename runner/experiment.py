@@ -62,7 +62,9 @@ def training_for(plan: Plan) -> Any:
     """What the strategy builds and trains, from the plan (runner.strategies.Training)."""
     from runner.strategies import Training
     from runner.strategies.common import build_model, build_optimizer
+    from runner.strategies.loss_scale import LossScaling
 
+    float16 = plan.train.precision == "mixed_float16"
     return Training(
         model=plan.model,
         model_fn=functools.partial(build_model, plan.model),
@@ -71,6 +73,7 @@ def training_for(plan: Plan) -> Any:
         global_batch=plan.train.global_batch_size,
         jit_compile=plan.train.jit_compile,
         cluster=plan.cluster,
+        loss_scaling=LossScaling(plan.train.loss_scale, plan.train.loss_scale_period) if float16 else None,
     )
 
 
@@ -100,7 +103,7 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     _log_plan(plan, devices, steps, arrays.synthetic)
     checkpointer, start = _resume(plan, strategy, run)
     evals = _evaluations(plan, strategy, arrays, steps, run)
-    hooks = _hooks(plan, checkpointer)
+    hooks = _hooks(plan, checkpointer, strategy, run)
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
     result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks)
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
@@ -161,9 +164,14 @@ def _log_dataset(plan: Plan, arrays: Any, run: tracking.Run) -> None:
         run.dataset(plan.data.name, digest, plan.data.describe(), profile, context)
 
 
-def _hooks(plan: Plan, checkpointer: Any) -> list:
-    """What runs around the training calls: checkpoints, the allocator reset, a profiler trace."""
+def _hooks(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Run) -> list:
+    """What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler
+    trace."""
+    from runner.strategies.loss_scale import LossScale
+
     hooks = [checkpointer] if checkpointer is not None else []
+    if isinstance(getattr(strategy, "loss_scale", None), LossScale):
+        hooks.append(measure.LossScaleMetrics(strategy.loss_scale, run.metrics))
     if plan.train.reuse_freed_memory:
         hooks.append(measure.ReuseFreedMemory())
     if plan.train.profile:

@@ -2,6 +2,7 @@
 
 - `ReuseFreedMemory` (hook): undoes, after every call, the allocator setting TensorFlow's generator datasets leave
   behind (`runner.malloc`).
+- `LossScaleMetrics` (hook): logs the loss scale and the skipped updates (train.precision=mixed_float16).
 - `Profile` (hook): traces the first call that would be timed with TensorFlow's profiler (`runner.profile`).
 - `input_figures` (after training): the input pipeline's rate alone beside the training step's.
 - `peak_rss_mb` (after training): the process's peak resident memory.
@@ -28,6 +29,21 @@ class ReuseFreedMemory(Hook):
 
     def after(self, step: int, n: int, seconds: float, last: bool) -> None:
         malloc.reuse()
+
+
+class LossScaleMetrics(Hook):
+    """Log the loss scale and the updates skipped so far after every call; the skipped count goes in the result."""
+
+    def __init__(self, scale: Any, record: Any):
+        self.scale, self.record = scale, record
+        self.last: dict[str, float] = {}
+
+    def after(self, step: int, n: int, seconds: float, last: bool) -> None:
+        self.last = self.scale.state()
+        self.record(self.last, step)
+
+    def figures(self) -> dict[str, float]:
+        return {"skipped_steps": self.last.get("skipped_steps", 0.0)}
 
 
 class Profile(Hook):

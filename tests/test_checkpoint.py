@@ -108,21 +108,29 @@ def test_checkpoint_settings_do_not_change_the_config_hash():
     assert config_hash(base) != config_hash(compose("debug=smoke", "train.seed=1"))
 
 
+FLOAT16_OVERFLOWING = ("train.precision=mixed_float16", "train.loss_scale=1e9", "train.loss_scale_period=3")
+
+
 @pytest.mark.parametrize(
-    "strategy,pipeline,model",
+    "strategy,pipeline,model,precision",
     [
-        ("single", "split", "cnn"),  # cnn: dropout, so the seed generators' states must be restored too
+        ("single", "split", "cnn", ()),  # cnn: dropout, so the seed generators' states must be restored too
         # mlp like every other in-process MirroredStrategy test: TensorFlow's collective instance keys are
         # per-process, so a later strategy over the same devices with other gradient shapes would clash.
-        ("mirrored", "sharded", "mlp"),
-        ("replicated", "per_tower", "mlp"),
-        ("parameter_server", "split", "mlp"),
-        ("model_parallel", "split", "cnn"),
+        ("mirrored", "sharded", "mlp", ()),
+        ("replicated", "per_tower", "mlp", ()),
+        ("parameter_server", "split", "mlp", ()),
+        ("model_parallel", "split", "cnn", ()),
+        # float16 with a scale that overflows, then doubles every 3 steps into overflow again: the steps after the
+        # restore skip or apply as before only if the loss scale and its counters were restored too.
+        ("sharded_update", "split", "mlp", FLOAT16_OVERFLOWING),
     ],
 )
-def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp_path, strategy, pipeline, model):
+def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp_path, strategy, pipeline, model,
+                                                                 precision):
     """Train 10 steps, checkpoint, train 10 more; a fresh strategy restored from the checkpoint, with its feed
     fast-forwarded 10 steps, must produce the same 10 losses."""
+    import keras
     import tensorflow as tf
     from conftest import build_strategy
 
@@ -134,7 +142,8 @@ def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp
 
     gpus = 1 if strategy == "single" else 2
     plan = validate(compose("debug=smoke", f"strategy={strategy}", f"pipeline={pipeline}", f"model={model}",
-                            f"gpus={gpus}"))
+                            f"gpus={gpus}", *precision))
+    keras.mixed_precision.set_dtype_policy(plan.train.precision)  # as a run does before building the model
     x = np.random.default_rng(0).integers(0, 255, (512, 28, 28), dtype=np.uint8)
     y = np.random.default_rng(1).integers(0, 10, 512).astype(np.int32)
     devices = Devices(tuple(f"/device:CPU:{i}" for i in range(gpus)), "CPU", gpus > 1, "test")
@@ -156,3 +165,7 @@ def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp
     assert ckpt.restore() == (10, "r1")
     fast_forward(second, batches, 10)
     np.testing.assert_allclose(losses(second, batches, 10), expected, rtol=1e-6)
+    if precision:
+        skipped = [int(s.loss_scale.skipped.numpy()) for s in (first, second)]
+        assert skipped[0] == skipped[1] > 0, skipped
+    keras.mixed_precision.set_dtype_policy("float32")

@@ -150,6 +150,14 @@ def test_a_user_component_with_a_bad_option_or_path_is_one_line(user_folder, mon
         validate(_compose_with(conf, "pipeline=tower_batches", "pipeline.repeat_each=x"))
 
 
+def test_float16_is_refused_for_a_strategy_that_does_not_say_it_scales_the_loss(user_folder, monkeypatch):
+    monkeypatch.syspath_prepend(str(user_folder / "code"))
+    conf = str(user_folder / "conf")
+    with pytest.raises(ConfigError, match=r"mixed_float16 needs loss scaling .* strategy=every_device does not"):
+        validate(_compose_with(conf, "strategy=every_device", "gpus=2", "train.precision=mixed_float16"))
+    validate(_compose_with(conf, "strategy=replicated", "gpus=2", "train.precision=mixed_float16"))  # built-in: yes
+
+
 def _compose_with(config_dir: str, *overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir

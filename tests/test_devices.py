@@ -47,6 +47,9 @@ def test_bfloat16_warns_only_on_a_cpu_without_bfloat16_instructions():
     assert precision_warning("mixed_bfloat16", CPU1, zen4) is None  # avx512_bf16: bf16 is fast there
     assert precision_warning("mixed_bfloat16", GPU1, zen3) is None  # the GPU computes, not the host
     assert precision_warning("float32", CPU1, zen3) is None
+    for cpu in (zen3, zen4):  # float16 is for GPUs on any CPU, with or without bfloat16 instructions
+        assert precision_warning("mixed_float16", CPU1, cpu).startswith("train.precision=mixed_float16 on CPU devices")
+    assert precision_warning("mixed_float16", GPU1, zen3) is None
 
 
 def test_tensorflow_imports_without_the_packages_keras_would_load_for_unused_features():

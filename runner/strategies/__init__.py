@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from models import Model
     from runner.cluster import Cluster
     from runner.devices import Devices
+    from runner.strategies.loss_scale import LossScale, LossScaling, NoLossScale
 
 MAX_DEVICES = 16
 
@@ -48,6 +49,7 @@ class Training:
         global_batch: examples per step over all towers.
         jit_compile: XLA-compile the step's compute (strategies that support it).
         cluster: the multi-worker cluster, or None.
+        loss_scaling: dynamic loss scaling settings (train.precision=mixed_float16), or None.
     """
 
     model: Model
@@ -57,6 +59,7 @@ class Training:
     global_batch: int
     jit_compile: bool = False
     cluster: Cluster | None = None
+    loss_scaling: LossScaling | None = None
 
 
 @runtime_checkable
@@ -64,6 +67,7 @@ class Strategy(Protocol):
     """A built strategy: what the training loop, checkpoints and tags use."""
 
     evaluate: Callable[[Any], tuple[float, float]]  # test dataset -> (mean loss, accuracy)
+    loss_scale: LossScale | NoLossScale  # the step's shared loss scale (mixed_float16), or the no-op
 
     def batches(self, pipeline: Pipeline, examples: Examples, seed: int) -> Any:
         """The pipeline's feed, made for this strategy's towers (its own loop's `next()` or tf.distribute's)."""
@@ -117,6 +121,9 @@ class StrategyBase:
     data_parallel: ClassVar[bool] = True  # one tower per device (else: one tower, the model split)
     multi_process: ClassVar[bool] = False  # needs one process per worker (a cluster), not one process
     jit_compile: ClassVar[bool] = False  # whether train.jit_compile=true is supported
+    # Whether its step applies `Training.loss_scaling` (train.precision=mixed_float16); a strategy of one's own
+    # that does not would train float16 with its small gradients rounded to zero, so validation refuses it.
+    loss_scaling: ClassVar[bool] = False
 
     def towers(self, gpus: int) -> int:
         return max(gpus, 1) if self.data_parallel else 1

@@ -70,28 +70,32 @@ def make_evaluate(model: keras.Model, device: str):
     return evaluate
 
 
-def steps_loop(step_fn):
-    """Compile `step_fn() -> loss` into fn(n) -> (mean loss, steps done) running up to n steps in one call.
+def steps_loop(step_fn, patience: int = 1):
+    """Compile `step_fn() -> loss` into fn(n) -> (mean loss, steps run) running up to n steps in one call.
 
     One call runs a tf.while_loop of n steps, so Python and dispatch costs are paid once per call, not per step.
-    The loop stops early at the first non-finite loss: then `steps done` < n and the caller can name the step.
+    The mean is over the steps whose loss is finite. The loop stops early once `patience` steps in a row had a
+    non-finite loss (1: at the first; more under loss scaling, where a step can be skipped and training go on):
+    then `steps run` < n and the caller can name the step.
     """
 
     # No autograph: the loop is written as a tf.while_loop, and converting every function the step calls (model,
     # pipeline, strategy) costs tracing time that grows with the towers.
     @tf.function(autograph=False)
     def loop(n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        def more(i, total, done, finite):
-            return tf.logical_and(i < n, finite)
+        def more(i, total, finite_steps, streak):
+            return tf.logical_and(i < n, streak < patience)
 
-        def one_step(i, total, done, finite):
+        def one_step(i, total, finite_steps, streak):
             loss = step_fn()
             finite = tf.math.is_finite(loss)
-            return i + 1, total + tf.where(finite, loss, 0.0), done + tf.cast(finite, tf.int32), finite
+            streak = tf.where(finite, 0, streak + 1)
+            return i + 1, total + tf.where(finite, loss, 0.0), finite_steps + tf.cast(finite, tf.int32), streak
 
-        start = (tf.constant(0), tf.constant(0.0), tf.constant(0), tf.constant(True))
-        _, total, done, _ = tf.while_loop(more, one_step, start)
-        return total / tf.cast(tf.maximum(done, 1), tf.float32), done
+        start = (tf.constant(0), tf.constant(0.0), tf.constant(0), tf.constant(0))
+        i, total, finite_steps, streak = tf.while_loop(more, one_step, start)
+        run = tf.where(streak < patience, i, i - streak)  # stopped: the steps before the non-finite streak
+        return total / tf.cast(tf.maximum(finite_steps, 1), tf.float32), run
 
     return loop
 

@@ -12,12 +12,12 @@ either way; the pipeline's own feed is the cheaper (mlp/tiny, mirrored x2, split
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.devices import nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
 from runner.strategies.common import make_evaluate, per_example_loss, steps_loop, touch
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ class Mirrored(StrategyBase):
     # GPUs) | nccl | hierarchical_copy | reduce_to_one_device
     cross_device_ops: CrossDeviceOps = "auto"
     input: Literal["towers", "distribute"] = "towers"  # the pipeline's own feed, per replica | tf.distribute's API
+    loss_scaling: ClassVar[bool] = True
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)
@@ -109,6 +110,8 @@ class Replicas:
         with self.strategy.scope():
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables)
+        # Outside the scope: one plain copy per process, read by every replica and changed in cross-replica context.
+        self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
         self.evaluate = make_evaluate(self.model, devices.names[0])
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
@@ -121,21 +124,32 @@ class Replicas:
     def train_loop(self, batches: Any):
         """fn(n) -> mean loss of n synchronous steps over all replicas, compiled."""
         model, optimizer, global_batch = self.model, self.optimizer, self.training.global_batch
+        variables, scale, strategy = model.trainable_variables, self.loss_scale, self.strategy
 
-        def replica_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        def replica_gradients(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
             # x: (G/replicas, 28, 28, 1) on this replica's device
             with tf.GradientTape() as tape:
                 per_example = per_example_loss(model, x, y, training=True)[0]
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+                scaled = scale.scaled(loss)  # recorded on the tape
+            return loss, tape.gradient(scaled, variables)
+
+        def replica_apply(grads: list[tf.Tensor]) -> None:
+            optimizer.apply_gradients(zip(scale.unscale(grads), variables))  # all-reduces (sums) the gradients
+
+        def all_finite(grads: Any) -> tf.Tensor:
+            """Whether every replica's gradients are finite (all processes' replicas, for multi_worker)."""
+            bad = strategy.run(lambda g: tf.cast(tf.logical_not(loss_scale.all_finite(g)), tf.float32), args=(grads,))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, bad, axis=None) == 0
 
         def step() -> tf.Tensor:
-            per_replica = self.strategy.run(replica_step, args=next(batches))
-            return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+            loss, grads = strategy.run(replica_gradients, args=next(batches))
+            # In cross-replica context, as Keras' LossScaleOptimizer does: the apply's all-reduce is a merge call,
+            # which a tf.cond inside a replica cannot hold.
+            scale.apply_if_finite(lambda: all_finite(grads), lambda: strategy.run(replica_apply, args=(grads,)))
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
-        return steps_loop(step)
+        return steps_loop(step, self.loss_scale.patience)
 
     def input_loop(self, batches: Any):
         """fn(n) pulling n steps of per-replica input only, to time the pipeline alone."""
@@ -148,7 +162,7 @@ class Replicas:
 
     def checkpoint_objects(self) -> dict[str, Any]:
         """What a checkpoint saves: the mirrored model and its optimizer (one copy saved) (slots and step counter)."""
-        return {"model": self.model.variables, "optimizer": self.optimizer}
+        return {"model": self.model.variables, "optimizer": self.optimizer, **loss_scale.checkpointed(self.loss_scale)}
 
     def weights(self) -> list:
         """The trained weights (what the final digest covers)."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from runner.errors import ConfigError
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
 from runner.strategies.common import drain_loop, make_evaluate, steps_loop
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from models import Model
     from runner.devices import Devices
+    from runner.strategies.loss_scale import LossScale, NoLossScale
 else:
     keras, tf = lazy("keras"), lazy("tensorflow")
 
@@ -64,6 +65,7 @@ class ModelParallel(StrategyBase):
 
     min_gpus: ClassVar[int] = 2
     data_parallel: ClassVar[bool] = False
+    loss_scaling: ClassVar[bool] = True
 
     def resolved_split(self, model: Model) -> str:
         """`auto` -> `width` for an all-Dense model (the MLP), `stages` for the others."""
@@ -277,24 +279,34 @@ def forward(cells: list[Cell], x: tf.Tensor, training: bool, tapes: list | None 
     return outs
 
 
-def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_logits: tf.Tensor) -> None:
+def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_logits: tf.Tensor,
+                       scale: LossScale | NoLossScale) -> None:
     """Backpropagate `d_logits` (b, 10) through the cells in reverse, each on its own device, and update them.
 
-    A cell's gradients are final once its own tape has run (each variable belongs to one cell), so its optimizer
-    step is issued right there; the graph runs it as soon as its gradients exist.
+    A cell's gradients are final once its own tape has run (each variable belongs to one cell), so without loss
+    scaling the graph runs its update as soon as they exist. Under mixed_float16 every update waits for one
+    decision on all the cells' gradients, so no cell applies a step another skips.
     """
     upstream: list[list[tf.Tensor]] = [[] for _ in cells]
     upstream[-1].append(d_logits)
+    updates: list[tuple[Cell, list[tf.Tensor]]] = []
     for k in reversed(range(len(cells))):
         cell, (tape, watched) = cells[k], tapes[k]
         variables = cell.trainable_variables
         with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
             d_out = tf.add_n(upstream[k])  # consumers' contributions, reduced here: width's reduce-scatter
             d_vars, d_ins = tape.gradient(outs[k], [variables, watched], output_gradients=d_out)
-            if variables:
-                cell.optimizer.apply_gradients(zip(d_vars, variables))
+        if variables:
+            updates.append((cell, d_vars))
         for i, d_in in zip([i for i in cell.inputs if i != INPUT], d_ins, strict=True):
             upstream[i].append(d_in)
+
+    def apply() -> None:
+        for cell, d_vars in updates:
+            with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
+                cell.optimizer.apply_gradients(zip(scale.unscale(d_vars), cell.trainable_variables))
+
+    scale.apply_if_finite(lambda: loss_scale.all_finite([g for _, d_vars in updates for g in d_vars]), apply)
 
 
 class SplitModel:
@@ -307,6 +319,7 @@ class SplitModel:
             if cell.trainable_variables:
                 with tf.device(cell.device), keras.name_scope(cell.name):
                     cell.optimizer = training.optimizer_fn(cell.trainable_variables)
+        self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
         # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
         self.evaluate = make_evaluate(self, devices.names[0])
 
@@ -342,11 +355,12 @@ class SplitModel:
                     tape.watch(outs[-1])
                     logits = tf.cast(outs[-1], tf.float32)  # the loss in float32 under train.precision=mixed_bfloat16
                     loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-                d_logits = tape.gradient(loss, outs[-1])  # (G, 10)
-            backward_and_apply(cells, tapes, outs, d_logits)
+                    scaled = self.loss_scale.scaled(loss)  # recorded on the tape
+                d_logits = tape.gradient(scaled, outs[-1])  # (G, 10)
+            backward_and_apply(cells, tapes, outs, d_logits, self.loss_scale)
             return loss
 
-        return steps_loop(step)
+        return steps_loop(step, self.loss_scale.patience)
 
     def input_loop(self, batches: Any):
         """fn(n) pulling n steps of input only, to time the pipeline alone."""
@@ -362,6 +376,7 @@ class SplitModel:
     def checkpoint_objects(self) -> dict[str, Any]:
         """What a checkpoint saves: every cell's variables (dropout seed states included) and optimizer."""
         objects = {c.name: c.variables for c in self.cells}
+        objects.update(loss_scale.checkpointed(self.loss_scale))
         return {**objects, **{f"{c.name}_optimizer": c.optimizer for c in self.cells if c.optimizer is not None}}
 
     def weights(self) -> list:

@@ -52,6 +52,7 @@ class MultiWorker(StrategyBase):
     RULES: ClassVar[dict[str, Rule]] = {"peer_timeout": (lambda v: v > 0, "a positive number of seconds")}
 
     multi_process: ClassVar[bool] = True
+    loss_scaling: ClassVar[bool] = True
 
     def cluster(self) -> cluster.Cluster:
         """The cluster from `workers`/`task_index`, else from TF_CONFIG. Raises ConfigError if neither is usable."""

@@ -13,10 +13,10 @@ tf_cnn_benchmarks' `variable_update` modes did. The two differ only in where the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
 from runner.strategies.common import drain_loop, make_evaluate, per_example_loss, steps_loop
 
 if TYPE_CHECKING:
@@ -27,12 +27,15 @@ else:
     tf = lazy("tensorflow")
 
 
-def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """Forward and backward of one tower on `device`: (mean loss, gradients of model's trainable variables)."""
+def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str,
+                    scale: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """Forward and backward of one tower on `device`: (mean loss, gradients of the model's trainable variables for
+    the loss times `scale`'s factor: still to be unscaled under mixed_float16)."""
     with tf.device(device):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
-        return loss, tape.gradient(loss, model.trainable_variables)
+            scaled = scale.scaled(loss)  # recorded on the tape
+        return loss, tape.gradient(scaled, model.trainable_variables)
 
 
 def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
@@ -50,6 +53,7 @@ class Replicated(StrategyBase):
     """A full copy of the variables on every device, each updated with the averaged gradient."""
 
     name: str = "replicated"
+    loss_scaling: ClassVar[bool] = True
 
     def build(self, devices: Devices, training: Training) -> Towers:
         return Towers(list(devices.names), training)
@@ -62,6 +66,7 @@ class ParameterServer(StrategyBase):
 
     name: str = "parameter_server"
     ps_device: Literal["cpu", "first_device"] = "cpu"  # the host CPU | the first training device
+    loss_scaling: ClassVar[bool] = True
 
     def build(self, devices: Devices, training: Training) -> Towers:
         home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
@@ -82,6 +87,7 @@ class Towers:
                 model = training.model_fn(training.seed)
                 self.models.append(model)
                 self.optimizers.append(training.optimizer_fn(model.trainable_variables))
+        self.loss_scale = loss_scale.make(training.loss_scaling, self.homes[0])
         self.evaluate = make_evaluate(self.models[0], self.devices[0])
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
@@ -97,16 +103,21 @@ class Towers:
         def step() -> tf.Tensor:
             losses, grads = [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, 28, 28, 1) for tower i
-                loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i])
+                loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i], self.loss_scale)
                 losses.append(loss)
                 grads.append(g)
-            mean_grads = average(grads, self.devices)
-            for home, model, optimizer in zip(self.homes, self.models, self.optimizers):
-                with tf.device(home):
-                    optimizer.apply_gradients(zip(mean_grads, model.trainable_variables))
+            mean_grads = average(grads, self.devices)  # a non-finite tower gradient makes its mean non-finite
+            self.loss_scale.apply_if_finite(lambda: loss_scale.all_finite(mean_grads), lambda: self._apply(mean_grads))
             return tf.add_n(losses) / len(losses)
 
-        return steps_loop(step)
+        return steps_loop(step, self.loss_scale.patience)
+
+    def _apply(self, mean_grads: list[tf.Tensor]) -> None:
+        """Every copy's optimizer applies the (unscaled) averaged gradients on its own device."""
+        mean_grads = self.loss_scale.unscale(mean_grads)
+        for home, model, optimizer in zip(self.homes, self.models, self.optimizers):
+            with tf.device(home):
+                optimizer.apply_gradients(zip(mean_grads, model.trainable_variables))
 
     def input_loop(self, batches: Any):
         """fn(n) pulling n steps of input only, to time the pipeline alone."""
@@ -115,6 +126,7 @@ class Towers:
     def checkpoint_objects(self) -> dict[str, Any]:
         """What a checkpoint saves: every model copy and its optimizer (replicated: one per device)."""
         objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
+        objects.update(loss_scale.checkpointed(self.loss_scale))
         return {**objects, **{f"optimizer{i}": o for i, o in enumerate(self.optimizers)}}
 
     def weights(self) -> list:

@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
 from runner.strategies.common import make_evaluate, steps_loop
 from runner.strategies.replicated import Towers, tower_gradients
 
@@ -52,6 +52,7 @@ class ShardedUpdate(StrategyBase):
     """replicated's towers; each device updates 1/N of the weights and holds 1/N of the optimizer state."""
 
     name: str = "sharded_update"
+    loss_scaling: ClassVar[bool] = True
 
     def build(self, devices: Devices, training: Training) -> ShardedTowers:
         return ShardedTowers(list(devices.names), training)
@@ -102,6 +103,7 @@ class ShardedTowers(Towers):
                 shard = keras.Variable(flat[j * self.slice:(j + 1) * self.slice], name=f"shard{j}_of_{n}")
                 self.shards.append(shard)
                 self.optimizers.append(training.optimizer_fn([shard]))
+        self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
         self.evaluate = make_evaluate(self.models[0], devices[0])
 
     def train_loop(self, batches: Any):
@@ -111,19 +113,28 @@ class ShardedTowers(Towers):
         def step() -> tf.Tensor:
             losses, slices = [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, 28, 28, 1) for tower i
-                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i])
+                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale)
                 with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
                     slices.append([self._slice(grads, j) for j in range(n)])  # each (P/N,)
                 losses.append(loss)
-            for j, (device, shard, optimizer) in enumerate(zip(self.devices, self.shards, self.optimizers)):
-                with tf.device(device):  # reduce-scatter: device j averages slice j; then updates its shard
-                    optimizer.apply_gradients([(tf.add_n([s[j] for s in slices]) / n, shard)])
-            for device, model in zip(self.devices, self.models):
-                with tf.device(device):  # all-gather: each variable of this copy from the slices that hold it
-                    self._gather(model)
+            averaged = []
+            for j, device in enumerate(self.devices):
+                with tf.device(device):  # reduce-scatter: device j averages slice j
+                    averaged.append(tf.add_n([s[j] for s in slices]) / n)
+            # One decision for every shard (mixed_float16): a shard skipping a step its peers apply would split them.
+            self.loss_scale.apply_if_finite(lambda: loss_scale.all_finite(averaged), lambda: self._update(averaged))
             return tf.add_n(losses) / len(losses)
 
-        return steps_loop(step)
+        return steps_loop(step, self.loss_scale.patience)
+
+    def _update(self, averaged: list[tf.Tensor]) -> None:
+        """Device j applies its averaged slice to its shard; then every copy gathers the updated slices."""
+        for device, grad, shard, optimizer in zip(self.devices, averaged, self.shards, self.optimizers):
+            with tf.device(device):
+                optimizer.apply_gradients([(self.loss_scale.unscale([grad])[0], shard)])
+        for device, model in zip(self.devices, self.models):
+            with tf.device(device):  # all-gather: each variable of this copy from the slices that hold it
+                self._gather(model)
 
     def _slice(self, grads: list[tf.Tensor], j: int) -> tf.Tensor:
         """Slice j (P/N,) of the flattened gradients, read from the variables it covers."""
@@ -149,6 +160,7 @@ class ShardedTowers(Towers):
         n = len(self.devices)
         objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
         objects.update({f"shard{j}_of_{n}": [s] for j, s in enumerate(self.shards)})
+        objects.update(loss_scale.checkpointed(self.loss_scale))
         return {**objects, **{f"optimizer{j}_of_{n}": o for j, o in enumerate(self.optimizers)}}
 
     def variable_devices(self) -> dict[str, str]:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
 from runner.strategies.common import drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ class Single(StrategyBase):
     max_gpus: ClassVar[int | None] = 1
     data_parallel: ClassVar[bool] = False
     jit_compile: ClassVar[bool] = True
+    loss_scaling: ClassVar[bool] = True
 
     def build(self, devices: Devices, training: Training) -> SingleDevice:
         return SingleDevice(devices.names[0], training)
@@ -41,6 +42,7 @@ class SingleDevice:
         with tf.device(self.device):
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables)
+        self.loss_scale = loss_scale.make(training.loss_scaling, device)
         self.evaluate = make_evaluate(self.model, self.device)
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
@@ -49,13 +51,18 @@ class SingleDevice:
 
     def train_loop(self, batches: Any):
         """fn(n) -> mean loss of n optimizer steps, compiled."""
-        model, optimizer = self.model, self.optimizer
+        model, optimizer, scale = self.model, self.optimizer, self.loss_scale
+        variables = model.trainable_variables
 
         def update(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+                scaled = scale.scaled(loss)  # recorded on the tape
+            grads = tape.gradient(scaled, variables)
+            scale.apply_if_finite(
+                lambda: loss_scale.all_finite(grads),
+                lambda: optimizer.apply_gradients(zip(scale.unscale(grads), variables)),
+            )
             return loss
 
         update = maybe_jit(update, self.training.jit_compile)
@@ -65,7 +72,7 @@ class SingleDevice:
             with tf.device(self.device):
                 return update(x, y)
 
-        return steps_loop(step)
+        return steps_loop(step, self.loss_scale.patience)
 
     def input_loop(self, batches: Any):
         """fn(n) pulling n steps of input only, to time the pipeline alone."""
@@ -73,7 +80,7 @@ class SingleDevice:
 
     def checkpoint_objects(self) -> dict[str, Any]:
         """What a checkpoint saves: the model's variables (dropout seed states included) and its optimizer."""
-        return {"model": self.model.variables, "optimizer": self.optimizer}
+        return {"model": self.model.variables, "optimizer": self.optimizer, **loss_scale.checkpointed(self.loss_scale)}
 
     def weights(self) -> list:
         """The trained weights (what the final digest covers)."""

@@ -1,0 +1,110 @@
+"""Dynamic loss scaling for `train.precision=mixed_float16`: one scale shared by every optimizer of a step.
+
+float16 holds values down to about 6e-8; small gradients of the float16 layers round to zero. Loss scaling
+multiplies the loss by S before the backward pass, so the gradients are S times larger in float16, and divides
+them by S again in float32 before the update. The rule is Keras' `LossScaleOptimizer`'s: start at
+`train.loss_scale`; if any gradient is inf or NaN, skip the update and halve S; after `train.loss_scale_period`
+finite steps in a row, double S.
+
+Why not wrap each optimizer in Keras' `LossScaleOptimizer`: several strategies update with more than one optimizer
+(a copy per device, a shard per device, a cell per device), and each would decide on the gradients it sees alone;
+one device could skip a step another applies. Here one decision covers the whole step, taken on the averaged
+gradients (or, for tf.distribute, on every replica's gradients: Keras' own wrapper reads the first replica's only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from runner.lazy import lazy
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:
+    tf = lazy("tensorflow")
+
+# Consecutive steps with a non-finite loss after which training stops: a skipped step is not a failure, a loss
+# that stays inf or NaN is (float32 and bfloat16 stop at the first, as nothing would skip it).
+PATIENCE = 10
+
+
+@dataclass(frozen=True)
+class LossScaling:
+    """The settings, as plain values (from train.loss_scale and train.loss_scale_period)."""
+
+    initial: float = 2.0**15
+    period: int = 2000  # finite steps in a row before the scale doubles
+
+
+def all_finite(grads: list[tf.Tensor]) -> tf.Tensor:
+    """True when every element of every gradient is finite (a scalar bool)."""
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+
+
+class NoLossScale:
+    """float32 and bfloat16: nothing scaled, every step applied."""
+
+    patience = 1
+    variables: list = []
+
+    def scaled(self, loss: tf.Tensor) -> tf.Tensor:
+        return loss
+
+    def unscale(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        return grads
+
+    def apply_if_finite(self, finite: Callable[[], tf.Tensor], apply: Callable[[], object]) -> None:
+        apply()
+
+
+class LossScale:
+    """The scale and its counters, as variables on `device` (checkpointed with the strategy's objects)."""
+
+    patience = PATIENCE
+
+    def __init__(self, settings: LossScaling, device: str):
+        self.period = settings.period
+        with tf.device(device):
+            self.scale = tf.Variable(settings.initial, trainable=False, dtype=tf.float32, name="loss_scale")
+            self.good_steps = tf.Variable(0, trainable=False, dtype=tf.int64, name="loss_scale_good_steps")
+            self.skipped = tf.Variable(0, trainable=False, dtype=tf.int64, name="skipped_steps")
+        self.variables = [self.scale, self.good_steps, self.skipped]
+
+    def scaled(self, loss: tf.Tensor) -> tf.Tensor:
+        """The loss times the scale: what the backward pass starts from."""
+        return loss * self.scale
+
+    def unscale(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
+        """Gradients of the scaled loss divided back (float32, as the variables)."""
+        return [g / self.scale for g in grads]
+
+    def apply_if_finite(self, finite: Callable[[], tf.Tensor], apply: Callable[[], object]) -> None:
+        """Run `apply()` (every update of the step) when `finite()` is true, else skip it; then adjust the scale."""
+
+        def applied() -> None:
+            apply()
+            grow = self.good_steps >= self.period - 1
+            self.scale.assign(tf.where(grow, self.scale * 2.0, self.scale))
+            self.good_steps.assign(tf.where(grow, tf.constant(0, tf.int64), self.good_steps + 1))
+
+        def skipped() -> None:
+            self.scale.assign(self.scale * 0.5)
+            self.good_steps.assign(0)
+            self.skipped.assign_add(1)
+
+        tf.cond(finite(), applied, skipped)
+
+    def state(self) -> dict[str, float]:
+        """The metrics logged after each call: the current scale and the updates skipped so far."""
+        return {"loss_scale": float(self.scale.numpy()), "skipped_steps": float(self.skipped.numpy())}
+
+
+def make(settings: LossScaling | None, device: str) -> LossScale | NoLossScale:
+    """A shared loss scale on `device` when scaling is on (mixed_float16), else the no-op."""
+    return LossScale(settings, device) if settings is not None else NoLossScale()
+
+
+def checkpointed(scale: LossScale | NoLossScale) -> dict[str, list]:
+    """The scale's entry among a strategy's checkpoint objects (none without scaling: older checkpoints still load)."""
+    return {"loss_scale": scale.variables} if scale.variables else {}
