@@ -224,6 +224,10 @@ def cli() -> None:
         from runner.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["check"]:
+        from runner.check import main as check_main
+
+        sys.exit(check_main(sys.argv[2:]))
     if sys.argv[1:2] == ["replay"]:
         from runner.journal import main as replay_main
 

@@ -83,13 +83,20 @@ def cpuinfo() -> dict[str, str]:
         return {}
 
 
+def nvidia_gpu_count() -> int:
+    """The NVIDIA GPUs this process may use, read without TensorFlow (for validation and `runner check`): the
+    driver's device list, narrowed by CUDA_VISIBLE_DEVICES when it is set."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", None)
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    folder = Path("/proc/driver/nvidia/gpus")
+    found = len(list(folder.iterdir())) if folder.is_dir() else int(Path("/dev/nvidia0").exists())
+    return min(found, len(visible.split(","))) if visible is not None else found
+
+
 def nvidia_gpus_present() -> bool:
-    """Whether this machine shows NVIDIA GPUs to this process, read without TensorFlow (for validation): the driver's
-    device list, unless CUDA_VISIBLE_DEVICES hides every GPU."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return (gpus.is_dir() and any(gpus.iterdir())) or Path("/dev/nvidia0").exists()
+    """Whether this machine shows NVIDIA GPUs to this process (see `nvidia_gpu_count`)."""
+    return nvidia_gpu_count() > 0
 
 
 def memory_bytes() -> int:
@@ -178,6 +185,8 @@ def _configure(tf, gpus: int) -> Devices:
         return Devices(_names("CPU", 1), "CPU", False, cpu_desc)
     if len(phys_gpus) >= gpus:
         tf.config.set_visible_devices(phys_gpus[:gpus], "GPU")
+        for gpu in phys_gpus[:gpus]:  # take memory as needed, not all of it up front: parallel jobs can share a GPU
+            tf.config.experimental.set_memory_growth(gpu, True)
         return Devices(_names("GPU", gpus), "GPU", False, f"{gpus} GPU")
     if phys_gpus:
         tf.config.set_visible_devices(phys_gpus[:1], "GPU")

@@ -14,7 +14,7 @@ from conftest import REPO, compose
 from runner.config import ConfigError, validate
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-NOT_RUNS = ("report", "replay", "--version", "--help", "--info")  # subcommands and flags that are not a run
+NOT_RUNS = ("check", "report", "replay", "--version", "--help", "--info")  # subcommands and flags that are not a run
 FLAGS_WITH_VALUE = ("--cfg", "--package", "-p", "-sc", "--config-name", "-cn")
 
 

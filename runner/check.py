@@ -1,0 +1,335 @@
+"""`runner check` / `python -m runner.check`: does every strategy and pipeline work on this machine's devices?
+
+    runner check                       the machine's GPUs (or 2 simulated CPU devices on a machine without any)
+    runner check gpus=4                4 devices (logical GPUs carved from GPU 0 when fewer are real)
+    runner check strategy=mirrored,replicated pipeline=sharded train.precision=mixed_float16 --tolerance 1e-2
+
+For every strategy x pipeline that applies to the devices (multi-process strategies aside), a fresh process trains
+the smoke model for a few compiled steps, unshuffled and with the same seed as a one-device reference run, and
+reports:
+
+- **placement**: the devices holding the variables (as the strategy built them) and, from TensorFlow's own placer
+  log, the device each matmul and convolution of the compiled step was placed on (after soft placement, so a GPU op
+  that fell back to the CPU shows as such). OK when every device of the run computes and nothing else does.
+- **loss**: the largest relative difference of the per-step losses from the one-device run's. With the same
+  examples in the same order, towers only change the summation order: OK within `--tolerance`.
+- **images/s** of a timed call, and its ratio to the one-device run.
+
+Then one table, one line `check: N of M combinations OK` (exit 1 if any is not, naming it) and one MLflow run in
+experiment `check` holding the table (`check.md`), a metric per combination and what it ran on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STEPS = 10  # compiled one-step calls whose losses are compared
+TIMED_STEPS = 30  # steps of the one timed call
+TOLERANCE = 1e-3  # float32 on CPUs agrees to ~1e-6; GPUs' TF32 matmuls and reduction orders need more room
+BASE = ["debug=smoke", "pipeline.shuffle_buffer=0", "mlflow.experiment=check"]  # unshuffled: the same data order
+REFERENCE = ["strategy=single", "pipeline=split", "gpus=1"]
+RESULT = "check-result: "
+# TensorFlow's placer log line (with log_device_placement): "<node>: (<op>): /job:.../device:GPU:1".
+_PLACED = re.compile(r"placer\.cc:\d+\] \S+: \((\w+)\): \S*device:(\w+:\d+)")
+COMPUTE_OPS = ("MatMul", "BatchMatMulV2", "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
+
+
+@dataclass
+class Combination:
+    """One row of the check: a strategy (with options) and a pipeline, as overrides."""
+
+    label: str
+    overrides: list[str]
+
+
+@dataclass
+class Outcome:
+    """What one combination's process measured (or why it failed), and what the parent concluded."""
+
+    label: str
+    losses: list[float] = field(default_factory=list)
+    variables: list[str] = field(default_factory=list)  # devices holding variables, e.g. ["CPU:0", "CPU:1"]
+    compute: dict[str, int] = field(default_factory=dict)  # device -> matmuls/convolutions placed there
+    devices: list[str] = field(default_factory=list)  # the run's devices
+    images_per_sec: float = 0.0
+    tags: dict[str, str] = field(default_factory=dict)
+    error: str = ""
+    diff: float = float("nan")
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and not self.problems
+
+
+# ---- the child: one combination in a fresh process --------------------------------------------------------------
+
+
+def _short(device: str) -> str:
+    """'/job:localhost/replica:0/task:0/device:CPU:1' -> 'CPU:1'."""
+    return device.rsplit("device:", 1)[-1]
+
+
+def measure(overrides: list[str], steps: int, timed: int) -> dict[str, Any]:
+    """Build the combination's strategy on fresh devices, train `steps` one-step calls and one timed call."""
+    from data_pipelines import common
+    from runner import devices as devices_mod
+    from runner.config import validate
+    from runner.experiment import training_for
+
+    plan = validate(compose(overrides))
+    devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
+    import keras
+    import tensorflow as tf
+
+    tf.debugging.set_log_device_placement(True)  # the placer logs each op's device while the step is compiled
+    keras.mixed_precision.set_dtype_policy(plan.train.precision)
+    strategy = plan.strategy.build(devices, training_for(plan))
+    arrays = plan.data.load(plan.train.seed)
+    batches = strategy.batches(plan.pipeline, common.examples(arrays.x_train, arrays.y_train), plan.train.seed)
+    loop = strategy.train_loop(batches)
+    losses = [float(loop(tf.constant(1))[0]) for _ in range(steps)]
+    start = time.perf_counter()
+    float(loop(tf.constant(timed))[0])
+    seconds = time.perf_counter() - start
+    return {"losses": losses, "images_per_sec": timed * plan.train.global_batch_size / seconds,
+            "variables": sorted({_short(d) for d in strategy.variable_devices().values()}),
+            "devices": [_short(d) for d in devices.names], "tags": {**devices.as_tags(), **strategy.describe()}}
+
+
+def child(overrides: list[str], steps: int, timed: int) -> int:
+    """`python -m runner.check --one ...`: print the measurement as one JSON line (or the error in it)."""
+    try:
+        result = measure(overrides, steps, timed)
+    except Exception as e:  # noqa: BLE001 - any failure is this combination's result, reported by the parent
+        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    sys.stdout.write(RESULT + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # skip TensorFlow's teardown (runner.__main__._exit_now says why)
+
+
+# ---- the parent: which combinations, one process each, the verdict ----------------------------------------------
+
+
+def compose(overrides: list[str]) -> Any:
+    """The project's config with `overrides` (user config dirs come as hydra.searchpath=...)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from runner.config import CONF_DIR
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def run_one(overrides: list[str], label: str, steps: int, timed: int) -> Outcome:
+    """Measure one combination in a fresh process; its stderr carries TensorFlow's placer log."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}  # the placer logs at INFO
+    cmd = [sys.executable, "-m", "runner.check", "--one", "--steps", str(steps), "--timed", str(timed), *overrides]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
+    if not lines:
+        said = [line for line in proc.stderr.splitlines() if line.strip() and "placer.cc" not in line]
+        return Outcome(label, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
+    result = json.loads(lines[-1].removeprefix(RESULT))
+    outcome = Outcome(label, **{k: v for k, v in result.items() if k in Outcome.__dataclass_fields__})
+    for op, device in _PLACED.findall(proc.stderr):
+        if op in COMPUTE_OPS:
+            outcome.compute[device] = outcome.compute.get(device, 0) + 1
+    return outcome
+
+
+def judge(outcome: Outcome, reference: Outcome, tolerance: float) -> None:
+    """Fill in the loss difference and what is wrong with placement or loss (nothing: OK)."""
+    if outcome.error:
+        return
+    idle = [d for d in outcome.devices if not outcome.compute.get(d)]
+    stray = [d for d in outcome.compute if d not in outcome.devices]
+    homes = [d for d in outcome.variables if d not in outcome.devices and d != "CPU:0"]  # host CPU: parameter server
+    outcome.problems += [f"no compute on {', '.join(idle)}"] if idle else []
+    outcome.problems += [f"compute on {', '.join(stray)}, not a device of the run"] if stray else []
+    outcome.problems += [f"variables on {', '.join(homes)}"] if homes else []
+    pairs = list(zip(outcome.losses, reference.losses))
+    outcome.diff = max((abs(a - b) / max(abs(b), 1e-12) for a, b in pairs), default=float("nan"))
+    if len(outcome.losses) != len(reference.losses) or not outcome.diff <= tolerance:
+        outcome.problems.append(f"loss differs from one device by {outcome.diff:.1e} (tolerance {tolerance:g})")
+
+
+def _chosen(group: str, overrides: list[str], dirs: tuple[Path, ...]) -> list[str]:
+    """The options of `group` named on the command line (`strategy=a,b`), else all of them."""
+    from runner.config import group_options
+
+    named = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{group}=")]
+    return named[-1].split(",") if named else group_options(group, dirs)
+
+
+def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tuple[list[Combination], list[str]]:
+    """The strategy x pipeline combinations that validate for `gpus` devices, and why the others do not apply."""
+    from runner.__main__ import one_line
+    from runner.config import validate
+    from runner.errors import ConfigError
+    from runner.strategies import STRATEGIES
+
+    rest = [o for o in overrides if not o.startswith(("strategy=", "pipeline=", "gpus="))]
+    variants = [[f"strategy={s}"] for s in _chosen("strategy", overrides, dirs)]
+    if ["strategy=mirrored"] in variants:  # NVIDIA's all-reduce, where GPUs have it (else refused in one line)
+        variants.append(["strategy=mirrored", "strategy.cross_device_ops=nccl"])
+    found, skipped = [], []
+    for variant in variants:
+        for pipeline in _chosen("pipeline", overrides, dirs):
+            label = " ".join(o.split("=", 1)[1] if o.startswith("strategy=") else o for o in variant) + f" / {pipeline}"
+            full = [*BASE, *rest, *variant, f"pipeline={pipeline}", f"gpus={gpus}"]
+            name = variant[0].split("=", 1)[1]
+            if name in STRATEGIES.names() and STRATEGIES.get(name).multi_process:
+                skipped.append(f"{label}: trains across processes; run `runner check` on each worker's machine")
+                continue
+            try:
+                validate(compose(full))
+            except ConfigError as e:
+                skipped.append(f"{label}: {one_line(e)}")
+                continue
+            found.append(Combination(label, full))
+    return found, skipped
+
+
+def table(outcomes: list[Outcome], reference: Outcome) -> str:
+    """The check's table in Markdown: one row per combination, the one-device reference first."""
+    head = ["combination", "variables on", "matmuls/convs per device", "max loss diff", "images/s (1 call)",
+            "x one device", "result"]
+    rows = [head, ["---"] * len(head)]
+    for o in [reference, *outcomes]:
+        compute = ", ".join(f"{d} {n}" for d, n in sorted(o.compute.items()))
+        rate = f"{o.images_per_sec:,.0f}" if o.images_per_sec else ""
+        ratio = f"{o.images_per_sec / reference.images_per_sec:.2f}" if rate and reference.images_per_sec else ""
+        result = "reference" if o is reference else ("OK" if o.ok else "; ".join([o.error] if o.error else o.problems))
+        diff = "" if o is reference or o.diff != o.diff else f"{o.diff:.1e}"  # NaN: no losses to compare
+        rows.append([o.label, ", ".join(o.variables), compute, diff, rate, ratio, result])
+    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+
+
+def _where(tags: dict[str, str]) -> str:
+    """What a process trained on, from its device tags."""
+    return ", ".join(f"{k.removeprefix('devices.')}={v}" for k, v in tags.items()
+                     if k.startswith("devices.") and k != "devices.names")
+
+
+def _merge(skipped: list[str]) -> list[str]:
+    """'s / p: why' lines, one per strategy when every pipeline of it has the same reason."""
+    by_strategy: dict[str, list[tuple[str, str]]] = {}
+    for line in skipped:
+        label, why = line.split(": ", 1)
+        strategy, pipeline = label.rsplit(" / ", 1)
+        by_strategy.setdefault(strategy, []).append((pipeline, why))
+    out = []
+    for strategy, items in by_strategy.items():
+        if len({why for _, why in items}) == 1:
+            out.append(f"{strategy} (every pipeline): {items[0][1]}")
+        else:
+            out += [f"{strategy} / {pipeline}: {why}" for pipeline, why in items]
+    return out
+
+
+def _gpus(overrides: list[str]) -> int:
+    """gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices."""
+    from runner.devices import nvidia_gpu_count
+
+    named = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("gpus=")]
+    return named[-1] if named else (nvidia_gpu_count() or 2)
+
+
+def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argparse.Namespace, gpus: int,
+            common: list[str]) -> str:
+    """One MLflow run in the config's experiment (`check`): the table, a metric per combination, the devices."""
+    from runner import tracking
+
+    cfg = compose(common)
+    uri = tracking.resolve_uri(cfg.mlflow.tracking_uri)
+    tracking.open_store(uri, cfg.mlflow.experiment)
+    tags = {"mlflow.runName": f"check gpus={gpus}", "runner.check": "true", **reference.tags, **tracking.process_tags()}
+    tags.update({k: v for o in outcomes[:1] for k, v in o.tags.items() if k.startswith("devices.")})
+    run = tracking.Run(uri, cfg.mlflow.experiment, tags)
+    run.params({"gpus": gpus, "steps": args.steps, "timed_steps": args.timed, "tolerance": args.tolerance,
+                "overrides": " ".join(args.overrides)})
+    metrics = {"combinations": len(outcomes), "combinations_ok": sum(o.ok for o in outcomes)}
+    for o in [reference, *outcomes]:
+        key = re.sub(r"[^\w]+", "_", o.label).strip("_")
+        metrics[f"images_per_sec.{key}"] = o.images_per_sec
+        if o.diff == o.diff:
+            metrics[f"max_loss_diff.{key}"] = o.diff
+    run.metrics(metrics, 0)
+    run.text(text, "check.md")
+    run.end("FINISHED")
+    return run.run_id
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runner check", description=__doc__.split("\n\n")[0])
+    p.add_argument("overrides", nargs="*", help="config overrides: gpus=N, strategy=a,b, pipeline=..., train.*")
+    p.add_argument("--config-dir", "-cd", action="append", default=[], help="a folder of your own component YAMLs")
+    p.add_argument("--steps", type=int, default=STEPS, help="one-step calls whose losses are compared")
+    p.add_argument("--timed", type=int, default=TIMED_STEPS, help="steps of the timed call")
+    p.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest relative loss difference allowed")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: measure one combination
+    return p
+
+
+def check(args: argparse.Namespace) -> int:
+    """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
+    dirs = tuple(Path(d).expanduser().resolve() for d in args.config_dir)
+    search = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
+    common = [*BASE, *search, *(o for o in args.overrides if not o.startswith(("strategy=", "pipeline=", "gpus=")))]
+    gpus = _gpus(args.overrides)
+    found, skipped = combinations([*search, *args.overrides], gpus, dirs)
+    print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "
+          f"(unshuffled, same seed; loss tolerance {args.tolerance:g} relative)", flush=True)
+    reference = run_one([*common, *REFERENCE], "one device: single / split", args.steps, args.timed)
+    if reference.error:
+        print(f"error: the one-device reference run failed: {reference.error}", file=sys.stderr)
+        return 2
+    outcomes = []
+    for n, combination in enumerate(found, 1):
+        outcomes.append(run_one(combination.overrides, combination.label, args.steps, args.timed))
+        judge(outcomes[-1], reference, args.tolerance)
+        print(f"  [{n}/{len(found)}] {combination.label}: {'OK' if outcomes[-1].ok else 'FAILED'}", flush=True)
+    text = table(outcomes, reference)
+    print(f"\n{text}\n\nreference ran on: {_where(reference.tags)}")
+    if outcomes:
+        print(f"combinations ran on: {_where(outcomes[0].tags)}")
+    if skipped:
+        print("not applicable here:\n" + "\n".join(f"  {s}" for s in _merge(skipped)))
+    run_id = _record(outcomes, reference, text, args, gpus, common)
+    failed = [o.label for o in outcomes if not o.ok]
+    print(f"check: {len(outcomes) - len(failed)} of {len(outcomes)} combinations OK"
+          + (f"; failed: {', '.join(failed)}" if failed else "") + f"  (mlflow run {run_id})")
+    return 1 if failed or not outcomes else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line; a bad value or an unusable store is one `error:` line and status 2."""
+    from runner.__main__ import check_group_overrides, one_line
+    from runner.errors import UserError
+
+    args = parser().parse_args(argv)
+    if args.one:
+        return child(args.overrides, args.steps, args.timed)
+    error = check_group_overrides([*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)])
+    try:
+        if error:
+            raise UserError(error)
+        return check(args)
+    except UserError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

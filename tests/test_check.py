@@ -1,0 +1,122 @@
+"""`runner check` on simulated CPU devices: the table, the verdict line, the exit status and the MLflow record,
+for real strategies and for a deliberately broken one brought in through `--config-dir`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlflow
+import pytest
+from conftest import REPO, run_cli
+
+from runner.check import Outcome, judge
+
+# A test-only strategy with the classic data-parallel bug: every copy applies its own tower's gradient, never the
+# average over towers. It runs, it learns, and it does not learn what one device learns.
+BROKEN = '''
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from runner.strategies.common import steps_loop
+from runner.strategies.replicated import Replicated, Towers, tower_gradients
+
+
+class OwnGradients(Towers):
+    def train_loop(self, batches):
+        def step():
+            losses = []
+            for i, (x, y) in enumerate(batches.next()):
+                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale)
+                with tf.device(self.devices[i]):
+                    self.optimizers[i].apply_gradients(zip(grads, self.models[i].trainable_variables))
+                losses.append(loss)
+            return tf.add_n(losses) / len(losses)
+
+        return steps_loop(step)
+
+
+@dataclass
+class NoAverage(Replicated):
+    name: str = "no_average"
+
+    def build(self, devices, training):
+        return OwnGradients(list(devices.names), training)
+'''
+
+
+@pytest.fixture
+def broken(tmp_path) -> Path:
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "broken_strategy.py").write_text(BROKEN)
+    (tmp_path / "conf" / "strategy").mkdir(parents=True)
+    (tmp_path / "conf" / "strategy" / "no_average.yaml").write_text("_target_: broken_strategy.NoAverage\n")
+    return tmp_path
+
+
+def _check(folder: Path, *args: str):
+    env = {"PYTHONPATH": os.pathsep.join([str(folder / "code"), str(REPO)])}
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    return run_cli("check", *args, f"mlflow.tracking_uri={uri}", cwd=folder, env=env, timeout=900), uri
+
+
+def _rows(stdout: str) -> dict[str, list[str]]:
+    """The table's rows by combination."""
+    rows = [line.strip("| ").split(" | ") for line in stdout.splitlines() if line.startswith("| ")]
+    return {row[0]: row for row in rows[2:]}
+
+
+def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_real_one(broken):
+    proc, uri = _check(broken, "--config-dir", str(broken / "conf"), "gpus=2", "strategy=replicated,no_average",
+                       "pipeline=split")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    assert rows["replicated / split"][-1] == "OK"
+    assert rows["no_average / split"][-1].startswith("loss differs from one device by")  # placement is fine
+    assert rows["no_average / split"][2] == "CPU:0 8, CPU:1 8"  # a tower's matmuls on each device
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("check: 1 of 2 combinations OK; failed: no_average / split"), last
+    run = mlflow.MlflowClient(uri).get_run(last.rsplit("mlflow run ", 1)[1].rstrip(")"))
+    assert run.info.status == "FINISHED" and run.data.metrics["combinations_ok"] == 1
+    assert run.data.tags["devices.count"] == "2" and run.data.tags["devices.simulated"] == "true"
+    metrics = run.data.metrics
+    assert metrics["max_loss_diff.no_average_split"] > 1e-3 > metrics["max_loss_diff.replicated_split"]
+    text = Path(mlflow.MlflowClient(uri).download_artifacts(run.info.run_id, "check.md", str(broken))).read_text()
+    assert "| no_average / split |" in text
+
+
+@pytest.mark.parametrize("gpus,strategies", [
+    (4, "strategy=sharded_update"),
+    pytest.param(2, None, marks=pytest.mark.slow),  # everything: 15 combinations, about a minute
+    pytest.param(4, None, marks=pytest.mark.slow),
+])
+def test_check_on_simulated_devices_prints_the_table_and_exits_0(tmp_path, gpus, strategies):
+    args = [f"gpus={gpus}", *([strategies, "pipeline=sharded"] if strategies else [])]
+    proc, _ = _check(tmp_path, *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(proc.stdout)
+    devices = [f"CPU:{i}" for i in range(gpus)]
+    for label, row in rows.items():
+        if label.startswith("one device"):
+            continue
+        assert row[-1] == "OK", row
+        assert [part.split()[0] for part in row[2].split(", ")] == devices  # every device computes
+    expected = 1 if strategies else 15
+    assert len(rows) == expected + 1
+    assert f"check: {expected} of {expected} combinations OK" in proc.stdout
+
+
+def test_judge_names_idle_devices_stray_compute_and_loss_drift():
+    reference = Outcome("one", losses=[2.0, 1.0])
+    good = Outcome("a", losses=[2.0, 1.0 + 1e-6], devices=["GPU:0", "GPU:1"], compute={"GPU:0": 8, "GPU:1": 8},
+                   variables=["GPU:0", "GPU:1"])
+    judge(good, reference, 1e-4)
+    assert good.ok and good.diff == pytest.approx(1e-6)
+    fell_back = Outcome("b", losses=[2.0, 1.0], devices=["GPU:0", "GPU:1"], compute={"GPU:0": 8, "CPU:0": 8},
+                        variables=["GPU:0", "GPU:1"])
+    judge(fell_back, reference, 1e-4)
+    assert fell_back.problems == ["no compute on GPU:1", "compute on CPU:0, not a device of the run"]
+    drifted = Outcome("c", losses=[2.0, 1.1], devices=["GPU:0"], compute={"GPU:0": 8}, variables=["GPU:0"])
+    judge(drifted, reference, 1e-4)
+    assert drifted.problems == ["loss differs from one device by 1.0e-01 (tolerance 0.0001)"]
