@@ -232,7 +232,7 @@ def _merge(skipped: list[str]) -> list[str]:
     out = []
     for strategy, items in by_strategy.items():
         if len({why for _, why in items}) == 1:
-            out.append(f"{strategy} (every pipeline): {items[0][1]}")
+            out.append(f"{strategy} (every pipeline checked): {items[0][1]}")
         else:
             out += [f"{strategy} / {pipeline}: {why}" for pipeline, why in items]
     return out

@@ -87,7 +87,7 @@ def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_r
 
 
 @pytest.mark.parametrize("gpus,strategies", [
-    (4, "strategy=sharded_update"),
+    pytest.param(4, "strategy=sharded_update", marks=pytest.mark.slow),  # the 4-device form of the two below
     pytest.param(2, None, marks=pytest.mark.slow),  # everything: 15 combinations, about a minute
     pytest.param(4, None, marks=pytest.mark.slow),
 ])

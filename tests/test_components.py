@@ -99,18 +99,15 @@ def _sweep(folder: Path, *overrides: str):
 
 
 def test_user_model_pipeline_and_strategy_train_together(user_folder):
-    """The default suite's short form: the user's model fed by the user's pipeline under the user's strategy and
-    under model_parallel (stages), and the user's strategy fed by the sharded pipeline: 3 fresh jobs."""
-    proc = _sweep(user_folder, "model=small_convnet", "pipeline=tower_batches", "strategy=every_device,model_parallel")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = _sweep(user_folder, "strategy=every_device", "pipeline=sharded")
+    """The default suite's short form, one sweep of 2 fresh jobs: the user's model under the user's strategy, fed by
+    the user's pipeline and by the built-in sharded one (model_parallel over the user's model: the slow form)."""
+    proc = _sweep(user_folder, "model=small_convnet", "pipeline=tower_batches,sharded", "strategy=every_device")
     assert proc.returncode == 0, proc.stderr[-3000:]
     table = runs(f"sqlite:///{user_folder / 'mlflow.db'}", "smoke")
     children = table[table["tags.mlflow.parentRunId"].notna()]
-    assert set(children["status"]) == {"FINISHED"} and len(children) == 3
+    assert set(children["status"]) == {"FINISHED"} and len(children) == 2
     assert sorted(zip(children["tags.model"], children["tags.pipeline"], children["tags.strategy"])) == [
-        ("mlp", "sharded", "every_device"), ("small_convnet", "tower_batches", "every_device"),
-        ("small_convnet", "tower_batches", "model_parallel")]
+        ("small_convnet", "sharded", "every_device"), ("small_convnet", "tower_batches", "every_device")]
     assert (children["metrics.test_accuracy"] > 0.1).all()
 
 

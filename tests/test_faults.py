@@ -143,8 +143,10 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-# Three times in a row, each on a fresh store; the default suite runs the first attempt, `pytest -m slow` the others.
-@pytest.mark.parametrize("attempt", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
+# Three times in a row, each on a fresh store, `slow` (~14 s each): the default suite has the same race with two
+# jobs of a parallel sweep (tests/test_sweep.py).
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", [0, 1, 2])
 def test_separate_runs_started_at_once_on_a_fresh_store_all_finish(tmp_path, attempt):
     """4 separate `python -m runner` processes started at once on a fresh sqlite store: every run recorded."""
     from mlflow import MlflowClient
@@ -168,6 +170,8 @@ def test_a_dead_tracking_server_at_start_fails_in_one_line_within_30_s(tmp_path)
     assert "cannot be opened" in line and "Connection refused" in line
 
 
+# slow (~35 s): the default suite covers the same offline journal with a store whose disk fills mid-run.
+@pytest.mark.slow
 def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path):
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
@@ -258,6 +262,7 @@ def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resum
     assert resumed[0].data.tags["resumed_from_step"] == str(step)
 
 
+@pytest.mark.slow  # ~16 s; resuming from a checkpoint is in the default suite's SIGTERM and SIGKILL tests
 def test_a_truncated_newest_checkpoint_is_named_and_the_older_one_resumes(tmp_path):
     args = [*LONG, "train.steps=4000", "train.checkpoint_every=1000"]
     run = start_cli(tmp_path, *args)
@@ -334,12 +339,12 @@ def _lonely_worker(tmp_path: Path, *extra: str) -> subprocess.Popen:
 
 
 def test_a_missing_peer_is_given_up_after_the_bounded_wait_in_one_line(tmp_path):
-    proc = _lonely_worker(tmp_path, "strategy.peer_timeout=10")
+    proc = _lonely_worker(tmp_path, "strategy.peer_timeout=5")
     t0 = time.monotonic()
     out, err = proc.communicate(timeout=120)
     assert time.monotonic() - t0 < 60 and proc.returncode != 0
     (line,) = errors(err)
-    assert f"worker0 waited 10 s for {proc.missing} and gave up" in line and "strategy.peer_timeout" in line
+    assert f"worker0 waited 5 s for {proc.missing} and gave up" in line and "strategy.peer_timeout" in line
     record = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
     assert record.info.status == "FAILED" and proc.missing in record.data.tags["error"]
 

@@ -46,6 +46,7 @@ def test_float16_mlp_learns_like_float32_under_every_kind_of_strategy(tf_devices
     _learns_like_float32(store, (), [["strategy=single"], *MULTI])
 
 
+@pytest.mark.slow  # ~10 s: 200 CNN steps in float16 on a CPU
 def test_float16_cnn_learns_like_float32_on_one_device(tf_devices, store):
     _learns_like_float32(store, CNN, [["strategy=single"]])
 
