@@ -99,9 +99,9 @@ def measure(overrides: list[str], steps: int, timed: int) -> dict[str, Any]:
     loop = strategy.train_loop(batches)
     losses = [float(loop(tf.constant(1))[0]) for _ in range(steps)]
     start = time.perf_counter()
-    float(loop(tf.constant(timed))[0])
+    done = int(loop(tf.constant(timed))[1])  # steps run: fewer if the loss stopped being finite
     seconds = time.perf_counter() - start
-    return {"losses": losses, "images_per_sec": timed * plan.train.global_batch_size / seconds,
+    return {"losses": losses, "images_per_sec": done * plan.train.global_batch_size / seconds,
             "variables": sorted({_short(d) for d in strategy.variable_devices().values()}),
             "devices": [_short(d) for d in devices.names], "tags": {**devices.as_tags(), **strategy.describe()}}
 

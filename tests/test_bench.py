@@ -193,3 +193,25 @@ def test_repeats_combine_into_the_median_row_with_its_range():
     lines = grid.format_table(table)
     assert "images/s, median (lowest-highest) of 3 runs" in lines[4] and "median of 3 runs" in lines[2]
     assert lines[6].startswith("| runner single (before the grid) | 1 | 200 (100-300) | 50 | 1.00 |")
+
+
+def test_sharded_update_targets_compare_rows_of_the_same_pipeline_and_devices():
+    from runner.bench.grid import sharded_update_targets
+    from runner.bench.jobs import Job, Setting, Table
+
+    single = {"images_per_sec": 100.0, "optimizer_state_bytes_per_device": 4000.0, "step_time_over_floor": 1.2}
+    rows = [(Job("single", 1, "runner single"), single),
+            (Job("runner", 4, "r", "replicated", "split"), {"images_per_sec": 80.0}),
+            (Job("runner", 4, "s", "sharded_update", "split"), {"images_per_sec": 88.0,
+                                                                 "optimizer_state_bytes_per_device": 1008.0}),
+            (Job("runner", 4, "r", "replicated", "sharded"), {"images_per_sec": 90.0}),
+            (Job("runner", 4, "s", "sharded_update", "sharded"), {"images_per_sec": 81.0,
+                                                                   "optimizer_state_bytes_per_device": 1000.0})]
+    lines = sharded_update_targets(Table(Setting("mlp", "default", 600, 50, 128, "mnist"), "now", rows))
+    assert lines == [
+        "- FAIL mlp/default: sharded_update >= replicated, same pipeline and devices: 1 of 2 hold; lowest 0.90x "
+        "(sharded x4)",
+        "- PASS mlp/default: sharded_update optimizer state per device x N <= one device's + 1%: 2 of 2 hold; "
+        "highest 1.008 (split x4)",
+        "- PASS mlp/default: runner single step <= 1.3x its floor: 1 of 1 hold; highest 1.20x (runner single)",
+    ]

@@ -134,6 +134,33 @@ def table_targets(table: Table) -> list[str]:
     return lines
 
 
+def sharded_update_targets(table: Table) -> list[str]:
+    """sharded_update against replicated (same pipeline and N), its optimizer state per device against one device's,
+    and the one-device step against the step's own floor (runner/floor.py)."""
+    s, rows = table.setting, {(job.strategy, job.pipeline, job.gpus): m for job, m in table.rows
+                              if job.kind == "runner"}
+    single = [m for job, m in table.rows if job.kind == "single"]
+    key = "optimizer_state_bytes_per_device"
+    state = next((m[key] for m in single if key in m), None)
+    versus, shares = [], []
+    for (strategy, pipeline, n), m in rows.items():
+        other = rows.get(("replicated", pipeline, n), {})
+        if strategy == "sharded_update":
+            both = "images_per_sec" in m and "images_per_sec" in other
+            versus.append((f"{pipeline} x{n}", m["images_per_sec"] / other["images_per_sec"] if both else None))
+            per_device = m.get(key)
+            shares.append((f"{pipeline} x{n}", per_device * n / state if per_device and state else None))
+    floors = [("runner single", m.get("step_time_over_floor")) for m in single]
+    return [
+        check(f"{s.name}: sharded_update >= replicated, same pipeline and devices", versus, lambda v: v >= 1.0,
+              "lowest", lambda v: f"{v:.2f}x"),
+        check(f"{s.name}: sharded_update optimizer state per device x N <= one device's + 1%", shares,
+              lambda v: v <= 1.01, "highest", lambda v: f"{v:.3f}"),
+        check(f"{s.name}: runner single step <= 1.3x its floor", floors, lambda v: v <= 1.3, "highest",
+              lambda v: f"{v:.2f}x"),
+    ]
+
+
 def _items(tables: list[Table], value: Callable[[dict], float | None], kinds: tuple[str, ...],
            only: Callable[[Setting], bool] = lambda s: True) -> list[tuple[str, float | None]]:
     return [(f"{t.setting.name} {job.where}", value(m)) for t in tables if only(t.setting)
@@ -149,7 +176,7 @@ def targets(tables: list[Table]) -> list[str]:
     runner_kinds = ("single", "runner")
     lines = ["## Targets (this run)", ""]
     for table in tables:
-        lines += table_targets(table)
+        lines += table_targets(table) + sharded_update_targets(table)
     pipeline = _items(tables, lambda m: m["input_batches_per_sec"] / m["step_batches_per_sec"]
                       if "input_batches_per_sec" in m else None, runner_kinds)
     lines.append(check(f"pipeline alone >= {INPUT_TARGET:g}x the step rate, every runner job", pipeline,
