@@ -44,12 +44,19 @@ def _wait_for_listeners(ports: list[int], timeout: float = 120) -> dict[int, str
     raise AssertionError(f"the workers never listened on {ports}")
 
 
-def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path):
+# float16 with a start that overflows: both workers must skip the same steps (one decision over every replica's
+# gradients) to end bit-identical.
+FLOAT16 = ["train.precision=mixed_float16", f"train.loss_scale={2.0**40}", "train.loss_scale_period=1000"]
+
+
+@pytest.mark.parametrize("extra", [[], pytest.param(FLOAT16, marks=pytest.mark.slow)], ids=["float32", "float16"])
+def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path, extra):
     workers = f"strategy.workers=[127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}]"
     env = cli_env()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "runner", "debug=smoke", "strategy=multi_worker", workers, f"strategy.task_index={i}"],
+            [sys.executable, "-m", "runner", "debug=smoke", "strategy=multi_worker", workers,
+             f"strategy.task_index={i}", *extra],
             cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         for i in (1, 0)
@@ -71,6 +78,9 @@ def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path):
     assert row["status"] == "FINISHED" and row["tags.devices.workers"] == "2"
     assert row["tags.weights.sha256"] in digests and row["metrics.test_accuracy"] > 0.5
     assert row["params.train.per_device_batch_size"] == "32"  # global 64 over 2 workers x 1 device
+    if extra:
+        skipped = row["metrics.skipped_steps"]
+        assert skipped > 0 and row["metrics.loss_scale"] == 2.0**40 / 2**skipped
     # Each worker keeps its own log, in its own output folder, even when started in the same second.
     logs = {p.parent.name.rsplit("-", 1)[1]: p.read_text() for p in tmp_path.glob("outputs/*/*/runner.log")}
     assert sorted(logs) == ["worker0", "worker1"]
