@@ -5,6 +5,8 @@ accuracy claims compare against float32 runs of the same smoke config (same seed
 
 from __future__ import annotations
 
+import math
+
 import mlflow
 import pytest
 from conftest import compose, runs
@@ -37,7 +39,7 @@ def _learns_like_float32(store, model: tuple[str, ...], strategies) -> None:
     for strategy in strategies:
         half = _smoke(store, *model, "train.precision=mixed_float16", *strategy)
         assert keras.mixed_precision.dtype_policy().name == "mixed_float16"
-        assert half["train_loss"] == pytest.approx(half["train_loss"])  # finite (NaN != NaN)
+        assert math.isfinite(half["train_loss"])
         assert abs(half["test_accuracy"] - full["test_accuracy"]) <= 0.02, (strategy, half["test_accuracy"], full)
         assert half["skipped_steps"] == 0  # Keras' start (2**15) never overflows these small models
 
