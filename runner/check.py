@@ -38,6 +38,7 @@ TOLERANCE = 1e-3  # float32 on CPUs agrees to ~1e-6; GPUs' TF32 matmuls and redu
 BASE = ["debug=smoke", "pipeline.shuffle_buffer=0", "mlflow.experiment=check"]  # unshuffled: the same data order
 REFERENCE = ["strategy=single", "pipeline=split", "gpus=1"]
 RESULT = "check-result: "
+CHOICES = ("strategy=", "pipeline=", "gpus=")  # what the check varies; every other override applies to all rows
 # TensorFlow's placer log line (with log_device_placement): "<node>: (<op>): /job:.../device:GPU:1".
 _PLACED = re.compile(r"placer\.cc:\d+\] \S+: \((\w+)\): \S*device:(\w+:\d+)")
 COMPUTE_OPS = ("MatMul", "BatchMatMulV2", "Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter")
@@ -83,7 +84,7 @@ def measure(overrides: list[str], steps: int, timed: int) -> dict[str, Any]:
     """Build the combination's strategy on fresh devices, train `steps` one-step calls and one timed call."""
     from data_pipelines import common
     from runner import devices as devices_mod
-    from runner.config import validate
+    from runner.config import compose, validate
     from runner.experiment import training_for
 
     plan = validate(compose(overrides))
@@ -118,17 +119,6 @@ def child(overrides: list[str], steps: int, timed: int) -> int:
 
 
 # ---- the parent: which combinations, one process each, the verdict ----------------------------------------------
-
-
-def compose(overrides: list[str]) -> Any:
-    """The project's config with `overrides` (user config dirs come as hydra.searchpath=...)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from runner.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
 
 
 def run_one(overrides: list[str], label: str, steps: int, timed: int) -> Outcome:
@@ -175,11 +165,11 @@ def _chosen(group: str, overrides: list[str], dirs: tuple[Path, ...]) -> list[st
 def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tuple[list[Combination], list[str]]:
     """The strategy x pipeline combinations that validate for `gpus` devices, and why the others do not apply."""
     from runner.__main__ import one_line
-    from runner.config import validate
+    from runner.config import compose, validate
     from runner.errors import ConfigError
     from runner.strategies import STRATEGIES
 
-    rest = [o for o in overrides if not o.startswith(("strategy=", "pipeline=", "gpus="))]
+    rest = [o for o in overrides if not o.startswith(CHOICES)]
     variants = [[f"strategy={s}"] for s in _chosen("strategy", overrides, dirs)]
     if ["strategy=mirrored"] in variants:  # NVIDIA's all-reduce, where GPUs have it (else refused in one line)
         variants.append(["strategy=mirrored", "strategy.cross_device_ops=nccl"])
@@ -250,6 +240,7 @@ def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argpar
             common: list[str]) -> str:
     """One MLflow run in the config's experiment (`check`): the table, a metric per combination, the devices."""
     from runner import tracking
+    from runner.config import compose
 
     cfg = compose(common)
     uri = tracking.resolve_uri(cfg.mlflow.tracking_uri)
@@ -286,7 +277,7 @@ def check(args: argparse.Namespace) -> int:
     """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
     dirs = tuple(Path(d).expanduser().resolve() for d in args.config_dir)
     search = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
-    common = [*BASE, *search, *(o for o in args.overrides if not o.startswith(("strategy=", "pipeline=", "gpus=")))]
+    common = [*BASE, *search, *(o for o in args.overrides if not o.startswith(CHOICES))]
     gpus = _gpus(args.overrides)
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
     print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "

@@ -265,6 +265,16 @@ def _check_precision(strategy: Any, precision: str) -> None:
         )
 
 
+def compose(overrides: list[str]) -> DictConfig:
+    """The project's config composed through Hydra's compose API, as @hydra.main would (a user's config folders come
+    as `hydra.searchpath=[file://...]`): for `runner check` and the tests, which compose outside a Hydra run."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
 def validate(cfg: DictConfig) -> Plan:
     """Check a composed config and return its plan.
 

@@ -39,13 +39,9 @@ def store(tmp_path) -> str:
 
 def compose(*overrides: str):
     """Compose the project's config through Hydra's compose API, as @hydra.main would."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from runner.config import compose as compose_config
 
-    from runner.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    return compose_config(list(overrides))
 
 
 def build_strategy(plan, devices):

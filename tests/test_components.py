@@ -156,13 +156,9 @@ def test_float16_is_refused_for_a_strategy_that_does_not_say_it_scales_the_loss(
 
 
 def _compose_with(config_dir: str, *overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from runner.config import compose
 
-    from runner.config import CONF_DIR
-
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=[f"hydra.searchpath=[file://{config_dir}]", *overrides])
+    return compose([f"hydra.searchpath=[file://{config_dir}]", *overrides])
 
 
 @pytest.mark.parametrize("registry,contract", [(MODELS, Model), (PIPELINES, Pipeline), (DATASETS, Dataset),
