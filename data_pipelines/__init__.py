@@ -17,10 +17,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
+from runner.errors import UserError
 from runner.registry import Registry, Rule, non_negative, positive
 
 if TYPE_CHECKING:
-    from data_pipelines.common import Arrays, Examples
+    from runner.data_pipelines.common import Arrays, Examples
+
+
+class DataError(UserError):
+    """A dataset's data is missing or invalid; the message is one line saying what and how to fix it."""
 
 
 @runtime_checkable
@@ -99,5 +104,5 @@ class DatasetOptions:
         return f"data={self.name}"
 
 
-DATASETS = Registry("data", "data_pipelines")
-PIPELINES = Registry("pipeline", "data_pipelines")
+DATASETS = Registry("data", __name__)
+PIPELINES = Registry("pipeline", __name__)

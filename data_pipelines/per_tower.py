@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from data_pipelines import PIPELINES, PipelineOptions
-from data_pipelines.common import batched, per_tower_batch, shuffled
+from runner.data_pipelines import PIPELINES, PipelineOptions
+from runner.data_pipelines.common import batched, per_tower_batch, shuffled
 
 
 class Batches:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, ClassVar
 
-from data_pipelines import PIPELINES, PipelineOptions
-from data_pipelines.common import batched, per_tower_batch, shuffled
+from runner.data_pipelines import PIPELINES, PipelineOptions
+from runner.data_pipelines.common import batched, per_tower_batch, shuffled
 from runner.errors import ConfigError
 from runner.registry import Rule, positive
 

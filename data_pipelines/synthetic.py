@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from data_pipelines import DATASETS, DatasetOptions
+from runner.data_pipelines import DATASETS, DatasetOptions
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0) -> Arrays:
     Returns:
         ``((x_train, y_train), (x_test, y_test))``: uint8 images of shape
         (n, 28, 28) with values 0..255 and uint8 labels 0..9, like
-        ``data_pipelines.mnist.load``.
+        ``runner.data_pipelines.mnist_files.load``.
 
     Raises:
         ValueError: If a size is negative.
@@ -65,7 +65,7 @@ class Synthetic(DatasetOptions):
 
     def load(self, seed: int) -> Any:
         """Random arrays of the configured sizes, the same for the same seed."""
-        from data_pipelines.common import Arrays
+        from runner.data_pipelines.common import Arrays
 
         (xtr, ytr), (xte, yte) = load(self.train_limit, self.test_limit, seed)
         log.warning("data=synthetic: random images and labels; accuracy figures mean nothing")

@@ -95,7 +95,7 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
     return FunctionModel(name=str(rest.get("name") or fn.__name__), target=target, kwargs=kwargs)
 
 
-MODELS = Registry("model", "models", from_function=from_function)
+MODELS = Registry("model", __name__, from_function=from_function)
 
 
 def variants(name: str) -> tuple[str | None, ...]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
 
 Variant = Literal["tiny", "default", "paper"]
 # variant -> (filters of each 3x3 conv layer, index after which the single 2x2 max-pool sits, dense units)

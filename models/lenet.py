@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
 
 Variant = Literal["tiny", "default"]
 WIDTHS: dict[Variant, tuple[int, int, int]] = {"tiny": (8, 16, 32), "default": (32, 64, 512)}  # conv, conv, dense

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
 
 Variant = Literal["tiny", "default", "chainer"]
 HIDDEN_UNITS: dict[Variant, int] = {"tiny": 64, "default": 512, "chainer": 1000}  # per hidden layer

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
 
 Variant = Literal["tiny", "default", "paper"]
 CHANNELS: dict[Variant, tuple[int, int, int]] = {"tiny": (16, 16, 16), "default": (64, 96, 96), "paper": (192, 192, 192)}

@@ -13,6 +13,6 @@ try:
 except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
-from runner import cluster as _cluster  # noqa: E402  (after STARTED_AT, which should be taken first)
+from runner.runtime import cluster as _cluster  # noqa: E402  (after STARTED_AT, which should be taken first)
 
 _cluster.register_resolver()  # conf/config.yaml's hydra.run.dir uses ${worker_suffix:}

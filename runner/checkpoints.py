@@ -24,7 +24,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from runner.errors import UserError
+from runner.errors import UserError, one_line
 from runner.train import Hook, crossed
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ class Checkpointer(Hook):
         try:
             path = self.manager.save(checkpoint_number=step)
         except (OSError, tf.errors.OpError) as e:
-            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            reason = one_line(e)
             raise CheckpointError(
                 f"the checkpoint at step {step} could not be written to {self.manager.directory} ({reason}); free "
                 "space there or set train.checkpoint_dir elsewhere (train.checkpoint_every=0: no checkpoints)"

@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from data_pipelines import DATASETS, PIPELINES
-from models import MODELS
+from runner.data_pipelines import DATASETS, PIPELINES
+from runner.models import MODELS
 from runner.errors import ConfigError
 from runner.registry import Registry, Rule, non_negative, positive, schema, typed_values
 from runner.registry import fields as registry_fields
 from runner.strategies import MAX_DEVICES, STRATEGIES
 
 if TYPE_CHECKING:
-    from data_pipelines import Dataset, Pipeline
-    from models import Model
-    from runner.cluster import Cluster
+    from runner.data_pipelines import Dataset, Pipeline
+    from runner.models import Model
+    from runner.runtime.cluster import Cluster
     from runner.strategies import StrategyOptions
 
 # The configs: the package data `runner.conf` (the repository's conf/, mapped there by pyproject.toml), found the
@@ -79,7 +79,7 @@ class TrainConf:
     loss_scale_period: int = 2000  # mixed_float16: finite steps in a row after which the loss scale doubles
     measure_input: bool = True  # after training, time the input pipeline alone and flag input-bound runs
     probe_peak: bool = True  # measure the device's matmul peak once per machine (cached) to log MFU
-    probe_floor: bool = False  # after training, time the step's unavoidable work (runner/floor.py): step_time_over_floor
+    probe_floor: bool = False  # after training, time the step's unavoidable work (runner/measure/floor.py): step_time_over_floor
     profile: bool = False  # trace the first timed call with TensorFlow's profiler; log CPU time per op kind
     intra_op_threads: int = -1  # threads per op; -1 auto: cores / devices on simulated CPU devices, else TF's default
     inter_op_threads: int = 0  # ops run at once; 0: TensorFlow's default (one per core)
@@ -320,7 +320,7 @@ def memory_estimate(train: dict[str, Any], model: Any, towers: int) -> tuple[int
 
 def _check_memory(train: dict[str, Any], model: Any, towers: int) -> None:
     """Refuse a config whose batches cannot fit in this machine's memory (they would grow until it runs out)."""
-    from runner.devices import memory_bytes
+    from runner.runtime.devices import memory_bytes
 
     inputs, activations = memory_estimate(train, model, towers)
     available = memory_bytes()

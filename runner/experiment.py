@@ -10,41 +10,35 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from runner import measure, tracking, train
+from runner import tracking, train
+from runner.measure import hooks
 from runner.config import ConfigError, Plan, validate
-from runner.devices import Devices  # no TensorFlow import: devices.setup imports it
+from runner.runtime.devices import Devices  # no TensorFlow import: devices.setup imports it
+from runner.runtime.output import OutputFolder
+
+if TYPE_CHECKING:
+    from runner.data_pipelines.common import Arrays, Examples
+    from runner.strategies import Strategy
 
 log = logging.getLogger(__name__)
 
 
-def _output_dir() -> Path:
-    """This job's folder: Hydra's output dir under @hydra.main, else the working directory."""
-    from hydra.core.hydra_config import HydraConfig
-
-    return Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else Path.cwd()
-
-
-def _hydra_log_file() -> Path | None:
-    """The log file Hydra writes for this job, if running under @hydra.main."""
-    from hydra.core.hydra_config import HydraConfig
-
-    if not HydraConfig.initialized():
-        return None
-    hc = HydraConfig.get()
-    return Path(hc.runtime.output_dir) / f"{hc.job.name}.log"
-
-
-def _start_tensorflow(plan: Plan, run: tracking.Run) -> Devices:
+def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Devices:
     """Configure the devices (the process's first TensorFlow import) and the precision; tag what the run is on."""
-    from runner import devices as devices_mod
+    from runner.runtime import devices as devices_mod
 
     # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
+    if log_placement:
+        import tensorflow as tf
+
+        tf.debugging.set_log_device_placement(True)  # before any op runs, or the placer's log misses them
     run.tags({**devices.as_tags(), "devices.workers": "1", "tensorflow.onednn": devices_mod.onednn()})
     # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
@@ -77,28 +71,46 @@ def training_for(plan: Plan) -> Any:
     )
 
 
-def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
-    """Everything after the run is opened: data, devices, strategy, loop."""
-    from data_pipelines import common
+@dataclass
+class Built:
+    """A run's objects, built from its plan: what `run` trains and `runner check` measures."""
 
-    # Data first: reading and checking it needs no TensorFlow, so a bad data path fails before the slow import.
+    arrays: Arrays  # the dataset's examples, as loaded (before TensorFlow)
+    devices: Devices
+    strategy: Strategy  # the model and optimizer placed on the devices
+    examples: Examples  # the training examples as a tf.data dataset, for the pipeline's feed
+
+
+def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Built:
+    """Data, devices, precision and strategy for `plan`: the one way a run's objects are made.
+
+    Data first: reading and checking it needs no TensorFlow, so a bad data path fails before the slow import. The
+    strategy right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
+    `log_placement`: TensorFlow logs every op's device from the start (`runner check` reads that log).
+    """
+    from runner.data_pipelines import common
+
     arrays = plan.data.load(plan.train.seed)
-    _log_dataset(plan, arrays, run)
-    devices = _start_tensorflow(plan, run)
+    devices = _start_tensorflow(plan, run, log_placement)
+    strategy = _build_strategy(plan, devices, run)
+    return Built(arrays, devices, strategy, common.examples(arrays.x_train, arrays.y_train))
+
+
+def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
+    """Everything after the run is opened: the run's objects, then the loop and what is measured after it."""
+    built = build(plan, run)  # the process's first TensorFlow import, once the devices are configured
 
     import tensorflow as tf
 
-    from runner import train
     from runner.strategies.common import effective_learning_rate, optimizer_state_bytes
 
-    # Right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
-    strategy = _build_strategy(plan, devices, run)
+    arrays, devices, strategy, examples = built.arrays, built.devices, built.strategy, built.examples
+    _log_dataset(plan, arrays, run)
     hardware = _hardware_figures(plan, devices)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
     hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
-    examples = common.examples(arrays.x_train, arrays.y_train)
     steps = train.total_steps(plan.train, len(arrays.x_train))
     _log_plan(plan, devices, steps, arrays.synthetic)
     checkpointer, start = _resume(plan, strategy, run)
@@ -126,25 +138,26 @@ def _train(plan: Plan, run: tracking.Run, started: float) -> dict:
     return result
 
 
-def _build_strategy(plan: Plan, devices: Devices, run: tracking.Run) -> Any:
+def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Any:
     """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog (bounded by
-    strategy.peer_timeout, Ctrl-C and SIGTERM honoured: runner/watchdog.py)."""
+    strategy.peer_timeout, Ctrl-C and SIGTERM honoured: runner/runtime/watchdog.py)."""
     if plan.cluster is None:
         return plan.strategy.build(devices, training_for(plan))
-    from runner import signals, watchdog
+    from runner.runtime import signals
+    from runner.runtime import watchdog
 
     me = (plan.cluster.task_type, plan.cluster.task_index)
     others = [a for kind, addresses in plan.cluster.tasks.items() for i, a in enumerate(addresses) if (kind, i) != me]
     uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri) if run.run_id else None
-    with watchdog.bounded_wait(plan.strategy.peer_timeout, plan.cluster.name, ", ".join(others), uri, run.run_id):
+    with watchdog.bounded_wait(plan.strategy.peer_wait(), plan.cluster.name, ", ".join(others), uri, run.run_id):
         strategy = plan.strategy.build(devices, training_for(plan))
     signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
     return strategy
 
 
-def _evaluations(plan: Plan, strategy: Any, arrays: Any, steps: int, run: tracking.Run) -> train.Evaluations:
+def _evaluations(plan: Plan, strategy: Any, arrays: Any, steps: int, run: tracking.Recorder) -> train.Evaluations:
     """The test set, its first `train.check_examples` examples for the accuracy checks, and the target."""
-    from data_pipelines import common
+    from runner.data_pipelines import common
 
     n = plan.train.check_examples
     return train.Evaluations(
@@ -154,7 +167,7 @@ def _evaluations(plan: Plan, strategy: Any, arrays: Any, steps: int, run: tracki
     )
 
 
-def _log_dataset(plan: Plan, arrays: Any, run: tracking.Run) -> None:
+def _log_dataset(plan: Plan, arrays: Any, run: tracking.Recorder) -> None:
     """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes."""
     import hashlib
 
@@ -164,27 +177,27 @@ def _log_dataset(plan: Plan, arrays: Any, run: tracking.Run) -> None:
         run.dataset(plan.data.name, digest, plan.data.describe(), profile, context)
 
 
-def _hooks(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Run) -> list:
+def _hooks(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Recorder) -> list:
     """What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler
     trace."""
     from runner.strategies.loss_scale import LossScale
 
-    hooks = [checkpointer] if checkpointer is not None else []
+    around = [checkpointer] if checkpointer is not None else []
     if isinstance(getattr(strategy, "loss_scale", None), LossScale):
-        hooks.append(measure.LossScaleMetrics(strategy.loss_scale, run.metrics))
+        around.append(hooks.LossScaleMetrics(strategy.loss_scale, run.metrics))
     if plan.train.reuse_freed_memory:
-        hooks.append(measure.ReuseFreedMemory())
+        around.append(hooks.ReuseFreedMemory())
     if plan.train.profile:
-        hooks.append(measure.Profile(_output_dir() / "profile", plan.train.steps_per_call, plan.train.warmup_calls))
-    return hooks
+        around.append(hooks.Profile(OutputFolder.current().path / "profile", plan.train.steps_per_call, plan.train.warmup_calls))
+    return around
 
 
-def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Run,
+def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Recorder,
                     devices: Devices) -> dict:
     """Figures taken once training is over: peak memory, the input pipeline alone, the profile's table, the floor."""
-    figures: dict[str, Any] = {"peak_rss_mb": measure.peak_rss_mb()}
+    figures: dict[str, Any] = {"peak_rss_mb": hooks.peak_rss_mb()}
     if plan.train.probe_floor and "step_time_ms" in result:
-        from runner import floor
+        from runner.measure import floor
         from runner.strategies.common import build_model
 
         model = build_model(plan.model, plan.train.seed)
@@ -193,9 +206,9 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         figures["step_time_over_floor"] = result["step_time_ms"] / figures["floor_step_ms"]
     if plan.train.measure_input:
         batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
-        figures.update(measure.input_figures(strategy, batches, plan.train, result))
+        figures.update(hooks.input_figures(strategy, batches, plan.train, result))
     if "profile_steps" in result:
-        _log_profile(result, _output_dir() / "profile", run)
+        _log_profile(result, OutputFolder.current().path / "profile", run)
     elif plan.train.profile:
         log.warning("train.profile=true traced nothing: the profiler traces the first full call after warm-up; "
                     "it needs train.steps >= %d", train.steps_to_time(plan.train) + plan.train.steps_per_call)
@@ -212,11 +225,11 @@ def _log_plan(plan: Plan, devices: Devices, steps: int, synthetic: bool) -> None
     )
 
 
-def _log_profile(result: dict, folder: Path, run: tracking.Run) -> None:
+def _log_profile(result: dict, folder: Path, run: tracking.Recorder) -> None:
     """Sum the traced call by op kind; log the table (profile.md) and its figures. A failure here only warns."""
     import os
 
-    from runner import profile
+    from runner.measure import profile
 
     try:
         text, figures = profile.table(folder, int(result["profile_steps"]), result["profile_seconds"],
@@ -229,7 +242,7 @@ def _log_profile(result: dict, folder: Path, run: tracking.Run) -> None:
     run.metrics(figures, int(result["steps"]))
 
 
-def _resume(plan: Plan, strategy: Any, run: tracking.Run) -> tuple[Any, int]:
+def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int]:
     """The run's checkpointer and the step to start from (> 0 when a killed run of this config left checkpoints)."""
     if not plan.train.checkpoint_every:
         return None, 0
@@ -242,8 +255,7 @@ def _resume(plan: Plan, strategy: Any, run: tracking.Run) -> tuple[Any, int]:
     checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
                                             run.run_id, writer, scratch)
     start, previous = checkpointer.restore()
-    if spec is not None:
-        strategy.check_same_start(start)
+    strategy.check_same_start(start)
     if start:
         run.tags({"resumed_from_step": str(start), **({"resumed_from": previous} if previous else {})})
         if previous:
@@ -276,12 +288,14 @@ def weights_digest(variables: list) -> str:
 
 def _hardware_figures(plan: Plan, devices: Devices) -> dict:
     """FLOPs of one training step per example (from the model itself) and the probed matmul peak, if enabled."""
-    from runner import flops
+    from runner.measure import flops
     from runner.strategies.common import build_model
 
     figures = {"flops_per_example": flops.training_flops_per_example(build_model(plan.model, plan.train.seed))}
     if plan.train.probe_peak:
-        peak = flops.probe_peak(devices.names[0])
+        from runner.measure.peak import probe_peak
+
+        peak = probe_peak(devices.names[0])
         if peak is not None:
             figures["peak_gflops"] = peak.gflops
     return figures
@@ -302,7 +316,7 @@ def _utilisation(result: dict, hardware: dict, devices: Devices) -> dict:
     achieved = result["images_per_sec"] * hardware["flops_per_example"] / 1e9
     out = {"achieved_gflops": achieved}
     if "peak_gflops" in hardware:
-        from runner import flops
+        from runner.measure import flops
 
         physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
         out["mfu"] = flops.mfu(
@@ -324,11 +338,12 @@ def run(cfg: DictConfig) -> dict:
         ConfigError: the config is invalid (raised before anything is built or logged).
     """
     started = time.perf_counter()
-    from runner.redact import redact_files, redact_logs
+    from runner.tracking.redact import redact_files, redact_logs
 
+    folder = OutputFolder.current()
     redact_logs()
-    if _hydra_log_file():
-        redact_files(_output_dir())
+    if folder.log_file:
+        redact_files(folder.path)
     try:
         plan = validate(cfg)
     except ConfigError as e:
@@ -338,18 +353,19 @@ def run(cfg: DictConfig) -> dict:
     _check_checkpoint_dir(plan)
     uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
     chief = plan.cluster is None or plan.cluster.is_chief  # on a multi-worker job only the chief logs to MLflow
-    journal_dir = _output_dir() if _hydra_log_file() else None  # a journal file only in a job's own folder
-    with (tracking.tracked(uri, plan, journal_dir) if chief else tracking.untracked()) as mlrun:
+    kept = folder if folder.log_file else None  # a journal file only in a job's own folder
+    if kept:
+        kept.watch_log()
+    with (tracking.tracked(uri, plan, kept) if chief else tracking.untracked()) as mlrun:
         result = _train(plan, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}
         mlrun.metrics(summary, int(result["steps"]))
-        log_file = _hydra_log_file()
-        if log_file:
+        if folder.log_file:
             for handler in logging.getLogger().handlers:
                 handler.flush()
-            mlrun.file(log_file)
+            mlrun.file(folder.log_file)
     result["run_id"] = mlrun.run_id
-    result["experiment_id"] = getattr(mlrun, "experiment_id", None)
+    result["experiment_id"] = mlrun.experiment_id
     result["tracking_uri"] = uri
     return result

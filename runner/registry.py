@@ -86,7 +86,8 @@ def _key(kind: str, key: str) -> str:
     return f"{kind}.{key}" if kind else key
 
 
-def _one_line(e: OmegaConfBaseException, kind: str) -> str:
+def _config_message(e: OmegaConfBaseException, kind: str) -> str:
+    """OmegaConf's refusal, named by the component's key (its message's first line; the rest is OmegaConf's detail)."""
     key = getattr(e, "full_key", None) or ""
     message = str(getattr(e, "msg", e)).splitlines()[0]
     return f"{_key(kind, key)}: {message}" if key else f"{kind or 'config'}: {message}"
@@ -117,7 +118,7 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})
     except OmegaConfBaseException as e:
-        raise ConfigError(_one_line(e, kind)) from None
+        raise ConfigError(_config_message(e, kind)) from None
     values = OmegaConf.to_container(merged, resolve=True)
     _check_values(cls, values, kind)
     return values

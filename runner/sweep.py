@@ -24,8 +24,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from runner import signals, tracking
-from runner.redact import redact
+from runner import tracking
+from runner.runtime import signals
+from runner.tracking.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +148,7 @@ class SweepCallback(Callback):
     """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from runner.redact import redact_files, redact_logs
+        from runner.tracking.redact import redact_files, redact_logs
         from runner.tracking import open_store, resolve_uri, whole_write
 
         redact_logs()  # Hydra logs each job's overrides
@@ -167,7 +168,7 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient
 
-        from runner.report import sweep_end
+        from runner.report.table import sweep_end
         from runner.tracking import resolve_uri, whole_write
 
         outcomes = _outcomes(config.hydra.sweep.dir)

@@ -2,7 +2,7 @@
 
 The loop only sees the strategy's entry points (`train_loop(batches)` and `evaluate(dataset)`), so every strategy
 and pipeline plugs in without changing it. What is done around the calls without changing them (checkpoints, the
-allocator reset, a profiler trace) comes in as `Hook`s; measurements after training live in `runner.measure`.
+allocator reset, a profiler trace) comes in as `Hook`s; measurements after training live in `runner.measure.hooks`.
 """
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import numpy as np
 
 import runner
-from runner import signals
 from runner.errors import UserError
+from runner.runtime import signals
+
+if TYPE_CHECKING:
+    from runner.config import TrainConf
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +51,7 @@ class Hook:
         return {}
 
 
-def total_steps(train: Any, n_train: int) -> int:
+def total_steps(train: TrainConf, n_train: int) -> int:
     """Steps to run: `train.steps`, else `train.epochs` worth of global batches (at least one)."""
     if train.steps:
         return int(train.steps)
@@ -197,7 +200,7 @@ class Evaluations:
         return out
 
 
-def check_cadence(train: Any, steps: int) -> int:
+def check_cadence(train: TrainConf, steps: int) -> int:
     """Steps between accuracy checks: `train.check_every`, else about 20 per run on call boundaries."""
     if train.check_every:
         return int(train.check_every)
@@ -205,13 +208,13 @@ def check_cadence(train: Any, steps: int) -> int:
     return max(per_call, math.ceil(steps / 20 / per_call) * per_call)
 
 
-def steps_to_time(train: Any) -> int:
+def steps_to_time(train: TrainConf) -> int:
     """The fewest steps a run needs for one timed call: calls 1 (one step) and 2 (up to the first multiple of
     steps_per_call) are never full, and the first `warmup_calls` calls are warm-up."""
     return max(3, train.warmup_calls + 1) * train.steps_per_call - train.steps_per_call
 
 
-def untimed(train: Any, steps: int) -> str:
+def untimed(train: TrainConf, steps: int) -> str:
     """Why a run of `steps` steps timed nothing, and what would: the one line a too-short run logs."""
     return (f"images/s not measured: {steps} steps leave no full call after warm-up (train.warmup_calls="
             f"{train.warmup_calls}, train.steps_per_call={train.steps_per_call}); timing needs train.steps >= "
@@ -266,7 +269,7 @@ def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
     return seconds
 
 
-def _run_calls(loop: Any, evals: Evaluations, train: Any, steps: int, start: int, record: Record,
+def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, start: int, record: Record,
                hooks: list[Hook]) -> _Calls:
     """Call the compiled loop until `steps`, logging each call, evaluating on schedule, and telling the hooks."""
     done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps, start)
@@ -292,7 +295,7 @@ def _run_calls(loop: Any, evals: Evaluations, train: Any, steps: int, start: int
     return done
 
 
-def fit(strategy: Any, batches: Any, evals: Evaluations, train: Any, steps: int, record: Record, start: int = 0,
+def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps: int, record: Record, start: int = 0,
         hooks: list[Hook] | None = None) -> dict:
     """Train from step `start` to `steps`, evaluate, and return the summary metrics.
 

@@ -67,6 +67,22 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) 
     )
 
 
+def markdown_rows(text: str) -> list[dict[str, str]]:
+    """Every row of every Markdown table in `text`, as {column header: cell}: tests read cells by name, so a column
+    added to a table moves no assertion."""
+    rows, header = [], None
+    for line in text.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+        elif not all(set(c) <= set("-:") for c in cells):
+            rows.append(dict(zip(header, cells)))
+    return rows
+
+
 def runs(uri: str, experiment: str):
     """All runs of `experiment` in the store at `uri`, as a DataFrame."""
     import mlflow

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 from conftest import REPO, run_cli
 
-from data_pipelines.mnist import FILES, write_idx
+from runner.data_pipelines.idx import write_idx
+from runner.data_pipelines.mnist_files import FILES
 from runner.config import MAX_DEVICES, group_options
 
 EXPERIMENT = "smoke"  # the smoke preset's MLflow experiment
@@ -199,7 +200,7 @@ def test_bad_input(tmp_path, row: Bad):
     assert "test accuracy" not in proc.stdout
     if row.before_tensorflow:
         # Hydra's log lines go to stdout; the devices module logs as soon as TensorFlow's devices are set up.
-        assert "[runner.devices]" not in proc.stdout + stderr, "the error came after TensorFlow started"
+        assert "[runner.runtime.devices]" not in proc.stdout + stderr, "the error came after TensorFlow started"
 
     runs = _statuses(tmp_path)
     assert "RUNNING" not in [status for status, _ in runs]

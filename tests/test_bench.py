@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import compose
+from conftest import compose, markdown_rows
+
+from runner.data_pipelines import PIPELINES
 
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
@@ -23,20 +25,20 @@ def test_pipeline_benchmark_prints_both_rates_for_every_pipeline(tmp_path):
         capture_output=True, text=True, env=ENV, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [line for line in proc.stdout.splitlines() if line.startswith("| ") and "replicated" in line]
-    assert [row.split("|")[1].strip() for row in rows] == ["split", "per_tower", "sharded"]
+    rows = [r for r in markdown_rows(proc.stdout) if r["strategy"] == "replicated"]
+    assert sorted(r["pipeline"] for r in rows) == sorted(PIPELINES.names())
     for row in rows:
-        cells = [c.strip() for c in row.split("|")[1:-1]]
-        pipeline_rate, step_rate = (float(c.replace(",", "")) for c in cells[3:5])
+        pipeline_rate = float(row["pipeline alone (batches/s)"].replace(",", ""))
+        step_rate = float(row["training step (batches/s)"].replace(",", ""))
         assert pipeline_rate > 0 and step_rate > 0
         # The printed rates are rounded to whole batches/s, so a ratio on a rounding boundary may print 0.1 apart.
-        assert abs(float(cells[5].rstrip("x")) - pipeline_rate / step_rate) <= 0.051
-        assert cells[6] == ("yes" if pipeline_rate < 3 * step_rate else "no")
+        assert abs(float(row["ratio"].rstrip("x")) - pipeline_rate / step_rate) <= 0.051
+        assert row["input-bound"] == ("yes" if pipeline_rate < 3 * step_rate else "no")
 
 
 def test_keras_baseline_times_plain_fit(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "runner.keras_baseline", "--variant", "tiny", "--steps", "60", "--chunk", "10",
+        [sys.executable, "-m", "runner.bench.keras_baseline", "--variant", "tiny", "--steps", "60", "--chunk", "10",
          "--batch", "64", "--optimizer", "sgd"],
         capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path,
     )
@@ -68,10 +70,9 @@ def _num(cell: str) -> float:
     return float(cell.split()[0].replace(",", "").rstrip("x"))
 
 
-def _table(stdout: str) -> dict[tuple[str, int], list[str]]:
+def _table(stdout: str) -> dict[tuple[str, int], dict[str, str]]:
     """The data rows of the printed table, by (what, devices)."""
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in stdout.splitlines() if line.startswith("| ")]
-    return {(r[0], int(r[1])): r for r in rows if r[0] != "what"}
+    return {(r["what"], int(r["devices"])): r for r in markdown_rows(stdout)}
 
 
 def _targets(stdout: str) -> dict[str, tuple[str, str]]:
@@ -108,32 +109,36 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
         ("runner single (before the grid)", 1), ("runner single (after the grid)", 1), ("keras fit", 1),
         ("keras fit + MirroredStrategy", 1), ("keras fit + MirroredStrategy", 2),
         ("runner replicated / split", 1), ("runner replicated / split", 2)])
+    rate = "images/s, median (lowest-highest) of 2 runs"
     before, after = rows["runner single (before the grid)", 1], rows["runner single (after the grid)", 1]
-    single = (_num(before[2]) + _num(after[2])) / 2  # the base of "x runner single"
-    keras = _num(rows["keras fit", 1][2])
+    single = (_num(before[rate]) + _num(after[rate])) / 2  # the base of "x runner single"
+    keras = _num(rows["keras fit", 1][rate])
     for key, r in rows.items():
-        low, high = (float(v.replace(",", "")) for v in r[2].split()[1].strip("()").split("-"))
-        assert low <= _num(r[2]) <= high  # the median of the two runs, between them
-        assert int(r[3]) == 50  # 6 calls of 10 steps, the first one warm-up
-        assert abs(_num(r[4]) - _num(r[2]) / single) <= 0.011 and abs(_num(r[5]) - _num(r[2]) / keras) <= 0.011
-        assert _num(r[8]) > 0 and _num(r[9]) > 0  # peak RSS and job overhead, for Keras fit too
+        low, high = (float(v.replace(",", "")) for v in r[rate].split()[1].strip("()").split("-"))
+        assert low <= _num(r[rate]) <= high  # the median of the two runs, between them
+        assert int(r["timed steps"]) == 50  # 6 calls of 10 steps, the first one warm-up
+        assert abs(_num(r["x runner single"]) - _num(r[rate]) / single) <= 0.011
+        assert abs(_num(r["x keras fit"]) - _num(r[rate]) / keras) <= 0.011
+        assert _num(r["peak RSS (MB)"]) > 0 and _num(r["overhead (s)"]) > 0  # for Keras fit too
+        alone, ratio = r["pipeline alone (batches/s)"], r["pipeline / step"]
         if key[0].startswith("runner"):
-            assert abs(_num(r[7]) - _num(r[6]) / (_num(r[2]) / 128)) <= 0.06  # pipeline alone / step batches/s
+            assert abs(_num(ratio) - _num(alone) / (_num(r[rate]) / 128)) <= 0.06  # pipeline alone / step batches/s
         else:
-            assert r[6] == r[7] == "-"
+            assert alone == ratio == "-"
     targets = _targets(proc.stdout)
     status, detail = targets["mlp/tiny: runner 1 device >= 1.5x keras fit"]
     _agrees(status, [single / keras], lambda v: v >= 1.5, lambda v: abs(v - 1.5) < 0.01)
     status, detail = targets["mlp/tiny: every data-parallel strategy x pipeline at 2 devices >= 0.9x runner single"]
     assert detail.startswith(("0 of 1 hold", "1 of 1 hold"))
-    _agrees(status, [_num(rows["runner replicated / split", 2][4])], lambda v: v >= 0.9, lambda v: abs(v - 0.9) < 0.01)
+    _agrees(status, [_num(rows["runner replicated / split", 2]["x runner single"])], lambda v: v >= 0.9,
+            lambda v: abs(v - 0.9) < 0.01)
     runner = [r for key, r in rows.items() if key[0].startswith("runner")]
     status, detail = targets["pipeline alone >= 3x the step rate, every runner job"]
-    _agrees(status, [_num(r[7]) for r in runner], lambda v: v >= 3, lambda v: abs(v - 3) < 0.06)
+    _agrees(status, [_num(r["pipeline / step"]) for r in runner], lambda v: v >= 3, lambda v: abs(v - 3) < 0.06)
     status, detail = targets["job overhead (process start to first step) <= 10 s, every runner job"]
-    _agrees(status, [_num(r[9]) for r in runner], lambda v: v <= 10, lambda v: abs(v - 10) < 0.06)
+    _agrees(status, [_num(r["overhead (s)"]) for r in runner], lambda v: v <= 10, lambda v: abs(v - 10) < 0.06)
     status, detail = targets["peak RSS of a tiny (smoke) MLP runner job <= 1536 MB, any devices"]
-    _agrees(status, [_num(r[8]) for r in runner], lambda v: v <= 1536, lambda v: abs(v - 1536) < 1)
+    _agrees(status, [_num(r["peak RSS (MB)"]) for r in runner], lambda v: v <= 1536, lambda v: abs(v - 1536) < 1)
     status, detail = targets["at least 20 timed steps after warm-up, every job"]
     assert (status, detail) == ("PASS", "7 of 7 hold; fewest 50 (mlp/tiny runner single (before the grid) x1)")  # rows
     assert all(detail.split(" of ")[1].startswith(str(len(runner))) for name, (_, detail) in targets.items()
@@ -142,7 +147,7 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
 
 
 def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
-    from data_pipelines import PIPELINES
+    from runner.data_pipelines import PIPELINES
     from runner.bench import grid, jobs
     from runner.bench.__main__ import main
 
@@ -167,14 +172,14 @@ def test_settings_benchmark_puts_each_value_beside_its_default(tmp_path):
         capture_output=True, text=True, env=ENV, timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = [[c.strip() for c in line.split("|")[1:-1]] for line in proc.stdout.splitlines()
-            if line.startswith("| fused")]
-    assert [r[2] for r in rows] == ["`train.fused_optimizer=true (default)`", "`train.fused_optimizer=false`",
-                                    "`train.fused_optimizer=true (default), again`"]
-    rates = [float(r[3].split("±")[0].replace(",", "")) for r in rows]
+    rows = [r for r in markdown_rows(proc.stdout) if r["setting"].startswith("fused")]
+    assert [r["value"] for r in rows] == ["`train.fused_optimizer=true (default)`", "`train.fused_optimizer=false`",
+                                          "`train.fused_optimizer=true (default), again`"]
+    rates = [float(r["images/s ± stderr"].split("±")[0].replace(",", "")) for r in rows]
     assert all(rate > 0 for rate in rates)
-    assert rows[0][4] == "1.00" and float(rows[1][4]) == pytest.approx(rates[1] / rates[0], abs=0.006)
-    assert all(0.1 < float(r[5]) <= 1 for r in rows)  # test accuracy of each job
+    assert rows[0]["x default"] == "1.00"
+    assert float(rows[1]["x default"]) == pytest.approx(rates[1] / rates[0], abs=0.006)
+    assert all(0.1 < float(r["test accuracy"]) <= 1 for r in rows)  # test accuracy of each job
 
 
 def test_repeats_combine_into_the_median_row_with_its_range():
@@ -192,7 +197,9 @@ def test_repeats_combine_into_the_median_row_with_its_range():
     table = jobs.Table(setting, "now", rows=[(single, row)], repeats=3)
     lines = grid.format_table(table)
     assert "images/s, median (lowest-highest) of 3 runs" in lines[4] and "median of 3 runs" in lines[2]
-    assert lines[6].startswith("| runner single (before the grid) | 1 | 200 (100-300) | 50 | 1.00 |")
+    (row,) = markdown_rows("\n".join(lines))
+    assert (row["what"], row["devices"], row["images/s, median (lowest-highest) of 3 runs"], row["timed steps"],
+            row["x runner single"]) == ("runner single (before the grid)", "1", "200 (100-300)", "50", "1.00")
 
 
 def test_sharded_update_targets_compare_rows_of_the_same_pipeline_and_devices():

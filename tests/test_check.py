@@ -8,9 +8,9 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, markdown_rows, run_cli
 
-from runner.check import Outcome, judge
+from runner.cli.check import Outcome, judge
 
 # A test-only strategy with the classic data-parallel bug: every copy applies its own tower's gradient, never the
 # average over towers. It runs, it learns, and it does not learn what one device learns.
@@ -61,10 +61,9 @@ def _check(folder: Path, *args: str):
     return run_cli("check", *args, f"mlflow.tracking_uri={uri}", cwd=folder, env=env, timeout=900), uri
 
 
-def _rows(stdout: str) -> dict[str, list[str]]:
+def _rows(stdout: str) -> dict[str, dict[str, str]]:
     """The table's rows by combination."""
-    rows = [line.strip("| ").split(" | ") for line in stdout.splitlines() if line.startswith("| ")]
-    return {row[0]: row for row in rows[2:]}
+    return {row["combination"]: row for row in markdown_rows(stdout)}
 
 
 def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_real_one(broken):
@@ -72,9 +71,9 @@ def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_r
                        "pipeline=split")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = _rows(proc.stdout)
-    assert rows["replicated / split"][-1] == "OK"
-    assert rows["no_average / split"][-1].startswith("loss differs from one device by")  # placement is fine
-    assert rows["no_average / split"][2] == "CPU:0 8, CPU:1 8"  # a tower's matmuls on each device
+    assert rows["replicated / split"]["result"] == "OK"
+    assert rows["no_average / split"]["result"].startswith("loss differs from one device by")  # placement is fine
+    assert rows["no_average / split"]["matmuls/convs per device"] == "CPU:0 8, CPU:1 8"  # a tower's matmuls on each device
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("check: 1 of 2 combinations OK; failed: no_average / split"), last
     run = mlflow.MlflowClient(uri).get_run(last.rsplit("mlflow run ", 1)[1].rstrip(")"))
@@ -100,8 +99,8 @@ def test_check_on_simulated_devices_prints_the_table_and_exits_0(tmp_path, gpus,
     for label, row in rows.items():
         if label.startswith("one device"):
             continue
-        assert row[-1] == "OK", row
-        assert [part.split()[0] for part in row[2].split(", ")] == devices  # every device computes
+        assert row["result"] == "OK", row
+        assert [part.split()[0] for part in row["matmuls/convs per device"].split(", ")] == devices  # every device computes
     expected = 1 if strategies else 15
     assert len(rows) == expected + 1
     assert f"check: {expected} of {expected} combinations OK" in proc.stdout

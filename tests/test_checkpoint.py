@@ -134,10 +134,10 @@ def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp
     import tensorflow as tf
     from conftest import build_strategy
 
-    from data_pipelines import common
+    from runner.data_pipelines import common
     from runner.checkpoints import Checkpointer
     from runner.config import validate
-    from runner.devices import Devices
+    from runner.runtime.devices import Devices
     from runner.train import fast_forward
 
     gpus = 1 if strategy == "single" else 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import mlflow
 from conftest import run_cli, runs
 
-from runner.devices import onednn
+from runner.runtime.devices import onednn
 
 
 def _store(cwd) -> str:
@@ -55,7 +55,7 @@ def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
 
 
 def test_a_smoke_run_shows_few_lines_before_its_progress_and_no_cuda_error(tmp_path):
-    """TensorFlow's start-up noise is filtered (runner/quiet.py); on a machine without GPUs no CUDA error shows.
+    """TensorFlow's start-up noise is filtered (runner/runtime/quiet.py); on a machine without GPUs no CUDA error shows.
     Run as a user would: stdout and stderr on one terminal, TensorFlow's own log level untouched."""
     import subprocess
     import sys

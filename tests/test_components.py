@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, compose, run_cli, runs
 
-from data_pipelines import DATASETS, PIPELINES, Dataset, Pipeline
-from models import MODELS, Model
+from runner.data_pipelines import DATASETS, PIPELINES, Dataset, Pipeline
+from runner.models import MODELS, Model
 from runner.config import ConfigError, validate
 from runner.strategies import STRATEGIES, StrategyOptions
 
@@ -20,8 +20,8 @@ USER_MODULE = '''
 """A user's own components, written against the runner's contracts."""
 from dataclasses import dataclass
 
-from data_pipelines import PipelineOptions
-from data_pipelines.common import batched, shuffled
+from runner.data_pipelines import PipelineOptions
+from runner.data_pipelines.common import batched, shuffled
 from runner.strategies import StrategyBase
 from runner.strategies.replicated import Towers
 

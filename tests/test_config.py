@@ -6,7 +6,7 @@ import pytest
 from conftest import compose
 from hydra.errors import HydraException
 
-from runner.__main__ import one_line
+from runner.cli.overrides import explain as one_line
 from runner.config import COMPONENTS, GROUPS, ConfigError, group_options, validate
 
 

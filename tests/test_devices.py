@@ -7,7 +7,7 @@ import sys
 
 from conftest import REPO, cli_env
 
-from runner.devices import Devices, describe_cpuinfo, precision_warning
+from runner.runtime.devices import Devices, describe_cpuinfo, precision_warning
 
 # The first lines of /proc/cpuinfo on two EPYC hosts that both call themselves "AMD EPYC" (abridged flags).
 ZEN3 = """processor\t: 0
@@ -57,7 +57,7 @@ def test_tensorflow_imports_without_the_packages_keras_would_load_for_unused_fea
     # (MLflow depends on both), so without the block Keras would import them.
     code = (
         "import sys\n"
-        "from runner.devices import import_tensorflow\n"
+        "from runner.runtime.devices import import_tensorflow\n"
         "tf = import_tensorflow()\n"
         "assert 'keras' in sys.modules and tf.constant(1.0).numpy() == 1.0\n"
         "assert 'sklearn' not in sys.modules and 'matplotlib' not in sys.modules, 'imported during TensorFlow'\n"

@@ -89,9 +89,9 @@ def test_every_command_in_the_docs_composes_and_validates(page, command, refused
 
 
 def test_the_configuration_page_is_what_the_schema_writes():
-    from runner.docs import page
+    from runner.cli.docs import page
 
-    assert (REPO / "docs" / "configuration.md").read_text() == page(), "run `python -m runner.docs`"
+    assert (REPO / "docs" / "configuration.md").read_text() == page(), "run `python -m runner.cli.docs`"
 
 
 def test_every_key_in_the_schema_is_on_the_configuration_page_and_the_other_way_round():

@@ -236,6 +236,25 @@ def test_a_store_on_a_disk_that_fills_mid_run_loses_nothing_once_space_is_freed(
         assert points(uri, record.info.run_id) == calls(9000, 20)
 
 
+def test_an_output_folder_on_a_disk_that_fills_mid_run_is_one_warning_and_the_store_keeps_everything(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with tmpfs(tmp_path / "small", "1m") as disk:
+        out = disk / "out"
+        run = start_cli(tmp_path, *LONG, f"hydra.run.dir={out}", f"mlflow.tracking_uri={uri}")
+        wait_for("the first points", lambda: points(uri) >= 5)
+        fill(disk)
+        stdout, stderr = run.communicate(timeout=300)
+        assert run.returncode == 0, stderr[-3000:]
+        said = [line for line in (stdout + stderr).splitlines() if "cannot be written" in line]
+        assert len(said) == 1 and f"output folder {out} cannot be written" in said[0], said
+        assert "No space left on device" in said[0] and "journal and log file" in said[0]
+        assert "Logging error" not in stderr and errors(stderr) == []
+        assert not (out / "mlflow_journal.jsonl").exists()  # the store has every write: no partial journal left
+    record = only_run(uri)
+    assert record.info.status == "FINISHED"
+    assert points(uri, record.info.run_id) == calls(6000, 20)
+
+
 def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resumes(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*LONG, "train.steps=60000", "train.checkpoint_every=100000"]

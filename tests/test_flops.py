@@ -12,10 +12,26 @@ import pytest
 
 @pytest.fixture
 def flops(tf_devices):
-    """runner.flops, imported after the test devices are configured (as the run imports it)."""
-    from runner import flops
+    """runner.measure.flops, imported after the test devices are configured (as the run imports it)."""
+    from runner.measure import flops
 
     return flops
+
+
+@pytest.fixture
+def graph_flops(tf_devices):
+    """runner.measure.graph_flops: TensorFlow's own count, the cross-check."""
+    from runner.measure import graph_flops
+
+    return graph_flops
+
+
+@pytest.fixture
+def peak(tf_devices):
+    """runner.measure.peak: the measured matmul peak."""
+    from runner.measure import peak
+
+    return peak
 
 
 def _mlp_formula(h: int) -> float:
@@ -25,7 +41,7 @@ def _mlp_formula(h: int) -> float:
 
 
 def test_mlp_default_is_about_3_2_mflop_per_example(flops):
-    from models.mlp import MLP
+    from runner.models.mlp import MLP
 
     count = flops.training_flops_per_example(MLP(variant="default").build())
     assert 3.0e6 <= count <= 3.4e6
@@ -34,7 +50,7 @@ def test_mlp_default_is_about_3_2_mflop_per_example(flops):
 
 def test_mlp_count_follows_the_hidden_units_across_variants(flops):
     """Per hidden unit the cost is affine in h (6h + 3196): the h x h layer makes the total quadratic, not linear."""
-    from models.mlp import HIDDEN_UNITS, MLP
+    from runner.models.mlp import HIDDEN_UNITS, MLP
 
     counts = {h: flops.training_flops_per_example(MLP(variant=v).build()) for v, h in HIDDEN_UNITS.items()}
     assert counts == {h: _mlp_formula(h) for h in counts}
@@ -45,12 +61,12 @@ def test_mlp_count_follows_the_hidden_units_across_variants(flops):
 
 
 @pytest.mark.parametrize("name,variant", [("mlp", "default"), ("nin", "tiny")])
-def test_analytic_matches_profiler_within_5_percent(flops, name, variant):
+def test_analytic_matches_profiler_within_5_percent(flops, graph_flops, name, variant):
     """MLP and NIN (SAME-padded, stride-1 convs): the profiler's formulas and ours count the same work."""
-    from models import MODELS
+    from runner.models import MODELS
 
     model = MODELS.get(name)(variant=variant).build()
-    analytic, profiled = flops.training_flops_per_example(model), flops.profiler_flops_per_example(model)
+    analytic, profiled = flops.training_flops_per_example(model), graph_flops.profiler_flops_per_example(model)
     assert profiled == pytest.approx(analytic, rel=0.05)
     assert profiled >= analytic  # the profiler adds bias, pooling and loss ops, never fewer multiply-adds
 
@@ -72,14 +88,14 @@ def _profiler_convention(model) -> float:
     return total
 
 
-def test_cnn_counts_agree_once_the_profilers_valid_padding_convention_is_applied(flops):
+def test_cnn_counts_agree_once_the_profilers_valid_padding_convention_is_applied(flops, graph_flops):
     """cnn (VALID convs): the forward passes agree; in training the profiler charges backprop on the input area."""
-    from models.cnn import CNN
+    from runner.models.cnn import CNN
 
     model = CNN(variant="tiny").build()
-    forward = flops.profiler_flops_per_example(model, training=False)
+    forward = graph_flops.profiler_flops_per_example(model, training=False)
     assert forward == pytest.approx(flops.forward_flops_per_example(model), rel=0.05)
-    analytic, profiled = flops.training_flops_per_example(model), flops.profiler_flops_per_example(model)
+    analytic, profiled = flops.training_flops_per_example(model), graph_flops.profiler_flops_per_example(model)
     assert profiled == pytest.approx(_profiler_convention(model), rel=0.05)
     assert profiled > 1.05 * analytic  # the gap is the padding convention, not a missing layer
 
@@ -92,35 +108,35 @@ def test_unknown_weighted_layer_is_refused(flops):
         flops.training_flops_per_example(model)
 
 
-def test_probe_peak_measures_once_then_reads_the_cache(flops, tmp_path, monkeypatch):
+def test_probe_peak_measures_once_then_reads_the_cache(peak, tmp_path, monkeypatch):
     start = time.perf_counter()
-    first = flops.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
+    first = peak.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
     uncached_s = time.perf_counter() - start
     assert first is not None and first.gflops > 0 and not first.cached and first.dtype == "float32"
     assert json.loads((tmp_path / "peak.json").read_text())[first.key]["gflops"] == first.gflops
 
-    monkeypatch.setattr(flops, "_benchmark", lambda *a: pytest.fail("the cached peak was measured again"))
+    monkeypatch.setattr(peak, "_benchmark", lambda *a: pytest.fail("the cached peak was measured again"))
     start = time.perf_counter()
-    second = flops.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
+    second = peak.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
     assert time.perf_counter() - start < 0.1 < uncached_s
     assert second.cached and second.gflops == first.gflops and second.key == first.key
 
 
-def test_probe_peak_survives_a_corrupt_cache_and_skips_unsupported_dtypes(flops, tmp_path, monkeypatch):
+def test_probe_peak_survives_a_corrupt_cache_and_skips_unsupported_dtypes(peak, tmp_path, monkeypatch):
     (tmp_path / "peak.json").write_text("{not json")
-    peak = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
-    assert peak is not None and not peak.cached
-    assert peak.key in json.loads((tmp_path / "peak.json").read_text())
+    probed = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
+    assert probed is not None and not probed.cached
+    assert probed.key in json.loads((tmp_path / "peak.json").read_text())
 
-    monkeypatch.setattr(flops, "_cpuinfo", lambda field: "sse2 avx2" if field == "flags" else "Test CPU")
-    assert flops.probe_peak(dtype="float16", cache_dir=tmp_path) is None  # no native fp16: not probed
-    assert flops.probe_peak(dtype="bfloat16", cache_dir=tmp_path) is None
+    monkeypatch.setattr(peak, "_cpuinfo", lambda field: "sse2 avx2" if field == "flags" else "Test CPU")
+    assert peak.probe_peak(dtype="float16", cache_dir=tmp_path) is None  # no native fp16: not probed
+    assert peak.probe_peak(dtype="bfloat16", cache_dir=tmp_path) is None
     with pytest.raises(ValueError, match="dtype"):
-        flops.probe_peak(dtype="int8", cache_dir=tmp_path)
+        peak.probe_peak(dtype="int8", cache_dir=tmp_path)
 
 
 def test_mfu_arithmetic():
-    from runner.flops import mfu
+    from runner.measure.flops import mfu
 
     assert mfu(25_000, 3.2e6, 400.0) == pytest.approx(0.2)  # 80 GFLOP/s of 400
     assert mfu(25_000, 3.2e6, 400.0, physical_processors=2) == pytest.approx(0.1)
@@ -135,7 +151,7 @@ def _best_mlp_rate(tf, batch: int = 128, steps: int = 20, calls: int = 4) -> flo
     """Best images/s of compiled Adam steps of the MLP on in-memory data (best of `calls`, as the probe)."""
     import keras
 
-    from models.mlp import MLP
+    from runner.models.mlp import MLP
 
     model, opt = MLP(variant="default").build(), keras.optimizers.Adam(1e-3)
     opt.build(model.trainable_variables)
@@ -159,17 +175,17 @@ def _best_mlp_rate(tf, batch: int = 128, steps: int = 20, calls: int = 4) -> flo
     return steps * batch / best
 
 
-def test_measured_mlp_mfu_is_a_fraction(flops, tf_devices, tmp_path):
+def test_measured_mlp_mfu_is_a_fraction(flops, peak, tf_devices, tmp_path):
     """The MLP's real training rate times its analytic FLOPs stays under the matmul peak: 0 < MFU < 1."""
-    from models.mlp import MLP
+    from runner.models.mlp import MLP
 
     rate = _best_mlp_rate(tf_devices)
-    peak = flops.probe_peak(size=1024, seconds=0.5, cache_dir=tmp_path)
-    value = flops.mfu(rate, flops.training_flops_per_example(MLP(variant="default").build()), peak.gflops)
-    assert 0 < value < 1, f"{rate:.0f} images/s against {peak.gflops:.0f} GFLOP/s gives MFU {value:.2f}"
+    probed = peak.probe_peak(size=1024, seconds=0.5, cache_dir=tmp_path)
+    value = flops.mfu(rate, flops.training_flops_per_example(MLP(variant="default").build()), probed.gflops)
+    assert 0 < value < 1, f"{rate:.0f} images/s against {probed.gflops:.0f} GFLOP/s gives MFU {value:.2f}"
 
 
-def test_probe_notices_other_processes_using_the_cpus(flops):
+def test_probe_notices_other_processes_using_the_cpus(peak):
     """A probe disturbed by a busy process is flagged: one spinning core of the usable ones is a large share."""
     import subprocess
     import sys
@@ -177,20 +193,20 @@ def test_probe_notices_other_processes_using_the_cpus(flops):
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.1)
-        _, share = flops._timed_with_others_share(lambda: time.sleep(0.5))
+        _, share = peak._timed_with_others_share(lambda: time.sleep(0.5))
     finally:
         spinner.kill()
         spinner.wait()
-    assert share >= 0.8 / len(flops._cpus())
+    assert share >= 0.8 / len(peak._cpus())
 
 
-def test_refresh_keeps_the_higher_figure(flops, tmp_path):
+def test_refresh_keeps_the_higher_figure(peak, tmp_path):
     """Other processes only ever slow a probe down, so a re-probe never lowers the cached peak."""
-    low = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
+    low = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
     cache = tmp_path / "peak.json"
     cache.write_text(json.dumps({low.key: {"gflops": 1e-3}}))
-    raised = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
+    raised = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
     assert raised.gflops > 1e-3 and json.loads(cache.read_text())[low.key]["gflops"] == raised.gflops
     cache.write_text(json.dumps({low.key: {"gflops": 1e9}}))
-    kept = flops.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
+    kept = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
     assert kept.gflops == 1e9 and not kept.cached

@@ -10,7 +10,7 @@ import sys
 
 from conftest import REPO, cli_env
 
-from runner import malloc
+from runner.measure import malloc
 
 # In a fresh process (malloc settings are process-wide): a mirrored run on 2 devices fed through tf.distribute's
 # input API (its per-device iterators are generator datasets) with the option off, then

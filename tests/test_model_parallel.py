@@ -38,8 +38,8 @@ def _trained(model: str, gpus: int, split: str | None, calls: int = 20, steps_pe
     `calls` compiled calls; returns (strategy, loop, per-call losses, (test loss, test accuracy))."""
     import tensorflow as tf
 
-    from data_pipelines import common
-    from runner import devices
+    from runner.data_pipelines import common
+    from runner.runtime import devices
 
     name = "model_parallel" if split else "single"
     overrides = [f"model={model}", f"strategy={name}", f"gpus={gpus}", "data.train_limit=1024", "pipeline=split"]
@@ -126,7 +126,7 @@ def test_two_tower_nin_learns_with_one_full_copy_per_device(tf_devices):
 def test_width_slices_reassemble_the_reference_weights_even_when_uneven(tf_devices):
     import keras
 
-    from models.mlp import MLP
+    from runner.models.mlp import MLP
     from runner.strategies.model_parallel import width_cells
 
     keras.utils.set_random_seed(0)
@@ -150,8 +150,8 @@ def test_stage_cuts_minimise_the_largest_stage():
 
 
 def test_impossible_splits_are_refused(tf_devices):
-    from models.cnn import CNN
-    from models.mlp import MLP
+    from runner.models.cnn import CNN
+    from runner.models.mlp import MLP
     from runner.strategies.model_parallel import stage_cells, width_cells
 
     devices = tuple(f"/device:CPU:{i}" for i in range(4))

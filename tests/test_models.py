@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models import MODELS, Model, variants
+from runner.models import MODELS, Model, variants
 
 
 def every_variant() -> list:
@@ -32,7 +32,7 @@ def test_layers_with_weights_and_dense_only_say_what_keras_builds(tf_devices, mo
 
 
 def test_lenet_is_the_tensorflow_tutorial_network(tf_devices):
-    from models.lenet import LeNet
+    from runner.models.lenet import LeNet
 
     model = LeNet(variant="default").build()
     convs = _layers(model, "Conv2D")
@@ -46,7 +46,7 @@ def _layers(model, kind):
 
 
 def test_mlp_default_is_784_512_512_10(tf_devices):
-    from models.mlp import MLP
+    from runner.models.mlp import MLP
 
     dense = _layers(MLP("mlp", "default").build(), "Dense")
     assert [d.units for d in dense] == [512, 512, 10]
@@ -54,7 +54,7 @@ def test_mlp_default_is_784_512_512_10(tf_devices):
 
 
 def test_cnn_paper_is_five_3x3_convs_of_128_one_pool_dense_128(tf_devices):
-    from models.cnn import CNN
+    from runner.models.cnn import CNN
 
     model = CNN(variant="paper").build()
     convs = _layers(model, "Conv2D")
@@ -64,7 +64,7 @@ def test_cnn_paper_is_five_3x3_convs_of_128_one_pool_dense_128(tf_devices):
 
 
 def test_nin_has_mlpconv_blocks_and_global_average_pooling(tf_devices):
-    from models.nin import NIN
+    from runner.models.nin import NIN
 
     model = NIN(variant="default").build()
     kernels = [c.kernel_size for c in _layers(model, "Conv2D")]

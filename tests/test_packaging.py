@@ -54,6 +54,15 @@ def test_wheel_and_sdist_carry_every_yaml(dist):
     assert in_sdist == YAMLS
 
 
+def test_the_wheel_installs_one_import_root(dist):
+    """`runner` is the only top-level name: the repository's models/ and data_pipelines/ install under it."""
+    wheel = zipfile.ZipFile(glob.glob(str(dist / "*.whl"))[0])
+    top_level = [n for n in wheel.namelist() if n.endswith(".dist-info/top_level.txt")]
+    assert len(top_level) == 1 and wheel.read(top_level[0]).decode().split() == ["runner"]
+    assert {n.split("/")[0] for n in wheel.namelist() if ".dist-info/" not in n} == {"runner"}
+    assert {"runner/models/mlp.py", "runner/data_pipelines/mnist.py", "runner/cli/main.py"} <= set(wheel.namelist())
+
+
 def _run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = cli_env()
     env.pop("PYTHONPATH", None)
@@ -62,6 +71,10 @@ def _run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_installed_wheel_runs_from_elsewhere_and_reads_nothing_from_the_checkout(installed, tmp_path):
+    """From a project folder whose own `models` and `data_pipelines` packages fail if the runner imports them."""
+    for name in ("models", "data_pipelines"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ImportError('the runner imported the project\\'s {name}')\n")
     python = str(installed / "bin" / "python")
     where = _run(installed, tmp_path, python, "-c", "import runner.config as c, runner; print(c.CONF_DIR, runner.__version__)")
     conf_dir, version = where.stdout.split()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import compose
 
-from data_pipelines import PIPELINES as REGISTRY
+from runner.data_pipelines import PIPELINES as REGISTRY
 from runner.config import validate
 
 PIPELINES = REGISTRY.names()
@@ -16,7 +16,7 @@ N_EXAMPLES, GLOBAL = 512, 64
 
 def _indexed(tf):
     """512 examples whose label is their index: (uint8 (28, 28), int32 index)."""
-    from data_pipelines.common import examples
+    from runner.data_pipelines.common import examples
 
     return examples(np.zeros((N_EXAMPLES, 28, 28), np.uint8), np.arange(N_EXAMPLES, dtype=np.int32))
 
@@ -60,7 +60,7 @@ def test_sharded_batches_are_already_on_their_tower_device(tf_devices, towers):
 def test_sharded_runs_a_cpu_devices_pipeline_on_it_and_copies_batches_to_a_gpu(tf_devices, device, stages):
     # tf.data cannot run on a GPU: there the batches are copied over (prefetch_to_device). A CPU device runs its
     # shard's pipeline itself, so no copy stage (a generator dataset with a remote call per batch) is added.
-    from data_pipelines.sharded import staged
+    from runner.data_pipelines.sharded import staged
 
     source = tf_devices.data.Dataset.range(8)
     out = staged(lambda: source.batch(2), device, 2)

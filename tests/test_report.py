@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import cli_env
 
-from runner.verdict import Run, Tolerance, decide, learns_same
+from runner.report.verdict import Run, Tolerance, decide, learns_same
 
 
 def run(strategy, devices, ips=1000.0, stderr=10.0, tta=math.nan, acc=0.95, loss=0.2, pipeline="split", model="mlp"):
@@ -143,6 +143,6 @@ def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store):
 
 
 def test_every_option_has_help():
-    from runner.report import parser
+    from runner.cli.report import parser
 
     assert all(action.help for action in parser()._actions)

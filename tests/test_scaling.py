@@ -7,7 +7,7 @@ import pytest
 from conftest import build_strategy, compose
 
 from runner.config import ConfigError, validate
-from runner.devices import Devices
+from runner.runtime.devices import Devices
 
 MODES = {
     "strong": ["train.batch_scaling=strong", "train.global_batch_size=128"],
@@ -16,7 +16,7 @@ MODES = {
 
 
 def _tower_batch_sizes(n: int, mode: str) -> tuple[list[int], object]:
-    from data_pipelines import common
+    from runner.data_pipelines import common
 
     plan = validate(compose("debug=smoke", "strategy=replicated", "pipeline=split", f"gpus={n}", *MODES[mode]))
     devices = Devices(tuple(f"/device:CPU:{i}" for i in range(n)), "CPU", n > 1, "test")

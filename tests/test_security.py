@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import cli_env
 
-from runner.redact import redact
+from runner.tracking.redact import redact
 
 ADMIN, PASSWORD = "admin", "S3cret-" + secrets.token_hex(6)
 

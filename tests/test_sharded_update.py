@@ -8,7 +8,7 @@ import pytest
 from conftest import build_strategy, compose
 
 from runner.config import validate
-from runner.devices import Devices
+from runner.runtime.devices import Devices
 
 EXACT = ["pipeline.shuffle_buffer=0", "train.steps=20", "train.steps_per_call=1", "data.train_limit=1024"]
 
@@ -19,7 +19,7 @@ def _built(name: str, n: int, *overrides: str):
 
 
 def _losses(tf, strategy, plan, calls: int = 20) -> list[float]:
-    from data_pipelines import common
+    from runner.data_pipelines import common
 
     arrays = plan.data.load(plan.train.seed)
     batches = strategy.batches(plan.pipeline, common.examples(arrays.x_train, arrays.y_train), plan.train.seed)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import build_strategy, compose
 
-from data_pipelines import PIPELINES as _PIPELINES
+from runner.data_pipelines import PIPELINES as _PIPELINES
 from runner.bench.grid import DATA_PARALLEL  # every data-parallel strategy of one process, from the registry
 from runner.config import validate
-from runner.devices import Devices
+from runner.runtime.devices import Devices
 from runner.experiment import run
 
 PIPELINES = _PIPELINES.names()
@@ -48,7 +48,7 @@ def _strategy(tf, name, n, *overrides):
 
 
 def _feed(tf, strategy, plan):
-    from data_pipelines import common
+    from runner.data_pipelines import common
 
     x = np.random.default_rng(0).integers(0, 255, (512, 28, 28), dtype=np.uint8)
     y = np.random.default_rng(1).integers(0, 10, 512).astype(np.int32)

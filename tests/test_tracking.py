@@ -83,3 +83,18 @@ def test_whole_write_off_the_main_thread_changes_nothing():
     thread.start()
     thread.join()
     assert errors == []
+
+
+def test_run_and_norun_each_implement_every_method_of_the_recorder_contract():
+    """No catch-all: NoRun answers the contract's methods with no-ops and nothing else (an unknown attribute is an
+    AttributeError, `experiment_id` is None on a worker that logs nothing)."""
+    methods = {n for n, v in vars(tracking.Recorder).items() if callable(v) and not n.startswith("_")}
+    assert methods >= {"params", "tags", "metrics", "text", "file", "dataset", "copy_history", "end"}
+    for cls in (tracking.Run, tracking.NoRun):
+        assert tracking.Recorder in cls.__mro__  # implemented explicitly
+        assert methods <= set(vars(cls)), f"{cls.__name__} lacks {sorted(methods - set(vars(cls)))}"
+    quiet = tracking.NoRun()
+    assert quiet.run_id is None and getattr(quiet, "experiment_id", "missing") is None
+    assert quiet.metrics({"loss": 1.0}, 3) is None
+    with pytest.raises(AttributeError):
+        quiet.monitor  # noqa: B018 - an attribute outside the contract

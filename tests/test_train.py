@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import compose, runs
 
-from runner.devices import host_cpu
+from runner.runtime.devices import host_cpu
 from runner.experiment import run
 
 
@@ -79,7 +79,7 @@ def test_synthetic_data_is_marked(tf_devices, store):
 
 
 def test_failure_inside_training_marks_the_run_failed(tf_devices, store, tmp_path):
-    from data_pipelines.mnist import DataError
+    from runner.data_pipelines.mnist_files import DataError
 
     with pytest.raises(DataError):
         _smoke(store, f"data.path={tmp_path / 'nowhere'}")
@@ -170,9 +170,9 @@ def test_a_target_never_reached_is_recorded_as_such(tf_devices, store):
 
 
 def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_devices, store):
-    """runner/floor.py: forward and backward at the run's batch plus the optimizer's memory traffic, on this device."""
-    from models.mlp import MLP
-    from runner import floor
+    """runner/measure/floor.py: forward and backward at the run's batch plus the optimizer's memory traffic, on this device."""
+    from runner.models.mlp import MLP
+    from runner.measure import floor
 
     model = MLP(variant="default").build()
     small, large = (floor.forward_backward_seconds(model, b, "/device:CPU:0") for b in (16, 512))

@@ -9,7 +9,7 @@ runs, for each model/variant, the runner's single device (before and after the g
 device, then for each device count Keras `fit` under MirroredStrategy and every strategy x pipeline (`single` on
 1 device only), and prints one table per model/variant: images/s ± standard error over the timed steps, as ratios
 to the runner's single-device rate and to Keras fit, the step time over its floor (the step's unavoidable work on
-this device, runner/floor.py: the limit is 1.0) beside MFU, the optimizer state per device, the pipeline-alone rate
+this device, runner/measure/floor.py: the limit is 1.0) beside MFU, the optimizer state per device, the pipeline-alone rate
 against the step rate, peak RSS and job overhead (process start to first step); then a summary of the targets of the issue, PASS or FAIL in this run.
 With --repeats R every job runs R times, in R rounds over all the jobs, and each row shows the median images/s
 and its range (a single run of a millisecond-step job can be a quarter off on a shared host).

@@ -7,8 +7,8 @@ import sys
 import typing
 
 import runner.bench
-from data_pipelines import DATASETS, PIPELINES
-from models import MODELS
+from runner.data_pipelines import DATASETS, PIPELINES
+from runner.models import MODELS
 from runner.bench.grid import DATA_PARALLEL, grid, settings
 from runner.bench.jobs import MIN_TIMED_STEPS, timed_steps
 from runner.bench.pipelines import pipelines

@@ -7,7 +7,7 @@ import argparse
 import time
 from typing import Callable
 
-from models import variants
+from runner.models import variants
 from runner.bench.jobs import (
     DEFAULT_STEPS,
     MIN_TIMED_STEPS,
@@ -136,7 +136,7 @@ def table_targets(table: Table) -> list[str]:
 
 def sharded_update_targets(table: Table) -> list[str]:
     """sharded_update against replicated (same pipeline and N), its optimizer state per device against one device's,
-    and the one-device step against the step's own floor (runner/floor.py)."""
+    and the one-device step against the step's own floor (runner/measure/floor.py)."""
     s, rows = table.setting, {(job.strategy, job.pipeline, job.gpus): m for job, m in table.rows
                               if job.kind == "runner"}
     single = [m for job, m in table.rows if job.kind == "single"]

@@ -1,5 +1,5 @@
 """Benchmark jobs: each measurement in a fresh process (runner jobs are normal runs read back from MLflow, Keras fit
-runs in `runner.keras_baseline`), repeated in rounds and combined into rows."""
+runs in `runner.bench.keras_baseline`), repeated in rounds and combined into rows."""
 
 from __future__ import annotations
 
@@ -70,8 +70,8 @@ def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
 
 
 def keras_command(setting: Setting, gpus: int, mirrored: bool) -> list[str]:
-    """The command line of plain Keras fit for one setting (runner.keras_baseline)."""
-    cmd = [sys.executable, "-m", "runner.keras_baseline", "--model", setting.model,
+    """The command line of plain Keras fit for one setting (runner.bench.keras_baseline)."""
+    cmd = [sys.executable, "-m", "runner.bench.keras_baseline", "--model", setting.model,
            *(["--variant", setting.variant] if setting.variant else []), "--gpus", str(gpus), "--batch", str(setting.batch), "--steps", str(setting.steps), "--data", setting.data,
            "--chunk", str(setting.steps_per_call), "--optimizer", setting.optimizer]
     return cmd + (["--mirrored"] if mirrored else [])
@@ -185,6 +185,6 @@ def emit(out: list[str], lines: list[str]) -> None:
 
 def machine() -> str:
     """What the figures below ran on: the host CPU and its cores (the jobs read the same; see devices.host_cpu)."""
-    from runner.devices import host_cpu
+    from runner.runtime.devices import host_cpu
 
     return f"{host_cpu()}, {os.cpu_count()} cores"

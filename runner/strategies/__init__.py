@@ -24,11 +24,11 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from data_pipelines import Pipeline
-    from data_pipelines.common import Examples
-    from models import Model
-    from runner.cluster import Cluster
-    from runner.devices import Devices
+    from runner.data_pipelines import Pipeline
+    from runner.data_pipelines.common import Examples
+    from runner.models import Model
+    from runner.runtime.cluster import Cluster
+    from runner.runtime.devices import Devices
     from runner.strategies.loss_scale import LossScale, LossScaling, NoLossScale
 
 MAX_DEVICES = 16
@@ -90,6 +90,11 @@ class Strategy(Protocol):
     def describe(self) -> dict[str, str]:
         """Tags saying where the variables live."""
 
+    def check_same_start(self, step: int) -> None:
+        """Raise unless every process of the job resumes from `step` (a multi-process strategy's collectives would
+        pair different steps otherwise). One process agrees with itself: nothing to do, the default."""
+        return None
+
 
 @runtime_checkable
 class StrategyOptions(Protocol):
@@ -108,6 +113,9 @@ class StrategyOptions(Protocol):
 
     def build(self, devices: Devices, training: Training) -> Strategy:
         """The strategy over `devices`, its model and optimizer built under its placement."""
+
+    def peer_wait(self) -> float | None:
+        """Seconds `build` may wait for the job's other processes to start (multi-process), or None: no peers."""
 
 
 @dataclass
@@ -131,6 +139,9 @@ class StrategyBase:
     def cluster(self) -> Cluster | None:
         return None
 
+    def peer_wait(self) -> float | None:
+        return None
+
     @classmethod
     def takes(cls, gpus: int) -> bool:
         """Whether this strategy runs on `gpus` devices."""
@@ -151,4 +162,4 @@ class StrategyBase:
             )
 
 
-STRATEGIES = Registry("strategy", "runner.strategies")
+STRATEGIES = Registry("strategy", __name__)

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from models import Model
+    from runner.models import Model
 else:
     keras, tf = lazy("keras"), lazy("tensorflow")
 

@@ -14,16 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from runner.devices import nvidia_gpus_present
+from runner.runtime.devices import nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
 from runner.strategies.common import make_evaluate, per_example_loss, steps_loop, touch
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from runner.devices import Devices
+    from runner.runtime.devices import Devices
 else:
     tf = lazy("tensorflow")
 
@@ -95,7 +95,7 @@ class PerReplicaFeed:
         return per_replica(0), per_replica(1)
 
 
-class Replicas:
+class Replicas(Strategy):
     """One model replica per device of a tf.distribute strategy, variables mirrored, gradients all-reduced.
 
     Args:

@@ -34,15 +34,15 @@ import numpy as np
 
 from runner.errors import ConfigError
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
 from runner.strategies.common import drain_loop, make_evaluate, steps_loop
 
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from models import Model
-    from runner.devices import Devices
+    from runner.models import Model
+    from runner.runtime.devices import Devices
     from runner.strategies.loss_scale import LossScale, NoLossScale
 else:
     keras, tf = lazy("keras"), lazy("tensorflow")
@@ -309,7 +309,7 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
     scale.apply_if_finite(lambda: loss_scale.all_finite([g for _, d_vars in updates for g in d_vars]), apply)
 
 
-class SplitModel:
+class SplitModel(Strategy):
     """The model cut into cells placed on the devices (see the module docstring); one batch per step."""
 
     def __init__(self, split: str, devices: Devices, training: Training):

@@ -16,8 +16,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from runner import cluster
-from runner.devices import DeviceError, nvidia_gpus_present
+from runner.runtime import cluster
+from runner.runtime.devices import DeviceError, nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.registry import Rule
@@ -27,7 +27,7 @@ from runner.strategies.mirrored import Replicas
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from runner.devices import Devices
+    from runner.runtime.devices import Devices
 else:
     tf = lazy("tensorflow")
 
@@ -57,6 +57,9 @@ class MultiWorker(StrategyBase):
     def cluster(self) -> cluster.Cluster:
         """The cluster from `workers`/`task_index`, else from TF_CONFIG. Raises ConfigError if neither is usable."""
         return cluster.from_options(self.workers, self.task_index)
+
+    def peer_wait(self) -> float:
+        return self.peer_timeout
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
 from runner.strategies.common import drain_loop, make_evaluate, per_example_loss, steps_loop
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from runner.devices import Devices
+    from runner.runtime.devices import Devices
 else:
     tf = lazy("tensorflow")
 
@@ -73,7 +73,7 @@ class ParameterServer(StrategyBase):
         return Towers(list(devices.names), training, ps_device=home)
 
 
-class Towers:
+class Towers(Strategy):
     """N in-graph towers, tower i on devices[i]; a model copy (with its optimizer) on every device (replicated:
     tower i uses its own device's copy), or one copy on `ps_device` that every tower reads."""
 

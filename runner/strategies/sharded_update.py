@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
-    from runner.devices import Devices
+    from runner.runtime.devices import Devices
 else:
     keras, tf = lazy("keras"), lazy("tensorflow")
 

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
 from runner.strategies.common import drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from runner.devices import Devices
+    from runner.runtime.devices import Devices
 else:
     tf = lazy("tensorflow")
 
@@ -34,7 +34,7 @@ class Single(StrategyBase):
         return SingleDevice(devices.names[0], training)
 
 
-class SingleDevice:
+class SingleDevice(Strategy):
     """Model, optimizer and every op on one device."""
 
     def __init__(self, device: str, training: Training):

@@ -1,9 +1,9 @@
 """What a run measures beside the training loop: hooks around its calls, and figures taken after it.
 
 - `ReuseFreedMemory` (hook): undoes, after every call, the allocator setting TensorFlow's generator datasets leave
-  behind (`runner.malloc`).
+  behind (`runner.measure.malloc`).
 - `LossScaleMetrics` (hook): logs the loss scale and the skipped updates (train.precision=mixed_float16).
-- `Profile` (hook): traces the first call that would be timed with TensorFlow's profiler (`runner.profile`).
+- `Profile` (hook): traces the first call that would be timed with TensorFlow's profiler (`runner.measure.profile`).
 - `input_figures` (after training): the input pipeline's rate alone beside the training step's.
 - `peak_rss_mb` (after training): the process's peak resident memory.
 """
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, ContextManager
 
-from runner import malloc
+from runner.measure import malloc
 from runner.train import Hook
 
 log = logging.getLogger(__name__)
@@ -25,7 +25,7 @@ INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devi
 
 class ReuseFreedMemory(Hook):
     """A generator-based input iterator (tf.distribute's, prefetch_to_device's) starts in a call and leaves glibc
-    mapping and unmapping every tensor over 128 KiB from then on (runner/malloc.py); undo that after every call."""
+    mapping and unmapping every tensor over 128 KiB from then on (runner/measure/malloc.py); undo that after every call."""
 
     def after(self, step: int, n: int, seconds: float, last: bool) -> None:
         malloc.reuse()
@@ -58,7 +58,7 @@ class Profile(Hook):
     def around(self, calls: int, n: int) -> ContextManager[None] | None:
         if self.traced or n != self.steps_per_call or calls < max(1, self.warmup_calls):
             return None
-        from runner import profile
+        from runner.measure import profile
 
         self.tracing = True
         return profile.trace(self.folder)

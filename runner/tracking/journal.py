@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 NAME = "mlflow_journal.jsonl"
@@ -33,8 +32,10 @@ class Journal:
     A journal that cannot be written (its disk full too) keeps its entries in memory and says so once.
     """
 
-    def __init__(self, path: Path | None, header: dict[str, Any]):
-        self.path, self.header = path, header
+    def __init__(self, path: Path | None, header: dict[str, Any],
+                 on_error: Callable[[OSError], None] | None = None):
+        self.path, self.header, self.on_error = path, header, on_error
+        self.file = path  # kept when writing stops: a partial file is removed with the rest
         self.entries: list[dict[str, Any]] = []
         self.acked = 0  # every entry up to this seq is in the store
         self._write(header)
@@ -44,7 +45,7 @@ class Journal:
         """A journal file as written by a run (entries and acknowledgements)."""
         lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         journal = cls.__new__(cls)
-        journal.path, journal.header = path, lines[0]
+        journal.path, journal.file, journal.header, journal.on_error = path, path, lines[0], None
         journal.entries = [e for e in lines[1:] if "seq" in e]
         journal.acked = max([e["ack"] for e in lines[1:] if "ack" in e], default=0)
         return journal
@@ -56,7 +57,11 @@ class Journal:
             with self.path.open("a") as f:
                 f.write(json.dumps(line) + "\n")
         except OSError as e:
-            log.warning("the MLflow journal %s cannot be written (%s); its writes are kept in memory only", self.path, e)
+            if self.on_error is not None:
+                self.on_error(e)
+            else:
+                log.warning("the MLflow journal %s cannot be written (%s); its writes are kept in memory only",
+                            self.path, e)
             self.path = None
 
     def append(self, op: str, **args: Any) -> None:
@@ -72,9 +77,9 @@ class Journal:
         return [e for e in self.entries if e["seq"] > self.acked]
 
     def remove(self) -> None:
-        """Delete the file once the store has everything."""
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
+        """Delete the file once the store has everything (a file left incomplete by a full disk too)."""
+        if self.file is not None:
+            self.file.unlink(missing_ok=True)
 
 
 def send(client: Any, run_id: str, entry: dict[str, Any]) -> None:
@@ -121,25 +126,3 @@ def replay(path: Path, uri: str | None = None) -> tuple[int, str]:
         send(client, run_id, entry)
         journal.ack(entry["seq"])
     return len(pending), run_id
-
-
-def main(argv: list[str]) -> int:
-    """`runner replay JOURNAL [--tracking-uri URI]`: send what a run could not write to its store."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="runner replay", description=main.__doc__)
-    parser.add_argument("journal", type=Path, help=f"a run's {NAME} (in its output folder)")
-    parser.add_argument("--tracking-uri", default=None, help="the store to send to (default: the run's own)")
-    args = parser.parse_args(argv)
-    try:
-        count, run_id = replay(args.journal, args.tracking_uri)
-    except (OSError, ValueError, KeyError, IndexError) as e:
-        print(f"error: {args.journal} is not a readable run journal ({type(e).__name__}: {e})", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - the store's failure, whatever it is, is the one line
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        print(f"error: the store refused the replay ({type(e).__name__}: {first}); nothing acknowledged is sent twice, "
-              "run the same command again once it works", file=sys.stderr)
-        return 2
-    print(f"replayed {count} writes of run {run_id}")
-    return 0

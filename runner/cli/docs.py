@@ -1,4 +1,4 @@
-"""`python -m runner.docs`: write docs/configuration.md from the config schema, so that the page cannot drift.
+"""`python -m runner.cli.docs`: write docs/configuration.md from the config schema, so that the page cannot drift.
 
 Every key comes from the dataclasses themselves: the top level (runner/config.py) and each registered component's
 options (its module), with its type, default, what is allowed (the `Literal` choices and `RULES`) and the comment
@@ -22,7 +22,7 @@ PAGE = Path("docs/configuration.md")
 INTRO = """# Configuration: every key
 
 What each key does, its default and what it allows, for the top level and for every component. This page is
-written by `python -m runner.docs` from the schema (the dataclasses in `runner/config.py` and in each component's
+written by `python -m runner.cli.docs` from the schema (the dataclasses in `runner/config.py` and in each component's
 module), and a test checks that it matches. Set a key on the command line (`train.steps=600`, `strategy.input=
 distribute`) or in a YAML of `conf/`; `python -m runner --cfg job` prints the composed config of a command.
 

@@ -1,4 +1,4 @@
-"""`runner report` / `python -m runner.report`: compare runs from MLflow in a table, a verdict and three plots.
+"""What `runner report` shows (runner/cli/report.py): runs from MLflow compared in a table, a verdict and three plots.
 
     runner report                                    the newest sweep in the store, else the newest experiment
     runner report --experiment NAME [--latest-sweep | --parent RUN_ID] [--filter "tags.model = 'mlp'"]
@@ -6,20 +6,18 @@
 The first line says what was chosen. The table has one row per run: model, pipeline, strategy, devices, scaling
 mode, images/s ± standard error, speedup and efficiency against the 1-device run of the same model, pipeline,
 strategy and scaling mode (else of the model under `single`), time to the target accuracy, test accuracy, whether it
-learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/verdict.py) and
-the plots (runner/plots.py). With a sweep's parent run, table and plots are also logged as artifacts of that parent.
+learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/report/verdict.py) and
+the plots (runner/report/plots.py). With a sweep's parent run, table and plots are also logged as artifacts of that parent.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner import plots, verdict
+from runner.report import plots, verdict
 
 
 class ReportError(Exception):
@@ -220,7 +218,7 @@ def compact(rows: list[Row]) -> str:
 
 def sweep_end(client: Any, parent: str) -> list[str]:
     """What the end of a sweep prints: its jobs' compact table, the verdict, and where to look further."""
-    from runner import ui
+    from runner.tracking import ui
 
     run = client.get_run(parent)
     experiment = client.get_experiment(run.info.experiment_id).name
@@ -229,49 +227,3 @@ def sweep_end(client: Any, parent: str) -> list[str]:
     lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))]
     return ["", compact(rows), "", *lines, "", f"experiment: {experiment!r}; table, plots and verdict: runner report "
             f"--experiment {experiment} --parent {parent}", ui.where_to_look(client.tracking_uri, run.info.experiment_id)]
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runner report", description="Compare runs from MLflow: a table, one verdict "
-                                "line per model, and plots. With no arguments: the newest sweep in the store.")
-    p.add_argument("--experiment", default=None, help="the experiment to report (default: the one of the newest "
-                   "sweep, else the newest experiment)")
-    p.add_argument("--parent", default=None, help="a sweep's parent run id: report its children")
-    p.add_argument("--latest-sweep", action="store_true", help="report the newest sweep of --experiment (an error "
-                   "if it has none)")
-    p.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"tags.model = 'mlp'\"")
-    p.add_argument("--tracking-uri", default=None, help="the store (default: $MLFLOW_TRACKING_URI, else "
-                   "sqlite:///mlflow.db in this folder)")
-    p.add_argument("--out", default="report", help="folder for report.md and the PNG plots (default: report)")
-    p.add_argument("--accuracy-tolerance", type=float, default=verdict.Tolerance.accuracy,
-                   help="'learns the same': the largest |Δ test accuracy| to the 1-device run (default: %(default)s)")
-    p.add_argument("--loss-tolerance", type=float, default=verdict.Tolerance.loss,
-                   help="'learns the same': the largest relative |Δ test loss| (default: %(default)s)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line of the report; one `error:` line and status 2 when there is nothing to report."""
-    from mlflow.tracking import MlflowClient
-
-    from runner.tracking import resolve_uri
-
-    args = parser().parse_args(argv)
-    client = MlflowClient(resolve_uri(args.tracking_uri))
-    try:
-        selection = select(client, args.experiment, args.parent, args.latest_sweep)
-        text, lines, paths = report(client, selection, args.filter, Path(args.out),
-                                    verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(selection.said)
-    print(text)
-    print("\n".join(["", *lines]))
-    logged = f"; logged to parent run {selection.parent}" if selection.parent else ""
-    print(f"\nplots: {', '.join(str(p) for p in paths)}{logged}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

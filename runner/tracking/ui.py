@@ -75,7 +75,7 @@ def ui_command(uri: str) -> str | None:
 
 def where_to_look(uri: str, experiment_id: str) -> str:
     """One line: the UI command (if the store is local) and the URL of the runs view (credentials masked)."""
-    from runner.redact import redact
+    from runner.tracking.redact import redact
 
     uri = redact(uri)
     command = ui_command(uri)

@@ -11,7 +11,7 @@ The wait is watched from outside instead: a small process started just before it
 - on Ctrl-C (SIGINT reaches the whole foreground process group) or SIGTERM sent to it, ends the run KILLED and
   kills the stuck process.
 
-    python -m runner.watchdog --pid PID --seconds S --name worker0 --waiting-for "host:port, ..." \
+    python -m runner.runtime.watchdog --pid PID --seconds S --name worker0 --waiting-for "host:port, ..." \
         [--uri URI --run-id ID]
 """
 
@@ -73,7 +73,7 @@ def watch(args: argparse.Namespace) -> int:
 @contextmanager
 def bounded_wait(seconds: float, name: str, waiting_for: str, uri: str | None, run_id: str | None) -> Iterator[None]:
     """Watch the block (`name`'s wait for `waiting_for`) from a separate process; see the module docstring."""
-    command = [sys.executable, "-m", "runner.watchdog", "--pid", str(os.getpid()), "--seconds", str(seconds),
+    command = [sys.executable, "-m", "runner.runtime.watchdog", "--pid", str(os.getpid()), "--seconds", str(seconds),
                "--name", name, "--waiting-for", waiting_for]
     if uri and run_id:
         command += ["--uri", uri, "--run-id", run_id]
@@ -87,7 +87,7 @@ def bounded_wait(seconds: float, name: str, waiting_for: str, uri: str | None, r
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runner.watchdog", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m runner.runtime.watchdog", description=__doc__.splitlines()[0])
     parser.add_argument("--pid", type=int, required=True, help="the process whose wait is watched")
     parser.add_argument("--seconds", type=float, required=True, help="how long the wait may last")
     parser.add_argument("--waiting-for", required=True, help="who is waited for (for the error line)")

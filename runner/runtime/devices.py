@@ -131,7 +131,7 @@ def onednn() -> str:
 
     TensorFlow turns them on by itself on CPUs with AVX512_VNNI, AVX512_BF16 or AMX, unless TF_ENABLE_ONEDNN_OPTS
     says otherwise. Recorded with every result because it changes op speed, rounding and where CPU tensors' memory
-    comes from (with it on, large tensors are pooled, and `runner/malloc.py`'s trap does not arise).
+    comes from (with it on, large tensors are pooled, and `runner/measure/malloc.py`'s trap does not arise).
     """
     try:
         from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own check; not in its public API
@@ -268,7 +268,7 @@ def setup(gpus: int, intra: int = -1, inter: int = 0) -> Devices:
     Raises:
         DeviceError: the devices cannot be provided in this process.
     """
-    from runner.quiet import filtered_stderr
+    from runner.runtime.quiet import filtered_stderr
 
     with filtered_stderr():  # TensorFlow's start-up lines, filtered to those that matter
         tf = import_tensorflow()

@@ -1,4 +1,4 @@
-"""`runner check` / `python -m runner.check`: does every strategy and pipeline work on this machine's devices?
+"""`runner check` / `python -m runner.cli.check`: does every strategy and pipeline work on this machine's devices?
 
     runner check                       the machine's GPUs (or 2 simulated CPU devices on a machine without any)
     runner check gpus=4                4 devices (logical GPUs carved from GPU 0 when fewer are real)
@@ -81,41 +81,36 @@ def _short(device: str) -> str:
 
 
 def measure(overrides: list[str], steps: int, timed: int) -> dict[str, Any]:
-    """Build the combination's strategy on fresh devices, train `steps` one-step calls and one timed call."""
-    from data_pipelines import common
-    from runner import devices as devices_mod
+    """Build the combination as a run does (experiment.build), train `steps` one-step calls and one timed call."""
     from runner.config import compose, validate
-    from runner.experiment import training_for
+    from runner.experiment import build
+    from runner.tracking import NoRun
 
     plan = validate(compose(overrides))
-    devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
-    import keras
+    built = build(plan, NoRun(), log_placement=True)  # the placer logs each op's device, read by the parent
     import tensorflow as tf
 
-    tf.debugging.set_log_device_placement(True)  # the placer logs each op's device while the step is compiled
-    keras.mixed_precision.set_dtype_policy(plan.train.precision)
-    strategy = plan.strategy.build(devices, training_for(plan))
-    arrays = plan.data.load(plan.train.seed)
-    batches = strategy.batches(plan.pipeline, common.examples(arrays.x_train, arrays.y_train), plan.train.seed)
-    loop = strategy.train_loop(batches)
+    batches = built.strategy.batches(plan.pipeline, built.examples, plan.train.seed)
+    loop = built.strategy.train_loop(batches)
     losses = [float(loop(tf.constant(1))[0]) for _ in range(steps)]
     start = time.perf_counter()
     done = int(loop(tf.constant(timed))[1])  # steps run: fewer if the loss stopped being finite
     seconds = time.perf_counter() - start
     return {"losses": losses, "images_per_sec": done * plan.train.global_batch_size / seconds,
-            "variables": sorted({_short(d) for d in strategy.variable_devices().values()}),
-            "devices": [_short(d) for d in devices.names], "tags": {**devices.as_tags(), **strategy.describe()}}
+            "variables": sorted({_short(d) for d in built.strategy.variable_devices().values()}),
+            "devices": [_short(d) for d in built.devices.names],
+            "tags": {**built.devices.as_tags(), **built.strategy.describe()}}
 
 
 def child(overrides: list[str], steps: int, timed: int) -> int:
-    """`python -m runner.check --one ...`: print the measurement as one JSON line (or the error in it)."""
+    """`python -m runner.cli.check --one ...`: print the measurement as one JSON line (or the error in it)."""
     try:
         result = measure(overrides, steps, timed)
     except Exception as e:  # noqa: BLE001 - any failure is this combination's result, reported by the parent
         result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
     sys.stdout.write(RESULT + json.dumps(result) + "\n")
     sys.stdout.flush()
-    os._exit(0)  # skip TensorFlow's teardown (runner.__main__._exit_now says why)
+    os._exit(0)  # skip TensorFlow's teardown (runner.cli.main._exit_now says why)
 
 
 # ---- the parent: which combinations, one process each, the verdict ----------------------------------------------
@@ -124,7 +119,7 @@ def child(overrides: list[str], steps: int, timed: int) -> int:
 def run_one(overrides: list[str], label: str, steps: int, timed: int) -> Outcome:
     """Measure one combination in a fresh process; its stderr carries TensorFlow's placer log."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}  # the placer logs at INFO
-    cmd = [sys.executable, "-m", "runner.check", "--one", "--steps", str(steps), "--timed", str(timed), *overrides]
+    cmd = [sys.executable, "-m", "runner.cli.check", "--one", "--steps", str(steps), "--timed", str(timed), *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
     if not lines:
@@ -164,7 +159,7 @@ def _chosen(group: str, overrides: list[str], dirs: tuple[Path, ...]) -> list[st
 
 def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tuple[list[Combination], list[str]]:
     """The strategy x pipeline combinations that validate for `gpus` devices, and why the others do not apply."""
-    from runner.__main__ import one_line
+    from runner.cli.overrides import explain
     from runner.config import compose, validate
     from runner.errors import ConfigError
     from runner.strategies import STRATEGIES
@@ -185,7 +180,7 @@ def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tup
             try:
                 validate(compose(full))
             except ConfigError as e:
-                skipped.append(f"{label}: {one_line(e)}")
+                skipped.append(f"{label}: {explain(e)}")
                 continue
             found.append(Combination(label, full))
     return found, skipped
@@ -230,7 +225,7 @@ def _merge(skipped: list[str]) -> list[str]:
 
 def _gpus(overrides: list[str]) -> int:
     """gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices."""
-    from runner.devices import nvidia_gpu_count
+    from runner.runtime.devices import nvidia_gpu_count
 
     named = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("gpus=")]
     return named[-1] if named else (nvidia_gpu_count() or 2)
@@ -245,7 +240,7 @@ def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argpar
     cfg = compose(common)
     uri = tracking.resolve_uri(cfg.mlflow.tracking_uri)
     tracking.open_store(uri, cfg.mlflow.experiment)
-    tags = {"mlflow.runName": f"check gpus={gpus}", "runner.check": "true", **reference.tags, **tracking.process_tags()}
+    tags = {"mlflow.runName": f"check gpus={gpus}", "runner.cli.check": "true", **reference.tags, **tracking.process_tags()}
     tags.update({k: v for o in outcomes[:1] for k, v in o.tags.items() if k.startswith("devices.")})
     run = tracking.Run(uri, cfg.mlflow.experiment, tags)
     run.params({"gpus": gpus, "steps": args.steps, "timed_steps": args.timed, "tolerance": args.tolerance,
@@ -306,7 +301,7 @@ def check(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line; a bad value or an unusable store is one `error:` line and status 2."""
-    from runner.__main__ import check_group_overrides, one_line
+    from runner.cli.overrides import check_group_overrides, explain
     from runner.errors import UserError
 
     args = parser().parse_args(argv)
@@ -318,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UserError(error)
         return check(args)
     except UserError as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
+        print(f"error: {explain(e)}", file=sys.stderr)
         return 2
 
 

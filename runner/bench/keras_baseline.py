@@ -1,6 +1,6 @@
 """The baseline a user would reach for: plain Keras `model.fit`, alone or under MirroredStrategy.
 
-    python -m runner.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
+    python -m runner.bench.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
         [--optimizer adam|sgd|momentum|rmsprop]
 
 Same model (the registry's `build()`), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
@@ -22,14 +22,14 @@ import typing
 
 import numpy as np
 
-from data_pipelines import DATASETS
-from data_pipelines.split import Split
-from models import MODELS
+from runner.data_pipelines import DATASETS
+from runner.data_pipelines.split import Split
+from runner.models import MODELS
 from runner.config import OptimizerName
 
 
 def _dataset(args: argparse.Namespace):
-    from data_pipelines import common
+    from runner.data_pipelines import common
 
     arrays = DATASETS.get(args.data)().load(0)
     opts = Split()  # the runner's default pipeline options
@@ -62,7 +62,7 @@ class EpochTimer:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the baseline and print its figures as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m runner.keras_baseline")
+    parser = argparse.ArgumentParser(prog="python -m runner.bench.keras_baseline")
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--variant", default=None, help="the model's variant, if it has variants")
     parser.add_argument("--gpus", type=int, default=1)
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     import runner
-    from runner import devices as devices_mod
+    from runner.runtime import devices as devices_mod
 
     devices = devices_mod.setup(args.gpus)
     import keras

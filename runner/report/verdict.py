@@ -31,7 +31,7 @@ class Tolerance:
 
 @dataclass
 class Run:
-    """What the verdict needs of one run (runner.report's rows give these fields)."""
+    """What the verdict needs of one run (runner.report.table's rows give these fields)."""
 
     model: str
     pipeline: str

@@ -1,0 +1,2 @@
+"""The command line: the thin `@hydra.main` entry and its subcommands (report, check, replay); one-line errors and
+exit status."""

@@ -1,0 +1,151 @@
+"""Command line: `python -m runner [overrides]` or `runner [overrides]`; a thin wrapper around `run(cfg)`.
+
+Errors a user can fix (a bad config value, missing data, impossible devices) print one line, `error: ...`, and exit
+with status 2; set RUNNER_TRACEBACK=1 (or HYDRA_FULL_ERROR=1) to see the traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig
+
+from runner.cli.overrides import check_group_overrides, check_launch_dir, explain
+from runner.config import CONF_DIR
+from runner.errors import UserError
+
+log = logging.getLogger("runner")
+USER_ERROR_EXIT = 2
+def _fail(message: str) -> None:
+    from runner.tracking.redact import redact
+
+    print(f"error: {redact(message)}", file=sys.stderr)
+    sys.exit(USER_ERROR_EXIT)
+
+
+def _show_traceback() -> bool:
+    return os.environ.get("RUNNER_TRACEBACK", "") not in ("", "0")
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> Any:
+    """Hydra entry: run one job and print its result (in a multirun: start it in a fresh process)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from runner import sweep, tracking
+    from runner.experiment import run
+
+    if HydraConfig.get().mode == RunMode.MULTIRUN and not tracking.is_sweep_child():
+        return sweep.run_isolated(cfg)  # the job runs in a fresh process; the sweep goes on if it fails
+    try:
+        result = run(cfg)
+    except UserError as e:
+        # Exiting here, inside the job, keeps Hydra from adding its own "Error executing job" line.
+        _report(e)
+    rate = f"{result['images_per_sec']:,.0f} images/s" if "images_per_sec" in result else "images/s not measured"
+    if "time_to_accuracy_seconds" in result:
+        rate += (f"  target {result['target_accuracy']:.2f} reached in {result['time_to_accuracy_seconds']:.1f} s "
+                 f"({result['steps_to_accuracy']:.0f} steps)")
+    elif "target_accuracy" in result:
+        rate += f"  target {result['target_accuracy']:.2f} not reached"
+    if result["run_id"]:
+        from runner.tracking import ui
+
+        print(ui.where_to_look(result["tracking_uri"], result["experiment_id"]))
+    print(
+        f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}  "
+        f"{rate}  ({result['steps']:.0f} steps, "
+        f"{result['wall_seconds']:.1f} s)  "
+        + (f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)")
+    )
+    return result
+
+
+def _log_to_files(message: str) -> None:
+    """Put the error into Hydra's job log file too, without printing it a second time on the console."""
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _report(e: BaseException) -> None:
+    """Report a user error in one line and exit 2, or re-raise it when a traceback was asked for."""
+    if _show_traceback():
+        raise e
+    message = explain(e)
+    _log_to_files(message)
+    _fail(message)
+
+
+def _exit_now(code: int) -> None:
+    """Exit once everything is recorded, skipping the interpreter's teardown when TensorFlow is loaded: destroying
+    its objects took up to a minute after 8-device runs of the sharded pipeline (each input iterator's destructor
+    waits on its background threads) and does nothing a user needs. Logs and output are flushed first."""
+    if "tensorflow" not in sys.modules:
+        sys.exit(code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def cli() -> None:
+    """Console-script entry: check group choices in one line, then hand over to Hydra.
+
+    Hydra normally prints errors itself, over several lines; with HYDRA_FULL_ERROR set it re-raises them
+    instead, so that this function can report the ones a user can fix in one line.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    os.environ.setdefault("RUNNER_TRACEBACK", os.environ.get("HYDRA_FULL_ERROR", ""))
+    sys.argv[0] = "runner"  # argparse's and Hydra's messages name the command, not __main__.py
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    from runner import sweep, tracking
+    from runner.runtime import signals
+
+    if sys.argv[1:2] in (["--version"], ["-V"]):
+        import runner
+
+        print(f"runner {runner.__version__} ({runner.DISTRIBUTION})")
+        sys.exit(0)
+    if sys.argv[1:2] == ["report"]:
+        from runner.cli.report import main as report_main
+
+        sys.exit(report_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["check"]:
+        from runner.cli.check import main as check_main
+
+        sys.exit(check_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["replay"]:
+        from runner.cli.replay import main as replay_main
+
+        sys.exit(replay_main(sys.argv[2:]))
+    tracking.bound_http_retries()
+    error = check_group_overrides(sys.argv[1:]) or check_launch_dir(sys.argv[1:])
+    if error:
+        _fail(error)
+    signals.install()
+    try:
+        main()
+        _exit_now(1 if sweep.failures else 0)
+    except (KeyboardInterrupt, signals.Terminated) as e:
+        sweep.close_open_parent("KILLED")
+        print("interrupted" if isinstance(e, KeyboardInterrupt) else f"terminated ({e})", file=sys.stderr)
+        _exit_now(130 if isinstance(e, KeyboardInterrupt) else 143)
+    except (UserError, HydraException, OmegaConfBaseException) as e:
+        sweep.close_open_parent("FAILED")
+        _report(e)
+    except Exception:
+        sweep.close_open_parent("FAILED")
+        raise
+
+
+if __name__ == "__main__":
+    cli()

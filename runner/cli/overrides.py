@@ -1,0 +1,119 @@
+"""What the command line checks before Hydra starts, and how Hydra's errors become one line: a group choice that
+does not exist, a launcher setting Hydra does not check, an unwritable launch folder, a key the chosen component
+lacks."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from runner.config import GROUPS, HYDRA_GROUPS, allowed, group_options
+from runner.errors import one_line
+
+# Hydra launcher settings that Hydra itself does not check before the sweep starts.
+HYDRA_RULES = {
+    "hydra.launcher.n_jobs": (lambda v: isinstance(v, int) and v != 0 and v >= -(os.cpu_count() or 1),
+                              "a positive number of parallel jobs, or -1 for one per CPU"),
+}
+
+
+
+
+def config_dirs(args: list[str]) -> tuple[Path, ...]:
+    """The user's config directories on the command line: `--config-dir D` / `-cd D` and file:// entries of
+    `hydra.searchpath=[...]` (where their own component YAMLs live)."""
+    dirs = []
+    for flag, value in zip(args, args[1:] + [""]):
+        if flag in ("--config-dir", "-cd"):
+            dirs.append(value)
+        elif flag.startswith("--config-dir="):
+            dirs.append(flag.split("=", 1)[1])
+        elif flag.startswith("hydra.searchpath="):
+            entries = flag.split("=", 1)[1].strip("[]").split(",")
+            dirs += [e.strip().removeprefix("file://") for e in entries if not e.strip().startswith("pkg://")]
+    return tuple(Path(d).expanduser() for d in dirs if d)
+
+
+def check_launch_dir(args: list[str]) -> str | None:
+    """Hydra writes each run's folder under the launch directory (outputs/, multirun/) unless hydra.run.dir /
+    hydra.sweep.dir say otherwise, and fails with a traceback when it cannot: say so in one line first."""
+    from runner.paths import unwritable
+
+    if any(a.startswith(("hydra.run.dir=", "hydra.sweep.dir=")) for a in args):
+        return None
+    problem = unwritable(Path.cwd())
+    if problem:
+        return (f"the launch directory cannot be written ({problem}): each run writes its folder (outputs/) and, by "
+                "default, its store (mlflow.db) there; run from a writable folder, or set hydra.run.dir=/writable/dir "
+                "and mlflow.tracking_uri")
+    return None
+
+
+def check_group_overrides(args: list[str]) -> str | None:
+    """Find a command-line choice of a config group that does not exist (`model=foo`, `-m model=mlp,foo`).
+
+    Hydra would report it as a multi-line search-path dump; this gives one line with the allowed options. Parsing
+    uses Hydra's own override grammar; anything it cannot parse is left for Hydra to report.
+
+    Returns:
+        The error message, or None when every group choice exists.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, extra = OverridesParser.create(), config_dirs(args)
+    for arg in args:
+        if arg.startswith("-"):
+            continue
+        try:
+            override = parser.parse_override(arg)
+        except Exception:  # not an override (e.g. the value of --config-name): Hydra reports it if it matters
+            continue
+        group = override.key_or_group
+        if group in HYDRA_RULES and not override.is_delete():
+            ok, wanted = HYDRA_RULES[group]
+            if not ok(override.value()):
+                return f"{group}={override.value()} is not allowed; expected {wanted}"
+        if group not in (*GROUPS, *HYDRA_GROUPS) or override.is_delete():
+            continue
+        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+        allowed = group_options(group, extra)
+        for value in values:
+            if value is not None and str(value) not in allowed:
+                return f"{group}={value} is not an option of group '{group}'; choose one of: {', '.join(allowed)}"
+    return None
+
+
+def explain(e: BaseException) -> str:
+    """An exception as one line: the first lines of its first paragraph (Hydra's messages run on for pages).
+
+    Hydra wraps a value the schema refuses ("Error merging override gpus=abc") around OmegaConf's reason, which is
+    added from the cause.
+    """
+    text = one_line(e)
+    if text.startswith("Could not override '"):
+        return _unknown_key(text.split("'")[1]) or text
+    cause = e.__cause__ or e.__context__
+    if text.startswith("Error merging override") and cause is not None and str(cause).strip():
+        text += f": {str(cause).strip().splitlines()[0]}"
+        key = text.removeprefix("Error merging override ").split("=", 1)[0]
+        if allowed(key):
+            text += f"; {key} must be {allowed(key).removeprefix('expected ')}"
+    return text
+
+
+def _unknown_key(key: str) -> str | None:
+    """For a key the chosen component does not have (`strategy.cross_device_ops` with strategy=single): which
+    components of the group have it, instead of Hydra's hint to append it."""
+    from runner.config import COMPONENTS
+    from runner.registry import fields
+
+    group, _, name = key.partition(".")
+    if group not in COMPONENTS or not name or "." in name:
+        return None
+    registry = COMPONENTS[group]
+    owners = [n for n in registry.names() if name in fields(registry.get(n))]
+    if not owners:
+        return f"{key} is not an option of any {group}; `python -m runner --cfg job` shows the chosen {group}'s options"
+    return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"
+
+

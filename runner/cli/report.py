@@ -1,0 +1,57 @@
+"""`runner report` / `python -m runner.cli.report`: compare runs from MLflow in a table, a verdict per model and
+three plots (what they show: runner/report/table.py)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from runner.report import verdict
+from runner.report.table import ReportError, report, select
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="runner report", description="Compare runs from MLflow: a table, one verdict "
+                                "line per model, and plots. With no arguments: the newest sweep in the store.")
+    p.add_argument("--experiment", default=None, help="the experiment to report (default: the one of the newest "
+                   "sweep, else the newest experiment)")
+    p.add_argument("--parent", default=None, help="a sweep's parent run id: report its children")
+    p.add_argument("--latest-sweep", action="store_true", help="report the newest sweep of --experiment (an error "
+                   "if it has none)")
+    p.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"tags.model = 'mlp'\"")
+    p.add_argument("--tracking-uri", default=None, help="the store (default: $MLFLOW_TRACKING_URI, else "
+                   "sqlite:///mlflow.db in this folder)")
+    p.add_argument("--out", default="report", help="folder for report.md and the PNG plots (default: report)")
+    p.add_argument("--accuracy-tolerance", type=float, default=verdict.Tolerance.accuracy,
+                   help="'learns the same': the largest |Δ test accuracy| to the 1-device run (default: %(default)s)")
+    p.add_argument("--loss-tolerance", type=float, default=verdict.Tolerance.loss,
+                   help="'learns the same': the largest relative |Δ test loss| (default: %(default)s)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line of the report; one `error:` line and status 2 when there is nothing to report."""
+    from mlflow.tracking import MlflowClient
+
+    from runner.tracking import resolve_uri
+
+    args = parser().parse_args(argv)
+    client = MlflowClient(resolve_uri(args.tracking_uri))
+    try:
+        selection = select(client, args.experiment, args.parent, args.latest_sweep)
+        text, lines, paths = report(client, selection, args.filter, Path(args.out),
+                                    verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(selection.said)
+    print(text)
+    print("\n".join(["", *lines]))
+    logged = f"; logged to parent run {selection.parent}" if selection.parent else ""
+    print(f"\nplots: {', '.join(str(p) for p in paths)}{logged}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,240 @@
+"""The machine's measured dense-matmul peak: what MFU divides by.
+
+The peak is a measured one (`probe_peak`): the best achieved GFLOP/s of a chain of dense matmuls, cached per
+machine, so MFU = achieved / measured peak says how far a model is from the fastest matmul on the same device.
+Probe on an idle machine (e.g. before training starts): other processes only lower the figure, and a low peak
+inflates every MFU computed against it; the cache records how busy the CPUs were and a re-probe keeps the higher.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from runner.paths import cache_dir as runner_cache_dir
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("float32", "float16", "bfloat16")
+CACHE_FILE = "peak.json"
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A measured dense-matmul peak.
+
+    Attributes:
+        gflops: best achieved GFLOP/s of the matmul chain.
+        dtype: "float32", "float16" or "bfloat16".
+        device: what it was measured on, e.g. "AMD EPYC (2 cores)" or "NVIDIA A100-SXM4-40GB (cc 8.0)".
+        key: the cache key (device, dtype, matrix size).
+        cached: True if read from the cache rather than measured by this call.
+    """
+
+    gflops: float
+    dtype: str
+    device: str
+    key: str
+    cached: bool
+
+
+def _cpuinfo(field: str) -> str:
+    """The first processor's `field` in /proc/cpuinfo ('' where there is none, e.g. macOS)."""
+    from runner.runtime.devices import cpuinfo
+
+    return cpuinfo().get(field, "")
+
+
+def _cpu_description() -> str:
+    """CPU model and the cores this process may use (affinity: a container's share, which is what TF uses)."""
+    import platform
+
+    name = _cpuinfo("model name") or platform.processor() or platform.machine()
+    return f"{name} ({len(_cpus())} cores)"
+
+
+def _cpu_supports(dtype: str) -> bool:
+    """fp32 always; bf16/fp16 only with native instructions, which oneDNN uses (else they are emulated, slower).
+
+    With avx512_bf16 bf16 matmuls ran ~1.8x fp32; fp16 without avx512_fp16 ~0.5x.
+    """
+    flags = set(_cpuinfo("flags").split())
+    native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}
+    return dtype == "float32" or bool(native[dtype] & flags)
+
+
+def _gpu_description(device_name: str) -> tuple[str, tuple[int, int]]:
+    """GPU name and compute capability of the physical GPU behind `device_name`.
+
+    Logical GPUs past the physical count are simulated ones carved out of GPU 0 (runner/runtime/devices.py).
+    """
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise ValueError(f"{device_name} is a GPU but TensorFlow sees none")
+    index = int(device_name.rsplit(":", 1)[-1])
+    details = tf.config.experimental.get_device_details(gpus[index if index < len(gpus) else 0])
+    cc = tuple(details.get("compute_capability") or (0, 0))
+    return f"{details.get('device_name', 'GPU')} (cc {cc[0]}.{cc[1]})", cc
+
+
+def _describe(device_name: str, dtype: str) -> tuple[str, bool]:
+    """(device description for the cache key, whether `dtype` is worth probing on it)."""
+    if "GPU" not in device_name.upper():
+        return _cpu_description(), _cpu_supports(dtype)
+    desc, cc = _gpu_description(device_name)
+    # fp16 is fast from Volta (7.0) on, and on P100 (6.0); other Pascals run it at 1/64 rate. bf16 needs Ampere.
+    fast = {"float32": True, "float16": cc >= (7, 0) or cc == (6, 0), "bfloat16": cc >= (8, 0)}
+    return desc, fast[dtype]
+
+
+def _matmul_chain() -> Any:
+    """A tf.function running k dependent matmuls y <- y @ w; k is a tensor, so one trace serves every k."""
+    import tensorflow as tf
+
+    @tf.function
+    def chain(x, w, k):
+        y = x
+        for _ in tf.range(k):  # each matmul needs the previous one: no overlap, each uses every core
+            y = tf.matmul(y, w)
+        return tf.cast(y[0, 0], tf.float32)  # fetching a scalar waits for the chain without copying y back
+
+    return chain
+
+
+def _benchmark(device_name: str, dtype: str, size: int, seconds: float) -> float:
+    """Best GFLOP/s of a matmul chain on `device_name`: warm-up excluded, about `seconds` of timed repeats."""
+    import tensorflow as tf
+
+    chain = _matmul_chain()
+    with tf.device(device_name):
+        x = tf.cast(tf.random.normal((size, size), seed=1), dtype)
+        # N(0, 1/n) entries keep |y| about constant along the chain: no overflow in fp16, no denormals.
+        w = tf.cast(tf.random.normal((size, size), seed=2) / math.sqrt(size), dtype)
+
+        def timed(k: int) -> float:
+            start = time.perf_counter()
+            float(chain(x, w, tf.constant(k)))
+            return time.perf_counter() - start
+
+        timed(1)  # warm-up: tracing, kernel selection, first allocations
+        # Calls of ~1/5 of the budget: long enough that dispatch (~0.1 ms) is noise, short enough for 5 repeats.
+        k = max(1, min(10_000, round(seconds / 5 / max(timed(1), 1e-6))))
+        best, spent = math.inf, 0.0
+        while spent < seconds or math.isinf(best):
+            dt = timed(k)
+            best, spent = min(best, dt), spent + dt
+    return k * 2.0 * size**3 / best / 1e9
+
+
+def _cpus() -> set[int]:
+    """The CPUs this process may run on (a container's share)."""
+    return os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+
+
+def _busy_seconds(cpus: set[int]) -> float:
+    """CPU-seconds the CPUs `cpus` have spent busy since boot, all processes together (0 without /proc/stat)."""
+    ticks = 0
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            name, *fields = line.split()
+            if name[:3] == "cpu" and name[3:].isdigit() and int(name[3:]) in cpus:
+                values = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+                ticks += sum(values) - values[3] - values[4]  # steal counts: a VM neighbour took the core
+    except (OSError, ValueError):
+        return 0.0
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _timed_with_others_share(run: Callable[[], float]) -> tuple[float, float]:
+    """(run(), share of the CPUs' time other processes used meanwhile): above ~0.25 the probe was disturbed."""
+    cpus = _cpus()
+    busy, own, wall = _busy_seconds(cpus), time.process_time(), time.perf_counter()
+    result = run()
+    busy, own, wall = _busy_seconds(cpus) - busy, time.process_time() - own, time.perf_counter() - wall
+    if not busy:  # no /proc/stat: unknown, reported as undisturbed
+        return result, 0.0
+    return result, min(1.0, max(0.0, (busy - own) / (wall * len(cpus))))
+
+
+def _measure(device_name: str, dtype: str, size: int, seconds: float) -> tuple[float, float]:
+    """(GFLOP/s, share of the CPUs other processes used meanwhile; 0 for GPUs, which they do not slow)."""
+    if "GPU" in device_name.upper():
+        return _benchmark(device_name, dtype, size, seconds), 0.0
+    gflops, others = _timed_with_others_share(lambda: _benchmark(device_name, dtype, size, seconds))
+    if others > 0.25:  # the figure is low, so MFU against it is too high
+        log.warning("other processes used %.0f%% of the CPUs during the peak probe: %.0f GFLOP/s may be low; "
+                    "re-probe with refresh=True on an idle machine", 100 * others, gflops)
+    return gflops, others
+
+
+def _read_cache(path: Path) -> dict:
+    """The cache's entries; a missing or unreadable file is an empty cache (the peak is simply probed again)."""
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        log.warning("ignoring unreadable peak cache %s: %s", path, err)
+        return {}
+
+
+def _write_cache(path: Path, key: str, entry: dict) -> None:
+    """Add `entry` under `key`, atomically (parallel sweep jobs never see a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {**_read_cache(path), key: entry}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def probe_peak(
+    device_name: str = "/device:CPU:0", dtype: str = "float32", size: int = 2048, seconds: float = 1.0,
+    cache_dir: Path | None = None, refresh: bool = False,
+) -> Peak | None:
+    """The device's achieved dense-matmul GFLOP/s, measured once per machine and then read from a JSON cache.
+
+    Args:
+        device_name: TensorFlow device to measure; logical devices of one physical device share its entry.
+        dtype: "float32", "float16" or "bfloat16".
+        size: side of the square matrices (2048 reaches the peak on CPUs; the key includes it).
+        seconds: timed budget of the measurement (the best call wins); about 1.5x that in all.
+        cache_dir: folder of `peak.json`; default `runner.paths.cache_dir()`.
+        refresh: measure even if cached; the cache keeps the higher of the old and new figures, since other
+            processes can only slow a measurement down (probe on an idle machine: the entry records
+            how much of the CPUs other processes used meanwhile).
+
+    Returns:
+        The Peak, or None if `dtype` has no native support on the device (CPU: bf16 needs avx512_bf16 or AMX, fp16
+        avx512_fp16 or AMX-FP16; GPU: fp16 needs compute capability 7.0+ or 6.0, bf16 8.0+).
+
+    Raises:
+        ValueError: unknown dtype, or a GPU device on a machine without one.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r}; use one of {DTYPES}")
+    device, supported = _describe(device_name, dtype)
+    if not supported:
+        log.info("no native %s on %s: peak not probed", dtype, device)
+        return None
+    key = f"{device}|{dtype}|{size}"
+    path = (cache_dir or runner_cache_dir()) / CACHE_FILE
+    entry = _read_cache(path).get(key)
+    old = float(entry.get("gflops", 0)) if isinstance(entry, dict) else 0.0
+    if old > 0 and not refresh:
+        return Peak(old, dtype, device, key, cached=True)
+    gflops, others = _measure(device_name, dtype, size, seconds)
+    if gflops > old:
+        entry = {"gflops": gflops, "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": seconds,
+                 "others_cpu_share": round(others, 2)}
+        _write_cache(path, key, entry)
+    log.info("peak %s on %s: %.0f GFLOP/s (cached in %s)", dtype, device, max(gflops, old), path)
+    return Peak(max(gflops, old), dtype, device, key, cached=False)

@@ -1,0 +1,19 @@
+"""MLflow tracking: the store, one run's lifecycle and its journal, tags, system metrics, redaction and the UI view.
+
+The loop records through the `Recorder` contract (`run.py`); nothing here reaches back into the loop. The names
+below are the package's interface; each is defined once, in the module named beside it.
+"""
+
+from runner.tracking.run import NoRun, Recorder, Run, record_invalid, tracked, untracked
+from runner.tracking.store import (
+    StoreError, bound_http_retries, ensure_experiment, open_store, resolve_uri, schema_lock, whole_write,
+)
+from runner.tracking.tags import (
+    ENV_CHILD, ENV_PARENT, command_line, is_sweep_child, model_label, process_tags,
+)
+
+__all__ = [
+    "Recorder", "Run", "NoRun", "tracked", "untracked", "record_invalid",
+    "StoreError", "bound_http_retries", "ensure_experiment", "open_store", "resolve_uri", "schema_lock", "whole_write",
+    "ENV_CHILD", "ENV_PARENT", "command_line", "is_sweep_child", "model_label", "process_tags",
+]

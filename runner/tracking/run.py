@@ -1,0 +1,243 @@
+"""One MLflow run: the contract the loop records through (`Recorder`), the journaled `Run` that implements it, the
+`NoRun` of a worker that logs nothing, and `tracked()`, which ends every run FINISHED, FAILED or KILLED."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
+
+from omegaconf import DictConfig, OmegaConf
+
+from runner.errors import one_line
+from runner.runtime.signals import Terminated
+from runner.tracking import system
+from runner.tracking.journal import NAME as JOURNAL_NAME
+from runner.tracking.journal import Journal, send
+from runner.tracking.redact import redact
+from runner.tracking.stale import close_dead_runs
+from runner.tracking.store import StoreError, ensure_experiment, open_store, quick_http, resolve_uri, whole_write
+from runner.tracking.tags import base_tags, flatten, parent_run_id, process_tags, sweep_tags
+
+if TYPE_CHECKING:
+    from runner.config import Plan
+    from runner.runtime.output import OutputFolder
+
+log = logging.getLogger(__name__)
+
+
+class Recorder(Protocol):
+    """What a run's code may record. `Run` writes it to MLflow (journaled); `NoRun` drops it."""
+
+    run_id: str | None
+    experiment_id: str | None
+
+    def params(self, params: dict[str, Any]) -> None: ...
+    def tags(self, tags: dict[str, Any]) -> None: ...
+    def metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def text(self, text: str, name: str) -> None: ...
+    def file(self, path: Path) -> None: ...
+    def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None: ...
+    def copy_history(self, source_run_id: str, until_step: int) -> None: ...
+    def end(self, status: str, error: str | None = None) -> None: ...
+
+
+OFFLINE_RETRY_SECONDS = 30.0  # while the store cannot be written, how often to try it again
+FINAL_WAIT_SECONDS = 30.0  # at the run's end, how long to keep trying a store that cannot be written
+
+
+def record_invalid(cfg: DictConfig, error: Exception) -> None:
+    """A sweep job whose config is invalid still gets a run, FAILED with the error, so the sweep shows it."""
+    uri = resolve_uri(OmegaConf.select(cfg, "mlflow.tracking_uri", default=None))
+    experiment = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
+    tags = {k: str(OmegaConf.select(cfg, f"{k}.name", default="?")) for k in ("model", "pipeline", "strategy")}
+    tags["devices.count"] = str(OmegaConf.select(cfg, "gpus", default="?"))
+    combination = "-".join(tags[k] for k in ("model", "pipeline", "strategy"))
+    tags["mlflow.runName"] = f"{combination}-{tags['devices.count']}dev (invalid)"
+    parent = parent_run_id()
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    Run(uri, experiment, tags).end("FAILED", str(error))
+
+
+class Run(Recorder):
+    """One MLflow run, written through MlflowClient (no global 'active run' state).
+
+    Every write goes to the run's journal first (runner/tracking/journal.py) and then to the store. A store that fails
+    mid-run does not stop training: the run goes offline, keeps journaling, tries the store again every
+    OFFLINE_RETRY_SECONDS (one quick attempt), and at the end sends everything or raises a StoreError naming the
+    journal and the `runner replay` command.
+
+    Args:
+        uri: the tracking store.
+        experiment: the experiment's name (created if missing).
+        tags: the run's first tags.
+        folder: the run's output folder, where the journal file goes (a failed write there is reported through it);
+            None keeps the journal in memory.
+    """
+
+    def __init__(self, uri: str, experiment: str, tags: dict[str, str], folder: OutputFolder | None = None,
+                 system_metrics: float = 0.0):
+        from mlflow.tracking import MlflowClient
+
+        self.client, self.uri = MlflowClient(uri), uri
+        self.experiment_id = ensure_experiment(uri, experiment)
+        self.run_id = self.client.create_run(self.experiment_id, tags=tags).info.run_id
+        header = {"journal": 1, "uri": redact(uri), "run_id": self.run_id, "experiment": experiment}
+        self.journal = Journal(folder.path / JOURNAL_NAME if folder else None, header,
+                               (lambda e: folder.failed("journal", e)) if folder else None)
+        self.offline: tuple[str, float] | None = None  # (why, when to try again) while the store cannot be written
+        self.monitor = system.start(self.run_id, uri, system_metrics) if system_metrics else None
+
+    def _record(self, op: str, **args: Any) -> None:
+        self.journal.append(op, **args)
+        self._send()
+
+    def _send(self, final: bool = False) -> None:
+        """Send the journal's pending writes in order; on failure go (or stay) offline. `final`: keep trying for up
+        to FINAL_WAIT_SECONDS (a store that is restarting), then raise a StoreError naming the journal."""
+        if self.offline and not final and time.monotonic() < self.offline[1]:
+            return
+        deadline = time.monotonic() + (FINAL_WAIT_SECONDS if final and self.offline else 0)
+        while True:
+            try:
+                with whole_write(), (quick_http() if self.offline and not final else contextlib.nullcontext()):
+                    for entry in self.journal.pending():
+                        send(self.client, self.run_id, entry)
+                        self.journal.ack(entry["seq"])
+                break
+            except Exception as e:  # noqa: BLE001 - whatever the store's failure, training goes on
+                self._went_offline(one_line(e))
+                if not final:
+                    return
+                if time.monotonic() > deadline:
+                    raise StoreError(
+                        f"tracking store {redact(self.uri)} could not be written ({one_line(e)}); this run's "
+                        f"{len(self.journal.pending())} unsent writes are in {self.journal.path or 'memory only'}: "
+                        f"once the store works, run `runner replay {self.journal.path}`"
+                    ) from e
+                time.sleep(5)
+        if self.offline:
+            log.warning("tracking store %s answers again: the run's writes are sent", self.uri)
+            self.offline = None
+
+    def _went_offline(self, why: str) -> None:
+        if self.offline is None:
+            log.warning("tracking store %s cannot be written (%s): training goes on, the run's writes are kept in %s "
+                        "and sent when it answers", self.uri, why, self.journal.path or "memory")
+        self.offline = (why, time.monotonic() + OFFLINE_RETRY_SECONDS)
+
+    def params(self, params: dict[str, str]) -> None:
+        self._record("params", params={k: str(v) for k, v in params.items()})
+
+    def tags(self, tags: dict[str, str]) -> None:
+        self._record("tags", tags={k: str(v) for k, v in tags.items()})
+
+    def metrics(self, metrics: dict[str, float], step: int) -> None:
+        now = int(time.time() * 1000)
+        self._record("metrics", points=[[k, float(v), now, step] for k, v in metrics.items()])
+
+    def text(self, text: str, name: str) -> None:
+        self._record("text", text=text, name=name)
+
+    def file(self, path: Path) -> None:
+        if path.is_file():
+            self._record("file", path=str(path))
+
+    def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
+        """Record the data as an MLflow dataset input of the run (the UI's Dataset column)."""
+        self._record("dataset", name=name, digest=digest, source=source, profile=profile, context=context)
+
+    def copy_history(self, source_run_id: str, until_step: int) -> None:
+        """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history)."""
+        old = self.client.get_run(source_run_id).data.metrics
+        points = [
+            [key, m.value, m.timestamp, m.step]
+            for key in old
+            for m in self.client.get_metric_history(source_run_id, key)
+            if m.step <= until_step
+        ]
+        self._record("metrics", points=points)
+
+    def end(self, status: str, error: str | None = None) -> None:
+        """Close the run as FINISHED, FAILED or KILLED (a failure's message kept as the `error` tag), after every
+        write the journal holds; the journal file is removed once the store has it all.
+
+        Raises:
+            StoreError: the store still cannot be written; the message names the journal and how to replay it.
+        """
+        if self.monitor is not None:
+            self.monitor.finish()  # its last samples, before the run closes
+        if error:
+            self.journal.append("tags", tags={"error": error[:5000]})
+        self.journal.append("end", status=status)
+        self._send(final=True)
+        self.journal.remove()
+
+
+@contextmanager
+def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None) -> Iterator[Run]:
+    """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING
+    (a store that cannot be written at the end: a StoreError naming the journal that holds the rest)."""
+    cfg = plan.cfg
+    open_store(uri, cfg.mlflow.experiment)  # an unusable store fails here, in one line, before anything else
+    tags = {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}
+    close_dead_runs(uri, cfg.mlflow.experiment, tags["config_hash"])
+    run = None
+    try:
+        with whole_write():  # a Ctrl-C during the creation is raised once `run` is set, and closes it KILLED
+            run = Run(uri, cfg.mlflow.experiment, tags, folder, cfg.mlflow.system_metrics_interval)
+        log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
+        run.params(flatten(cfg))
+        run.text(redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
+        yield run
+    except (KeyboardInterrupt, Terminated) as e:
+        if run is not None:
+            run.end("KILLED", f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")
+        raise
+    except BaseException as e:
+        if run is not None:
+            run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
+        raise
+    run.end("FINISHED")
+
+
+class NoRun(Recorder):
+    """Stands in for a Run where nothing is logged: the workers of a multi-worker job other than the chief (each
+    worker's own log file keeps its record). Every method of the contract, doing nothing."""
+
+    run_id: str | None = None
+    experiment_id: str | None = None
+
+    def params(self, params: dict[str, Any]) -> None:
+        pass
+
+    def tags(self, tags: dict[str, Any]) -> None:
+        pass
+
+    def metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def text(self, text: str, name: str) -> None:
+        pass
+
+    def file(self, path: Path) -> None:
+        pass
+
+    def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
+        pass
+
+    def copy_history(self, source_run_id: str, until_step: int) -> None:
+        pass
+
+    def end(self, status: str, error: str | None = None) -> None:
+        pass
+
+
+@contextmanager
+def untracked() -> Iterator[NoRun]:
+    """A run context that logs nothing (the worker's own log file keeps its record)."""
+    yield NoRun()

@@ -1,0 +1,185 @@
+"""The MLflow store: where it is, opening it in one line or one error, bounded HTTP, whole writes under Ctrl-C.
+
+The default store is a sqlite database at an absolute path in the directory the runner was launched from (the
+same `mlflow.db` that `mlflow ui` opens there), never inside Hydra's per-run output folder, so every run of every
+sweep lands in one place. Artifacts go to `mlartifacts/` beside the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from runner.errors import UserError, one_line
+from runner.paths import unwritable
+from runner.tracking.redact import redact
+
+# MLflow's sqlite store logs every failed write with its full traceback and SQL (e.g. a full disk); the runner says
+# what failed itself, in one line, and keeps the run's writes (`Run`).
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
+# MLflow's HTTP client retries 7 times with a backoff factor of 2 and waits 120 s per request: a dead tracking
+# server then stalls a run for minutes. The runner's bounds (unless the user sets them): a dead server is reported
+# within about 30 s. While a run is offline each retry is a single attempt (`quick_http`).
+HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+               "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+
+
+
+
+def bound_http_retries() -> None:
+    """Apply HTTP_BOUNDS where the user has not set their own (MLflow reads them at every request), and keep
+    MLflow from printing run links itself: they would show credentials written into the tracking URI, and the runner
+    prints its own (masked) link."""
+    for name, value in HTTP_BOUNDS.items():
+        os.environ.setdefault(name, value)
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+
+
+@contextmanager
+def quick_http() -> Iterator[None]:
+    """One attempt per request, 5 s at most, while the block runs: probing a store that was down."""
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")}
+    os.environ.update({"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5"})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def resolve_uri(configured: str | None) -> str:
+    """The tracking URI: the config's, else $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db (absolute)."""
+    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+
+
+def _artifact_root(uri: str) -> str | None:
+    """Artifacts beside a sqlite database; other stores choose their own location."""
+    if uri.startswith("sqlite:///"):
+        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    return None
+
+
+class StoreError(UserError):
+    """The MLflow tracking store cannot be opened or written; the message names the store and why."""
+
+
+_holding_interrupts = False
+
+
+@contextmanager
+def whole_write() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) while a store write runs, and deliver it as soon as the write is done.
+
+    Why: a KeyboardInterrupt raised inside SQLAlchemy between sqlite's write and its commit leaves that connection
+    holding the store's lock; the run's closing writes then each wait MLflow's 20 s busy timeout, fail, and the run
+    stays RUNNING (reproduced by raising KeyboardInterrupt at each line of one metric write in turn). Nested uses hold the signal until the outermost write ends.
+    Only the main thread can set signal handlers; elsewhere, or when SIGINT is ignored, this does nothing.
+    """
+    global _holding_interrupts
+    deliver = signal.getsignal(signal.SIGINT)
+    if _holding_interrupts or not callable(deliver) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    _holding_interrupts = True
+    try:
+        yield
+    finally:
+        _holding_interrupts = False
+        signal.signal(signal.SIGINT, deliver)
+    if held:
+        deliver(signal.SIGINT, held[0])  # the default handler raises KeyboardInterrupt here, after the write
+
+
+def _sqlite_problem(uri: str) -> str | None:
+    """Why a sqlite store's database cannot be created or written, or None.
+
+    Checked before MLflow opens it: MLflow answers an unwritable path with its own traceback, and for a read-only
+    directory only after retrying for about 100 s.
+    """
+    path = uri.removeprefix("sqlite:///")
+    if not path or path == ":memory:":
+        return None
+    return unwritable(Path(path), "file")
+
+
+def open_store(uri: str, experiment: str) -> str:
+    """`ensure_experiment`, with an unusable store reported as one StoreError line naming it and the fix.
+
+    Raises:
+        StoreError: the store cannot be created, opened or written.
+    """
+    fix = "set mlflow.tracking_uri to a store you can write, e.g. sqlite:////abs/writable/dir/mlflow.db"
+    problem = _sqlite_problem(uri) if uri.startswith("sqlite:///") else None
+    if problem:
+        raise StoreError(f"tracking store {uri} cannot be used: {problem}; {fix}")
+    try:
+        return ensure_experiment(uri, experiment)
+    except StoreError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the store's failure, the user's fix is the same
+        if getattr(e, "error_code", "") in ("UNAUTHENTICATED", "PERMISSION_DENIED"):
+            status = "401: not authenticated" if e.error_code == "UNAUTHENTICATED" else "403: permission denied"
+            raise StoreError(
+                f"tracking server {redact(uri)} refused the credentials (HTTP {status}); pass them in "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)"
+            ) from None
+        raise StoreError(f"tracking store {redact(uri)} cannot be opened: {one_line(e)}; {fix}") from e
+
+
+@contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Hold a lock beside a sqlite store while the block runs: MLflow creates a fresh store's schema on first use,
+    and several processes doing so at once leave it half-migrated. Other stores need no lock."""
+    if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
+        yield
+        return
+    import fcntl
+
+    lock = Path(uri.removeprefix("sqlite:///") + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def ensure_experiment(uri: str, name: str) -> str:
+    """Create the store's schema and the experiment if missing (under `schema_lock`, so any number of processes
+    may start at once on a fresh store); return the experiment id.
+
+    Raises:
+        StoreError: the experiment exists but was deleted.
+    """
+    from mlflow.tracking import MlflowClient
+
+    from runner.tracking import ui
+
+    with schema_lock(uri):
+        client = MlflowClient(uri)
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            experiment_id = client.create_experiment(name, artifact_location=_artifact_root(uri))
+            ui.set_up(client, experiment_id, {})
+            return experiment_id
+    if exp.lifecycle_stage == "deleted":
+        raise StoreError(
+            f"experiment {name!r} was deleted in {uri}; restore it (mlflow experiments restore --experiment-id "
+            f"{exp.experiment_id}) or choose another mlflow.experiment"
+        )
+    if ui.VIEW_TAG not in exp.tags:  # an experiment made before the runner set up its view, or by someone else
+        ui.set_up(client, exp.experiment_id, exp.tags)
+    return exp.experiment_id
+
+

@@ -1,0 +1,41 @@
+"""System metrics of a run (CPU, memory, disk, network; GPUs with nvidia-ml-py) through MLflow's own monitor, with
+at least one sample however short the run."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def start(run_id: str, uri: str, interval: float) -> Any:
+    """A started monitor sampling every `interval` seconds in its own thread, or None if it cannot run here.
+
+    MLflow's monitor publishes a sample only after a full interval; a run shorter than that would have none.
+    `finish()` on the returned monitor publishes one sample taken at the end in that case.
+    """
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        class AtLeastOneSample(SystemMetricsMonitor):
+            published = 0
+
+            def publish_metrics(self, metrics: dict) -> None:
+                super().publish_metrics(metrics)
+                self.published += 1
+
+            def finish(self) -> None:
+                super().finish()  # stops the sampling thread and flushes what it published
+                if not self.published:
+                    self.collect_metrics()
+                    self.publish_metrics(self.aggregate_metrics())
+                    self.mlflow_logger.flush()
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop INFO lines
+        monitor = AtLeastOneSample(run_id, sampling_interval=interval, samples_before_logging=1, tracking_uri=uri)
+        monitor.start()
+        return monitor
+    except Exception as e:  # noqa: BLE001 - a run does not need it
+        log.warning("no system metrics (%s: %s)", type(e).__name__, e)
+        return None

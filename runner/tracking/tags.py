@@ -1,0 +1,126 @@
+"""What a run is tagged with: the config as params, the model and combination, the command, the source commit, the
+process that writes it, and its place in a sweep."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import runner
+from runner.tracking.redact import redact
+
+_MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
+ENV_PARENT = "RUNNER_PARENT_RUN_ID"  # set for a sweep's job processes: the sweep's parent run
+ENV_CHILD = "RUNNER_SWEEP_CHILD"  # "1" in the fresh process a sweep job starts
+
+
+def is_sweep_child() -> bool:
+    """True in the fresh process a sweep job starts."""
+    return os.environ.get(ENV_CHILD) == "1"
+
+
+def parent_run_id() -> str | None:
+    """The sweep's parent run, inside a sweep job."""
+    return os.environ.get(ENV_PARENT) or None
+
+
+def command_line() -> str:
+    """This process's command line as typed (`python -m runner ...`), for tags."""
+    return " ".join(shlex.quote(a) for a in [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
+
+
+def flatten(cfg: DictConfig) -> dict[str, str]:
+    """The resolved config as flat `a.b.c -> value` params."""
+    out: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, f"{prefix}{k}.")
+        else:
+            out[prefix[:-1]] = str(node)[:_MAX_PARAM_LEN]
+
+    walk(OmegaConf.to_container(cfg, resolve=True), "")
+    return {key: redact(value) for key, value in out.items()}
+
+
+def _source_checkout() -> Path | None:
+    """The checkout the runner is installed from in editable mode (`pip install -e`), from the install's own record
+    (PEP 610 direct_url.json); None for a regular install, whose version says what ran."""
+    import json
+    from importlib import metadata
+
+    try:
+        direct = json.loads(metadata.distribution(runner.DISTRIBUTION).read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    url = direct.get("url", "")
+    editable = direct.get("dir_info", {}).get("editable", False)
+    return Path(url.removeprefix("file://")) if editable and url.startswith("file://") else None
+
+
+def _git_commit() -> str | None:
+    """The commit of the editable checkout that runs, if there is one and git can read it."""
+    checkout = _source_checkout()
+    if checkout is None:
+        return None
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def model_label(cfg: DictConfig) -> str:
+    """The model and its variant, if it has variants: `mlp/tiny`, `lenet`."""
+    variant = cfg.model.get("variant")
+    return f"{cfg.model.name}/{variant}" if variant else str(cfg.model.name)
+
+
+def run_name(cfg: DictConfig) -> str:
+    """A readable name for the MLflow UI's run list."""
+    return f"{cfg.model.name}-{cfg.pipeline.name}-{cfg.strategy.name}-{cfg.gpus}dev"
+
+
+def base_tags(cfg: DictConfig) -> dict[str, str]:
+    """Tags every run carries, so the UI and search_runs can filter by them."""
+    tags = {
+        "model": cfg.model.name,
+        "model.variant": str(cfg.model.get("variant", "")),
+        "pipeline": cfg.pipeline.name,
+        "strategy": cfg.strategy.name,
+        "data": cfg.data.name,
+        "data.synthetic": str(cfg.data.name == "synthetic").lower(),
+        "mlflow.runName": run_name(cfg),
+        "runner.version": runner.__version__,
+        # The UI's Source column: the command that made the run.
+        "mlflow.source.name": redact(command_line()),
+        "mlflow.source.type": "LOCAL",
+    }
+    commit = _git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def process_tags() -> dict[str, str]:
+    """Which process writes the run: how a later start of the same config tells a dead run from a live one."""
+    return {"runner.host": socket.gethostname(), "runner.pid": str(os.getpid())}
+
+
+def sweep_tags(digest: str) -> dict[str, str]:
+    """The config hash (what resume matches on) and, inside a sweep, the parent run."""
+    tags = {"config_hash": digest}
+    parent = parent_run_id()
+    if parent:
+        tags["mlflow.parentRunId"] = parent
+    return tags
+
+
