@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from runner.errors import one_line
+
 log = logging.getLogger(__name__)
 
 
@@ -27,10 +29,14 @@ def start(run_id: str, uri: str, interval: float) -> Any:
 
             def finish(self) -> None:
                 super().finish()  # stops the sampling thread and flushes what it published
-                if not self.published:
+                if self.published:
+                    return
+                try:  # the run was shorter than the interval: one sample, taken now
                     self.collect_metrics()
                     self.publish_metrics(self.aggregate_metrics())
                     self.mlflow_logger.flush()
+                except Exception as e:  # noqa: BLE001 - a store gone at the end: the run's own writes say so
+                    log.warning("no system-metrics sample (%s)", one_line(e))
 
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # its start/stop INFO lines
         monitor = AtLeastOneSample(run_id, sampling_interval=interval, samples_before_logging=1, tracking_uri=uri)
