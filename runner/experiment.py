@@ -106,7 +106,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
     arrays, devices, strategy, examples = built.arrays, built.devices, built.strategy, built.examples
     _log_dataset(plan, arrays, run)
-    hardware = _hardware_figures(plan, devices)
+    hardware = _hardware_figures(plan, devices, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
@@ -286,12 +286,17 @@ def weights_digest(variables: list) -> str:
     return digest.hexdigest()[:16]
 
 
-def _hardware_figures(plan: Plan, devices: Devices) -> dict:
-    """FLOPs of one training step per example (from the model itself) and the probed matmul peak, if enabled."""
+def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> dict:
+    """FLOPs of one training step per example (from the model itself, if it can be counted) and the probed matmul
+    peak, if enabled."""
     from runner.measure import flops
     from runner.strategies.common import build_model
 
-    figures = {"flops_per_example": flops.training_flops_per_example(build_model(plan.model, plan.train.seed))}
+    figures: dict[str, Any] = {}
+    count = flops.count_training_flops(build_model(plan.model, plan.train.seed))
+    if count is not None:
+        figures["flops_per_example"] = count.flops_per_example
+    run.tags({"flops.source": count.source if count else "not counted"})
     if plan.train.probe_peak:
         from runner.measure.peak import probe_peak
 
@@ -311,7 +316,7 @@ def _mfu_basis(devices: Devices) -> str:
 
 def _utilisation(result: dict, hardware: dict, devices: Devices) -> dict:
     """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak."""
-    if "images_per_sec" not in result:
+    if "images_per_sec" not in result or "flops_per_example" not in hardware:
         return {}
     achieved = result["images_per_sec"] * hardware["flops_per_example"] / 1e9
     out = {"achieved_gflops": achieved}

@@ -186,3 +186,32 @@ def test_validation_imports_no_tensorflow_for_any_component():
 def test_compose_api_sees_each_component_schema():
     cfg = compose("pipeline=sharded", "strategy=mirrored")
     assert cfg.pipeline.device_buffer == 2 and cfg.strategy.cross_device_ops == "auto"  # from the dataclasses
+
+
+RESNET = '''
+def resnet(filters: int = 8):
+    """A user's small ResNet: residual adds and batch normalization (no FLOP formula covers it)."""
+    import keras
+    from keras import layers
+
+    x = inputs = keras.Input((28, 28, 1))
+    x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)
+    y = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same")(x)))
+    y = layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same")(y))
+    x = layers.GlobalAveragePooling2D()(layers.ReLU()(layers.Add()([x, y])))
+    return keras.Model(inputs, layers.Dense(10)(x))
+'''
+
+
+def test_a_user_resnet_with_batch_norm_trains_and_is_counted_by_tensorflow(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "user_resnet.py").write_text(RESNET)
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    (tmp_path / "conf" / "model" / "resnet.yaml").write_text("_target_: user_resnet.resnet\nname: resnet\nfilters: 4\n")
+    proc = run_cli("--config-dir", str(tmp_path / "conf"), "model=resnet", "debug=smoke", "strategy=replicated",
+                   "gpus=2", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "code")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.model"] == "resnet"
+    assert row["tags.flops.source"] == "TensorFlow's graph statistics"
+    assert row["metrics.flops_per_example"] > 0 and row["metrics.achieved_gflops"] > 0

@@ -108,6 +108,44 @@ def test_unknown_weighted_layer_is_refused(flops):
         flops.training_flops_per_example(model)
 
 
+def _resnet(batch_norm: bool):
+    """A small ResNet (the shape of a user's model): conv, two residual blocks with batch norm, pooling, dense."""
+    import keras
+    from keras import layers
+
+    x = inputs = keras.Input((28, 28, 1))
+    x = layers.Conv2D(8, 3, padding="same", activation="relu")(x)
+    for _ in range(2):
+        y = layers.Conv2D(8, 3, padding="same")(x)
+        y = layers.ReLU()(layers.BatchNormalization()(y) if batch_norm else y)
+        y = layers.Conv2D(8, 3, padding="same")(y)
+        y = layers.BatchNormalization()(y) if batch_norm else y
+        x = layers.ReLU()(layers.Add()([x, y]))
+    return keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling2D()(x)))
+
+
+def test_a_layer_without_a_formula_is_counted_by_tensorflow(flops):
+    """Batch norm has weights but no formula: TensorFlow's count of the traced step takes over, and agrees with
+    the formulas on the same network without batch norm to within what batch norm, biases and ReLU add."""
+    counted = flops.count_training_flops(_resnet(batch_norm=True))
+    assert counted.source == "TensorFlow's graph statistics"
+    plain = flops.count_training_flops(_resnet(batch_norm=False))
+    assert plain.source == "layer formulas"
+    assert 1.0 < counted.flops_per_example / plain.flops_per_example < 1.1
+
+
+def test_a_model_nothing_can_count_is_a_warning_and_no_figure(flops, monkeypatch, caplog):
+    from runner.measure import graph_flops
+
+    def untraceable(*args, **kwargs):
+        raise ValueError("the traced step has tensors without static shapes, e.g. ['ragged']")
+
+    monkeypatch.setattr(graph_flops, "profiler_flops_per_example", untraceable)
+    assert flops.count_training_flops(_resnet(batch_norm=True)) is None
+    (record,) = [r for r in caplog.records if "FLOPs not counted" in r.getMessage()]
+    assert "batch_normalization" in record.getMessage() and "MFU are left out" in record.getMessage()
+
+
 def test_probe_peak_measures_once_then_reads_the_cache(peak, tmp_path, monkeypatch):
     start = time.perf_counter()
     first = peak.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)

@@ -14,14 +14,21 @@ Conventions (shared by every function here):
   3 * 1.34 - 0.80 = 3.21 MFLOP per training example.
 - The optimizer update is excluded: it is per step, not per example (Adam: ~10 FLOPs per parameter per step).
 
-`runner.measure.graph_flops` counts the same step from TensorFlow's own graph statistics (the cross-check);
-`runner.measure.peak` measures the peak that MFU divides by.
+`runner.measure.graph_flops` counts the same step from TensorFlow's own graph statistics: the cross-check, and the
+count of a model with a layer no formula here covers (`count_training_flops` picks). `runner.measure.peak` measures
+the peak that MFU divides by.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from dataclasses import dataclass
 from typing import Any, Iterator
+
+from runner.errors import one_line
+
+log = logging.getLogger(__name__)
 
 
 def _leaf_layers(model: Any) -> Iterator[Any]:
@@ -96,6 +103,34 @@ def training_flops_per_example(model: Any) -> float:
     if not forwards:
         return 0.0
     return 3.0 * sum(forwards) - forwards[0]
+
+
+@dataclass(frozen=True)
+class Count:
+    """FLOPs of one training step per example, and what counted them."""
+
+    flops_per_example: float
+    source: str  # "layer formulas" or "TensorFlow's graph statistics"
+
+
+def count_training_flops(model: Any) -> Count | None:
+    """The training step's FLOPs per example: the layer formulas where they cover every weighted layer, else
+    TensorFlow's own count of the traced step (a user's model with batch normalization, attention, ...).
+
+    Returns:
+        The count, or None (after one warning saying why: MFU is then left out) when neither can count the model.
+    """
+    try:
+        return Count(training_flops_per_example(model), "layer formulas")
+    except ValueError as gap:
+        from runner.measure.graph_flops import profiler_flops_per_example
+
+        try:
+            return Count(profiler_flops_per_example(model), "TensorFlow's graph statistics")
+        except Exception as e:  # noqa: BLE001 - a count is a figure of the run, not a condition of it
+            log.warning("FLOPs not counted (%s; TensorFlow's graph statistics failed too: %s): achieved GFLOP/s and "
+                        "MFU are left out", gap, one_line(e))
+            return None
 
 
 def mfu(images_per_sec: float, flops_per_example: float, peak_gflops: float, physical_processors: int = 1) -> float:
