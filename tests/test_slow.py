@@ -34,7 +34,8 @@ def test_every_pipeline_trains_a_model_to_the_same_accuracy(tmp_path, model):
     accuracy = dict(zip(df["params.pipeline.name"], df["metrics.test_accuracy"]))
     assert sorted(accuracy) == ["per_tower", "sharded", "split"]
     assert accuracy["split"] == accuracy["per_tower"]  # the same examples in the same order: the same model
-    assert max(accuracy.values()) - min(accuracy.values()) <= 0.005, accuracy
+    # At most 0.5 points: 50 of the 10,000 test examples, counted in examples (0.945 - 0.940 > 0.005 in floats).
+    assert round((max(accuracy.values()) - min(accuracy.values())) * 10_000) <= 50, accuracy
 
 
 # Issue 4's command grid: `python -m runner strategy=S pipeline=P gpus=N model=M debug=smoke` for every S x P x N x M
