@@ -138,13 +138,12 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     return result
 
 
-def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Any:
+def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Strategy:
     """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog (bounded by
     strategy.peer_timeout, Ctrl-C and SIGTERM honoured: runner/runtime/watchdog.py)."""
     if plan.cluster is None:
         return plan.strategy.build(devices, training_for(plan))
-    from runner.runtime import signals
-    from runner.runtime import watchdog
+    from runner.runtime import signals, watchdog
 
     me = (plan.cluster.task_type, plan.cluster.task_index)
     others = [a for kind, addresses in plan.cluster.tasks.items() for i, a in enumerate(addresses) if (kind, i) != me]
