@@ -16,9 +16,10 @@ class ConfigError(UserError, ValueError):
 def one_line(e: BaseException, limit: int = 300) -> str:
     """An exception as one short line, for an `error:` line, a warning or a tag.
 
-    A UserError's own line; for any other exception, the OS error behind a failed request (`[Errno 111] Connection refused`) or a database driver's own message when
-    the text holds one (a store's failures wrap them in pages of SQL and traceback); else the first lines of the
-    first paragraph (Hydra's messages run on for pages); the exception's type if it says nothing.
+    A UserError's own line (worded for the user already). For any other exception: the OS error behind a failed
+    request (`[Errno 111] Connection refused`) or a database driver's own message when the text holds one (a
+    store's failures wrap them in pages of SQL and traceback); else the first lines of the first paragraph (Hydra's
+    messages run on for pages); the exception's type if it says nothing.
     """
     text = str(e).strip()
     if isinstance(e, UserError):  # worded for the user already: one line by contract

@@ -22,8 +22,8 @@ def main(argv: list[str]) -> int:
         print(f"error: {args.journal} is not a readable run journal ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - the store's failure, whatever it is, is the one line
-        print(f"error: the store refused the replay ({type(e).__name__}: {one_line(e)}); nothing acknowledged is sent twice, "
-              "run the same command again once it works", file=sys.stderr)
+        print(f"error: the store refused the replay ({type(e).__name__}: {one_line(e)}); nothing acknowledged is sent "
+              "twice, run the same command again once it works", file=sys.stderr)
         return 2
     print(f"replayed {count} writes of run {run_id}")
     return 0

@@ -62,7 +62,8 @@ def _forward_flops(layer: Any) -> float:
         return 0.0
     if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
         # Refuse rather than count 0: a silently low count would inflate nobody's MFU but deflate it unnoticed.
-        raise ValueError(f"no FLOP formula for layer {layer.name} ({type(layer).__name__}); add one to runner/measure/flops.py")
+        raise ValueError(f"no FLOP formula for layer {layer.name} ({type(layer).__name__}); "
+                         "add one to runner/measure/flops.py")
     # The kernel is (in, out) for Dense and (k..., cin / groups, cout) for convolutions: every entry is one
     # multiply-accumulate per output position, whatever the padding, stride or groups.
     return 2.0 * math.prod(layer.kernel.shape) * _output_positions(layer)

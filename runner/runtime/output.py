@@ -22,7 +22,7 @@ class OutputFolder:
 
     def __init__(self, path: Path, log_file: Path | None):
         self.path, self.log_file = path, log_file
-        self.failures: list[str] = []
+        self.warned = False
 
     @classmethod
     def current(cls) -> OutputFolder:
@@ -35,15 +35,16 @@ class OutputFolder:
         folder = Path(hc.runtime.output_dir)
         return cls(folder, folder / f"{hc.job.name}.log")
 
-    def failed(self, what: str, error: BaseException) -> None:
-        """`what` ("journal", "log") could not be written; say so once, naming the folder."""
-        self.failures.append(what)
-        if len(self.failures) == 1:
+    def failed(self, error: BaseException) -> None:
+        """The journal or the log file could not be written there: say so once, naming the folder."""
+        if not self.warned:
+            self.warned = True
             log.warning("output folder %s cannot be written (%s): this run's journal and log file there are "
                         "incomplete from now on; the tracking store keeps every write", self.path, one_line(error))
 
     def watch_log(self) -> None:
         """Route a failed write of the job's log file to `failed` instead of logging's traceback on stderr."""
         for handler in logging.getLogger().handlers:
-            if isinstance(handler, logging.FileHandler) and self.log_file and Path(handler.baseFilename) == self.log_file:
-                handler.handleError = lambda record: self.failed("log", sys.exc_info()[1] or OSError("write failed"))
+            ours = isinstance(handler, logging.FileHandler) and Path(handler.baseFilename) == self.log_file
+            if ours and self.log_file:
+                handler.handleError = lambda record: self.failed(sys.exc_info()[1] or OSError("write failed"))

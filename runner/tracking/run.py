@@ -88,7 +88,7 @@ class Run(Recorder):
         self.run_id = self.client.create_run(self.experiment_id, tags=tags).info.run_id
         header = {"journal": 1, "uri": redact(uri), "run_id": self.run_id, "experiment": experiment}
         self.journal = Journal(folder.path / JOURNAL_NAME if folder else None, header,
-                               (lambda e: folder.failed("journal", e)) if folder else None)
+                               folder.failed if folder else None)
         self.offline: tuple[str, float] | None = None  # (why, when to try again) while the store cannot be written
         self.monitor = system.start(self.run_id, uri, system_metrics) if system_metrics else None
 
