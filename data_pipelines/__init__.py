@@ -21,11 +21,35 @@ from runner.errors import UserError
 from runner.registry import Registry, Rule, non_negative, positive
 
 if TYPE_CHECKING:
-    from runner.data_pipelines.common import Arrays, Examples
+    from runner.data_pipelines.common import Data, Examples
 
 
 class DataError(UserError):
     """A dataset's data is missing or invalid; the message is one line saying what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What one example is: an image of `shape` (height, width, channels) stored as `dtype`, and its class.
+
+    Models are built for it and every stage after the data reads shapes from it. Stored uint8 images are scaled to
+    float32 in [0, 1] when batched; stored float32 images are used as they are.
+    """
+
+    shape: tuple[int, int, int]
+    classes: int
+    dtype: str = "uint8"  # "uint8" (scaled by 1/255) or "float32"
+
+    def __str__(self) -> str:
+        return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {self.classes} classes"
+
+    @property
+    def image_bytes(self) -> int:
+        """Bytes of one image as a model takes it (float32)."""
+        return 4 * self.shape[0] * self.shape[1] * self.shape[2]
+
+
+MNIST = Spec((28, 28, 1), 10)  # the default data's examples
 
 
 @runtime_checkable
@@ -34,15 +58,18 @@ class Dataset(Protocol):
 
     name: str
 
-    def load(self, seed: int) -> Arrays:
-        """The train and test arrays (uint8 images (n, 28, 28), int32 labels (n,)); no TensorFlow."""
+    def spec(self) -> Spec:
+        """What its examples are, known without loading them and without TensorFlow (validation reads it)."""
+
+    def load(self, seed: int) -> Data:
+        """The train and test examples (for in-memory data, read now: a bad path fails before TensorFlow)."""
 
 
 class Batches(Protocol):
     """A feed made by a pipeline: `next()` is called inside the compiled loop, once per step."""
 
     def next(self) -> list[tuple[Any, Any]]:
-        """One (images (b, 28, 28, 1) float32, labels (b,) int32) pair per tower, b = global batch / towers."""
+        """One (images (b, H, W, C) float32, labels (b,) int32) pair per tower, b = global batch / towers."""
 
 
 @runtime_checkable
@@ -102,6 +129,10 @@ class DatasetOptions:
     def describe(self) -> str:
         """Where the examples come from, in a few words (the run's dataset source)."""
         return f"data={self.name}"
+
+    def in_memory_bytes(self) -> int:
+        """Bytes `load` holds in memory where that can be large (generated images); 0 for small or streamed data."""
+        return 0
 
 
 DATASETS = Registry("data", __name__)

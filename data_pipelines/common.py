@@ -1,99 +1,210 @@
-"""What every pipeline shares: the arrays a dataset loads, and the host-side tf.data stages.
+"""What every pipeline shares: the examples a dataset gives, and the host-side tf.data stages.
 
-Examples stay uint8 until they are batched: converting a whole batch to float32 in one vectorised op is far cheaper
-than one tiny op per example, and keeps the in-memory dataset 4x smaller.
+A dataset's `load` returns `Data`: its spec, sizes, the training `Examples` and the test batches. `Examples` is
+the one contract the pipelines consume (shard, shuffle and repeat, batch); two kinds implement it:
+
+- `Indexed`: examples addressable by index (arrays in memory, or memory-mapped `.npy` files). tf.data shuffles
+  and batches the indices and each batch then gathers its images in one op;
+- `Records` (runner.data_pipelines.records): a stream of serialized examples in files (TFRecord shards, a
+  TensorFlow Datasets dataset), sharded by file where there are enough files.
+
+Examples stay in their stored dtype until they are batched: converting a whole batch to float32 in one vectorised
+op is far cheaper than one tiny op per example, and keeps in-memory data 4x smaller.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any
+import hashlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
 
 import numpy as np
+
+from runner.data_pipelines import MNIST, Spec
 
 EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every test example counts
 
 
+class Examples(Protocol):
+    """Training examples as the pipelines consume them."""
+
+    spec: Spec
+
+    def shard(self, shards: int, index: int) -> Examples:
+        """Shard `index` of `shards`: disjoint, together every example once."""
+
+    def shuffled(self, buffer: int, seed: int) -> Examples:
+        """Shuffled with a `buffer`-example buffer (0: stored order), reshuffled every epoch, repeated forever."""
+
+    def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
+        """A tf.data.Dataset of (float32 (batch, H, W, C), int32 (batch,)), prefetched on the host; `opts` are a
+        pipeline's host options (PipelineOptions)."""
+
+
+class Data(Protocol):
+    """What a dataset's `load` returns."""
+
+    spec: Spec
+    synthetic: bool  # random content: accuracy means nothing
+
+    @property
+    def train_size(self) -> int: ...
+
+    @property
+    def test_size(self) -> int: ...
+
+    def train(self) -> Examples:
+        """The training examples in their stored order."""
+
+    def test(self, limit: int | None = None) -> Any:
+        """The first `limit` (None: all) test examples in float batches of EVAL_BATCH, the last partial one kept."""
+
+    def digest(self, split: str) -> str:
+        """A short digest of a split's examples ("train" or "test"), for the MLflow dataset record."""
+
+
 @dataclass(frozen=True)
 class Arrays:
-    """The examples a run uses: uint8 images (n, 28, 28) and int labels (n,)."""
+    """Examples held as numpy arrays: images (n, *spec.shape) (MNIST's (n, 28, 28) too), int labels (n,).
+
+    Memory-mapped arrays (`np.load(mmap_mode="r")`) stay on disk: their batches are read with a numpy call per
+    batch instead of a gather from a constant, and nothing reads them whole.
+    """
 
     x_train: np.ndarray
     y_train: np.ndarray
     x_test: np.ndarray
     y_test: np.ndarray
     synthetic: bool
+    spec: Spec = MNIST
+
+    @property
+    def train_size(self) -> int:
+        return len(self.x_train)
+
+    @property
+    def test_size(self) -> int:
+        return len(self.x_test)
+
+    def train(self) -> Indexed:
+        return examples(self.x_train, self.y_train, self.spec)
+
+    def test(self, limit: int | None = None) -> Any:
+        x, y = self.x_test[:limit], self.y_test[:limit]
+        if isinstance(x, np.memmap):
+            return eval_batches(examples(x, y, self.spec))
+        return eval_dataset(x, y, self.spec)
+
+    def digest(self, split: str) -> str:
+        x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
+        return array_digest(x, y)
+
+
+def array_digest(x: np.ndarray, y: np.ndarray) -> str:
+    """sha256 of the images' and labels' bytes (8 hex digits); of a memory-mapped array only its shape and first
+    MiB, since reading it whole would pull the file into memory."""
+    digest = hashlib.sha256()
+    if isinstance(x, np.memmap):
+        digest.update(repr((x.shape, x.dtype.str)).encode() + x.reshape(-1)[: 1 << 20].tobytes())
+    else:
+        digest.update(x.tobytes())
+    digest.update(np.asarray(y).tobytes())
+    return digest.hexdigest()[:8]
 
 
 @dataclass(frozen=True)
-class Examples:
-    """In-memory training examples and the stream of their indices that the pipeline shuffles and batches.
+class Indexed:
+    """Examples addressable by index; tf.data shuffles and batches the indices (int64 scalars) and each batch then
+    gathers its images in one op.
 
-    tf.data shuffles and batches the indices (int64 scalars), and each batch then gathers its images in one op:
-    measured 5.5x the batches/s of shuffling and batching the (image, label) tuples themselves (3,873 against 710
+    Measured 5.5x the batches/s of shuffling and batching the (image, label) tuples themselves (3,873 against 710
     batches/s of 128, MNIST, 2 cores), with the very same examples in the very same order for a given seed.
     """
 
-    x: Any  # (n, 28, 28) uint8 tf.Tensor
-    y: Any  # (n,) int32 tf.Tensor
+    x: Any  # (n, ...) images in their stored dtype: a tf.Tensor, or a memory-mapped numpy array
+    y: Any  # (n,) int32 labels, likewise
     indices: Any  # tf.data.Dataset of int64 indices into x and y: all of them, a shard, shuffled...
+    spec: Spec = field(default=MNIST)
 
-    def shard(self, shards: int, index: int) -> "Examples":
+    def shard(self, shards: int, index: int) -> Indexed:
         """Examples index, index + shards, index + 2 shards, ... (tf.data.Dataset.shard on the indices)."""
         return replace(self, indices=self.indices.shard(shards, index))
 
+    def shuffled(self, buffer: int, seed: int) -> Indexed:
+        """Training batches are drawn with drop_remainder=True on this endless stream, so an epoch's tail is not
+        dropped: it starts the next batch."""
+        indices = self.indices
+        if buffer:
+            indices = indices.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
+        return replace(self, indices=indices.repeat())
 
-def examples(x: np.ndarray, y: np.ndarray) -> Examples:
-    """The examples (uint8 images (n, 28, 28), int32 labels (n,)) in their stored order."""
+    def take(self, i: Any) -> tuple[Any, Any]:
+        """The stored images and labels at indices `i` (b,): one gather, or one numpy read of a memory-mapped file."""
+        import tensorflow as tf
+
+        if not isinstance(self.x, np.memmap):
+            return tf.gather(self.x, i), tf.gather(self.y, i)
+        x, y = tf.numpy_function(lambda j: (self.x[j], self.y[j]), [i], (tf.as_dtype(self.x.dtype), tf.int32))
+        x.set_shape((None, *self.x.shape[1:]))
+        y.set_shape((None,))
+        return x, y
+
+    def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
+        import tensorflow as tf
+
+        def gather(i):  # i: (batch,) int64 indices
+            return to_float(*self.take(i), self.spec)
+
+        out = self.indices.batch(batch, drop_remainder=drop_remainder)
+        return finish(out.map(gather, num_parallel_calls=autotune(opts.map_parallelism)), opts)
+
+
+def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
+    """The examples (images (n, ...) in their stored dtype, int32 labels (n,)) in their stored order; memory-mapped
+    arrays stay on disk."""
     import tensorflow as tf
 
-    return Examples(tf.constant(x), tf.constant(y), tf.data.Dataset.range(len(x)))
+    if isinstance(x, np.memmap):
+        return Indexed(x, np.asarray(y, np.int32), tf.data.Dataset.range(len(x)), spec)
+    return Indexed(tf.constant(x), tf.constant(y), tf.data.Dataset.range(len(x)), spec)
 
 
-def to_float(x, y):
-    """uint8 (b, 28, 28) -> float32 (b, 28, 28, 1) in [0, 1]; labels unchanged."""
+def to_float(x, y, spec: Spec = MNIST):
+    """Stored images (b, ...) -> float32 (b, H, W, C): uint8 scaled to [0, 1], float32 as is; labels unchanged."""
     import tensorflow as tf
 
-    return tf.cast(x, tf.float32)[..., None] / 255.0, y
+    x = tf.reshape(tf.cast(x, tf.float32), (-1, *spec.shape))
+    return (x / 255.0 if spec.dtype == "uint8" else x), y
 
 
 def shuffled(ds: Examples, buffer: int, seed: int) -> Examples:
-    """Shuffle with a `buffer`-example buffer (0: keep the order), reshuffled every epoch, and repeat forever.
-
-    Training batches are drawn with drop_remainder=True on this endless stream, so an epoch's tail is not dropped:
-    it starts the next batch.
-    """
-    indices = ds.indices
-    if buffer:
-        indices = indices.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    return replace(ds, indices=indices.repeat())
+    """`ds` shuffled with a `buffer`-example buffer (0: kept in order), reshuffled every epoch, repeated forever."""
+    return ds.shuffled(buffer, seed)
 
 
-def _autotune(value: int) -> int:
+def autotune(value: int) -> int:
     import tensorflow as tf
 
     return tf.data.AUTOTUNE if value == -1 else value
 
 
-def batched(ds: Examples, batch: int, opts: Any):
-    """Batch a shuffled stream, gather and convert each batch to float, prefetch on the host: a tf.data.Dataset of
-    (float32 (batch, 28, 28, 1), int32 (batch,)).
-
-    Host threads: `opts.map_parallelism` parallel conversions; `opts.private_threads` > 0 gives this pipeline its
-    own thread pool of that size (every iterator of the `sharded` pipeline gets one, so N devices cost N pools).
-    """
+def finish(ds: Any, opts: Any) -> Any:
+    """Prefetch on the host; `opts.private_threads` > 0 gives this pipeline its own thread pool of that size (every
+    iterator of the `sharded` pipeline gets one, so N devices cost N pools)."""
     import tensorflow as tf
 
-    def gather(i):  # i: (batch,) int64 indices
-        return to_float(tf.gather(ds.x, i), tf.gather(ds.y, i))
-
-    out = ds.indices.batch(batch, drop_remainder=True).map(gather, num_parallel_calls=_autotune(opts.map_parallelism))
-    out = out.prefetch(_autotune(opts.prefetch))
+    out = ds.prefetch(autotune(opts.prefetch))
     if opts.private_threads:
         options = tf.data.Options()
         options.threading.private_threadpool_size = opts.private_threads
         out = out.with_options(options)
     return out
+
+
+def batched(ds: Examples, batch: int, opts: Any):
+    """Batch a shuffled stream and convert each batch to float32, prefetched on the host: a tf.data.Dataset of
+    (float32 (batch, H, W, C), int32 (batch,)); `opts.map_parallelism` parallel conversions."""
+    return ds.batched(batch, opts)
 
 
 def per_tower_batch(global_batch: int, towers: int) -> int:
@@ -102,10 +213,22 @@ def per_tower_batch(global_batch: int, towers: int) -> int:
     return global_batch // towers
 
 
-def eval_dataset(x: np.ndarray, y: np.ndarray):
-    """The test set in batches of EVAL_BATCH, the last partial batch kept (no example is dropped)."""
+@dataclass(frozen=True)
+class _EvalOptions:
+    prefetch: int = -1
+    map_parallelism: int = -1
+    private_threads: int = 0
+
+
+def eval_batches(ds: Examples) -> Any:
+    """Examples in their stored order, in float batches of EVAL_BATCH, the last partial batch kept."""
+    return ds.batched(EVAL_BATCH, _EvalOptions(), drop_remainder=False)
+
+
+def eval_dataset(x: np.ndarray, y: np.ndarray, spec: Spec = MNIST):
+    """An in-memory test set in batches of EVAL_BATCH, the last partial batch kept (no example is dropped)."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(EVAL_BATCH)
-    ds = ds.map(to_float, num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(lambda xb, yb: to_float(xb, yb, spec), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.cache().prefetch(tf.data.AUTOTUNE)

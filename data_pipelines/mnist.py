@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, DatasetOptions
+from runner.data_pipelines import DATASETS, MNIST as MNIST_SPEC, DatasetOptions, Spec
 from runner.data_pipelines.mnist_files import TRAIN_SIZE, default_cache_dir, load
 
 
@@ -25,6 +25,9 @@ class MNIST(DatasetOptions):
 
     def describe(self) -> str:
         return str(self.path) if self.path else f"MNIST, verified by sha256, cached in {self.cache_dir or default_cache_dir()}"
+
+    def spec(self) -> Spec:
+        return MNIST_SPEC
 
     def train_examples(self) -> int:
         return min(TRAIN_SIZE, self.train_limit or TRAIN_SIZE)

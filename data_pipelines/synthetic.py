@@ -1,39 +1,38 @@
-"""Synthetic stand-in for MNIST: same shapes and dtypes, random content.
+"""Synthetic data: random uint8 images of any shape (MNIST's by default) and random labels.
 
-Useful for smoke tests and pipeline checks without any download; it imports
-only numpy so it is safe to import before TensorFlow.
+Useful for throughput studies (an ImageNet-like `data.shape=[224,224,3] data.classes=1000`), smoke tests and
+pipeline checks without any download; it imports only numpy so it is safe to import before TensorFlow.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, DatasetOptions
+from runner.data_pipelines import DATASETS, MNIST, DatasetOptions, Spec
+from runner.registry import Rule, positive
 
 log = logging.getLogger(__name__)
-
-IMAGE_SHAPE = (28, 28)
-NUM_CLASSES = 10
 
 Arrays = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
-def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0) -> Arrays:
-    """Generate random MNIST-shaped data, deterministic for a given seed.
+def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0,
+         shape: tuple[int, ...] = MNIST.shape[:2], classes: int = MNIST.classes) -> Arrays:
+    """Generate random images of `shape` and labels below `classes`, deterministic for a given seed.
 
     Args:
         n_train: Number of training examples.
         n_test: Number of test examples.
         seed: Seed for ``numpy.random.default_rng``.
+        shape: One image's shape; MNIST's (28, 28) by default, like ``runner.data_pipelines.mnist_files.load``.
+        classes: Number of classes.
 
     Returns:
-        ``((x_train, y_train), (x_test, y_test))``: uint8 images of shape
-        (n, 28, 28) with values 0..255 and uint8 labels 0..9, like
-        ``runner.data_pipelines.mnist_files.load``.
+        ``((x_train, y_train), (x_test, y_test))``: uint8 images (n, *shape) with values 0..255 and uint8 labels.
 
     Raises:
         ValueError: If a size is negative.
@@ -43,8 +42,8 @@ def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0) -> Arrays:
     rng = np.random.default_rng(seed)
 
     def split(n: int) -> tuple[np.ndarray, np.ndarray]:
-        x = rng.integers(0, 256, size=(n, *IMAGE_SHAPE), dtype=np.uint8)
-        y = rng.integers(0, NUM_CLASSES, size=(n,), dtype=np.uint8)
+        x = rng.integers(0, 256, size=(n, *shape), dtype=np.uint8)
+        y = rng.integers(0, classes, size=(n,), dtype=np.int32 if classes > 256 else np.uint8)
         return x, y
 
     # Train is drawn first so the train split for a seed does not depend on n_test.
@@ -54,19 +53,38 @@ def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0) -> Arrays:
 @DATASETS.register
 @dataclass
 class Synthetic(DatasetOptions):
-    """Random images of MNIST shape with random labels (fixed by the seed): for pure throughput runs only.
+    """Random images of `shape` with random labels (fixed by the seed): for pure throughput runs only.
 
-    Accuracy on it means nothing; every log line and MLflow run says the data is synthetic.
+    Accuracy on it means nothing; every log line and MLflow run says the data is synthetic. The images are held in
+    memory: (train_limit + test_limit) x H x W x C bytes.
     """
 
     name: str = "synthetic"
     train_limit: int = 60000  # number of synthetic training examples
     test_limit: int = 10000  # number of synthetic test examples
+    shape: list[int] = field(default_factory=lambda: list(MNIST.shape))  # [height, width, channels]
+    classes: int = MNIST.classes
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        **DatasetOptions.RULES,
+        "shape": (lambda v: len(v) == 3 and all(d > 0 for d in v), "[height, width, channels] of positive integers"),
+        "classes": (lambda v: v >= 2, "an integer of at least 2"),
+    }
+
+    def spec(self) -> Spec:
+        return Spec(tuple(self.shape), self.classes)
+
+    def in_memory_bytes(self) -> int:
+        """Bytes the generated images take (validation refuses what this machine cannot hold)."""
+        return (self.train_limit + self.test_limit) * int(np.prod(self.shape))
 
     def load(self, seed: int) -> Any:
-        """Random arrays of the configured sizes, the same for the same seed."""
+        """Random arrays of the configured sizes and shape, the same for the same seed."""
         from runner.data_pipelines.common import Arrays
 
-        (xtr, ytr), (xte, yte) = load(self.train_limit, self.test_limit, seed)
+        spec = self.spec()
+        # MNIST's shape keeps its (n, 28, 28) arrays, so the default run's examples are the ones it always had.
+        shape = MNIST.shape[:2] if spec.shape == MNIST.shape else spec.shape
+        (xtr, ytr), (xte, yte) = load(self.train_limit, self.test_limit, seed, shape, spec.classes)
         log.warning("data=synthetic: random images and labels; accuracy figures mean nothing")
-        return Arrays(xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), synthetic=True)
+        return Arrays(xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), synthetic=True, spec=spec)

@@ -1,9 +1,11 @@
-"""Models: one module each, holding a dataclass of the model's options whose `build()` returns a Keras model.
+"""Models: one module each, holding a dataclass of the model's options whose `build(spec)` returns a Keras model.
 
-The contract is `Model` below. A module imports Keras inside `build`, never at top level, so config validation
-reads the options without loading TensorFlow. Adding a model is one module here (a dataclass registered with
-`@MODELS.register`, see `lenet.py`) plus one YAML in conf/model/. A user's own model needs neither: a YAML in
-their config directory whose `_target_` names their dataclass, or any function returning a Keras model.
+The contract is `Model` below: a model is built for the data's example spec (input shape, classes), and refuses in
+one line, before TensorFlow starts, a spec it cannot take. A module imports Keras inside `build`, never at top
+level, so config validation reads the options without loading TensorFlow. Adding a model is one module here (a
+dataclass registered with `@MODELS.register`, see `lenet.py`) plus one YAML in conf/model/. A user's own model
+needs neither: a YAML in their config directory whose `_target_` names their dataclass, or any function returning a
+Keras model, called with `input_shape` and `classes` as keras.applications' constructors are.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
 
+from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
 from runner.registry import Registry
 
@@ -20,8 +23,7 @@ if TYPE_CHECKING:
     import keras
 
 log = logging.getLogger(__name__)
-INPUT_SHAPE = (28, 28, 1)  # every model takes MNIST-shaped images, float32 in [0, 1]
-NUM_CLASSES = 10
+SPEC_ARGUMENTS = ("input_shape", "classes")  # what a model function is given from the data's spec
 
 
 @runtime_checkable
@@ -31,15 +33,19 @@ class Model(Protocol):
     name: str
     target_accuracy: float | None  # the test accuracy a run of it is timed to by default (None: no default target)
 
-    def build(self) -> keras.Model:
-        """A fresh, uncompiled model mapping (batch, 28, 28, 1) images to (batch, 10) logits (Keras' current seed)."""
+    def build(self, spec: Spec = MNIST) -> keras.Model:
+        """A fresh, uncompiled model mapping float32 (batch, *spec.shape) images in [0, 1] to (batch, spec.classes)
+        logits (Keras' current seed)."""
+
+    def check(self, spec: Spec) -> None:
+        """Raise ConfigError (one line) if the model cannot take `spec`'s examples (no TensorFlow)."""
 
     def layers_with_weights(self) -> int | None:
         """How many layers have weights (the most stages `strategy.split=stages` can cut); None: known once built."""
 
-    def activations_per_example(self) -> int | None:
-        """Floats the layers compute per example (their outputs; reshapes and dropout not counted), for validation's
-        memory estimate; None: unknown."""
+    def activations_per_example(self, spec: Spec) -> int | None:
+        """Floats the layers compute per example of `spec` (their outputs; reshapes and dropout not counted), for
+        validation's memory estimate; None: unknown."""
 
     @property
     def dense_only(self) -> bool:
@@ -54,11 +60,22 @@ class ModelOptions:
 
     target_accuracy: ClassVar[float | None] = None
 
+    def check(self, spec: Spec) -> None:
+        """Any spec: a model that cannot tell before it is built is checked once built (strategies.common)."""
+
     def layers_with_weights(self) -> int | None:
         return None
 
-    def activations_per_example(self) -> int | None:
+    def activations_per_example(self, spec: Spec) -> int | None:
         return None
+
+    def too_small(self, spec: Spec, smallest: int) -> None:
+        """Refuse images whose height or width is below `smallest` (what the model's layers need)."""
+        if min(spec.shape[:2]) < smallest:
+            raise ConfigError(
+                f"model={self.name} takes images of at least {smallest}x{smallest}, the data gives {spec}; "
+                "use larger images (data.shape) or model=mlp, which takes any size"
+            )
 
     @property
     def dense_only(self) -> bool:
@@ -67,15 +84,29 @@ class ModelOptions:
 
 @dataclass
 class FunctionModel(ModelOptions):
-    """A user's function that returns a Keras model, called with the other keys of its YAML as keyword arguments."""
+    """A user's function that returns a Keras model, called with the other keys of its YAML as keyword arguments,
+    plus `input_shape` and `classes` from the data's spec where it takes them (keras.applications' convention)."""
 
     target: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
 
-    def build(self) -> keras.Model:
+    def build(self, spec: Spec = MNIST) -> keras.Model:
         from runner.registry import locate
 
-        return locate(self.target, "model")(**self.kwargs)
+        fn = locate(self.target, "model")
+        return fn(**spec_arguments(fn, spec), **self.kwargs)
+
+
+def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
+    """The spec's `input_shape` and `classes` for those `fn` takes; `classifier_activation=None` where it takes
+    that (a keras.applications constructor ends in softmax by default; the runner trains on logits)."""
+    parameters = inspect.signature(fn).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    given = {"input_shape": tuple(spec.shape), "classes": spec.classes}
+    out = {k: v for k, v in given.items() if k in parameters or takes_any}
+    if "classifier_activation" in parameters:
+        out["classifier_activation"] = None
+    return out
 
 
 def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> FunctionModel:
@@ -85,11 +116,17 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
     it, else left out with a warning, since a function without it has one size.
     """
     kwargs = {k: v for k, v in rest.items() if k != "name"}
+    given = [k for k in (*SPEC_ARGUMENTS, "classifier_activation") if k in kwargs]
+    if given:
+        raise ConfigError(
+            f"model.{given[0]}={kwargs[given[0]]!r}: the runner passes input_shape and classes from the data's spec "
+            "and trains on logits (classifier_activation=None); remove the key, or set the data's shape and classes"
+        )
     parameters = inspect.signature(fn).parameters
     if "variant" in kwargs and "variant" not in parameters:
         log.warning("model %s takes no variant: model.variant=%s ignored", target, kwargs.pop("variant"))
     try:
-        inspect.signature(fn).bind(**kwargs)
+        inspect.signature(fn).bind(**spec_arguments(fn, MNIST), **kwargs)
     except TypeError as e:
         raise ConfigError(f"model._target_={target!r} does not take these options: {e}") from None
     return FunctionModel(name=str(rest.get("name") or fn.__name__), target=target, kwargs=kwargs)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.data_pipelines import MNIST, Spec
+from runner.models import MODELS, ModelOptions
 
 Variant = Literal["tiny", "default", "paper"]
 # variant -> (filters of each 3x3 conv layer, index after which the single 2x2 max-pool sits, dense units)
@@ -26,12 +27,12 @@ class CNN(ModelOptions):
 
     target_accuracy: ClassVar[float] = 0.99  # the test accuracy a run is timed to by default
 
-    def build(self):
-        """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""
+    def build(self, spec: Spec = MNIST):
+        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits."""
         import keras
 
         filters, pool_after, dense = LAYERS[self.variant]
-        layers = [keras.Input(INPUT_SHAPE)]
+        layers = [keras.Input(spec.shape)]
         for i, f in enumerate(filters):
             layers.append(keras.layers.Conv2D(f, 3, activation="relu"))  # valid padding: side shrinks by 2
             if i == pool_after:
@@ -41,20 +42,26 @@ class CNN(ModelOptions):
             keras.layers.Flatten(),
             keras.layers.Dense(dense, activation="relu"),
             keras.layers.Dropout(0.5),
-            keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
+            keras.layers.Dense(spec.classes),  # (b, classes) logits
         ]
         return keras.Sequential(layers, name=f"cnn_{self.variant}")
 
-    def activations_per_example(self) -> int:
+    def check(self, spec: Spec) -> None:
+        """Each valid 3x3 convolution takes 2 off each side and the pool halves it: at least 1x1 must remain."""
+        filters, pool_after, _ = LAYERS[self.variant]
+        after_pool = len(filters) - pool_after - 1  # convolutions after the pool
+        self.too_small(spec, 2 * (pool_after + 1) + 2 * (1 + 2 * after_pool))
+
+    def activations_per_example(self, spec: Spec = MNIST) -> int:
         filters, pool_after, dense = LAYERS[self.variant]
-        side, total = 28, 0
+        (h, w, _), total = spec.shape, 0
         for i, f in enumerate(filters):
-            side -= 2  # valid 3x3
-            total += f * side * side
+            h, w = h - 2, w - 2  # valid 3x3
+            total += f * h * w
             if i == pool_after:
-                side //= 2
-                total += f * side * side
-        return total + dense + NUM_CLASSES
+                h, w = h // 2, w // 2
+                total += f * h * w
+        return total + dense + spec.classes
 
     def layers_with_weights(self) -> int:
         return len(LAYERS[self.variant][0]) + 2  # the convs and the two Dense layers

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.data_pipelines import MNIST, Spec
+from runner.models import MODELS, ModelOptions
 
 Variant = Literal["tiny", "default"]
 WIDTHS: dict[Variant, tuple[int, int, int]] = {"tiny": (8, 16, 32), "default": (32, 64, 512)}  # conv, conv, dense
@@ -16,35 +17,42 @@ WIDTHS: dict[Variant, tuple[int, int, int]] = {"tiny": (8, 16, 32), "default": (
 @MODELS.register
 @dataclass
 class LeNet(ModelOptions):
-    """conv 5x5 SAME, pool 2x2, conv 5x5 SAME, pool 2x2, dense, dense 10 (ReLU)."""
+    """conv 5x5 SAME, pool 2x2, conv 5x5 SAME, pool 2x2, dense, dense classes (ReLU)."""
 
     name: str = "lenet"
     variant: Variant = "default"
 
     target_accuracy: ClassVar[float] = 0.99  # the test accuracy a run is timed to by default
 
-    def build(self):
-        """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""
+    def build(self, spec: Spec = MNIST):
+        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits; shapes below are
+        MNIST's."""
         import keras
 
         conv1, conv2, dense = WIDTHS[self.variant]
         return keras.Sequential(
             [
-                keras.Input(INPUT_SHAPE),
+                keras.Input(spec.shape),
                 keras.layers.Conv2D(conv1, 5, padding="same", activation="relu"),  # (b, 28, 28, conv1)
                 keras.layers.MaxPooling2D(2),  # (b, 14, 14, conv1)
                 keras.layers.Conv2D(conv2, 5, padding="same", activation="relu"),  # (b, 14, 14, conv2)
                 keras.layers.MaxPooling2D(2),  # (b, 7, 7, conv2)
                 keras.layers.Flatten(),  # (b, 49 * conv2)
                 keras.layers.Dense(dense, activation="relu"),
-                keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
+                keras.layers.Dense(spec.classes),  # (b, classes) logits
             ],
             name=f"lenet_{self.variant}",
         )
 
-    def activations_per_example(self) -> int:
+    def check(self, spec: Spec) -> None:
+        """Two 2x2 pools (valid padding): at least 4x4, so one pixel remains."""
+        self.too_small(spec, 4)
+
+    def activations_per_example(self, spec: Spec = MNIST) -> int:
         conv1, conv2, dense = WIDTHS[self.variant]
-        return conv1 * (28 * 28 + 14 * 14) + conv2 * (14 * 14 + 7 * 7) + dense + NUM_CLASSES
+        h, w, _ = spec.shape
+        half, quarter = (h // 2) * (w // 2), (h // 4) * (w // 4)
+        return conv1 * (h * w + half) + conv2 * (half + quarter) + dense + spec.classes
 
     def layers_with_weights(self) -> int:
         return 4  # two convolutions, two Dense layers

@@ -1,11 +1,13 @@
-"""MNIST multilayer perceptron 784-n-n-10 with ReLU, as in the Keras and Chainer MNIST examples."""
+"""Multilayer perceptron 784-n-n-10 with ReLU, as in the Keras and Chainer MNIST examples; any image shape is
+flattened (H*W*C-n-n-classes)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.data_pipelines import MNIST, Spec
+from runner.models import MODELS, ModelOptions
 
 Variant = Literal["tiny", "default", "chainer"]
 HIDDEN_UNITS: dict[Variant, int] = {"tiny": 64, "default": 512, "chainer": 1000}  # per hidden layer
@@ -21,24 +23,24 @@ class MLP(ModelOptions):
 
     target_accuracy: ClassVar[float] = 0.98  # the test accuracy a run is timed to by default
 
-    def build(self):
-        """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""
+    def build(self, spec: Spec = MNIST):
+        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits."""
         import keras
 
         units = HIDDEN_UNITS[self.variant]
         return keras.Sequential(
             [
-                keras.Input(INPUT_SHAPE),
-                keras.layers.Flatten(),  # (b, 784)
+                keras.Input(spec.shape),
+                keras.layers.Flatten(),  # (b, H*W*C): 784 for MNIST
                 keras.layers.Dense(units, activation="relu"),
                 keras.layers.Dense(units, activation="relu"),
-                keras.layers.Dense(NUM_CLASSES),  # (b, 10) logits
+                keras.layers.Dense(spec.classes),  # (b, classes) logits
             ],
             name=f"mlp_{self.variant}",
         )
 
-    def activations_per_example(self) -> int:
-        return 2 * HIDDEN_UNITS[self.variant] + NUM_CLASSES
+    def activations_per_example(self, spec: Spec = MNIST) -> int:
+        return 2 * HIDDEN_UNITS[self.variant] + spec.classes
 
     def layers_with_weights(self) -> int:
         return 3  # the three Dense layers, whatever the variant

@@ -1,7 +1,7 @@
-"""Network-in-Network (Lin et al. 2013) adapted to 28x28x1 MNIST.
+"""Network-in-Network (Lin et al. 2013), sized for 28x28x1 MNIST; it takes any image size (SAME padding throughout).
 
 Three mlpconv blocks, each a spatial convolution followed by two 1x1 convolutions (the "micro network"), with
-max-pooling and dropout between blocks; the last block ends in 10 channels that global average pooling turns
+max-pooling and dropout between blocks; the last block ends in one channel per class that global average pooling turns
 into the logits, so there is no dense layer at all.
 """
 
@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from runner.models import INPUT_SHAPE, MODELS, NUM_CLASSES, ModelOptions
+from runner.data_pipelines import MNIST, Spec
+from runner.models import MODELS, ModelOptions
 
 Variant = Literal["tiny", "default", "paper"]
 CHANNELS: dict[Variant, tuple[int, int, int]] = {"tiny": (16, 16, 16), "default": (64, 96, 96), "paper": (192, 192, 192)}
@@ -37,23 +38,27 @@ class NIN(ModelOptions):
 
     target_accuracy: ClassVar[float] = 0.99  # the test accuracy a run is timed to by default
 
-    def build(self):
-        """An uncompiled keras.Model mapping (batch, 28, 28, 1) images to (batch, 10) logits."""
+    def build(self, spec: Spec = MNIST):
+        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits; shapes below are
+        MNIST's."""
         import keras
 
         c1, c2, c3 = CHANNELS[self.variant]
-        layers = [keras.Input(INPUT_SHAPE)]
+        layers = [keras.Input(spec.shape)]
         layers += mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
         layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 14, 14, c1)
         layers += mlpconv(keras, c2, _KERNELS[1])  # (b, 14, 14, c2)
         layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
-        layers += mlpconv(keras, c3, _KERNELS[2], out=NUM_CLASSES)  # (b, 7, 7, 10)
-        layers.append(keras.layers.GlobalAveragePooling2D())  # (b, 10) logits
+        layers += mlpconv(keras, c3, _KERNELS[2], out=spec.classes)  # (b, 7, 7, classes)
+        layers.append(keras.layers.GlobalAveragePooling2D())  # (b, classes) logits
         return keras.Sequential(layers, name=f"nin_{self.variant}")
 
-    def activations_per_example(self) -> int:
+    def activations_per_example(self, spec: Spec = MNIST) -> int:
         c1, c2, c3 = CHANNELS[self.variant]
-        return 3 * c1 * 28 * 28 + c1 * 14 * 14 + 3 * c2 * 14 * 14 + c2 * 7 * 7 + (2 * c3 + NUM_CLASSES) * 7 * 7 + NUM_CLASSES
+        h, w, _ = spec.shape
+        full, half, quarter = h * w, -(-h // 2) * -(-w // 2), -(-h // 4) * -(-w // 4)  # SAME pools round up
+        k = spec.classes
+        return 3 * c1 * full + c1 * half + 3 * c2 * half + c2 * quarter + (2 * c3 + k) * quarter + k
 
     def layers_with_weights(self) -> int:
         return 3 * len(CHANNELS[self.variant])  # three convolutions per mlpconv block

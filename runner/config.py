@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
-from runner.data_pipelines import DATASETS, PIPELINES
+from runner.data_pipelines import DATASETS, PIPELINES, DataError, Spec
 from runner.models import MODELS
 from runner.errors import ConfigError
 from runner.registry import Registry, Rule, non_negative, positive, schema, typed_values
@@ -164,6 +164,7 @@ class Plan:
     Attributes:
         cfg: the resolved config, read-only (components with every option filled in): what is logged and hashed.
         model, pipeline, strategy, data: the components' options objects.
+        spec: the data's examples (input shape, dtype, classes): what the model is built for.
         towers: model replicas fed separate batches, over all workers.
         cluster: the processes of a multi-worker job, else None.
         config_hash: what the run computes (tracking, sweep and checkpoint settings excluded): resume key.
@@ -174,6 +175,7 @@ class Plan:
     pipeline: Pipeline
     strategy: StrategyOptions
     data: Dataset
+    spec: Spec
     towers: int
     cluster: Cluster | None
     config_hash: str
@@ -298,34 +300,47 @@ def validate(cfg: DictConfig) -> Plan:
     if values["train"]["target_accuracy"] == MODEL_TARGET:
         values["train"]["target_accuracy"] = getattr(parts["model"], "target_accuracy", None)
     parts["pipeline"].check(towers, parts["data"].train_examples())
-    _check_memory(values["train"], parts["model"], towers)
+    spec = _spec(parts["data"])
+    parts["model"].check(spec)
+    _check_memory(values["train"], parts["model"], parts["data"], spec, towers)
     resolved = OmegaConf.create({**values, **{kind: _as_node(part, values[kind]) for kind, part in parts.items()}})
     OmegaConf.set_readonly(resolved, True)
-    return Plan(resolved, parts["model"], parts["pipeline"], strategy, parts["data"], towers, cluster,
+    return Plan(resolved, parts["model"], parts["pipeline"], strategy, parts["data"], spec, towers, cluster,
                 config_hash(resolved))
 
 
-IMAGE_BYTES = 28 * 28 * 4  # one float32 MNIST image
+def _spec(data: Dataset) -> Spec:
+    """The data's example spec; data that cannot say it (a missing path, an unprepared dataset) is a config error."""
+    try:
+        return data.spec()
+    except DataError as e:
+        raise ConfigError(str(e)) from None
 
 
-def memory_estimate(train: dict[str, Any], model: Any, towers: int) -> tuple[int, int]:
+def memory_estimate(train: dict[str, Any], model: Any, spec: Spec, towers: int) -> tuple[int, int]:
     """Bytes a config needs at least: (input batches, activations). The input pipeline holds a few global batches
     (the one being made, the prefetched, the step's); each tower keeps its batch's layer outputs for the backward
     pass and computes as many gradients (x2). Weights are left out; a model that cannot say its activations counts
     as none (the estimate is a floor, meant to refuse the impossible, not to fit tightly)."""
-    inputs = 3 * train["global_batch_size"] * IMAGE_BYTES
-    per_example = model.activations_per_example() or 0
+    inputs = 3 * train["global_batch_size"] * spec.image_bytes
+    per_example = model.activations_per_example(spec) or 0
     return inputs, 2 * towers * train["per_device_batch_size"] * per_example * 4
 
 
-def _check_memory(train: dict[str, Any], model: Any, towers: int) -> None:
-    """Refuse a config whose batches cannot fit in this machine's memory (they would grow until it runs out)."""
+def _check_memory(train: dict[str, Any], model: Any, data: Dataset, spec: Spec, towers: int) -> None:
+    """Refuse a config whose data and batches cannot fit in this machine's memory (they would grow until it runs
+    out)."""
     from runner.runtime.devices import memory_bytes
 
-    inputs, activations = memory_estimate(train, model, towers)
-    available = memory_bytes()
-    if inputs + activations > available:
-        gb = 1 << 30
+    held = data.in_memory_bytes()
+    inputs, activations = memory_estimate(train, model, spec, towers)
+    available, gb = memory_bytes(), 1 << 30
+    if held > available:
+        raise ConfigError(
+            f"data={data.name} holds {held / gb:,.1f} GiB of {spec} in memory, this machine has "
+            f"{available / gb:,.1f} GiB; lower data.train_limit and data.test_limit"
+        )
+    if held + inputs + activations > available:
         raise ConfigError(
             f"train.global_batch_size={train['global_batch_size']} needs at least {(inputs + activations) / gb:,.1f} "
             f"GiB ({inputs / gb:,.1f} GiB of input batches, {activations / gb:,.1f} GiB of activations for model="

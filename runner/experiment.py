@@ -23,7 +23,7 @@ from runner.runtime.devices import Devices  # no TensorFlow import: devices.setu
 from runner.runtime.output import OutputFolder
 
 if TYPE_CHECKING:
-    from runner.data_pipelines.common import Arrays, Examples
+    from runner.data_pipelines.common import Data, Examples
     from runner.strategies import Strategy
 
 log = logging.getLogger(__name__)
@@ -61,13 +61,14 @@ def training_for(plan: Plan) -> Any:
     float16 = plan.train.precision == "mixed_float16"
     return Training(
         model=plan.model,
-        model_fn=functools.partial(build_model, plan.model),
+        model_fn=functools.partial(build_model, plan.model, plan.spec),
         optimizer_fn=functools.partial(build_optimizer, plan.train),
         seed=plan.train.seed,
         global_batch=plan.train.global_batch_size,
         jit_compile=plan.train.jit_compile,
         cluster=plan.cluster,
         loss_scaling=LossScaling(plan.train.loss_scale, plan.train.loss_scale_period) if float16 else None,
+        spec=plan.spec,
     )
 
 
@@ -75,7 +76,7 @@ def training_for(plan: Plan) -> Any:
 class Built:
     """A run's objects, built from its plan: what `run` trains and `runner check` measures."""
 
-    arrays: Arrays  # the dataset's examples, as loaded (before TensorFlow)
+    data: Data  # the dataset's examples, as loaded (in-memory ones before TensorFlow)
     devices: Devices
     strategy: Strategy  # the model and optimizer placed on the devices
     examples: Examples  # the training examples as a tf.data dataset, for the pipeline's feed
@@ -88,12 +89,10 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
     strategy right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
     `log_placement`: TensorFlow logs every op's device from the start (`runner check` reads that log).
     """
-    from runner.data_pipelines import common
-
-    arrays = plan.data.load(plan.train.seed)
+    data = plan.data.load(plan.train.seed)
     devices = _start_tensorflow(plan, run, log_placement)
     strategy = _build_strategy(plan, devices, run)
-    return Built(arrays, devices, strategy, common.examples(arrays.x_train, arrays.y_train))
+    return Built(data, devices, strategy, data.train())
 
 
 def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
@@ -104,17 +103,17 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
     from runner.strategies.common import effective_learning_rate, optimizer_state_bytes
 
-    arrays, devices, strategy, examples = built.arrays, built.devices, built.strategy, built.examples
-    _log_dataset(plan, arrays, run)
+    data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
+    _log_dataset(plan, data, run)
     hardware = _hardware_figures(plan, devices, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
     hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
-    steps = train.total_steps(plan.train, len(arrays.x_train))
-    _log_plan(plan, devices, steps, arrays.synthetic)
+    steps = train.total_steps(plan.train, data.train_size)
+    _log_plan(plan, devices, steps, data.synthetic)
     checkpointer, start = _resume(plan, strategy, run)
-    evals = _evaluations(plan, strategy, arrays, steps, run)
+    evals = _evaluations(plan, strategy, data, steps, run)
     hooks = _hooks(plan, checkpointer, strategy, run)
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
     result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks)
@@ -154,26 +153,20 @@ def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Str
     return strategy
 
 
-def _evaluations(plan: Plan, strategy: Any, arrays: Any, steps: int, run: tracking.Recorder) -> train.Evaluations:
+def _evaluations(plan: Plan, strategy: Any, data: Data, steps: int, run: tracking.Recorder) -> train.Evaluations:
     """The test set, its first `train.check_examples` examples for the accuracy checks, and the target."""
-    from runner.data_pipelines import common
-
-    n = plan.train.check_examples
     return train.Evaluations(
-        strategy, common.eval_dataset(arrays.x_test, arrays.y_test),
-        common.eval_dataset(arrays.x_test[:n], arrays.y_test[:n]), run.metrics, plan.train.target_accuracy,
+        strategy, data.test(), data.test(plan.train.check_examples), run.metrics, plan.train.target_accuracy,
         plan.train.eval_every, train.check_cadence(plan.train, steps),
     )
 
 
-def _log_dataset(plan: Plan, arrays: Any, run: tracking.Recorder) -> None:
-    """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes."""
-    import hashlib
-
-    for context, x, y in (("train", arrays.x_train, arrays.y_train), ("test", arrays.x_test, arrays.y_test)):
-        digest = hashlib.sha256(x.tobytes() + y.tobytes()).hexdigest()[:8]
-        profile = {"examples": len(x), "image_shape": list(x.shape[1:]), "synthetic": arrays.synthetic}
-        run.dataset(plan.data.name, digest, plan.data.describe(), profile, context)
+def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
+    """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec."""
+    for context, size in (("train", data.train_size), ("test", data.test_size)):
+        profile = {"examples": size, "image_shape": list(data.spec.shape), "classes": data.spec.classes,
+                   "dtype": data.spec.dtype, "synthetic": data.synthetic}
+        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), profile, context)
 
 
 def _hooks(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Recorder) -> list:
@@ -199,7 +192,7 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         from runner.measure import floor
         from runner.strategies.common import build_model
 
-        model = build_model(plan.model, plan.train.seed)
+        model = build_model(plan.model, plan.spec, plan.train.seed)
         figures.update(floor.floor_step_ms(model, plan.train.global_batch_size, plan.train.optimizer,
                                            devices.names[0]))
         figures["step_time_over_floor"] = result["step_time_ms"] / figures["floor_step_ms"]
@@ -292,7 +285,7 @@ def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> d
     from runner.strategies.common import build_model
 
     figures: dict[str, Any] = {}
-    count = flops.count_training_flops(build_model(plan.model, plan.train.seed))
+    count = flops.count_training_flops(build_model(plan.model, plan.spec, plan.train.seed))
     if count is not None:
         figures["flops_per_example"] = count.flops_per_example
     run.tags({"flops.source": count.source if count else "not counted"})

@@ -62,7 +62,26 @@ BAD = [
     (["strategy=mirrored", "strategy.cross_device_ops=magic"], ["cross_device_ops", "magic", "nccl"]),
     (["+train.foo=1"], ["train.foo"]),
     (["train.steps=0"], ["train.steps", "0"]),
+    (["data=synthetic", "data.shape=[28,28]"], ["data.shape", "[height, width, channels]"]),
+    (["data=synthetic", "data.classes=1"], ["data.classes", "1", "at least 2"]),
+    (["data=synthetic", "data.shape=[5,5,1]", "model=cnn"], ["model=cnn", "at least 6x6", "5x5x1 uint8 images"]),
+    (["data=synthetic", "data.shape=[224,224,3]", "data.train_limit=1000000"], ["data=synthetic", "GiB", "train_limit"]),
+    (["data=synthetic", "data.shape=[224,224,3]", "model=nin", "model.variant=paper", "train.global_batch_size=65536"],
+     ["train.global_batch_size=65536", "GiB of activations for model=nin", "smaller batch"]),
 ]
+
+
+def test_the_spec_comes_from_the_data_and_sizes_the_memory_estimate():
+    """A plan carries the data's example spec; the memory estimate scales with the image size."""
+    from runner.config import memory_estimate
+
+    small, large = validate(compose("data=synthetic")), validate(compose("data=synthetic", "data.shape=[64,64,3]"))
+    assert (small.spec.shape, small.spec.classes) == ((28, 28, 1), 10) and large.spec.shape == (64, 64, 3)
+    train = {"global_batch_size": 128, "per_device_batch_size": 128}
+    ratio = [a / b for a, b in zip(memory_estimate(train, large.model, large.spec, 1),
+                                   memory_estimate(train, small.model, small.spec, 1))]
+    assert ratio[0] == 64 * 64 * 3 / (28 * 28)  # the input batches: bytes per image
+    assert ratio[1] == 1.0  # the MLP's activations do not depend on the input size
 
 
 @pytest.mark.parametrize("overrides,words", BAD, ids=lambda v: " ".join(v) if isinstance(v, list) else "")

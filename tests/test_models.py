@@ -1,11 +1,16 @@
-"""Every model variant builds and maps MNIST-shaped images to 10 logits; the named architectures are as documented."""
+"""Every model variant builds for the data's spec (MNIST's and others) and maps its images to one logit per class;
+the named architectures are as documented."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from runner.config import ConfigError
+from runner.data_pipelines import MNIST, Spec
 from runner.models import MODELS, Model, variants
+
+CIFAR = Spec((32, 32, 3), 100)  # another shape, channel count and class count
 
 
 def every_variant() -> list:
@@ -73,12 +78,34 @@ def test_nin_has_mlpconv_blocks_and_global_average_pooling(tf_devices):
     assert len(_layers(model, "GlobalAveragePooling2D")) == 1
 
 
+@pytest.mark.parametrize("spec", [MNIST, CIFAR, Spec((45, 37, 2), 3)], ids=str)
 @pytest.mark.parametrize("model", every_variant(), ids=str)
-def test_activations_per_example_counts_every_layer_output(tf_devices, model):
-    """The memory estimate of validation (no TensorFlow) counts what the built model's layers output per example."""
+def test_activations_per_example_counts_every_layer_output(tf_devices, model, spec):
+    """The memory estimate of validation (no TensorFlow) counts what the built model's layers output per example of
+    the data's spec (odd sizes too: SAME pools round up, valid convolutions shrink)."""
     import math
 
-    built = model.build()
+    model.check(spec)
+    built = model.build(spec)
     outputs = sum(math.prod(layer.output.shape[1:]) for layer in built.layers
                   if type(layer).__name__ not in ("Flatten", "Dropout"))
-    assert model.activations_per_example() == outputs
+    assert model.activations_per_example(spec) == outputs
+    assert tuple(built.input_shape[1:]) == spec.shape and tuple(built.output_shape[1:]) == (spec.classes,)
+
+
+@pytest.mark.parametrize("model", every_variant(), ids=str)
+def test_check_refuses_exactly_the_sizes_keras_cannot_build(tf_devices, model):
+    """Validation (no TensorFlow) refuses a spec in one line naming the model and the data exactly when Keras would
+    fail to build the model for it (the CNN's valid convolutions need room; SAME-padded models take any size)."""
+    for side in range(1, 12):
+        spec = Spec((side, side + 1, 1), 10)
+        try:
+            model.build(spec)
+            builds = True
+        except ValueError:
+            builds = False
+        if builds:
+            model.check(spec)
+        else:
+            with pytest.raises(ConfigError, match=f"model={model.name} takes images of at least .* the data gives"):
+                model.check(spec)

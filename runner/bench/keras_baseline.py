@@ -28,13 +28,12 @@ from runner.models import MODELS
 from runner.config import OptimizerName
 
 
-def _dataset(args: argparse.Namespace):
+def _dataset(data, batch: int):
+    """The runner's `split` feed of `data`'s training examples, with its default options."""
     from runner.data_pipelines import common
 
-    arrays = DATASETS.get(args.data)().load(0)
-    opts = Split()  # the runner's default pipeline options
-    ds = common.shuffled(common.examples(arrays.x_train, arrays.y_train), opts.shuffle_buffer, 0)
-    return common.batched(ds, args.batch, opts)
+    opts = Split()
+    return common.batched(common.shuffled(data.train(), opts.shuffle_buffer, 0), batch, opts)
 
 
 class EpochTimer:
@@ -89,12 +88,13 @@ def main(argv: list[str] | None = None) -> int:
         scope = tf.distribute.MirroredStrategy(list(devices.names)).scope()
     else:
         scope = tf.device(devices.names[0])
+    data = DATASETS.get(args.data)().load(0)
     with scope:
-        model = build_model(MODELS.get(args.model)(**({"variant": args.variant} if args.variant else {})), 0)
+        model = build_model(MODELS.get(args.model)(**({"variant": args.variant} if args.variant else {})), data.spec, 0)
         model.compile(optimizer=optimizers.make(args.optimizer, args.lr, fused=False),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()
-    model.fit(_dataset(args), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk), verbose=0,
+    model.fit(_dataset(data, args.batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk), verbose=0,
               callbacks=[timer.cb])
     rates = args.chunk * args.batch / np.array(timer.seconds[1:])  # first epoch: tracing and warm-up
     print(json.dumps({

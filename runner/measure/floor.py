@@ -40,14 +40,14 @@ def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 1
     import tensorflow as tf
 
     with tf.device(device):
-        x = tf.random.uniform((batch, 28, 28, 1))  # (B, 28, 28, 1)
-        y = tf.random.uniform((batch,), maxval=10, dtype=tf.int32)  # (B,)
+        x = tf.random.uniform((batch, *model.input_shape[1:]))  # (B, H, W, C)
+        y = tf.random.uniform((batch,), maxval=model.output_shape[-1], dtype=tf.int32)  # (B,)
 
     @tf.function(autograph=False)
     def passes() -> tf.Tensor:
         def one(i, total):
             with tf.device(device), tf.GradientTape() as tape:
-                logits = tf.cast(model(x, training=True), tf.float32)  # (B, 10)
+                logits = tf.cast(model(x, training=True), tf.float32)  # (B, classes)
                 loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
             grads = tape.gradient(loss, model.trainable_variables)
             return i + 1, total + tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])  # every gradient is needed

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
 
+from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
 from runner.registry import Registry
 
@@ -42,7 +43,7 @@ class Training:
     """What a strategy builds and trains, as plain values.
 
     Attributes:
-        model: the model's options (`model.build()` makes a fresh copy).
+        model: the model's options (`model.build(spec)` makes a fresh copy).
         model_fn: seed -> the model with that seed's initial weights (every strategy's copies start the same).
         optimizer_fn: variables -> the configured optimizer, its slots already built for them.
         seed: the run's seed.
@@ -50,6 +51,7 @@ class Training:
         jit_compile: XLA-compile the step's compute (strategies that support it).
         cluster: the multi-worker cluster, or None.
         loss_scaling: dynamic loss scaling settings (train.precision=mixed_float16), or None.
+        spec: the data's examples (input shape, classes) the model is built for.
     """
 
     model: Model
@@ -60,6 +62,7 @@ class Training:
     jit_compile: bool = False
     cluster: Cluster | None = None
     loss_scaling: LossScaling | None = None
+    spec: Spec = MNIST
 
 
 @runtime_checkable

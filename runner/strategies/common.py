@@ -10,15 +10,33 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+    from runner.data_pipelines import Spec
     from runner.models import Model
 else:
     keras, tf = lazy("keras"), lazy("tensorflow")
 
 
-def build_model(model: Model, seed: int) -> keras.Model:
-    """Build `model` with seeded initial weights (the same weights for every strategy and every copy)."""
+def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
+    """Build `model` for `spec` with seeded initial weights (the same weights for every strategy and every copy).
+
+    Raises:
+        ConfigError: the built model does not map spec-shaped images to one logit per class (a user's function
+            that ignores `input_shape` or `classes`, or a keras.applications model refusing the size).
+    """
+    from runner.errors import ConfigError
+
     keras.utils.set_random_seed(seed)
-    return model.build()
+    try:
+        built = model.build(spec)
+    except ValueError as e:  # keras.applications' refusals ("Input size must be at least 32x32; ...")
+        raise ConfigError(f"model={model.name} cannot be built for {spec}: {str(e).splitlines()[0]}") from None
+    inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
+    if inputs != tuple(spec.shape) or outputs != (spec.classes,):
+        raise ConfigError(
+            f"model={model.name} maps {inputs} images to {outputs} outputs, the data gives {spec}; build it from the "
+            "input_shape and classes arguments the runner passes to a model function"
+        )
+    return built
 
 
 def effective_learning_rate(train_cfg: Any) -> float:
@@ -44,16 +62,17 @@ def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimiz
 
 
 def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """Cross-entropy per example (b,) and the logits (b, 10), both float32 whatever the compute precision."""
+    """Cross-entropy per example (b,) and the logits (b, classes), both float32 whatever the compute precision."""
     logits = tf.cast(model(x, training=training), tf.float32)  # a no-op in float32; keeps the loss out of bfloat16
     return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True), logits
 
 
-def make_evaluate(model: keras.Model, device: str):
-    """A function dataset -> (mean loss, accuracy) over every example of `dataset`, computed on `device`."""
+def make_evaluate(model: keras.Model, device: str, spec: Spec):
+    """A function dataset -> (mean loss, accuracy) over every example of `dataset` (float32 (b, *spec.shape)
+    images), computed on `device`."""
 
     # One trace for every batch size (the last test batch is usually smaller).
-    @tf.function(input_signature=[tf.TensorSpec((None, 28, 28, 1), tf.float32), tf.TensorSpec((None,), tf.int32)])
+    @tf.function(input_signature=[tf.TensorSpec((None, *spec.shape), tf.float32), tf.TensorSpec((None,), tf.int32)])
     def batch_sums(x, y):
         with tf.device(device):
             loss, logits = per_example_loss(model, x, y, training=False)

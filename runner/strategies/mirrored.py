@@ -85,7 +85,7 @@ class PerReplicaFeed:
         return self
 
     def __next__(self) -> tuple[Any, Any]:
-        pairs = self.towers.next()  # one (x (G/N, 28, 28, 1), y (G/N,)) per device, in the strategy's order
+        pairs = self.towers.next()  # one (x (G/N, H, W, C), y (G/N,)) per device, in the strategy's order
 
         def per_replica(k: int) -> Any:
             return self.strategy.experimental_distribute_values_from_function(
@@ -112,7 +112,7 @@ class Replicas(Strategy):
             self.optimizer = training.optimizer_fn(self.model.trainable_variables)
         # Outside the scope: one plain copy per process, read by every replica and changed in cross-replica context.
         self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
-        self.evaluate = make_evaluate(self.model, devices.names[0])
+        self.evaluate = make_evaluate(self.model, devices.names[0], training.spec)
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed: its own towers as per-replica values, or mapped onto tf.distribute's input API."""
@@ -127,7 +127,7 @@ class Replicas(Strategy):
         variables, scale, strategy = model.trainable_variables, self.loss_scale, self.strategy
 
         def replica_gradients(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-            # x: (G/replicas, 28, 28, 1) on this replica's device
+            # x: (G/replicas, H, W, C) on this replica's device
             with tf.GradientTape() as tape:
                 per_example = per_example_loss(model, x, y, training=True)[0]
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)

@@ -259,7 +259,7 @@ def forward(cells: list[Cell], x: tf.Tensor, training: bool, tapes: list | None 
 
     Args:
         cells: the network in topological order; the last cell's output is the logits (b, 10).
-        x: images (b, 28, 28, 1).
+        x: images (b, H, W, C).
         training: passed to the layers (Dropout).
         tapes: a list to append each cell's (GradientTape, watched inputs) to, for `backward_and_apply`. Only
             inputs made by other cells are watched: no gradient is computed for the images.
@@ -321,7 +321,7 @@ class SplitModel(Strategy):
                     cell.optimizer = training.optimizer_fn(cell.trainable_variables)
         self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
         # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
-        self.evaluate = make_evaluate(self, devices.names[0])
+        self.evaluate = make_evaluate(self, devices.names[0], training.spec)
 
     def _build_cells(self, names: tuple[str, ...]) -> list[Cell]:
         if self.split == "two_tower":
@@ -332,7 +332,7 @@ class SplitModel(Strategy):
         return (width_cells if self.split == "width" else stage_cells)(reference, names)
 
     def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
-        """Logits (b, 10) for images (b, 28, 28, 1) through the placed cells (what `evaluate` calls)."""
+        """Logits (b, classes) for images (b, H, W, C) through the placed cells (what `evaluate` calls)."""
         return forward(self.cells, x, training)[-1]
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
@@ -347,7 +347,7 @@ class SplitModel(Strategy):
         cells = self.cells
 
         def step() -> tf.Tensor:
-            ((x, y),) = batches.next()  # (G, 28, 28, 1), (G,)
+            ((x, y),) = batches.next()  # (G, H, W, C), (G,)
             tapes: list = []
             outs = forward(cells, x, training=True, tapes=tapes)
             with tf.device(cells[-1].device), tf.name_scope("loss"):  # where the logits (G, 10) already are

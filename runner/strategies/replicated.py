@@ -88,7 +88,7 @@ class Towers(Strategy):
                 self.models.append(model)
                 self.optimizers.append(training.optimizer_fn(model.trainable_variables))
         self.loss_scale = loss_scale.make(training.loss_scaling, self.homes[0])
-        self.evaluate = make_evaluate(self.models[0], self.devices[0])
+        self.evaluate = make_evaluate(self.models[0], self.devices[0], training.spec)
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed for one tower per device."""
@@ -102,7 +102,7 @@ class Towers(Strategy):
 
         def step() -> tf.Tensor:
             losses, grads = [], []
-            for i, (x, y) in enumerate(batches.next()):  # x: (G/N, 28, 28, 1) for tower i
+            for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
                 loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i], self.loss_scale)
                 losses.append(loss)
                 grads.append(g)

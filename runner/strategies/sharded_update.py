@@ -104,7 +104,7 @@ class ShardedTowers(Towers):
                 self.shards.append(shard)
                 self.optimizers.append(training.optimizer_fn([shard]))
         self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
-        self.evaluate = make_evaluate(self.models[0], devices[0])
+        self.evaluate = make_evaluate(self.models[0], devices[0], training.spec)
 
     def train_loop(self, batches: Any):
         """fn(n) -> mean loss of n synchronous steps: towers, reduce-scatter, sharded update, all-gather."""
@@ -112,7 +112,7 @@ class ShardedTowers(Towers):
 
         def step() -> tf.Tensor:
             losses, slices = [], []
-            for i, (x, y) in enumerate(batches.next()):  # x: (G/N, 28, 28, 1) for tower i
+            for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
                 loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale)
                 with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
                     slices.append([self._slice(grads, j) for j in range(n)])  # each (P/N,)

@@ -43,7 +43,7 @@ class SingleDevice(Strategy):
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables)
         self.loss_scale = loss_scale.make(training.loss_scaling, device)
-        self.evaluate = make_evaluate(self.model, self.device)
+        self.evaluate = make_evaluate(self.model, self.device, training.spec)
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed for one tower on this device."""
@@ -68,7 +68,7 @@ class SingleDevice(Strategy):
         update = maybe_jit(update, self.training.jit_compile)
 
         def step() -> tf.Tensor:
-            ((x, y),) = batches.next()  # (G, 28, 28, 1), (G,)
+            ((x, y),) = batches.next()  # (G, H, W, C), (G,)
             with tf.device(self.device):
                 return update(x, y)
 

@@ -1,0 +1,18 @@
+"""Models as a user would write them, outside the package, for the tests: plain functions taking keras.applications'
+`input_shape` and `classes`."""
+
+from __future__ import annotations
+
+
+def resnet(input_shape=(28, 28, 1), classes: int = 10, filters: int = 8):
+    """A small ResNet: a stem convolution, one residual block (two 3x3 convolutions with batch normalization, added to
+    its input), global average pooling, a dense classifier."""
+    import keras
+    from keras import layers
+
+    x = inputs = keras.Input(input_shape)
+    x = layers.Conv2D(filters, 3, padding="same", activation="relu")(x)  # (b, H, W, filters)
+    y = layers.ReLU()(layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same")(x)))
+    y = layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same")(y))
+    x = layers.GlobalAveragePooling2D()(layers.ReLU()(layers.Add()([x, y])))  # (b, filters)
+    return keras.Model(inputs, layers.Dense(classes)(x), name="resnet")  # (b, classes) logits
