@@ -118,6 +118,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
     result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks)
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
+    _check_moving_state(plan, strategy, run)
     if plan.train.target_accuracy:
         run.tags({"target.reached": str("time_to_accuracy_seconds" in result).lower()})
     if "images_per_sec" not in result:
@@ -135,6 +136,21 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
                                            if "input_bound" in result else {})})
     return result
+
+
+def _check_moving_state(plan: Plan, strategy: Strategy, run: tracking.Recorder) -> None:
+    """For a model with moving state (batch normalization): tag what the strategy does with it and whether every copy
+    of the model ended with the same moving statistics (a warning if not: evaluation reads the first copy)."""
+    import numpy as np
+
+    copies = strategy.moving_statistics()
+    if not copies:
+        return
+    equal = all(np.array_equal(c[0], other) for c in copies for other in c[1:])
+    run.tags({"batch_norm": plan.strategy.describe_batch_norm(), "batch_norm.copies_equal": str(equal).lower()})
+    if not equal:
+        log.warning("the model copies of strategy=%s ended with different moving statistics (batch normalization); "
+                    "the test figures are the first copy's", plan.strategy.name)
 
 
 def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Strategy:

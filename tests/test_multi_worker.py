@@ -49,15 +49,15 @@ def _wait_for_listeners(ports: list[int], timeout: float = 120) -> dict[int, str
 FLOAT16 = ["train.precision=mixed_float16", f"train.loss_scale={2.0**40}", "train.loss_scale_period=1000"]
 
 
-@pytest.mark.parametrize("extra", [[], pytest.param(FLOAT16, marks=pytest.mark.slow)], ids=["float32", "float16"])
-def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path, extra):
+def _two_workers(folder, *extra: str, env: dict | None = None) -> tuple[list[tuple[str, str]], dict[int, str]]:
+    """Start `python -m runner debug=smoke strategy=multi_worker EXTRA` as workers 1 and 0 of one job on 127.0.0.1;
+    both must exit 0. Returns their (stdout, stderr) and where their TensorFlow servers listened."""
     workers = f"strategy.workers=[127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}]"
-    env = cli_env()
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "runner", "debug=smoke", "strategy=multi_worker", workers,
              f"strategy.task_index={i}", *extra],
-            cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=folder, env=cli_env(env), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )
         for i in (1, 0)
     ]
@@ -65,6 +65,12 @@ def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path, extra):
     outputs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-2000:]
+    return outputs, listening
+
+
+@pytest.mark.parametrize("extra", [[], pytest.param(FLOAT16, marks=pytest.mark.slow)], ids=["float32", "float16"])
+def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path, extra):
+    outputs, listening = _two_workers(tmp_path, *extra)
     # TensorFlow's servers listen on every interface, though the spec names 127.0.0.1: each worker says so.
     assert set(listening.values()) == {"every interface"}, listening
     for out, err in outputs:
@@ -85,6 +91,22 @@ def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path, extra):
     logs = {p.parent.name.rsplit("-", 1)[1]: p.read_text() for p in tmp_path.glob("outputs/*/*/runner.log")}
     assert sorted(logs) == ["worker0", "worker1"]
     assert all("final weights sha256" in text for text in logs.values())
+
+
+@pytest.mark.slow  # two fresh workers training a ResNet, ~40 s
+def test_two_workers_keep_one_set_of_batch_norm_statistics(tmp_path):
+    """A user's ResNet with batch normalization on 32x32x3 data across two workers: per-replica batch statistics,
+    moving statistics all-reduced every step, so both workers end bit-identical, moving statistics included."""
+    from conftest import REPO
+
+    outputs, _ = _two_workers(tmp_path, "+model._target_=user_models.resnet", "model.name=resnet",
+                              "+model.filters=4", "data=synthetic", "data.shape=[32,32,3]", "data.train_limit=512",
+                              "data.test_limit=128", "train.steps=10", env={"PYTHONPATH": str(REPO / "tests")})
+    digests = {re.search(r"final weights sha256 ([0-9a-f]{16})", out + err).group(1) for out, err in outputs}
+    assert len(digests) == 1
+    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.model"] == "resnet"
+    assert row["tags.batch_norm.copies_equal"] == "true" and "all-reduced" in row["tags.batch_norm"]
 
 
 @pytest.mark.parametrize(

@@ -93,6 +93,10 @@ class Strategy(Protocol):
     def describe(self) -> dict[str, str]:
         """Tags saying where the variables live."""
 
+    def moving_statistics(self) -> list[list[Any]]:
+        """Each moving-state variable of the model (batch normalization's moving mean and variance) as one numpy
+        array per copy of the model this strategy keeps: a run checks at its end that every copy agrees."""
+
     def check_same_start(self, step: int) -> None:
         """Raise unless every process of the job resumes from `step` (a multi-process strategy's collectives would
         pair different steps otherwise). One process agrees with itself: nothing to do, the default."""
@@ -120,6 +124,9 @@ class StrategyOptions(Protocol):
     def peer_wait(self) -> float | None:
         """Seconds `build` may wait for the job's other processes to start (multi-process), or None: no peers."""
 
+    def describe_batch_norm(self) -> str:
+        """What it does with batch normalization's batch and moving statistics (the run's `batch_norm` tag)."""
+
 
 @dataclass
 class StrategyBase:
@@ -135,6 +142,13 @@ class StrategyBase:
     # Whether its step applies `Training.loss_scaling` (train.precision=mixed_float16); a strategy of one's own
     # that does not would train float16 with its small gradients rounded to zero, so validation refuses it.
     loss_scaling: ClassVar[bool] = False
+    # What it does with batch normalization (and any non-trainable state a layer updates while training): the
+    # `batch_norm` tag of a run whose model has such state, and docs/your-model-your-data.md.
+    batch_norm: ClassVar[str] = "batch statistics of the global batch; one copy of the moving statistics"
+
+    def describe_batch_norm(self) -> str:
+        """What this strategy, with these options, does with batch normalization's statistics."""
+        return self.batch_norm
 
     def towers(self, gpus: int) -> int:
         return max(gpus, 1) if self.data_parallel else 1

@@ -138,6 +138,52 @@ def drain_loop(next_batches):
     return steps_loop(step)
 
 
+def moving_state(model: Any) -> list:
+    """What training changes in a model besides its weights, and every copy of it must agree on: its non-trainable
+    floating-point variables (batch normalization's moving mean and variance). A Dropout's seed state (integers)
+    is left out: each copy draws its own masks."""
+    return [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+
+
+def average_moving_state(models: list, devices: list[str]) -> None:
+    """Set every copy's moving state to its mean over the copies (variable j averaged on device j mod N, then copied
+    back to each copy's device): each tower updated its own copy from its own batch's statistics.
+
+    With equal tower batches the mean of the towers' moving means is the one device's (the mean of the batch means is
+    the global batch's); the moving variance is the mean of the towers' variances, which leaves out how much the
+    towers' means differ from each other."""
+    for j, copies in enumerate(zip(*(moving_state(m) for m in models))):
+        with tf.device(devices[j % len(devices)]):
+            mean = tf.add_n([c.value for c in copies]) / len(copies)
+        for copy, device in zip(copies, devices):
+            with tf.device(device):
+                copy.assign(mean)
+
+
+def copies_of_moving_state(models: list) -> list[list[Any]]:
+    """Each moving-state variable as one numpy array per model copy (what a run checks is equal on every copy)."""
+    return [[v.numpy() for v in copies] for copies in zip(*(moving_state(m) for m in models))]
+
+
+def synchronize_batch_norm(model: Any) -> int:
+    """Make every BatchNormalization layer of `model` (nested models too) compute its batch statistics over all
+    replicas of the tf.distribute strategy it runs under (Keras' `synchronized=True`, an all-reduce per layer and
+    step). Returns how many layers it changed."""
+    changed = 0
+    for layer in _layers(model):
+        if isinstance(layer, keras.layers.BatchNormalization):
+            layer.synchronized = True
+            changed += 1
+    return changed
+
+
+def _layers(layer: Any):
+    """`layer` and every layer nested in it, depth first."""
+    yield layer
+    for inner in getattr(layer, "layers", []):
+        yield from _layers(inner)
+
+
 def optimizer_state_bytes(strategy: Any) -> dict[str, int]:
     """Bytes of optimizer state (slots, step counters) per device: what an update keeps beside the weights.
 

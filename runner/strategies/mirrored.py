@@ -18,7 +18,9 @@ from runner.runtime.devices import nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
-from runner.strategies.common import make_evaluate, per_example_loss, steps_loop, touch
+from runner.strategies.common import (
+    make_evaluate, moving_state, per_example_loss, steps_loop, synchronize_batch_norm, touch,
+)
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -47,7 +49,12 @@ class Mirrored(StrategyBase):
     # GPUs) | nccl | hierarchical_copy | reduce_to_one_device
     cross_device_ops: CrossDeviceOps = "auto"
     input: Literal["towers", "distribute"] = "towers"  # the pipeline's own feed, per replica | tf.distribute's API
+    # Batch normalization's batch statistics over the global batch (Keras' synchronized=True) instead of per replica
+    sync_batch_norm: bool = False
     loss_scaling: ClassVar[bool] = True
+
+    def describe_batch_norm(self) -> str:
+        return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)
@@ -58,7 +65,8 @@ class Mirrored(StrategyBase):
             )
 
     def build(self, devices: Devices, training: Training) -> Replicas:
-        return Replicas(self.distribution(devices), devices, training, input_api=self.input == "distribute")
+        return Replicas(self.distribution(devices), devices, training, input_api=self.input == "distribute",
+                        sync_batch_norm=self.sync_batch_norm)
 
     def distribution(self, devices: Devices) -> tf.distribute.Strategy:
         """The tf.distribute strategy: MirroredStrategy over this process's devices."""
@@ -69,6 +77,10 @@ class Mirrored(StrategyBase):
             # (`python -m runner.bench settings`: 1.3x the images/s on 4 devices).
             choice = "reduce_to_one_device"
         return tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=_CROSS_DEVICE_OPS[choice]())
+
+
+REPLICA_BATCH_NORM = "batch statistics per replica (G/N examples); moving statistics all-reduced to their mean over the replicas after every step"
+SYNC_BATCH_NORM = "batch statistics of the global batch (strategy.sync_batch_norm=true: one all-reduce per layer and step), so every replica keeps the same moving statistics"
 
 
 class PerReplicaFeed:
@@ -103,13 +115,19 @@ class Replicas(Strategy):
         devices: this process's devices.
         training: what to build and train.
         input_api: feed through tf.distribute's input API instead of the pipeline's own towers.
+        sync_batch_norm: batch normalization's batch statistics over every replica's examples (else each replica's
+            own, and the moving statistics are averaged over the replicas after every step).
     """
 
-    def __init__(self, strategy: tf.distribute.Strategy, devices: Devices, training: Training, input_api: bool):
+    def __init__(self, strategy: tf.distribute.Strategy, devices: Devices, training: Training, input_api: bool,
+                 sync_batch_norm: bool = False):
         self.strategy, self.devices, self.training, self.input_api = strategy, devices, training, input_api
+        self.sync_batch_norm = sync_batch_norm
         with self.strategy.scope():
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables)
+        if sync_batch_norm:
+            synchronize_batch_norm(self.model)
         # Outside the scope: one plain copy per process, read by every replica and changed in cross-replica context.
         self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
         self.evaluate = make_evaluate(self.model, devices.names[0], training.spec)
@@ -132,6 +150,8 @@ class Replicas(Strategy):
                 per_example = per_example_loss(model, x, y, training=True)[0]
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
                 scaled = scale.scaled(loss)  # recorded on the tape
+            if not self.sync_batch_norm:  # each replica updated its own copy of the moving statistics
+                average_over_replicas(moving_state(model))
             return loss, tape.gradient(scaled, variables)
 
         def replica_apply(grads: list[tf.Tensor]) -> None:
@@ -179,3 +199,18 @@ class Replicas(Strategy):
     def describe(self) -> dict[str, str]:
         """Where the variables live (for tags and placement tests)."""
         return {"placement": f"mirrored on {', '.join(self.devices.names)}"}
+
+    def moving_statistics(self) -> list[list[Any]]:
+        """Each moving-state variable's per-replica copies."""
+        return [[c.numpy() for c in v.value.values] for v in moving_state(self.model)]
+
+
+def average_over_replicas(variables: list) -> None:
+    """In replica context: set each replica's copy of `variables` to their mean over all replicas (one all-reduce)."""
+    if variables:
+        # Read into plain tensors first: MultiWorkerMirroredStrategy cannot all-reduce a variable's value as it is
+        # ("destinations can not be empty").
+        values = [tf.identity(v.value) for v in variables]
+        means = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, values)
+        for variable, mean in zip(variables, means):
+            variable.assign(mean)

@@ -35,7 +35,7 @@ import numpy as np
 from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
-from runner.strategies.common import drain_loop, make_evaluate, steps_loop
+from runner.strategies.common import copies_of_moving_state, drain_loop, make_evaluate, steps_loop
 
 if TYPE_CHECKING:
     import keras
@@ -66,6 +66,11 @@ class ModelParallel(StrategyBase):
     min_gpus: ClassVar[int] = 2
     data_parallel: ClassVar[bool] = False
     loss_scaling: ClassVar[bool] = True
+
+    def describe_batch_norm(self) -> str:
+        if self.split == "two_tower":
+            return "each tower is its own model: batch statistics of the global batch, its own moving statistics"
+        return self.batch_norm  # one copy of each layer sees the whole global batch, as on one device
 
     def resolved_split(self, model: Model) -> str:
         """`auto` -> `width` for an all-Dense model (the MLP), `stages` for the others."""
@@ -198,6 +203,11 @@ def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
     its output pixels, a dense layer's its kernel size), since compute, not parameter count, sets how long each
     stage takes; cuts fall only before weighted layers, so every stage has weights to train.
     """
+    if not isinstance(model, keras.Sequential):
+        raise ConfigError(
+            f"strategy.split=stages cuts a Sequential model's layers in order and {model.name} is a "
+            f"{type(model).__name__} (branches, such as residual adds, have no single cut); use strategy.split=two_tower"
+        )
     groups, shapes = _groups(model), _shapes(model)
     if len(groups) < len(devices):
         raise ConfigError(
@@ -378,6 +388,10 @@ class SplitModel(Strategy):
         objects = {c.name: c.variables for c in self.cells}
         objects.update(loss_scale.checkpointed(self.loss_scale))
         return {**objects, **{f"{c.name}_optimizer": c.optimizer for c in self.cells if c.optimizer is not None}}
+
+    def moving_statistics(self) -> list[list[Any]]:
+        """Each layer's moving-state variables: one copy each (two_tower's towers are different models)."""
+        return [copies for c in self.cells for layer in c.layers for copies in copies_of_moving_state([layer])]
 
     def weights(self) -> list:
         """The trained weights of every cell, in cell order."""

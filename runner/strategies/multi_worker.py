@@ -22,7 +22,7 @@ from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.registry import Rule
 from runner.strategies import STRATEGIES, StrategyBase, Training
-from runner.strategies.mirrored import Replicas
+from runner.strategies.mirrored import REPLICA_BATCH_NORM, SYNC_BATCH_NORM, Replicas
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -48,6 +48,8 @@ class MultiWorker(StrategyBase):
     task_index: int = 0  # this process's index in `workers`
     communication: Literal["auto", "ring", "nccl"] = "auto"  # how the workers' gradients are all-reduced
     peer_timeout: float = 300.0  # seconds to wait for every worker to start before giving up
+    # Batch normalization's batch statistics over every worker's examples (Keras' synchronized=True)
+    sync_batch_norm: bool = False
 
     RULES: ClassVar[dict[str, Rule]] = {"peer_timeout": (lambda v: v > 0, "a positive number of seconds")}
 
@@ -60,6 +62,9 @@ class MultiWorker(StrategyBase):
 
     def peer_wait(self) -> float:
         return self.peer_timeout
+
+    def describe_batch_norm(self) -> str:
+        return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)
@@ -83,7 +88,7 @@ class MultiWorker(StrategyBase):
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         log.info("cluster up: %d replicas in sync", strategy.num_replicas_in_sync)
         # Only tf.distribute's input API gives each worker its share of the data.
-        return WorkerReplicas(strategy, devices, training, input_api=True)
+        return WorkerReplicas(strategy, devices, training, input_api=True, sync_batch_norm=self.sync_batch_norm)
 
 
 def exposure(spec: cluster.Cluster) -> str:

@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
-from runner.strategies.common import drain_loop, make_evaluate, per_example_loss, steps_loop
+from runner.strategies.common import (
+    average_moving_state, copies_of_moving_state, drain_loop, make_evaluate, per_example_loss, steps_loop,
+)
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -47,6 +49,10 @@ def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Ten
     return out
 
 
+TOWER_BATCH_NORM = ("batch statistics per tower (G/N examples); each copy's moving statistics set to their mean over "
+                    "the copies after every step")
+
+
 @STRATEGIES.register
 @dataclass
 class Replicated(StrategyBase):
@@ -54,6 +60,7 @@ class Replicated(StrategyBase):
 
     name: str = "replicated"
     loss_scaling: ClassVar[bool] = True
+    batch_norm: ClassVar[str] = TOWER_BATCH_NORM
 
     def build(self, devices: Devices, training: Training) -> Towers:
         return Towers(list(devices.names), training)
@@ -67,6 +74,8 @@ class ParameterServer(StrategyBase):
     name: str = "parameter_server"
     ps_device: Literal["cpu", "first_device"] = "cpu"  # the host CPU | the first training device
     loss_scaling: ClassVar[bool] = True
+    batch_norm: ClassVar[str] = ("batch statistics per tower (G/N examples); every tower updates the one copy's moving "
+                                 "statistics in turn (N updates of the moving averages a step)")
 
     def build(self, devices: Devices, training: Training) -> Towers:
         home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
@@ -107,10 +116,17 @@ class Towers(Strategy):
                 losses.append(loss)
                 grads.append(g)
             mean_grads = average(grads, self.devices)  # a non-finite tower gradient makes its mean non-finite
+            self._agree_on_moving_state()
             self.loss_scale.apply_if_finite(lambda: loss_scale.all_finite(mean_grads), lambda: self._apply(mean_grads))
             return tf.add_n(losses) / len(losses)
 
         return steps_loop(step, self.loss_scale.patience)
+
+    def _agree_on_moving_state(self) -> None:
+        """replicated: each copy's moving statistics (batch norm), updated by its own tower, set to the copies' mean;
+        parameter_server's one copy has nothing to agree with."""
+        if len(self.models) > 1:
+            average_moving_state(self.models, self.homes)
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
         """Every copy's optimizer applies the (unscaled) averaged gradients on its own device."""
@@ -138,6 +154,10 @@ class Towers(Strategy):
         return {
             f"{c}/{v.path}": v.value.device for c, m in enumerate(self.models) for v in m.trainable_variables
         }
+
+    def moving_statistics(self) -> list[list[Any]]:
+        """Each moving-state variable on every model copy."""
+        return copies_of_moving_state(self.models)
 
     def describe(self) -> dict[str, str]:
         """Where the variables live (for tags and placement tests)."""

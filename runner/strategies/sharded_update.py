@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
 from runner.strategies.common import make_evaluate, steps_loop
-from runner.strategies.replicated import Towers, tower_gradients
+from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, tower_gradients
 
 if TYPE_CHECKING:
     import keras
@@ -53,6 +53,7 @@ class ShardedUpdate(StrategyBase):
 
     name: str = "sharded_update"
     loss_scaling: ClassVar[bool] = True
+    batch_norm: ClassVar[str] = TOWER_BATCH_NORM
 
     def build(self, devices: Devices, training: Training) -> ShardedTowers:
         return ShardedTowers(list(devices.names), training)
@@ -117,6 +118,7 @@ class ShardedTowers(Towers):
                 with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
                     slices.append([self._slice(grads, j) for j in range(n)])  # each (P/N,)
                 losses.append(loss)
+            self._agree_on_moving_state()
             averaged = []
             for j, device in enumerate(self.devices):
                 with tf.device(device):  # reduce-scatter: device j averages slice j

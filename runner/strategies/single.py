@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
-from runner.strategies.common import drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop
+from runner.strategies.common import (
+    copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop,
+)
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -93,3 +95,7 @@ class SingleDevice(Strategy):
     def describe(self) -> dict[str, str]:
         """Where the variables live (for tags and placement tests)."""
         return {"placement": f"all variables and ops on {self.device}"}
+
+    def moving_statistics(self) -> list[list[Any]]:
+        """The one copy's moving-state variables."""
+        return copies_of_moving_state([self.model])
