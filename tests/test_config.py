@@ -17,6 +17,8 @@ def test_every_group_option_composes_and_validates(group, option):
     overrides = [f"{group}={option}"]
     if group == "strategy" and option != "single":
         overrides.append("gpus=2")
+    if group == "model":  # 32x32x3: images every model takes (keras.applications' need at least 32x32)
+        overrides += ["data=synthetic", "data.shape=[32,32,3]"]
     if option == "multi_worker":  # its cluster: two workers, this process the first
         overrides.append("strategy.workers=[127.0.0.1:2222,127.0.0.1:2223]")
     cfg = validate(compose(*overrides)).cfg

@@ -4,6 +4,8 @@ lacks."""
 
 from __future__ import annotations
 
+import typing
+
 import os
 from pathlib import Path
 
@@ -112,6 +114,8 @@ def _unknown_key(key: str) -> str | None:
         return None
     registry = COMPONENTS[group]
     owners = [n for n in registry.names() if name in fields(registry.get(n))]
+    if any(typing.get_origin(fields(registry.get(n))[name]) is dict for n in owners):
+        return f"{key} is a mapping of {group}={', '.join(owners)}: add entries with +{key}.NAME=VALUE"
     if not owners:
         return f"{key} is not an option of any {group}; `python -m runner --cfg job` shows the chosen {group}'s options"
     return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"

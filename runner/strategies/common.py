@@ -28,7 +28,7 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
     keras.utils.set_random_seed(seed)
     try:
         built = model.build(spec)
-    except ValueError as e:  # keras.applications' refusals ("Input size must be at least 32x32; ...")
+    except (ValueError, TypeError) as e:  # keras.applications' refusals ("Input size must be at least 32x32; ...")
         raise ConfigError(f"model={model.name} cannot be built for {spec}: {str(e).splitlines()[0]}") from None
     inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
     if inputs != tuple(spec.shape) or outputs != (spec.classes,):

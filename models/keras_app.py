@@ -1,0 +1,83 @@
+"""Any `keras.applications` constructor, untrained, built for the data's spec: `model=keras_app model.app=ResNet50`.
+
+The runner passes `input_shape` and `classes` from the data, `weights=None` (no download: the weights are initialised
+from the seed) and `classifier_activation=None` (it trains on logits); `model.options` are the constructor's other
+keyword arguments, e.g. `+model.options.alpha=0.35` for a narrow MobileNetV2 (Hydra's + adds a key). Each
+constructor refuses what it cannot take (most need images of at least 32x32) in one line when the model is built.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from runner.data_pipelines import MNIST, Spec
+from runner.errors import ConfigError
+from runner.models import MODELS, ModelOptions, spec_arguments
+from runner.registry import Rule
+
+log = logging.getLogger(__name__)
+TINY_ALPHA = 0.35  # variant=tiny: the narrowest width multiplier MobileNetV2 has pretrained weights for
+SMALLEST = 32  # the least height and width keras.applications' constructors take (a few need more: they say so)
+
+
+def applications() -> tuple[str, ...]:
+    """The model constructors keras.applications exports, read from its export list without importing Keras (so
+    validation stays free of TensorFlow)."""
+    spec = importlib.util.find_spec("keras")
+    if spec is None or not spec.submodule_search_locations:
+        return ()
+    exports = Path(list(spec.submodule_search_locations)[0]) / "applications" / "__init__.py"
+    text = exports.read_text() if exports.is_file() else ""
+    return tuple(sorted(set(re.findall(r"\b([A-Z]\w*) as \1\b", text))))  # "ResNet50 as ResNet50", ...
+
+
+APPLICATIONS = applications()
+RESERVED = ("input_shape", "classes", "weights", "classifier_activation", "include_top", "input_tensor")
+
+
+@MODELS.register
+@dataclass
+class KerasApp(ModelOptions):
+    """A keras.applications network, untrained, with the data's input shape and classes."""
+
+    name: str = "keras_app"
+    app: str = "MobileNetV2"  # the constructor's name in keras.applications: ResNet50, EfficientNetB0, ConvNeXtTiny, ...
+    options: dict[str, Any] = field(default_factory=dict)  # the constructor's other keyword arguments
+    variant: Literal["default", "tiny"] = "default"  # tiny: alpha=0.35 where the constructor has a width (MobileNets)
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "app": (lambda v: v in APPLICATIONS, f"a keras.applications constructor: {', '.join(APPLICATIONS)}"),
+        "options": (lambda v: not set(v) & set(RESERVED),
+                    f"keyword arguments other than {', '.join(RESERVED)} (the runner sets those)"),
+    }
+
+    def check(self, spec: Spec) -> None:
+        self.too_small(spec, SMALLEST)
+
+    def build(self, spec: Spec = MNIST):
+        """The untrained network mapping (batch, *spec.shape) images to (batch, spec.classes) logits."""
+        import keras
+
+        fn = getattr(keras.applications, self.app)
+        return fn(weights=None, **spec_arguments(fn, spec), **self._options(fn))
+
+    def _options(self, fn: Any) -> dict[str, Any]:
+        """`options`, with variant=tiny's width where the constructor takes one."""
+        import inspect
+
+        options = dict(self.options)
+        if self.variant == "tiny":
+            if "alpha" in inspect.signature(fn).parameters:
+                options.setdefault("alpha", TINY_ALPHA)
+            else:
+                log.warning("model.variant=tiny: keras.applications.%s has no width to narrow; built full size",
+                            self.app)
+        unknown = [k for k in options if k not in inspect.signature(fn).parameters]
+        if unknown:
+            raise ConfigError(f"model.options.{unknown[0]}: keras.applications.{self.app} takes no such argument")
+        return options
