@@ -144,7 +144,7 @@ class Indexed:
 
         if not isinstance(self.x, np.memmap):
             return tf.gather(self.x, i), tf.gather(self.y, i)
-        x, y = tf.numpy_function(lambda j: (self.x[j], self.y[j]), [i], (tf.as_dtype(self.x.dtype), tf.int32))
+        x, y = tf.numpy_function(lambda j: (read_rows(self.x, j), self.y[j]), [i], (tf.as_dtype(self.x.dtype), tf.int32))
         x.set_shape((None, *self.x.shape[1:]))
         y.set_shape((None,))
         return x, y
@@ -157,6 +157,26 @@ class Indexed:
 
         out = self.indices.batch(batch, drop_remainder=drop_remainder)
         return finish(out.map(gather, num_parallel_calls=autotune(opts.map_parallelism)), opts)
+
+
+def read_rows(x: np.memmap, rows: np.ndarray) -> np.ndarray:
+    """Rows `rows` (b,) of a memory-mapped array whose first row starts at its file offset (the whole array, or a
+    leading slice of it), read with pread: the kernel's page cache keeps them, not this process. (Indexing the
+    mapping itself would leave every page it touched in the process's resident set: a run over a dataset larger than
+    memory would show the whole file in its peak RSS.)"""
+    import os
+
+    assert x.flags.c_contiguous, "a memory-mapped .npy array is stored in C order"
+    row = x.strides[0]  # bytes per example
+    out = np.empty((len(rows), *x.shape[1:]), x.dtype)
+    flat = out.reshape(len(rows), -1).view(np.uint8)
+    fd = os.open(x.filename, os.O_RDONLY)
+    try:
+        for k, r in enumerate(rows):
+            flat[k] = np.frombuffer(os.pread(fd, row, x.offset + int(r) * row), np.uint8)
+    finally:
+        os.close(fd)
+    return out
 
 
 def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:

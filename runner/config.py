@@ -299,8 +299,8 @@ def validate(cfg: DictConfig) -> Plan:
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
     if values["train"]["target_accuracy"] == MODEL_TARGET:
         values["train"]["target_accuracy"] = getattr(parts["model"], "target_accuracy", None)
+    spec = _spec(parts["data"])  # first: data that cannot say what it is cannot say how much of it there is
     parts["pipeline"].check(towers, parts["data"].train_examples())
-    spec = _spec(parts["data"])
     parts["model"].check(spec)
     _check_memory(values["train"], parts["model"], parts["data"], spec, towers)
     resolved = OmegaConf.create({**values, **{kind: _as_node(part, values[kind]) for kind, part in parts.items()}})

@@ -126,13 +126,30 @@ def _clock(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
 
 
+def _bad_data(e: Exception) -> Exception | None:
+    """A DataError for an example the data's own checks refused while training (records.BAD_LABEL), else None."""
+    import re
+
+    from runner.data_pipelines import DataError
+    from runner.data_pipelines.records import BAD_LABEL
+
+    found = re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e))
+    if found is None:
+        return None
+    return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
+                     "set data.classes or data.label_offset to match the files")
+
+
 def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
     """One compiled call of n steps from `step`: (mean loss, seconds). Raises NonFiniteLoss naming the bad step."""
     import tensorflow as tf
 
     t0 = time.perf_counter()
-    mean_loss, done = loop(tf.constant(n))
-    loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
+    try:
+        mean_loss, done = loop(tf.constant(n))
+        loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
+    except tf.errors.InvalidArgumentError as e:
+        raise _bad_data(e) or e
     seconds = time.perf_counter() - t0
     if done < n:
         raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")

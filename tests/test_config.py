@@ -13,8 +13,12 @@ from runner.config import COMPONENTS, GROUPS, ConfigError, group_options, valida
 @pytest.mark.parametrize(
     "group,option", [(g, o) for g in GROUPS for o in group_options(g)], ids=lambda v: str(v)
 )
-def test_every_group_option_composes_and_validates(group, option):
+def test_every_group_option_composes_and_validates(group, option, tmp_path):
     overrides = [f"{group}={option}"]
+    if (group, option) == ("data", "files"):  # the one option without a default: the user's folder
+        from test_files_data import write_npy
+
+        overrides.append(f"data.path={write_npy(tmp_path / 'ds', sizes=(8, 4))}")
     if group == "strategy" and option != "single":
         overrides.append("gpus=2")
     if group == "model":  # 32x32x3: images every model takes (keras.applications' need at least 32x32)

@@ -1,0 +1,130 @@
+"""Dataset `files`: the user's own images from a folder, in one of two layouts (`data.format`, `auto` tells them apart):
+
+- `npy`: `x_train.npy`, `y_train.npy`, `x_test.npy`, `y_test.npy` (keras.datasets' names): images (n, H, W, C) or
+  (n, H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), integer labels (n,). The images are
+  memory-mapped, never read whole, so they may be larger than memory; the spec comes from the arrays' headers.
+- `tfrecord`: TFRecord shards `train-*` and `validation-*` of tf.train.Examples with `image/encoded` (JPEG or PNG)
+  and `image/class/label`, the layout tf_cnn_benchmarks and TensorFlow's image models read. Each image is decoded
+  and resized to `data.shape`; `data.classes` says how many labels there are (`data.label_offset` is subtracted:
+  1 for ImageNet records that count from 1). `pipeline=sharded` gives each tower its own files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from runner.data_pipelines import DATASETS, DataError, DatasetOptions, Spec
+from runner.registry import Rule, non_negative
+
+ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
+SHARDS = {"train": "train-*", "test": "validation-*"}  # the TFRecord layout's file patterns
+DTYPES = {"uint8": "uint8", "float32": "float32"}  # stored image dtypes the spec knows
+
+
+@DATASETS.register
+@dataclass
+class Files(DatasetOptions):
+    """Your images from a folder: .npy arrays (memory-mapped) or TFRecord shards of encoded images."""
+
+    name: str = "files"
+    path: str = ""  # the folder holding the files
+    format: Literal["auto", "npy", "tfrecord"] = "auto"  # auto: npy if x_train.npy is there, else tfrecord
+    shape: list[int] | None = None  # tfrecord: [height, width, channels] each image is resized to
+    classes: int | None = None  # null: npy, the largest training label + 1; tfrecord: required
+    label_offset: int = 0  # subtracted from every stored label (1 for ImageNet records counting from 1)
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        **DatasetOptions.RULES,
+        "shape": (lambda v: v is None or (len(v) == 3 and all(d > 0 for d in v)),
+                  "[height, width, channels] of positive integers, or null"),
+        "classes": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
+        "label_offset": (non_negative, "0 or a positive integer"),
+    }
+
+    def describe(self) -> str:
+        return f"{self.path} ({self._format()})"
+
+    def _folder(self) -> Path:
+        folder = Path(self.path).expanduser()
+        if not self.path or not folder.is_dir():
+            raise DataError(f"data.path={self.path!r} is not a folder; data=files needs the folder holding "
+                            f"{', '.join(a + '.npy' for a in ARRAYS)} or TFRecord shards {' and '.join(SHARDS.values())}")
+        return folder
+
+    def _format(self) -> str:
+        if self.format != "auto":
+            return self.format
+        return "npy" if (self._folder() / "x_train.npy").is_file() else "tfrecord"
+
+    def spec(self) -> Spec:
+        """From the arrays' headers (npy) or from data.shape and data.classes (tfrecord); no TensorFlow."""
+        return self._npy_spec() if self._format() == "npy" else self._tfrecord_spec()
+
+    def train_examples(self) -> int | None:
+        if self._format() != "npy":
+            return self.train_limit
+        n = len(self._array("x_train"))
+        return min(n, self.train_limit) if self.train_limit else n
+
+    def load(self, seed: int) -> Any:
+        """The arrays, memory-mapped and cut to the limits; or the TFRecord shards (`seed` is unused)."""
+        if self._format() == "npy":
+            from runner.data_pipelines.common import Arrays
+
+            x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
+            return Arrays(x_train[: self.train_limit], np.asarray(y_train[: self.train_limit], np.int32),
+                          x_test[: self.test_limit], np.asarray(y_test[: self.test_limit], np.int32),
+                          synthetic=False, spec=self._npy_spec())
+        from runner.data_pipelines.records import RecordData
+
+        train, test = (self._shards(split) for split in SHARDS)
+        return RecordData(train, test, self._tfrecord_spec(), self.label_offset, self.train_limit, self.test_limit)
+
+    def _array(self, name: str) -> np.ndarray:
+        path = self._folder() / f"{name}.npy"
+        try:
+            return np.load(path, mmap_mode="r")
+        except FileNotFoundError:
+            raise DataError(f"data.path={self.path} has no {name}.npy; the npy layout needs "
+                            f"{', '.join(a + '.npy' for a in ARRAYS)}") from None
+        except ValueError as e:
+            raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
+
+    def _npy_spec(self) -> Spec:
+        x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
+        if x_train.dtype.name not in DTYPES or x_train.ndim not in (3, 4):
+            raise DataError(f"{self.path}/x_train.npy holds {x_train.dtype} {x_train.shape}; data=files takes uint8 "
+                            "or float32 images (n, height, width, channels) or (n, height, width)")
+        shape = x_train.shape[1:] if x_train.ndim == 4 else (*x_train.shape[1:], 1)
+        for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
+            if len(x) != len(y) or x.shape[1:] != x_train.shape[1:]:
+                raise DataError(f"{self.path}: x_{split}.npy {x.shape} and y_{split}.npy {y.shape} do not match "
+                                f"(one label per image, every image {x_train.shape[1:]})")
+        return Spec(tuple(int(d) for d in shape), self._classes(y_train), DTYPES[x_train.dtype.name])
+
+    def _classes(self, labels: np.ndarray) -> int:
+        """data.classes, checked against the labels; else the largest label + 1."""
+        low, high = int(labels.min()), int(labels.max())
+        classes = self.classes or high + 1
+        if low < 0 or high >= classes:
+            raise DataError(f"{self.path}/y_train.npy has labels from {low} to {high}; data.classes={classes} needs "
+                            f"them from 0 to {classes - 1}")
+        return max(classes, 2)
+
+    def _shards(self, split: str) -> tuple[str, ...]:
+        files = tuple(sorted(str(p) for p in self._folder().glob(SHARDS[split])))
+        if not files:
+            raise DataError(f"data.path={self.path} has no {SHARDS[split]} files (TFRecord shards) and no "
+                            "x_train.npy; see docs/your-model-your-data.md for the two layouts")
+        return files
+
+    def _tfrecord_spec(self) -> Spec:
+        self._shards("train")
+        if self.shape is None or self.classes is None:
+            raise DataError(f"data=files with TFRecord shards in {self.path} needs data.shape=[height,width,channels] "
+                            "(each image is resized to it) and data.classes (how many labels)")
+        return Spec(tuple(self.shape), self.classes)

@@ -1,0 +1,156 @@
+"""Examples streamed from files of serialized records: TFRecord shards of encoded images (the layout
+tf_cnn_benchmarks and TensorFlow's image models read), and any other tf.data source of (image, label) pairs.
+
+Nothing is held in memory: tf.data reads the files in parallel (interleave), decodes and resizes each image to the
+spec, shuffles within a buffer and prefetches. `shard(N, i)` splits by file where there are at least N files, so
+each tower of the `sharded` pipeline reads only its own files; with fewer files it splits by record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from runner.data_pipelines import DataError, Spec
+from runner.data_pipelines.common import autotune, eval_batches, finish
+
+IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"  # tf_cnn_benchmarks' and TF's ImageNet records
+BAD_LABEL = "label out of range"  # the decoder's assertion message, which training turns into one DataError line
+
+
+def count_records(path: str) -> int:
+    """Records in a TFRecord file, from its length headers alone (no record is read or decoded; no TensorFlow).
+
+    Each record is: length (uint64), its CRC (uint32), the data, the data's CRC (uint32).
+    """
+    count, size = 0, os.path.getsize(path)
+    with open(path, "rb") as f:
+        while f.tell() < size:
+            header = f.read(12)
+            (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (size,)
+            f.seek(length + 4, os.SEEK_CUR)
+            count += 1
+        if f.tell() != size:
+            raise DataError(f"{path} is not a whole TFRecord file: its last record ends past the file's end")
+    return count
+
+
+def files_digest(files: tuple[str, ...]) -> str:
+    """sha256 of the files' names and sizes (8 hex digits): which shards a run read, without reading them."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{os.path.basename(path)}:{os.path.getsize(path)}\n".encode())
+    return digest.hexdigest()[:8]
+
+
+def decoder(spec: Spec, label_offset: int) -> Callable[[Any], tuple[Any, Any]]:
+    """serialized tf.train.Example -> (image float32 (H, W, C) in 0..255, label int32 ()): the encoded JPEG or PNG
+    decoded to spec's channels, resized to its height and width where it differs; `label_offset` subtracted, and a
+    label outside 0..classes-1 stops training (BAD_LABEL) instead of training on it."""
+    import tensorflow as tf
+
+    height, width, channels = spec.shape
+    features = {IMAGE_KEY: tf.io.FixedLenFeature([], tf.string), LABEL_KEY: tf.io.FixedLenFeature([], tf.int64)}
+
+    def decode(record):
+        example = tf.io.parse_single_example(record, features)
+        image = tf.io.decode_image(example[IMAGE_KEY], channels=channels, expand_animations=False)  # (h, w, C)
+        image = tf.image.resize(image, (height, width))  # float32 (H, W, C); a no-op copy at the same size
+        image.set_shape(spec.shape)
+        label = tf.cast(example[LABEL_KEY] - label_offset, tf.int32)
+        in_range = tf.logical_and(label >= 0, label < spec.classes)
+        with tf.control_dependencies([tf.debugging.Assert(in_range, [BAD_LABEL, label], name="label_in_range")]):
+            return image, tf.identity(label)
+
+    return decode
+
+
+@dataclass(frozen=True)
+class Records:
+    """TFRecord shards of encoded images as training or test examples (the `Examples` contract)."""
+
+    files: tuple[str, ...]
+    spec: Spec
+    label_offset: int = 0
+    shards: int = 1  # this stream is shard `index` of `shards`
+    index: int = 0
+    buffer: int = 0  # shuffle buffer in examples (0: stored order)
+    seed: int = 0
+    endless: bool = False  # repeated forever (training), else one pass (evaluation)
+    limit: int | None = None  # use only the first `limit` records (this shard's share of them)
+
+    def by_file(self) -> bool:
+        """Whether sharding splits the files (each shard reads only its own) rather than the records."""
+        return len(self.files) >= self.shards
+
+    def own_files(self) -> tuple[str, ...]:
+        """The files this stream reads: its share of them when sharded by file, else all of them."""
+        return self.files[self.index::self.shards] if self.by_file() else self.files
+
+    def shard(self, shards: int, index: int) -> Records:
+        """Shard `index` of `shards`: files index, index + shards, ... (or, with fewer files than shards, records)."""
+        assert self.shards == 1, "a shard is not sharded again"
+        return replace(self, shards=shards, index=index)
+
+    def shuffled(self, buffer: int, seed: int) -> Records:
+        """Files in a new order and records through a `buffer`-example shuffle, every epoch; repeated forever."""
+        return replace(self, buffer=buffer, seed=seed, endless=True)
+
+    def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
+        """A tf.data.Dataset of (float32 (batch, H, W, C) in [0, 1], int32 (batch,)), prefetched on the host."""
+        import tensorflow as tf
+
+        files = tf.data.Dataset.from_tensor_slices(list(self.own_files()))
+        if self.buffer:
+            files = files.shuffle(len(self.own_files()), seed=self.seed, reshuffle_each_iteration=True)
+        parallel = autotune(opts.map_parallelism)
+        ds = files.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(self.own_files())),
+                              num_parallel_calls=parallel, deterministic=True)
+        if not self.by_file() and self.shards > 1:
+            ds = ds.shard(self.shards, self.index)
+        if self.limit:
+            ds = ds.take(max(1, self.limit // self.shards))
+        if self.buffer:
+            ds = ds.shuffle(self.buffer, seed=self.seed, reshuffle_each_iteration=True)
+        if self.endless:
+            ds = ds.repeat()
+        ds = ds.map(decoder(self.spec, self.label_offset), num_parallel_calls=parallel)
+        scaled = ds.batch(batch, drop_remainder=drop_remainder).map(lambda x, y: (x / 255.0, y))
+        return finish(scaled, opts)
+
+
+@dataclass(frozen=True)
+class RecordData:
+    """A dataset in TFRecord shards: its training and test files (the `Data` contract)."""
+
+    train_files: tuple[str, ...]
+    test_files: tuple[str, ...]
+    spec: Spec
+    label_offset: int = 0
+    train_limit: int | None = None
+    test_limit: int | None = None
+    synthetic: bool = False
+
+    @property
+    def train_size(self) -> int:
+        total = sum(count_records(f) for f in self.train_files)
+        return min(total, self.train_limit) if self.train_limit else total
+
+    @property
+    def test_size(self) -> int:
+        total = sum(count_records(f) for f in self.test_files)
+        return min(total, self.test_limit) if self.test_limit else total
+
+    def train(self) -> Records:
+        return Records(self.train_files, self.spec, self.label_offset, limit=self.train_limit)
+
+    def test(self, limit: int | None = None) -> Any:
+        """The first `limit` (and at most test_limit) test examples, in file order, in float batches (common.EVAL_BATCH)."""
+        limit = min(x for x in (limit, self.test_limit) if x) if (limit or self.test_limit) else None
+        return eval_batches(Records(self.test_files, self.spec, self.label_offset, limit=limit))
+
+    def digest(self, split: str) -> str:
+        return files_digest(self.train_files if split == "train" else self.test_files)

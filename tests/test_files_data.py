@@ -1,0 +1,150 @@
+"""data=files: a user's own images as memory-mapped .npy arrays or as TFRecord shards of encoded images, read through
+every pipeline (sharded by file), and the one-line errors of a folder that is not what it should be."""
+
+from __future__ import annotations
+
+import mlflow
+import numpy as np
+import pytest
+from conftest import compose
+
+from runner.config import ConfigError, validate
+from runner.data_pipelines import DataError, Spec
+from runner.experiment import run
+
+SHORT = ["debug=smoke", "train.steps=4", "train.steps_per_call=2", "train.warmup_calls=1", "train.probe_peak=false",
+         "train.checkpoint_every=0", "mlflow.system_metrics_interval=0", "model=cnn"]
+
+
+def write_npy(folder, shape=(20, 24, 3), dtype=np.uint8, classes=7, sizes=(600, 100)):
+    """x_train.npy, y_train.npy, x_test.npy, y_test.npy of random images and labels."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in zip(("train", "test"), sizes):
+        x = rng.integers(0, 256, (n, *shape)).astype(dtype) / (255 if dtype == np.float32 else 1)
+        np.save(folder / f"x_{split}.npy", x.astype(dtype))
+        np.save(folder / f"y_{split}.npy", rng.integers(0, classes, n))
+    return folder
+
+
+def write_shards(tf, folder, files=4, per_file=24, size=(36, 30, 3)):
+    """TFRecord shards train-0000k-of-0000N and validation-*: PNG images of `size`, every record of train file k
+    labelled k + 1 (ImageNet's convention counts from 1), so a batch's labels say which files it came from."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", files), ("validation", 2)):
+        for k in range(n):
+            with tf.io.TFRecordWriter(str(folder / f"{split}-{k:05d}-of-{n:05d}")) as writer:
+                for _ in range(per_file):
+                    png = tf.io.encode_png(rng.integers(0, 256, size, dtype=np.uint8)).numpy()
+                    writer.write(tf.train.Example(features=tf.train.Features(feature={
+                        "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
+                        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[k + 1])),
+                    })).SerializeToString())
+    return folder
+
+
+def test_npy_arrays_give_the_spec_from_their_headers_and_stay_on_disk(tmp_path):
+    folder = write_npy(tmp_path / "ds")
+    plan = validate(compose("data=files", f"data.path={folder}", "data.train_limit=500"))
+    assert plan.spec == Spec((20, 24, 3), 7, "uint8")  # no data.shape or data.classes given
+    data = plan.data.load(0)
+    assert isinstance(data.x_train, np.memmap) and data.train_size == 500 and data.test_size == 100
+    floats = validate(compose("data=files", f"data.path={write_npy(tmp_path / 'f', (9, 9), np.float32)}"))
+    assert floats.spec == Spec((9, 9, 1), 7, "float32")
+
+
+@pytest.mark.parametrize("pipeline", ["split", "sharded"])
+def test_npy_arrays_train_on_two_devices(tf_devices, tmp_path, store, pipeline):
+    folder = write_npy(tmp_path / "ds")
+    result = run(compose(*SHORT, "data=files", f"data.path={folder}", "strategy=replicated", "gpus=2",
+                         f"pipeline={pipeline}", f"mlflow.tracking_uri={store}"))
+    row = mlflow.MlflowClient(store).get_run(result["run_id"])
+    assert row.info.status == "FINISHED" and result["test_accuracy"] >= 0
+    assert [i.dataset.name for i in row.inputs.dataset_inputs] == ["files", "files"]
+
+
+def test_tfrecord_shards_are_counted_from_their_headers(tf_devices, tmp_path):
+    from runner.data_pipelines.records import count_records
+
+    folder = write_shards(tf_devices, tmp_path / "ds", files=3, per_file=5)
+    assert [count_records(str(p)) for p in sorted(folder.glob("train-*"))] == [5, 5, 5]
+    broken = folder / "train-00000-of-00003"
+    broken.write_bytes(broken.read_bytes()[:-10])
+    with pytest.raises(DataError, match="is not a whole TFRecord file"):
+        count_records(str(broken))
+
+
+def test_the_sharded_pipeline_gives_each_tower_its_own_files(tf_devices, tmp_path):
+    """Shard i of 2 reads files i, i + 2 only (their labels say so); together every record once, decoded and
+    resized to the spec, labels less the offset."""
+    folder = write_shards(tf_devices, tmp_path / "ds", files=4, per_file=6)
+    plan = validate(compose("data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
+                            "data.label_offset=1", "pipeline=sharded"))
+    examples = plan.data.load(0).train()
+    seen = []
+    for i in range(2):
+        x, y = next(iter(examples.shard(2, i).batched(12, plan.pipeline)))  # one pass: 2 files x 6 records
+        assert x.shape == (12, 32, 32, 3) and float(np.max(x)) <= 1.0
+        seen.append(set(y.numpy().tolist()))
+    assert seen == [{0, 2}, {1, 3}]
+
+
+def test_tfrecord_shards_train_under_the_sharded_pipeline(tf_devices, tmp_path, store):
+    folder = write_shards(tf_devices, tmp_path / "ds")
+    result = run(compose(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
+                         "data.label_offset=1", "strategy=replicated", "gpus=2", "pipeline=sharded",
+                         f"mlflow.tracking_uri={store}"))
+    assert mlflow.MlflowClient(store).get_run(result["run_id"]).info.status == "FINISHED"
+    assert result["test_accuracy"] >= 0
+
+
+def test_a_tfrecord_label_outside_the_classes_stops_training_in_one_line(tf_devices, tmp_path, store):
+    folder = write_shards(tf_devices, tmp_path / "ds")
+    with pytest.raises(DataError, match="label 4 after data.label_offset, outside 0 to data.classes - 1"):
+        run(compose(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
+                    f"mlflow.tracking_uri={store}"))  # labels 1..4 without the offset
+
+
+@pytest.mark.parametrize("make,overrides,words", [
+    (lambda t: t / "missing", [], ["data.path=", "is not a folder", "x_train.npy", "train-*"]),
+    (lambda t: t, [], ["no train-* files", "no x_train.npy"]),
+    (lambda t: write_npy(t / "ds", classes=7), ["data.classes=5"], ["labels from 0 to 6", "data.classes=5"]),
+    (lambda t: write_npy(t / "ds", shape=(4, 4, 2, 2)), [], ["x_train.npy holds uint8 (600, 4, 4, 2, 2)"]),
+    (lambda t: write_npy(t / "ds", sizes=(600, 100)) and (np.save(t / "ds" / "y_test.npy", np.zeros(3)) or t / "ds"),
+     [], ["x_test.npy (100, 20, 24, 3) and y_test.npy (3,) do not match"]),
+    (lambda t: t / "tfr", [], ["needs data.shape=[height,width,channels]", "data.classes"]),
+])
+def test_a_folder_that_is_not_a_dataset_is_one_line(tf_devices, tmp_path, make, overrides, words):
+    write_shards(tf_devices, tmp_path / "tfr", files=1, per_file=1)
+    with pytest.raises(ConfigError) as err:
+        validate(compose("data=files", f"data.path={make(tmp_path)}", *overrides))
+    assert "\n" not in str(err.value)
+    for word in words:
+        assert word in str(err.value)
+
+
+@pytest.mark.slow  # writes a 4.7 GiB dataset, then one fresh run over it (~1 min)
+def test_a_dataset_three_times_the_runs_peak_memory_trains(tmp_path):
+    """Memory-mapped .npy images larger than the run's whole peak RSS: nothing reads them whole (training gathers
+    its batches from disk, the digest reads the first MiB)."""
+    from conftest import run_cli, runs
+
+    folder, n, shape = tmp_path / "big", 400_000, (64, 64, 3)
+    folder.mkdir()
+    pattern = (np.arange(np.prod(shape)) % 251).astype(np.uint8).reshape(shape)  # cheap, not all zeros
+    chunk = np.broadcast_to(pattern, (20_000, *shape)).tobytes()
+    with open(folder / "x_train.npy", "wb") as f:  # written, not mapped: a child inherits its parent's peak RSS
+        np.lib.format.write_array_header_1_0(f, {"descr": "|u1", "fortran_order": False, "shape": (n, *shape)})
+        for _ in range(n // 20_000):
+            f.write(chunk)
+    np.save(folder / "y_train.npy", np.arange(n) % 10)
+    np.save(folder / "x_test.npy", np.broadcast_to(pattern, (500, *shape)))
+    np.save(folder / "y_test.npy", np.arange(500) % 10)
+    size = (folder / "x_train.npy").stat().st_size
+    proc = run_cli("data=files", f"data.path={folder}", "debug=smoke", "data.train_limit=null",
+                   "data.test_limit=null", "train.steps=200", "strategy=replicated", "gpus=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert row["status"] == "FINISHED"
+    assert size > 3 * row["metrics.peak_rss_mb"] * 2**20, (size, row["metrics.peak_rss_mb"])
