@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -79,10 +80,12 @@ class Files(DatasetOptions):
             return Arrays(x_train[: self.train_limit], np.asarray(y_train[: self.train_limit], np.int32),
                           x_test[: self.test_limit], np.asarray(y_test[: self.test_limit], np.int32),
                           synthetic=False, spec=self._npy_spec())
-        from runner.data_pipelines.records import RecordData
+        from runner.data_pipelines.records import RecordData, decoder
 
         train, test = (self._shards(split) for split in SHARDS)
-        return RecordData(train, test, self._tfrecord_spec(), self.label_offset, self.train_limit, self.test_limit)
+        spec = self._tfrecord_spec()
+        return RecordData(train, test, spec, partial(decoder, spec, self.label_offset), self.train_limit,
+                          self.test_limit)
 
     def _array(self, name: str) -> np.ndarray:
         path = self._folder() / f"{name}.npy"

@@ -1,5 +1,6 @@
-"""Examples streamed from files of serialized records: TFRecord shards of encoded images (the layout
-tf_cnn_benchmarks and TensorFlow's image models read), and any other tf.data source of (image, label) pairs.
+"""Examples streamed from TFRecord files of serialized examples: shards of encoded images in the layout
+tf_cnn_benchmarks and TensorFlow's image models read (`data=files`), or a prepared TensorFlow Datasets dataset
+(`data=tfds`, decoded by TFDS's own features).
 
 Nothing is held in memory: tf.data reads the files in parallel (interleave), decodes and resizes each image to the
 spec, shuffles within a buffer and prefetches. `shard(N, i)` splits by file where there are at least N files, so
@@ -46,24 +47,33 @@ def files_digest(files: tuple[str, ...]) -> str:
     return digest.hexdigest()[:8]
 
 
-def decoder(spec: Spec, label_offset: int) -> Callable[[Any], tuple[Any, Any]]:
-    """serialized tf.train.Example -> (image float32 (H, W, C) in 0..255, label int32 ()): the encoded JPEG or PNG
-    decoded to spec's channels, resized to its height and width where it differs; `label_offset` subtracted, and a
-    label outside 0..classes-1 stops training (BAD_LABEL) instead of training on it."""
+Decoder = Callable[[Any], tuple[Any, Any]]  # serialized record -> (image float32 (H, W, C) in 0..255, label int32 ())
+
+
+def checked(image: Any, label: Any, spec: Spec) -> tuple[Any, Any]:
+    """An image resized to spec's height and width (a no-op copy where it has them) as float32, and its label, with
+    a label outside 0..classes-1 stopping training (BAD_LABEL) instead of being trained on."""
     import tensorflow as tf
 
-    height, width, channels = spec.shape
+    image = tf.image.resize(image, spec.shape[:2])  # float32 (H, W, C)
+    image.set_shape(spec.shape)
+    label = tf.cast(label, tf.int32)
+    in_range = tf.logical_and(label >= 0, label < spec.classes)
+    with tf.control_dependencies([tf.debugging.Assert(in_range, [BAD_LABEL, label], name="label_in_range")]):
+        return image, tf.identity(label)
+
+
+def decoder(spec: Spec, label_offset: int) -> Decoder:
+    """A tf.train.Example of tf_cnn_benchmarks' layout -> (image, label): the encoded JPEG or PNG decoded to spec's
+    channels, `label_offset` subtracted, then `checked`."""
+    import tensorflow as tf
+
     features = {IMAGE_KEY: tf.io.FixedLenFeature([], tf.string), LABEL_KEY: tf.io.FixedLenFeature([], tf.int64)}
 
     def decode(record):
         example = tf.io.parse_single_example(record, features)
-        image = tf.io.decode_image(example[IMAGE_KEY], channels=channels, expand_animations=False)  # (h, w, C)
-        image = tf.image.resize(image, (height, width))  # float32 (H, W, C); a no-op copy at the same size
-        image.set_shape(spec.shape)
-        label = tf.cast(example[LABEL_KEY] - label_offset, tf.int32)
-        in_range = tf.logical_and(label >= 0, label < spec.classes)
-        with tf.control_dependencies([tf.debugging.Assert(in_range, [BAD_LABEL, label], name="label_in_range")]):
-            return image, tf.identity(label)
+        image = tf.io.decode_image(example[IMAGE_KEY], channels=spec.shape[2], expand_animations=False)  # (h, w, C)
+        return checked(image, example[LABEL_KEY] - label_offset, spec)
 
     return decode
 
@@ -74,7 +84,7 @@ class Records:
 
     files: tuple[str, ...]
     spec: Spec
-    label_offset: int = 0
+    decoder: Callable[[], Decoder]  # makes the decode function (called once TensorFlow may be imported)
     shards: int = 1  # this stream is shard `index` of `shards`
     index: int = 0
     buffer: int = 0  # shuffle buffer in examples (0: stored order)
@@ -117,19 +127,19 @@ class Records:
             ds = ds.shuffle(self.buffer, seed=self.seed, reshuffle_each_iteration=True)
         if self.endless:
             ds = ds.repeat()
-        ds = ds.map(decoder(self.spec, self.label_offset), num_parallel_calls=parallel)
+        ds = ds.map(self.decoder(), num_parallel_calls=parallel)
         scaled = ds.batch(batch, drop_remainder=drop_remainder).map(lambda x, y: (x / 255.0, y))
         return finish(scaled, opts)
 
 
 @dataclass(frozen=True)
 class RecordData:
-    """A dataset in TFRecord shards: its training and test files (the `Data` contract)."""
+    """A dataset in TFRecord files: its training and test files and their decoder (the `Data` contract)."""
 
     train_files: tuple[str, ...]
     test_files: tuple[str, ...]
     spec: Spec
-    label_offset: int = 0
+    decoder: Callable[[], Decoder]
     train_limit: int | None = None
     test_limit: int | None = None
     synthetic: bool = False
@@ -145,12 +155,12 @@ class RecordData:
         return min(total, self.test_limit) if self.test_limit else total
 
     def train(self) -> Records:
-        return Records(self.train_files, self.spec, self.label_offset, limit=self.train_limit)
+        return Records(self.train_files, self.spec, self.decoder, limit=self.train_limit)
 
     def test(self, limit: int | None = None) -> Any:
         """The first `limit` (and at most test_limit) test examples, in file order, in float batches (common.EVAL_BATCH)."""
         limit = min(x for x in (limit, self.test_limit) if x) if (limit or self.test_limit) else None
-        return eval_batches(Records(self.test_files, self.spec, self.label_offset, limit=limit))
+        return eval_batches(Records(self.test_files, self.spec, self.decoder, limit=limit))
 
     def digest(self, split: str) -> str:
         return files_digest(self.train_files if split == "train" else self.test_files)

@@ -171,13 +171,21 @@ def test_every_built_in_component_meets_its_contract_with_its_defaults(registry,
         assert component.name == name
 
 
-def test_validation_imports_no_tensorflow_for_any_component():
+def test_validation_imports_no_tensorflow_for_any_component(tmp_path):
+    """Every strategy, model and dataset validates (its spec read, its choices checked) without TensorFlow or Keras."""
     import subprocess
     import sys
 
-    code = ("import sys; from conftest import compose; from runner.config import validate; "
-            "[validate(compose(f'strategy={s}', 'gpus=2', 'strategy.workers=[a:1,b:1]' if s == 'multi_worker' else "
-            "'gpus=2')) for s in ('mirrored', 'replicated', 'model_parallel', 'multi_worker')]; "
+    from test_files_data import write_npy
+    from test_tfds import describe_prepared
+
+    configs = [[f"strategy={s}", "gpus=2", *(["strategy.workers=[a:1,b:1]"] if s == "multi_worker" else [])]
+               for s in STRATEGIES.names() if STRATEGIES.get(s).takes(2)]
+    configs += [[f"model={m}", "data=synthetic", "data.shape=[32,32,3]"] for m in MODELS.names()]
+    configs += [["data=files", f"data.path={write_npy(tmp_path / 'npy', sizes=(8, 4))}"],
+                ["data=tfds", "data.dataset=tiny_images", f"data.data_dir={describe_prepared(tmp_path / 'tfds')}"]]
+    code = (f"import sys; from conftest import compose; from runner.config import validate; "
+            f"[validate(compose(*c)) for c in {configs!r}]; "
             "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO / "tests", capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "[]", out.stderr[-2000:]

@@ -15,10 +15,14 @@ from runner.config import COMPONENTS, GROUPS, ConfigError, group_options, valida
 )
 def test_every_group_option_composes_and_validates(group, option, tmp_path):
     overrides = [f"{group}={option}"]
-    if (group, option) == ("data", "files"):  # the one option without a default: the user's folder
+    if (group, option) == ("data", "files"):  # the user's folder: no default
         from test_files_data import write_npy
 
         overrides.append(f"data.path={write_npy(tmp_path / 'ds', sizes=(8, 4))}")
+    if (group, option) == ("data", "tfds"):  # a dataset prepared in a local data_dir (never downloaded)
+        from test_tfds import describe_prepared
+
+        overrides += ["data.dataset=tiny_images", f"data.data_dir={describe_prepared(tmp_path)}"]
     if group == "strategy" and option != "single":
         overrides.append("gpus=2")
     if group == "model":  # 32x32x3: images every model takes (keras.applications' need at least 32x32)
