@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import compose, markdown_rows
@@ -49,11 +50,33 @@ def test_keras_baseline_times_plain_fit(tmp_path):
     assert figures["optimizer"] == "SGD"  # Keras' own optimizer of the name given
 
 
+USER_MODEL = ["+model._target_=user_models.resnet", "model.name=resnet", "data.shape=[32,32,3]",
+              "data.train_limit=1024", "data.test_limit=128"]  # tests/user_models.py, batch norm, 32x32x3
+
+
+def test_the_bench_takes_a_users_model_and_data_for_runner_jobs_and_keras_fit_alike(tmp_path):
+    """--override reaches every runner job's config and Keras fit's, which then fits the very model the runner
+    builds (the user's ResNet with its batch normalization, for the data's 32x32x3 spec)."""
+    from runner.bench import grid, jobs
+
+    args = argparse.Namespace(models=["mlp"], variants=["default"], steps=40, steps_per_call=10, batch=64,
+                              data="synthetic", test_limit=None, optimizer="adam", override=USER_MODEL)
+    (setting,) = grid.settings(args)
+    cfg = compose(*setting.overrides())
+    assert cfg.model._target_ == "user_models.resnet" and list(cfg.data.shape) == [32, 32, 3]
+    assert "+model._target_=user_models.resnet" in setting.name  # tables say what was measured
+    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), ENV.get("PYTHONPATH", "")])}
+    proc = subprocess.run(jobs.keras_command(setting, 1, mirrored=False), capture_output=True, text=True, env=env,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["timed_steps"] == 30
+
+
 def test_grid_optimizer_reaches_runner_jobs_and_keras_fit():
     from runner.bench import grid, jobs
 
     args = argparse.Namespace(models=["mlp"], variants=["tiny"], steps=None, steps_per_call=None, batch=128,
-                              data="mnist", test_limit=None, optimizer="momentum")
+                              data="mnist", test_limit=None, optimizer="momentum", override=[])
     (setting,) = grid.settings(args)
     cfg = compose(*setting.overrides())
     assert cfg.train.optimizer == "momentum" and cfg.model.variant == "tiny"

@@ -50,6 +50,9 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
     g.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName),
                    help="for runner jobs and Keras fit alike (default adam, the runner's default)")
     g.add_argument("--out", default=None, help="also write the markdown to this file")
+    g.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                   help="a config override for every job, runner and Keras fit alike (repeatable): your model "
+                        "(+model._target_=pkg.fn, hydra.searchpath=[file://DIR]) or your data (data.shape=[32,32,3])")
     return g
 
 

@@ -200,7 +200,7 @@ def settings(args: argparse.Namespace) -> list[Setting]:
         for variant in [v for v in variants(model) if v is None or v in args.variants]:
             steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
             out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
-                               args.data, args.test_limit, args.optimizer))
+                               args.data, args.test_limit, args.optimizer, tuple(args.override)))
     return out
 
 

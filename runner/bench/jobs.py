@@ -50,10 +50,12 @@ class Setting:
     data: str
     test_limit: int | None = None
     optimizer: str = "adam"
+    extra: tuple[str, ...] = ()  # the user's own config overrides (their model, their data's shape), for every job
 
     @property
     def name(self) -> str:
-        return f"{self.model}/{self.variant}" if self.variant else self.model
+        name = f"{self.model}/{self.variant}" if self.variant else self.model
+        return " ".join([name, *self.extra])
 
     def overrides(self) -> list[str]:
         """The runner's config overrides for this setting."""
@@ -61,7 +63,7 @@ class Setting:
                f"data={self.data}", f"train.steps_per_call={self.steps_per_call}", f"train.optimizer={self.optimizer}",
                "train.probe_floor=true", "train.target_accuracy=null"]
         out += [f"model.variant={self.variant}"] if self.variant else []
-        return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else [])
+        return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else []) + list(self.extra)
 
 
 def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
@@ -74,6 +76,7 @@ def keras_command(setting: Setting, gpus: int, mirrored: bool) -> list[str]:
     cmd = [sys.executable, "-m", "runner.bench.keras_baseline", "--model", setting.model,
            *(["--variant", setting.variant] if setting.variant else []), "--gpus", str(gpus), "--batch", str(setting.batch), "--steps", str(setting.steps), "--data", setting.data,
            "--chunk", str(setting.steps_per_call), "--optimizer", setting.optimizer]
+    cmd += [f"--override={o}" for o in setting.extra]
     return cmd + (["--mirrored"] if mirrored else [])
 
 

@@ -1,9 +1,10 @@
 """The baseline a user would reach for: plain Keras `model.fit`, alone or under MirroredStrategy.
 
     python -m runner.bench.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
-        [--optimizer adam|sgd|momentum|rmsprop]
+        [--optimizer adam|sgd|momentum|rmsprop] [--override KEY=VALUE ...]
 
-Same model (the registry's `build()`), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
+Same model and data (the runner's config composed with the same overrides, the model built for the data's spec by
+the runner's `build_model`), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
 and learning rate, same global batch and the same host pipeline as the runner's `split` pipeline; Keras' defaults
 otherwise. Fit runs `steps` steps as epochs of `--chunk` steps; the first epoch (tracing, warm-up) is excluded and
 images/s is the mean ± standard error over the other epochs. Prints one JSON line, with the job overhead (process
@@ -24,7 +25,6 @@ import numpy as np
 
 from runner.data_pipelines import DATASETS
 from runner.data_pipelines.split import Split
-from runner.models import MODELS
 from runner.config import OptimizerName
 
 
@@ -72,7 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
     parser.add_argument("--data", default="mnist", choices=DATASETS.names())
+    parser.add_argument("--override", action="append", default=[], help="a runner config override (repeatable)")
     args = parser.parse_args(argv)
+
+    from runner.config import compose, validate
+
+    variant = [f"model.variant={args.variant}"] if args.variant else []
+    plan = validate(compose([f"model={args.model}", f"data={args.data}", *variant, *args.override]))
+    data = plan.data.load(0)  # before TensorFlow starts, as in a run
 
     import runner
     from runner.runtime import devices as devices_mod
@@ -88,9 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         scope = tf.distribute.MirroredStrategy(list(devices.names)).scope()
     else:
         scope = tf.device(devices.names[0])
-    data = DATASETS.get(args.data)().load(0)
     with scope:
-        model = build_model(MODELS.get(args.model)(**({"variant": args.variant} if args.variant else {})), data.spec, 0)
+        model = build_model(plan.model, plan.spec, 0)
         model.compile(optimizer=optimizers.make(args.optimizer, args.lr, fused=False),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()
