@@ -52,8 +52,9 @@ class Files(DatasetOptions):
     def _folder(self) -> Path:
         folder = Path(self.path).expanduser()
         if not self.path or not folder.is_dir():
-            raise DataError(f"data.path={self.path!r} is not a folder; data=files needs the folder holding "
-                            f"{', '.join(a + '.npy' for a in ARRAYS)} or TFRecord shards {' and '.join(SHARDS.values())}")
+            arrays, shards = ", ".join(a + ".npy" for a in ARRAYS), " and ".join(SHARDS.values())
+            raise DataError(f"data.path={self.path!r} is not a folder; data=files needs the folder holding {arrays} "
+                            f"or TFRecord shards {shards}")
         return folder
 
     def _format(self) -> str:

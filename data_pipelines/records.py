@@ -13,6 +13,7 @@ import hashlib
 import os
 import struct
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Callable
 
 from runner.data_pipelines import DataError, Spec
@@ -144,12 +145,12 @@ class RecordData:
     test_limit: int | None = None
     synthetic: bool = False
 
-    @property
+    @cached_property  # counted once: a header read per record
     def train_size(self) -> int:
         total = sum(count_records(f) for f in self.train_files)
         return min(total, self.train_limit) if self.train_limit else total
 
-    @property
+    @cached_property
     def test_size(self) -> int:
         total = sum(count_records(f) for f in self.test_files)
         return min(total, self.test_limit) if self.test_limit else total
@@ -158,7 +159,8 @@ class RecordData:
         return Records(self.train_files, self.spec, self.decoder, limit=self.train_limit)
 
     def test(self, limit: int | None = None) -> Any:
-        """The first `limit` (and at most test_limit) test examples, in file order, in float batches (common.EVAL_BATCH)."""
+        """The first `limit` (and at most test_limit) test examples, in file order, in float batches of
+        common.EVAL_BATCH."""
         limit = min(x for x in (limit, self.test_limit) if x) if (limit or self.test_limit) else None
         return eval_batches(Records(self.test_files, self.spec, self.decoder, limit=limit))
 

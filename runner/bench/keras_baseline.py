@@ -100,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         model.compile(optimizer=optimizers.make(args.optimizer, args.lr, fused=False),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()
-    model.fit(_dataset(data, args.batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk), verbose=0,
-              callbacks=[timer.cb])
+    model.fit(_dataset(data, args.batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
+              verbose=0, callbacks=[timer.cb])
     rates = args.chunk * args.batch / np.array(timer.seconds[1:])  # first epoch: tracing and warm-up
     print(json.dumps({
         "images_per_sec": float(args.chunk * args.batch * len(rates) / sum(timer.seconds[1:])),

@@ -4,9 +4,8 @@ lacks."""
 
 from __future__ import annotations
 
-import typing
-
 import os
+import typing
 from pathlib import Path
 
 from runner.config import GROUPS, HYDRA_GROUPS, allowed, group_options

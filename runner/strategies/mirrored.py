@@ -79,8 +79,10 @@ class Mirrored(StrategyBase):
         return tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=_CROSS_DEVICE_OPS[choice]())
 
 
-REPLICA_BATCH_NORM = "batch statistics per replica (G/N examples); moving statistics all-reduced to their mean over the replicas after every step"
-SYNC_BATCH_NORM = "batch statistics of the global batch (strategy.sync_batch_norm=true: one all-reduce per layer and step), so every replica keeps the same moving statistics"
+REPLICA_BATCH_NORM = ("batch statistics per replica (G/N examples); moving statistics all-reduced to their mean over "
+                      "the replicas after every step")
+SYNC_BATCH_NORM = ("batch statistics of the global batch (strategy.sync_batch_norm=true: one all-reduce per layer and "
+                   "step), so every replica keeps the same moving statistics")
 
 
 class PerReplicaFeed:

@@ -206,7 +206,8 @@ def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
     if not isinstance(model, keras.Sequential):
         raise ConfigError(
             f"strategy.split=stages cuts a Sequential model's layers in order and {model.name} is a "
-            f"{type(model).__name__} (branches, such as residual adds, have no single cut); use strategy.split=two_tower"
+            f"{type(model).__name__} (branches, such as residual adds, have no single cut); "
+            "use strategy.split=two_tower"
         )
     groups, shapes = _groups(model), _shapes(model)
     if len(groups) < len(devices):
