@@ -4,9 +4,11 @@ table of runs, as one `verdict:` line per model.
 Fastest means: lowest time to the target accuracy (training seconds, evaluation excluded) among the combinations
 that reached it; where none did, highest throughput (images/s), and the line says so. A combination is a pipeline,
 strategy and device count; several runs of one combination (repeats) are combined by their median and give its
-spread. The margin over the runner-up counts as real only when it exceeds the noise: for throughput, twice the
-combined standard error of the two rates (each run measures its calls' spread), or, with repeats, ranges that do
-not overlap; for time to accuracy only repeats measure the noise, so a single run each says "noise unknown".
+spread. The margin over the runner-up counts as real only when it exceeds how much a whole run moves from one
+start to the next: the two combinations' ranges must not overlap where both were repeated; otherwise the margin must
+exceed the run-to-run spread measured in the same table, from the repeats of any combination or from the 1-device
+runs of different strategies (the same work under other names). A run's own standard error (the spread of its
+calls) says nothing about that, so with neither the verdict says "noise unknown".
 "Learns the same" compares each run's final test accuracy and loss with the 1-device run of its model.
 """
 
@@ -91,17 +93,40 @@ def _combinations(runs: list[Run]) -> list[Combination]:
     return list(groups.values())
 
 
-def _beyond_noise(best: Combination, other: Combination, key: str) -> bool | None:
+@dataclass(frozen=True)
+class Spread:
+    """How much runs doing the same work differed: (largest - smallest) / median, and which runs showed it."""
+
+    relative: float
+    source: str
+
+    def __str__(self) -> str:
+        return f"run-to-run spread {self.relative:.0%}, {self.source}"
+
+
+def _relative(values: list[float]) -> float:
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def run_to_run_spread(combos: list[Combination], key: str) -> Spread | None:
+    """The largest spread between runs of the same work in this table: the repeats of one combination, or the
+    1-device runs of different strategies; None when no two runs do the same work."""
+    found = [Spread(_relative(c.values(key)), f"repeats of {c.name}") for c in combos if len(c.values(key)) > 1]
+    one_device = [c.median(key) for c in combos if c.devices == 1 and not math.isnan(c.median(key))]
+    if len(one_device) > 1:
+        found.append(Spread(_relative(one_device), f"{len(one_device)} one-device runs"))
+    return max(found, key=lambda s: s.relative, default=None)
+
+
+def _beyond_noise(best: Combination, other: Combination, key: str, spread: Spread | None) -> bool | None:
     """Whether best's advantage on `key` exceeds the noise; None when the noise is unknown."""
     a, b = best.values(key), other.values(key)
-    if len(a) > 1 and len(b) > 1:  # repeats: the ranges must not overlap
+    if len(a) > 1 and len(b) > 1:  # both repeated: the ranges must not overlap
         return min(a) > max(b) if key == "images_per_sec" else max(a) < min(b)
-    if key == "images_per_sec":
-        errors = [best.median("stderr"), other.median("stderr")]
-        if any(math.isnan(e) for e in errors):
-            return None
-        return best.median(key) - other.median(key) > 2 * math.hypot(*errors)
-    return None
+    if spread is None:
+        return None
+    faster, slower = (best, other) if key == "images_per_sec" else (other, best)
+    return faster.median(key) / slower.median(key) - 1 > spread.relative
 
 
 @dataclass
@@ -115,6 +140,7 @@ class Verdict:
     over_runner_up: float | None  # how many times faster than the runner-up
     over_one_device: float | None  # how many times faster than the 1-device run
     beyond_noise: bool | None
+    spread: Spread | None  # the run-to-run spread the noise was judged by
     target: float
     reached: int  # combinations that reached the target
     same: tuple[int, int]  # (combinations that learn the same, combinations compared)
@@ -132,8 +158,9 @@ class Verdict:
                                                 if not math.isnan(self.target) else "no target accuracy was set")
         if self.runner_up is not None and self.over_runner_up is not None:
             parts.append(f"{self.over_runner_up:.2f}x {self.runner_up.name}")
-            parts.append({True: "beyond the noise", False: "within the noise",
-                          None: "noise unknown (single runs: repeat them to know)"}[self.beyond_noise])
+            noise = {True: "beyond the noise", False: "within the noise",
+                     None: "noise unknown (single runs: repeat them to know)"}[self.beyond_noise]
+            parts.append(f"{noise} ({self.spread})" if self.beyond_noise is not None and self.spread else noise)
         if self.over_one_device is not None:
             parts.append(f"{self.over_one_device:.2f}x 1 device")
         agree, compared = self.same
@@ -178,10 +205,11 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
     verdicts = [learns_same(r, base, tolerance) for r in mine if r is not base]
     judged = [v for v in verdicts if v is not None]
     targets = [r.target for r in mine if not math.isnan(r.target)]
+    spread = run_to_run_spread(combos, key)
     return Verdict(
         model, basis, best, runner_up,
         _speed(best, basis) / _speed(runner_up, basis) if runner_up is not None else None,
-        over_base, _beyond_noise(best, runner_up, key) if runner_up is not None else None,
+        over_base, _beyond_noise(best, runner_up, key, spread) if runner_up is not None else None, spread,
         targets[0] if targets else math.nan, reached, (sum(judged), len(judged)), tolerance,
     )
 
