@@ -166,3 +166,24 @@ def test_every_option_has_help():
     from runner.cli.report import parser
 
     assert all(action.help for action in parser()._actions)
+
+
+def test_the_time_to_accuracy_plot_stars_only_the_confirmed_targets(monkeypatch, tmp_path):
+    """A curve of checks on a slice can touch the target line while the full test set did not confirm it: only the
+    confirmed point (the run's time_to_accuracy) gets a star."""
+    from types import SimpleNamespace
+
+    from runner.report import plots
+
+    drawn = []
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig))
+    rows = [SimpleNamespace(run_id="a", model="mlp", strategy="replicated", pipeline="split", devices=2, target=0.98,
+                            time_to_accuracy=5.7),
+            SimpleNamespace(run_id="b", model="mlp", strategy="mirrored", pipeline="split", devices=2, target=0.98,
+                            time_to_accuracy=math.nan)]
+    curves = {"a": [(1, 0.9), (5.7, 0.981)], "b": [(1, 0.88), (7, 0.9801), (9, 0.979)]}  # b touches, unconfirmed
+    plots.time_to_accuracy(rows, curves, tmp_path / "t.png")
+    stars = [line for line in drawn[0].axes[0].lines if line.get_marker() == "*" and len(line.get_xdata())]
+    assert [(list(s.get_xdata()), list(s.get_ydata())) for s in stars] == [([5.7], [0.98])]
+    labels = [t.get_text() for t in drawn[0].axes[0].get_legend().get_texts()]
+    assert "target confirmed on the full test set" in labels

@@ -3,7 +3,7 @@
 - `scaling.png`: images/s (left) and speedup (right) against device count, one line per pipeline x strategy, with
   the ideal linear line drawn; with a single device count, a sorted horizontal bar chart of images/s instead.
 - `time_to_accuracy.png`: test accuracy against training seconds, one curve per combination (its accuracy checks and
-  final evaluation), the target as a horizontal line.
+  final evaluation), the target as a horizontal line, a star where the target was confirmed on the full test set.
 - `accuracy.png`: final test accuracy per combination as dots on an axis zoomed to the data, values printed.
 """
 
@@ -76,10 +76,18 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
     """Accuracy against training seconds per run (`curves`: run id -> [(seconds, accuracy), ...])."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
+    stars = 0
     for r in rows:
         points = sorted(curves.get(r.run_id, []))
         if points:
-            ax.plot(*zip(*points), "o-", markersize=3, label=f"{_label(r)} x{r.devices}")
+            (line,) = ax.plot(*zip(*points), "o-", markersize=3, label=f"{_label(r)} x{r.devices}")
+            if not math.isnan(r.time_to_accuracy):  # a check on the slice touching the line is not a confirmation
+                ax.plot([r.time_to_accuracy], [r.target], "*", markersize=15, color=line.get_color(),
+                        markeredgecolor="k", label="_nolegend_")
+                stars += 1
+    if stars:  # one legend entry for every star, in no run's colour
+        ax.plot([], [], "*", markersize=12, color="w", markeredgecolor="k",
+                label="target confirmed on the full test set")
     targets = {r.target for r in rows if not math.isnan(r.target)}
     for target in targets:
         ax.axhline(target, color="k", linestyle="--", alpha=0.6, label=f"target {target:.0%}")
