@@ -129,8 +129,8 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
+    result.update(_utilisation(result, hardware, devices, run))  # may re-probe the peak: before `hardware` is logged
     result.update(hardware)  # summary figures, logged once at the final step with the others
-    result.update(_utilisation(result, hardware, devices))
     digest = weights_digest(strategy.weights())
     log.info("final weights sha256 %s", digest)
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
@@ -322,19 +322,38 @@ def _mfu_basis(devices: Devices) -> str:
     return f"{devices.count} x the peak of one {devices.kind}"
 
 
-def _utilisation(result: dict, hardware: dict, devices: Devices) -> dict:
-    """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak."""
+def _utilisation(result: dict, hardware: dict, devices: Devices, run: tracking.Recorder) -> dict:
+    """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak.
+
+    A run that achieves more than the peak shows the peak was measured low (on another host under the same name, or
+    at a busy moment): it is probed again (`hardware["peak_gflops"]` updated). Still beaten, MFU is left out and
+    the run's `mfu.missing` tag says why (the FLOP count is above the multiplications done, e.g. by Winograd
+    convolutions), rather than logging a ratio above 1."""
     if "images_per_sec" not in result or "flops_per_example" not in hardware:
         return {}
+    from runner.measure import flops
+
     achieved = result["images_per_sec"] * hardware["flops_per_example"] / 1e9
     out = {"achieved_gflops": achieved}
-    if "peak_gflops" in hardware:
-        from runner.measure import flops
+    physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
+    if "peak_gflops" in hardware and achieved > hardware["peak_gflops"] * physical:
+        from runner.measure.peak import probe_peak
 
-        physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
-        out["mfu"] = flops.mfu(
-            result["images_per_sec"], hardware["flops_per_example"], hardware["peak_gflops"], physical
-        )
+        log.warning("achieved %.0f GFLOP/s, above the peak of %.0f: probing the peak again", achieved,
+                    hardware["peak_gflops"] * physical)
+        peak = probe_peak(devices.names[0], refresh=True)
+        hardware.pop("peak_gflops")
+        if peak is not None:
+            hardware["peak_gflops"] = peak.gflops
+    if "peak_gflops" not in hardware:
+        return out
+    value = flops.mfu(result["images_per_sec"], hardware["flops_per_example"], hardware["peak_gflops"], physical)
+    if value <= 1:
+        return {**out, "mfu": value}
+    why = (f"achieved {achieved:.0f} GFLOP/s is above the re-probed peak of {hardware['peak_gflops'] * physical:.0f}: "
+           "the model's FLOP count is more than the multiplications done (e.g. Winograd convolutions)")
+    log.warning("MFU left out: %s", why)
+    run.tags({"mfu.missing": why})
     return out
 
 

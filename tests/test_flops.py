@@ -148,21 +148,21 @@ def test_a_model_nothing_can_count_is_a_warning_and_no_figure(flops, monkeypatch
 
 def test_probe_peak_measures_once_then_reads_the_cache(peak, tmp_path, monkeypatch):
     start = time.perf_counter()
-    first = peak.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
+    first = peak.probe_peak(sizes=(512,), seconds=0.3, cache_dir=tmp_path)
     uncached_s = time.perf_counter() - start
     assert first is not None and first.gflops > 0 and not first.cached and first.dtype == "float32"
     assert json.loads((tmp_path / "peak.json").read_text())[first.key]["gflops"] == first.gflops
 
     monkeypatch.setattr(peak, "_benchmark", lambda *a: pytest.fail("the cached peak was measured again"))
     start = time.perf_counter()
-    second = peak.probe_peak(size=512, seconds=0.3, cache_dir=tmp_path)
+    second = peak.probe_peak(sizes=(512,), seconds=0.3, cache_dir=tmp_path)
     assert time.perf_counter() - start < 0.1 < uncached_s
     assert second.cached and second.gflops == first.gflops and second.key == first.key
 
 
 def test_probe_peak_survives_a_corrupt_cache_and_skips_unsupported_dtypes(peak, tmp_path, monkeypatch):
     (tmp_path / "peak.json").write_text("{not json")
-    probed = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
+    probed = peak.probe_peak(sizes=(256,), seconds=0.05, cache_dir=tmp_path)
     assert probed is not None and not probed.cached
     assert probed.key in json.loads((tmp_path / "peak.json").read_text())
 
@@ -218,7 +218,7 @@ def test_measured_mlp_mfu_is_a_fraction(flops, peak, tf_devices, tmp_path):
     from runner.models.mlp import MLP
 
     rate = _best_mlp_rate(tf_devices)
-    probed = peak.probe_peak(size=1024, seconds=0.5, cache_dir=tmp_path)
+    probed = peak.probe_peak(sizes=(1024,), seconds=0.5, cache_dir=tmp_path)
     value = flops.mfu(rate, flops.training_flops_per_example(MLP(variant="default").build()), probed.gflops)
     assert 0 < value < 1, f"{rate:.0f} images/s against {probed.gflops:.0f} GFLOP/s gives MFU {value:.2f}"
 
@@ -240,11 +240,56 @@ def test_probe_notices_other_processes_using_the_cpus(peak):
 
 def test_refresh_keeps_the_higher_figure(peak, tmp_path):
     """Other processes only ever slow a probe down, so a re-probe never lowers the cached peak."""
-    low = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path)
+    low = peak.probe_peak(sizes=(256,), seconds=0.05, cache_dir=tmp_path)
     cache = tmp_path / "peak.json"
     cache.write_text(json.dumps({low.key: {"gflops": 1e-3}}))
-    raised = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
+    raised = peak.probe_peak(sizes=(256,), seconds=0.05, cache_dir=tmp_path, refresh=True)
     assert raised.gflops > 1e-3 and json.loads(cache.read_text())[low.key]["gflops"] == raised.gflops
     cache.write_text(json.dumps({low.key: {"gflops": 1e9}}))
-    kept = peak.probe_peak(size=256, seconds=0.05, cache_dir=tmp_path, refresh=True)
+    kept = peak.probe_peak(sizes=(256,), seconds=0.05, cache_dir=tmp_path, refresh=True)
     assert kept.gflops == 1e9 and not kept.cached
+
+
+def test_a_probe_taken_under_load_is_tried_again_and_never_cached(peak, tmp_path, monkeypatch, caplog):
+    """Other processes' share above BUSY twice: no peak (MFU left out), nothing cached; once: the retry counts."""
+    monkeypatch.setattr(peak, "RETRY_AFTER", 0.0)
+    shares = iter([0.6, 0.6, 0.6, 0.6, 0.6, 0.6])
+    monkeypatch.setattr(peak, "_measure", lambda device, dtype, size, seconds: (100.0 + size, next(shares)))
+    assert peak.probe_peak(sizes=(1, 2, 3), cache_dir=tmp_path) is None
+    assert not (tmp_path / "peak.json").exists() and "peak not measured" in caplog.text
+    shares = iter([0.6, 0.6, 0.6, 0.0, 0.1, 0.0])  # the second sweep ran on an idle machine
+    probed = peak.probe_peak(sizes=(1, 2, 3), cache_dir=tmp_path)
+    assert (probed.gflops, probed.size, probed.others) == (103.0, 3, 0.1)  # the best size of the sweep
+    assert json.loads((tmp_path / "peak.json").read_text())[probed.key]["size"] == 3
+
+
+def test_hosts_under_one_model_name_get_their_own_peak(peak, tmp_path, monkeypatch):
+    """A peak cached on a host without AVX-512 is not read on one with it, though /proc/cpuinfo names both alike."""
+    monkeypatch.setattr(peak, "_measure", lambda device, dtype, size, seconds: (50.0, 0.0))
+    monkeypatch.setattr(peak, "_cpuinfo", lambda field: "fpu avx2" if field == "flags" else "AMD EPYC")
+    zen3 = peak.probe_peak(sizes=(8,), cache_dir=tmp_path)
+    monkeypatch.setattr(peak, "_cpuinfo", lambda field: "fpu avx2 avx512f" if field == "flags" else "AMD EPYC")
+    monkeypatch.setattr(peak, "_measure", lambda device, dtype, size, seconds: (90.0, 0.0))
+    zen4 = peak.probe_peak(sizes=(8,), cache_dir=tmp_path)
+    assert zen3.key != zen4.key and (zen3.gflops, zen4.gflops) == (50.0, 90.0) and not zen4.cached
+
+
+def test_a_run_that_beats_the_peak_has_it_probed_again(monkeypatch):
+    """MFU is a measured ratio, never clamped: above 1 the peak is re-probed; still above, MFU is left out with a
+    tag saying why."""
+    from runner import experiment
+    from runner.measure import peak as peak_module
+    from runner.runtime.devices import Devices
+
+    devices, tags = Devices(("/device:CPU:0",), "CPU", False, "1 CPU (2 cores)"), {}
+    recorder = type("R", (), {"tags": lambda self, t: tags.update(t)})()
+    result = {"images_per_sec": 10_000.0}  # x 10 MFLOP = 100 GFLOP/s achieved
+    fresh = lambda gflops: lambda *a, **k: peak_module.Peak(gflops, "float32", "cpu", "k", False)  # noqa: E731
+    monkeypatch.setattr(peak_module, "probe_peak", fresh(200.0))
+    hardware = {"flops_per_example": 1e7, "peak_gflops": 50.0}  # a stale, low peak
+    out = experiment._utilisation(result, hardware, devices, recorder)
+    assert out["mfu"] == pytest.approx(0.5) and hardware["peak_gflops"] == 200.0 and not tags
+    monkeypatch.setattr(peak_module, "probe_peak", fresh(80.0))  # re-probed, still beaten
+    hardware = {"flops_per_example": 1e7, "peak_gflops": 50.0}
+    out = experiment._utilisation(result, hardware, devices, recorder)
+    assert "mfu" not in out and hardware["peak_gflops"] == 80.0 and "Winograd" in tags["mfu.missing"]

@@ -1,9 +1,11 @@
 """The machine's measured dense-matmul peak: what MFU divides by.
 
-The peak is a measured one (`probe_peak`): the best achieved GFLOP/s of a chain of dense matmuls, cached per
-machine, so MFU = achieved / measured peak says how far a model is from the fastest matmul on the same device.
-Probe on an idle machine (e.g. before training starts): other processes only lower the figure, and a low peak
-inflates every MFU computed against it; the cache records how busy the CPUs were and a re-probe keeps the higher.
+The peak is a measured one (`probe_peak`): the best achieved GFLOP/s of chains of dense matmuls over a few matrix
+sizes, cached per machine, so MFU = achieved / measured peak says how far a model is from the fastest matmul on the
+same device. Other processes only lower the figure, and a low peak inflates every MFU computed against it: a probe
+during which they used more than BUSY of the CPUs is tried once more and, still disturbed, not trusted (None, not
+cached). The cache key names the CPU by its model and instruction-set flags (hosts under one model name differ), each
+entry records when, at which size and how undisturbed it was measured, and a re-probe keeps the higher figure.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "bfloat16")
 CACHE_FILE = "peak.json"
+SIZES = (1024, 2048, 3072)  # square matrix sides swept: the best of them is the peak
+BUSY = 0.25  # share of the CPUs other processes may use during a probe before its figure is not trusted
+RETRY_AFTER = 2.0  # seconds to wait before probing a disturbed measurement once more
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,9 @@ class Peak:
         device: what it was measured on, e.g. "AMD EPYC (2 cores)" or "NVIDIA A100-SXM4-40GB (cc 8.0)".
         key: the cache key (device, dtype, matrix size).
         cached: True if read from the cache rather than measured by this call.
+        size: the matrix side that gave it (0: not recorded).
+        others: the share of the CPUs other processes used while it was measured.
+        measured: when it was measured (local time, ISO 8601).
     """
 
     gflops: float
@@ -42,6 +50,14 @@ class Peak:
     device: str
     key: str
     cached: bool
+    size: int = 0
+    others: float = 0.0
+    measured: str = ""
+
+    def __str__(self) -> str:
+        return (f"{self.dtype} matmul peak on {self.device}: {self.gflops:,.0f} GFLOP/s at {self.size}x{self.size}, "
+                f"other processes at {self.others:.0%} of the CPUs, measured {self.measured}"
+                + (" (cached)" if self.cached else ""))
 
 
 def _cpuinfo(field: str) -> str:
@@ -52,11 +68,14 @@ def _cpuinfo(field: str) -> str:
 
 
 def _cpu_description() -> str:
-    """CPU model and the cores this process may use (affinity: a container's share, which is what TF uses)."""
+    """CPU model, a digest of its instruction-set flags (one model name covers hosts with and without AVX-512) and the
+    cores this process may use (affinity: a container's share, which is what TF uses)."""
+    import hashlib
     import platform
 
     name = _cpuinfo("model name") or platform.processor() or platform.machine()
-    return f"{name} ({len(_cpus())} cores)"
+    flags = hashlib.sha256(" ".join(sorted(_cpuinfo("flags").split())).encode()).hexdigest()[:8]
+    return f"{name} (flags {flags}, {len(_cpus())} cores)"
 
 
 def _cpu_supports(dtype: str) -> bool:
@@ -168,11 +187,14 @@ def _measure(device_name: str, dtype: str, size: int, seconds: float) -> tuple[f
     """(GFLOP/s, share of the CPUs other processes used meanwhile; 0 for GPUs, which they do not slow)."""
     if "GPU" in device_name.upper():
         return _benchmark(device_name, dtype, size, seconds), 0.0
-    gflops, others = _timed_with_others_share(lambda: _benchmark(device_name, dtype, size, seconds))
-    if others > 0.25:  # the figure is low, so MFU against it is too high
-        log.warning("other processes used %.0f%% of the CPUs during the peak probe: %.0f GFLOP/s may be low; "
-                    "re-probe with refresh=True on an idle machine", 100 * others, gflops)
-    return gflops, others
+    return _timed_with_others_share(lambda: _benchmark(device_name, dtype, size, seconds))
+
+
+def _sweep(device_name: str, dtype: str, sizes: tuple[int, ...], seconds: float) -> tuple[float, int, float]:
+    """(best GFLOP/s over `sizes`, the size that gave it, the largest share of the CPUs others used meanwhile)."""
+    results = [(*_measure(device_name, dtype, size, seconds), size) for size in sizes]
+    gflops, _, size = max(results)
+    return gflops, size, max(others for _, others, _ in results)
 
 
 def _read_cache(path: Path) -> dict:
@@ -197,7 +219,7 @@ def _write_cache(path: Path, key: str, entry: dict) -> None:
 
 
 def probe_peak(
-    device_name: str = "/device:CPU:0", dtype: str = "float32", size: int = 2048, seconds: float = 1.0,
+    device_name: str = "/device:CPU:0", dtype: str = "float32", sizes: tuple[int, ...] = SIZES, seconds: float = 0.5,
     cache_dir: Path | None = None, refresh: bool = False,
 ) -> Peak | None:
     """The device's achieved dense-matmul GFLOP/s, measured once per machine and then read from a JSON cache.
@@ -205,8 +227,8 @@ def probe_peak(
     Args:
         device_name: TensorFlow device to measure; logical devices of one physical device share its entry.
         dtype: "float32", "float16" or "bfloat16".
-        size: side of the square matrices (2048 reaches the peak on CPUs; the key includes it).
-        seconds: timed budget of the measurement (the best call wins); about 1.5x that in all.
+        sizes: sides of the square matrices swept (the best wins).
+        seconds: timed budget of each size's measurement (the best call wins); about 1.5x that in all.
         cache_dir: folder of `peak.json`; default `runner.paths.cache_dir()`.
         refresh: measure even if cached; the cache keeps the higher of the old and new figures, since other
             processes can only slow a measurement down (probe on an idle machine: the entry records
@@ -214,7 +236,8 @@ def probe_peak(
 
     Returns:
         The Peak, or None if `dtype` has no native support on the device (CPU: bf16 needs avx512_bf16 or AMX, fp16
-        avx512_fp16 or AMX-FP16; GPU: fp16 needs compute capability 7.0+ or 6.0, bf16 8.0+).
+        avx512_fp16 or AMX-FP16; GPU: fp16 needs compute capability 7.0+ or 6.0, bf16 8.0+), or if other processes
+        used more than BUSY of the CPUs during two probes in a row (a warning says so; nothing is cached).
 
     Raises:
         ValueError: unknown dtype, or a GPU device on a machine without one.
@@ -225,16 +248,26 @@ def probe_peak(
     if not supported:
         log.info("no native %s on %s: peak not probed", dtype, device)
         return None
-    key = f"{device}|{dtype}|{size}"
+    key = f"{device}|{dtype}|{','.join(map(str, sizes))}"
     path = (cache_dir or runner_cache_dir()) / CACHE_FILE
     entry = _read_cache(path).get(key)
     old = float(entry.get("gflops", 0)) if isinstance(entry, dict) else 0.0
     if old > 0 and not refresh:
-        return Peak(old, dtype, device, key, cached=True)
-    gflops, others = _measure(device_name, dtype, size, seconds)
+        return Peak(old, dtype, device, key, True, int(entry.get("size", 0)), float(entry.get("others_cpu_share", 0)),
+                    str(entry.get("measured", "")))
+    gflops, size, others = _sweep(device_name, dtype, sizes, seconds)
+    if others > BUSY:  # disturbed: the figure is low, and MFU against it too high
+        time.sleep(RETRY_AFTER)
+        gflops, size, others = _sweep(device_name, dtype, sizes, seconds)
+    if others > BUSY:
+        log.warning("peak not measured: other processes used %.0f%% of the CPUs during two probes (%.0f GFLOP/s "
+                    "at best); MFU is left out. Re-probe on an idle machine: runner check --reprobe",
+                    100 * others, gflops)
+        return None
     if gflops > old:
-        entry = {"gflops": gflops, "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": seconds,
+        entry = {"gflops": gflops, "size": size, "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": seconds,
                  "others_cpu_share": round(others, 2)}
         _write_cache(path, key, entry)
     log.info("peak %s on %s: %.0f GFLOP/s (cached in %s)", dtype, device, max(gflops, old), path)
-    return Peak(max(gflops, old), dtype, device, key, cached=False)
+    return Peak(max(gflops, old), dtype, device, key, False, int(entry.get("size", 0)),
+                float(entry.get("others_cpu_share", 0)), str(entry.get("measured", "")))
