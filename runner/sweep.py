@@ -164,6 +164,10 @@ class SweepCallback(Callback):
         os.environ[tracking.ENV_PARENT] = parent
         failures.clear()
         log.info("sweep parent run %s in %s", parent, uri)
+        if config.train.probe_peak:
+            from runner.measure.peak import probe_before_jobs
+
+            probe_before_jobs()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient

@@ -293,3 +293,19 @@ def test_a_run_that_beats_the_peak_has_it_probed_again(monkeypatch):
     hardware = {"flops_per_example": 1e7, "peak_gflops": 50.0}
     out = experiment._utilisation(result, hardware, devices, recorder)
     assert "mfu" not in out and hardware["peak_gflops"] == 80.0 and "Winograd" in tags["mfu.missing"]
+
+
+def test_a_sweep_probes_the_peak_once_before_its_jobs_and_not_again(peak, tmp_path, monkeypatch):
+    """Jobs side by side would see each other as load; the sweep probes first, in a fresh process, unless cached."""
+    import subprocess
+
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args))
+    peak.probe_before_jobs()
+    assert len(calls) == 1 and "probe_peak()" in calls[0][-1]
+    key = f"{peak._cpu_description()}|float32|{','.join(map(str, peak.SIZES))}"
+    (tmp_path / "peak.json").write_text(json.dumps({key: {"gflops": 123.0}}))
+    assert peak.cached_cpu_peak() == 123.0
+    peak.probe_before_jobs()
+    assert len(calls) == 1  # cached: no second probe

@@ -271,3 +271,26 @@ def probe_peak(
     log.info("peak %s on %s: %.0f GFLOP/s (cached in %s)", dtype, device, max(gflops, old), path)
     return Peak(max(gflops, old), dtype, device, key, False, int(entry.get("size", 0)),
                 float(entry.get("others_cpu_share", 0)), str(entry.get("measured", "")))
+
+
+def cached_cpu_peak(cache_dir: Path | None = None) -> float | None:
+    """The host CPU's cached fp32 peak (default sizes), read without TensorFlow; None when not cached."""
+    entry = _read_cache((cache_dir or runner_cache_dir()) / CACHE_FILE).get(
+        f"{_cpu_description()}|float32|{','.join(map(str, SIZES))}")
+    return float(entry["gflops"]) if isinstance(entry, dict) and entry.get("gflops") else None
+
+
+def probe_before_jobs() -> None:
+    """Before a sweep's jobs start, on a machine whose runs train on the CPU: probe its peak once in a fresh process
+    unless it is cached, while the machine is still idle. Jobs running side by side (a parallel launcher) would each
+    see the others as load, never trust a probe and pay for it every time."""
+    import subprocess
+    import sys
+
+    from runner.runtime.devices import nvidia_gpus_present
+
+    if nvidia_gpus_present() or cached_cpu_peak() is not None:
+        return
+    log.info("probing this machine's matmul peak once before the jobs start")
+    subprocess.run([sys.executable, "-c", "from runner.measure.peak import probe_peak; probe_peak()"],
+                   capture_output=True, timeout=300, check=False)
