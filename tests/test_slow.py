@@ -39,7 +39,8 @@ def test_every_pipeline_trains_a_model_to_the_same_accuracy(tmp_path, model):
 
 
 # Issue 4's command grid: `python -m runner strategy=S pipeline=P gpus=N model=M debug=smoke` for every S x P x N x M
-# (108 jobs, 24 minutes on 2 cores), as one sweep, so each job is its own process. Which combinations are valid is what
+# (108 jobs), as one sweep, so each job is its own process; two at a time through the joblib launcher (24 minutes on
+# 2 cores one at a time: a job's start-up is mostly one core's work). Which combinations are valid is what
 # validation says (model_parallel needs 2+ devices, and stages no more devices than the model has weighted layers);
 # every valid one must finish and every invalid one must fail at config time, naming its bad value.
 GRID = {"strategy": ["mirrored", "replicated", "parameter_server", "model_parallel"],
@@ -62,7 +63,8 @@ def test_every_strategy_pipeline_devices_model_combination_finishes_or_is_refuse
             pass
     assert 80 <= len(valid) < len(combos)  # model_parallel on 1 device at least is refused
 
-    proc = run_cli("-m", "debug=smoke", *(f"{k}={','.join(v)}" for k, v in GRID.items()), cwd=tmp_path, timeout=3600)
+    proc = run_cli("-m", "debug=smoke", *(f"{k}={','.join(v)}" for k, v in GRID.items()), "hydra/launcher=joblib",
+                   "hydra.launcher.n_jobs=2", cwd=tmp_path, timeout=3600)
     assert proc.returncode == 1  # the invalid combinations fail
     invalid = len(combos) - len(valid)
     assert f"sweep: {len(combos)} jobs: {len(valid)} finished, {invalid} failed, 0 skipped" in proc.stderr
