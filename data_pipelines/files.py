@@ -23,7 +23,7 @@ from runner.registry import Rule, non_negative
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 SHARDS = {"train": "train-*", "test": "validation-*"}  # the TFRecord layout's file patterns
-DTYPES = {"uint8": "uint8", "float32": "float32"}  # stored image dtypes the spec knows
+DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
 
 
 @DATASETS.register
@@ -108,7 +108,7 @@ class Files(DatasetOptions):
             if len(x) != len(y) or x.shape[1:] != x_train.shape[1:]:
                 raise DataError(f"{self.path}: x_{split}.npy {x.shape} and y_{split}.npy {y.shape} do not match "
                                 f"(one label per image, every image {x_train.shape[1:]})")
-        return Spec(tuple(int(d) for d in shape), self._classes(y_train), DTYPES[x_train.dtype.name])
+        return Spec(tuple(int(d) for d in shape), self._classes(y_train), x_train.dtype.name)
 
     def _classes(self, labels: np.ndarray) -> int:
         """data.classes, checked against the labels; else the largest label + 1."""
