@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from runner.data_pipelines import MNIST, Spec
+from runner.data_pipelines import MNIST, PipelineOptions, Spec
 
 EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every test example counts
 
@@ -233,16 +233,9 @@ def per_tower_batch(global_batch: int, towers: int) -> int:
     return global_batch // towers
 
 
-@dataclass(frozen=True)
-class _EvalOptions:
-    prefetch: int = -1
-    map_parallelism: int = -1
-    private_threads: int = 0
-
-
 def eval_batches(ds: Examples) -> Any:
     """Examples in their stored order, in float batches of EVAL_BATCH, the last partial batch kept."""
-    return ds.batched(EVAL_BATCH, _EvalOptions(), drop_remainder=False)
+    return ds.batched(EVAL_BATCH, PipelineOptions(), drop_remainder=False)  # the pipelines' default host options
 
 
 def eval_dataset(x: np.ndarray, y: np.ndarray, spec: Spec = MNIST):

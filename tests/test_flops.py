@@ -304,7 +304,7 @@ def test_a_sweep_probes_the_peak_once_before_its_jobs_and_not_again(peak, tmp_pa
     monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args))
     peak.probe_before_jobs()
     assert len(calls) == 1 and "probe_peak()" in calls[0][-1]
-    key = f"{peak._cpu_description()}|float32|{','.join(map(str, peak.SIZES))}"
+    key = peak.cache_key(peak._cpu_description())
     (tmp_path / "peak.json").write_text(json.dumps({key: {"gflops": 123.0}}))
     assert peak.cached_cpu_peak() == 123.0
     peak.probe_before_jobs()

@@ -218,6 +218,11 @@ def _write_cache(path: Path, key: str, entry: dict) -> None:
     os.replace(tmp, path)
 
 
+def cache_key(device: str, dtype: str = "float32", sizes: tuple[int, ...] = SIZES) -> str:
+    """A peak's entry in the cache: the device (CPU: model, flags digest, cores), dtype and the sizes swept."""
+    return f"{device}|{dtype}|{','.join(map(str, sizes))}"
+
+
 def probe_peak(
     device_name: str = "/device:CPU:0", dtype: str = "float32", sizes: tuple[int, ...] = SIZES, seconds: float = 0.5,
     cache_dir: Path | None = None, refresh: bool = False,
@@ -248,7 +253,7 @@ def probe_peak(
     if not supported:
         log.info("no native %s on %s: peak not probed", dtype, device)
         return None
-    key = f"{device}|{dtype}|{','.join(map(str, sizes))}"
+    key = cache_key(device, dtype, sizes)
     path = (cache_dir or runner_cache_dir()) / CACHE_FILE
     entry = _read_cache(path).get(key)
     old = float(entry.get("gflops", 0)) if isinstance(entry, dict) else 0.0
@@ -275,8 +280,7 @@ def probe_peak(
 
 def cached_cpu_peak(cache_dir: Path | None = None) -> float | None:
     """The host CPU's cached fp32 peak (default sizes), read without TensorFlow; None when not cached."""
-    entry = _read_cache((cache_dir or runner_cache_dir()) / CACHE_FILE).get(
-        f"{_cpu_description()}|float32|{','.join(map(str, SIZES))}")
+    entry = _read_cache((cache_dir or runner_cache_dir()) / CACHE_FILE).get(cache_key(_cpu_description()))
     return float(entry["gflops"]) if isinstance(entry, dict) and entry.get("gflops") else None
 
 
