@@ -229,7 +229,7 @@ def test_sharded_update_targets_compare_rows_of_the_same_pipeline_and_devices():
     from runner.bench.grid import sharded_update_targets
     from runner.bench.jobs import Job, Setting, Table
 
-    single = {"images_per_sec": 100.0, "optimizer_state_bytes_per_device": 4000.0, "step_time_over_floor": 1.2}
+    single = {"images_per_sec": 100.0, "optimizer_state_bytes_per_device": 4000.0, "step_time_over_floor": 1.12}
     rows = [(Job("single", 1, "runner single"), single),
             (Job("runner", 4, "r", "replicated", "split"), {"images_per_sec": 80.0}),
             (Job("runner", 4, "s", "sharded_update", "split"), {"images_per_sec": 88.0,
@@ -243,5 +243,42 @@ def test_sharded_update_targets_compare_rows_of_the_same_pipeline_and_devices():
         "(sharded x4)",
         "- PASS mlp/default: sharded_update optimizer state per device x N <= one device's + 1%: 2 of 2 hold; "
         "highest 1.008 (split x4)",
-        "- PASS mlp/default: runner single step <= 1.3x its floor: 1 of 1 hold; highest 1.20x (runner single)",
+        "- PASS mlp/default: runner single step <= 1.15x its floor: 1 of 1 hold; highest 1.12x (runner single)",
     ]
+
+
+def test_floors_rows_take_medians_over_rounds_and_judge_each_model():
+    """Made-up rounds: the row's medians and ranges, the per-round runner / Keras ratio, and the three targets."""
+    from runner.bench.floors import _row, targets
+    from runner.bench.jobs import Setting
+
+    runs = [{"images_per_sec": r, "step_time_ms": 1e3 * 128 / r, "floor_compute_ms": 3.0, "floor_update_ms": 0.5,
+             "step_time_over_floor": f, "mfu": u, "peak_gflops": 224.0}
+            for r, f, u in [(36000.0, 1.02, 0.52), (30000.0, 1.22, 1.04), (35000.0, 1.05, 0.50)]]
+    fits = [{"images_per_sec": 24000.0}, {"images_per_sec": 15000.0}, {"error": "killed"}]
+    setting = Setting("mlp", "default", 600, 50, 128, "mnist")
+    line, figures = _row(setting, runs, fits)
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0].startswith("mlp/default (1 failed: killed)") and cells[1] == "128"
+    assert cells[2] == "35,000 (30,000-36,000)" and cells[3] == "19,500 (15,000-24,000)"
+    assert figures["vs_keras"] == [1.5, 2.0] and cells[4] == "1.75 (1.50-2.00)"  # rounds with both jobs only
+    assert cells[8] == "1.05 (1.02-1.22)" and cells[9] == "52.0% (50.0%-104.0%)"
+    assert targets([(setting, figures)]) == [
+        "- PASS mlp/default: one-device step <= 1.15x its floor (median): 1 of 1 hold; highest 1.05x (runner single)",
+        "- PASS mlp/default: runner 1 device >= 1.5x keras fit (median of rounds): 1 of 1 hold; lowest 1.75x "
+        "(runner / keras)",
+        "- FAIL MFU <= 100% in every run: 2 of 3 hold; highest 104.0% (mlp/default)",
+    ]
+
+
+@pytest.mark.slow  # 2 fresh jobs, ~30 s
+def test_floors_benchmark_runs_each_model_and_keras_in_rounds(tmp_path):
+    out = tmp_path / "floors.md"
+    proc = subprocess.run([sys.executable, "-m", "runner.bench", "floors", "--models", "mlp", "--rounds", "1",
+                           "--steps", "100", "--steps-per-call", "25", "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
+                           "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = markdown_rows(out.read_text())
+    assert row["model"] == "mlp/default" and float(row["step / floor"]) > 0.5
+    assert float(row["runner / keras (per round)"]) > 0 and float(row["MFU"].rstrip("%")) > 0
+    assert "MFU <= 100% in every run: 1 of 1 hold" in out.read_text()

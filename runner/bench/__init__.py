@@ -18,6 +18,13 @@ and its range (a single run of a millisecond-step job can be a quarter off on a 
 
 is the same table for one model on 2 and 4 devices with the data-parallel strategies.
 
+    python -m runner.bench floors [--models mlp,cnn,nin,lenet] [--rounds 3] [--optimizer adam]
+
+runs, in each of R rounds, every built-in model on the runner's single device and in Keras fit (fresh processes)
+and prints one row per model: medians over the rounds of images/s, runner / Keras (each round's pair), step time,
+the floor's parts, step / floor, MFU and the probed peak; then whether each model's step is within 1.15x its floor,
+the runner at least as fast as Keras (the MLP: 1.5x), and MFU at most 100% in every run.
+
     python -m runner.bench settings [--groups calls,fused,xla,precision,threads,reduce] [--steps N]
 
 measures each speed setting users expect (steps per compiled call, fused optimizer updates, XLA, mixed

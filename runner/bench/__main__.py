@@ -9,6 +9,7 @@ import typing
 import runner.bench
 from runner.data_pipelines import DATASETS, PIPELINES
 from runner.models import MODELS
+from runner.bench.floors import built_in, floor_settings, floors
 from runner.bench.grid import DATA_PARALLEL, grid, settings
 from runner.bench.jobs import MIN_TIMED_STEPS, timed_steps
 from runner.bench.pipelines import pipelines
@@ -58,7 +59,8 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
 
 def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """At least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2."""
-    for s in settings(args) if args.command != "pipelines" else []:
+    todo = {"pipelines": lambda: [], "floors": floor_settings}.get(args.command, settings)(args)
+    for s in todo:
         n = timed_steps(s.steps, s.steps_per_call)
         if n < MIN_TIMED_STEPS or n < 2 * s.steps_per_call:
             parser.error(f"{s.name}: --steps {s.steps} --steps-per-call {s.steps_per_call} times only {n} steps "
@@ -82,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         parsed.add_argument("--batch", type=int, default=128)
         parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
         parsed.add_argument("--tracking-uri", default=None)
+    fl = sub.add_parser("floors", help="each built-in model's one-device step vs its floor, MFU and Keras fit, in rounds")
+    fl.add_argument("--models", "--model", dest="models", type=_names, default=built_in())
+    fl.add_argument("--rounds", type=_positive, default=3, help="rounds over every model's runner and Keras jobs")
+    fl.add_argument("--steps", type=int, default=None, help="steps per job (default: per model)")
+    fl.add_argument("--steps-per-call", type=int, default=None, help="steps per compiled call (default: per model)")
+    fl.add_argument("--batch", type=int, default=128)
+    fl.add_argument("--data", default="mnist", choices=DATASETS.names())
+    fl.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
+    fl.add_argument("--test-limit", type=int, default=1000, help="evaluate runner jobs on the first N test images")
+    fl.add_argument("--tracking-uri", default=None)
+    fl.add_argument("--out", default=None, help="also write the markdown to this file")
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
     st.add_argument("--steps", type=int, default=None, help="steps per job (default: the group's)")
@@ -96,11 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         _check_settings_steps(parser, args)
         return speed_settings(args)
     _check_steps(parser, args)
+    if args.command == "floors":
+        return floors(args)
     return pipelines(args) if args.command == "pipelines" else grid(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 if __name__ == "__main__":

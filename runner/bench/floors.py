@@ -1,0 +1,113 @@
+"""`floors`: each built-in model's one-device step beside its floor, its MFU and plain Keras fit, in rounds.
+
+Every round runs, for each model, the runner on one device and Keras fit, each in a fresh process, so that a slow
+spell of the host hits every model and both sides alike; rows show medians over the rounds and their range. The
+runner / Keras ratio is taken within each round (the two jobs ran back to back) before its median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
+from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, run_one
+from runner.models import MODELS
+
+MFU_LIMIT = 1.0  # above it the peak is wrong, not the machine
+JOBS = (Job("single", 1, "runner single", "single", "split"), Job("keras", 1, "keras fit"))
+
+
+def built_in() -> list[str]:
+    """The registered models with a target accuracy of their own: the built-in MNIST examples."""
+    return [n for n in MODELS.names() if MODELS.get(n).target_accuracy is not None]
+
+
+def floor_settings(args: argparse.Namespace) -> list[Setting]:
+    """One setting per model: its default variant (if it has variants) and its steps (given, or DEFAULT_STEPS)."""
+    out = []
+    for model in args.models:
+        variant = "default" if (model, "default") in DEFAULT_STEPS else None
+        steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
+        out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
+                           args.data, args.test_limit, args.optimizer))
+    return out
+
+
+def _median_range(values: list[float], fmt: str) -> str:
+    """`median (low-high)`, or the one value, or '-' when nothing was measured."""
+    if not values:
+        return "-"
+    text = format(statistics.median(values), fmt)
+    return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dict[str, list[float]]]:
+    """One model's markdown row and the per-round figures its targets are judged on."""
+    ok = [m for m in runs if "images_per_sec" in m]
+    get = lambda key, ms=ok: [m[key] for m in ms if key in m]  # noqa: E731
+    ratios = [r["images_per_sec"] / k["images_per_sec"] for r, k in zip(runs, fits)
+              if "images_per_sec" in r and "images_per_sec" in k]
+    figures = {"step_over_floor": get("step_time_over_floor"), "mfu": get("mfu"), "vs_keras": ratios}
+    errors = [m["error"] for m in [*runs, *fits] if "error" in m]
+    cells = [setting.name, str(setting.batch), _median_range(get("images_per_sec"), ",.0f"),
+             _median_range(get("images_per_sec", [k for k in fits if "images_per_sec" in k]), ",.0f"),
+             _median_range(ratios, ".2f"), _median_range(get("step_time_ms"), ".2f"),
+             _median_range(get("floor_compute_ms"), ".2f"), _median_range(get("floor_update_ms"), ".2f"),
+             _median_range(figures["step_over_floor"], ".2f"), _median_range(figures["mfu"], ".1%"),
+             _median_range(get("peak_gflops"), ",.0f")]
+    if errors:
+        cells[0] += f" ({len(errors)} failed: {errors[0][:60].replace('|', '/')})"
+    return "| " + " | ".join(cells) + " |", figures
+
+
+def floors(args: argparse.Namespace) -> int:
+    """Each built-in model's one-device step against its floor and Keras fit, in `args.rounds` rounds."""
+    from runner.tracking import ensure_experiment, resolve_uri
+
+    uri, experiment = resolve_uri(args.tracking_uri), "bench_floors"
+    ensure_experiment(uri, experiment)
+    todo = floor_settings(args)
+    progress, t0 = Progress(len(todo) * len(JOBS) * args.rounds), time.perf_counter()
+    runs: dict[tuple[Setting, Job], list[dict]] = {(s, j): [] for s in todo for j in JOBS}
+    for _ in range(args.rounds):
+        for setting in todo:
+            for job in JOBS:
+                runs[setting, job].append(run_one(setting, job, uri, experiment, progress))
+    out: list[str] = []
+    emit(out, [
+        f"## Each model's one-device step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
+        f"Runner single (split pipeline) and Keras fit on one device, each in a fresh process, every model in every "
+        f"round; optimizer {args.optimizer}, data {args.data}; {len(todo) * len(JOBS) * args.rounds} jobs in "
+        f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
+        "| model | global batch | runner images/s | keras fit images/s | runner / keras (per round) | step ms "
+        "| floor: forward + backward ms | floor: update ms | step / floor | MFU | peak GFLOP/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"])
+    judged = []
+    for setting in todo:
+        line, figures = _row(setting, runs[setting, JOBS[0]], runs[setting, JOBS[1]])
+        emit(out, [line])
+        judged.append((setting, figures))
+    emit(out, ["", *targets(judged)])
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    return 1 if any("error" in m for ms in runs.values() for m in ms) else 0
+
+
+def targets(judged: list[tuple[Setting, dict[str, list[float]]]]) -> list[str]:
+    """Per model: the median step / floor and runner / Keras against their targets; MFU at most 1 in every run."""
+    lines = []
+    for s, figures in judged:
+        floor = statistics.median(figures["step_over_floor"]) if figures["step_over_floor"] else None
+        vs = statistics.median(figures["vs_keras"]) if figures["vs_keras"] else None
+        need = KERAS_TARGET.get(s.model, 1.0)
+        lines.append(check(f"{s.name}: one-device step <= {FLOOR_TARGET}x its floor (median)",
+                           [("runner single", floor)], lambda v: v <= FLOOR_TARGET, "highest", lambda v: f"{v:.2f}x"))
+        lines.append(check(f"{s.name}: runner 1 device >= {need}x keras fit (median of rounds)",
+                           [("runner / keras", vs)], lambda v, n=need: v >= n, "lowest", lambda v: f"{v:.2f}x"))
+    mfu = [(s.name, v) for s, figures in judged for v in figures["mfu"]]
+    lines.append(check(f"MFU <= {MFU_LIMIT:.0%} in every run", mfu, lambda v: v <= MFU_LIMIT, "highest",
+                       lambda v: f"{v:.1%}"))
+    return lines
