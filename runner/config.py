@@ -130,6 +130,15 @@ class SweepConf:
     """Multirun (`-m`) settings."""
 
     resume: bool = False  # skip combinations that already have a FINISHED run of the same config
+    # Runs of each combination, in interleaved rounds (every combination once, then again), so that the verdict
+    # can tell a margin from the noise between runs; `-m` only.
+    repeats: int = 1
+    round: int = 0  # set by the sweep for each job (0 to repeats - 1); part of the config hash from round 1 on
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        "repeats": (positive, "a positive number of runs per combination"),
+        "round": (non_negative, "0 or a positive round number (the sweep sets it from sweep.repeats)"),
+    }
 
 
 @dataclass
@@ -222,8 +231,11 @@ def allowed(key: str) -> str | None:
 def config_hash(cfg: DictConfig) -> str:
     """A stable hash of what a run computes: the resolved config without tracking, sweep and checkpoint settings."""
     data = OmegaConf.to_container(cfg, resolve=True)
+    repeat = data.get("sweep", {}).get("round", 0)
     for key in ("mlflow", "sweep"):
         data.pop(key, None)
+    if repeat:  # a repeat is a run of its own (checkpoints, resume), round 0 the same config as a single run
+        data["round"] = repeat
     for key in ("checkpoint_every", "checkpoint_dir"):  # where and how often to save changes nothing computed
         data.get("train", {}).pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

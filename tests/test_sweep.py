@@ -180,3 +180,54 @@ def test_ctrl_c_ends_the_sweep_and_its_running_job_killed(tmp_path):
     children = _children(df)
     assert parent["status"] == "KILLED"
     assert list(children["status"]) == ["KILLED"], children[["status", "tags.error"]]  # the second job never began
+
+
+def test_repeats_put_the_rounds_first_so_every_combination_runs_once_per_round():
+    from runner.cli.overrides import expand_repeats
+
+    args = ["-m", "--config-dir", "conf2", "strategy=single,replicated", "sweep.repeats=3"]
+    assert expand_repeats(args) == (["-m", "--config-dir", "conf2", "sweep.round=range(3)",
+                                     "strategy=single,replicated", "sweep.repeats=3"], None)
+    assert expand_repeats(["-m", "strategy=single", "sweep.repeats=1"]) == (["-m", "strategy=single",
+                                                                             "sweep.repeats=1"], None)
+    assert expand_repeats(["-m", "sweep.repeats=x"])[1] == ("sweep.repeats=x is not allowed; expected a positive "
+                                                             "number of runs per combination")
+    _, error = expand_repeats(["strategy=single", "sweep.repeats=3"])
+    assert error.startswith("sweep.repeats=3 runs each combination of a sweep 3 times: add -m")
+    assert expand_repeats(["sweep.round=1", "sweep.repeats=3"]) == (["sweep.round=1", "sweep.repeats=3"], None)
+    _, error = expand_repeats(["-m", "sweep.round=0,1", "sweep.repeats=2"])
+    assert error == "sweep.round is set by the sweep from sweep.repeats; give sweep.repeats alone"
+
+
+def test_a_repeat_is_a_config_of_its_own_from_the_second_round_on():
+    from conftest import compose
+
+    from runner.config import validate
+
+    def digest(*overrides):
+        return validate(compose("debug=smoke", *overrides)).config_hash
+
+    assert digest() == digest("sweep.repeats=3") == digest("sweep.repeats=3", "sweep.round=0")
+    assert len({digest(), digest("sweep.round=1"), digest("sweep.round=2")}) == 3  # own checkpoints and resume
+
+
+def test_sweep_repeats_refused_in_one_line(tmp_path):
+    for args, wanted in [(["-m", "debug=smoke", "sweep.repeats=0"], "error: sweep.repeats=0"),
+                         (["debug=smoke", "sweep.repeats=2"], "error: sweep.repeats=2 runs each combination")]:
+        proc = run_cli(*args, cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith(wanted), proc.stderr[-500:]
+
+
+@pytest.mark.slow  # 4 smoke jobs and 2 more on resume, ~50 s
+def test_repeats_run_in_rounds_and_the_verdict_reads_their_spread(tmp_path):
+    proc = run_cli("-m", "debug=smoke", "strategy=single,replicated", "gpus=1", "sweep.repeats=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    children = _children(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")).sort_values("start_time")
+    assert list(zip(children["tags.sweep.round"], children["tags.strategy"])) == [
+        ("1 of 2", "single"), ("1 of 2", "replicated"), ("2 of 2", "single"), ("2 of 2", "replicated")]
+    assert children["tags.config_hash"].nunique() == 4
+    verdict = next(line for line in proc.stderr.splitlines() if line.startswith("verdict:"))
+    assert "run-to-run spread" in verdict and "repeats of " in verdict
+    again = run_cli("-m", "debug=smoke", "strategy=single,replicated", "gpus=1", "sweep.repeats=3",
+                    "sweep.resume=true", cwd=tmp_path)
+    assert "sweep: 6 jobs: 2 finished, 0 failed, 4 skipped" in again.stderr  # only the third round runs

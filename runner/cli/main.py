@@ -14,12 +14,14 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from runner.cli.overrides import check_group_overrides, check_launch_dir, explain
+from runner.cli.overrides import check_group_overrides, check_launch_dir, expand_repeats, explain
 from runner.config import CONF_DIR
 from runner.errors import UserError
 
 log = logging.getLogger("runner")
 USER_ERROR_EXIT = 2
+
+
 def _fail(message: str) -> None:
     from runner.tracking.redact import redact
 
@@ -128,7 +130,9 @@ def cli() -> None:
 
         sys.exit(replay_main(sys.argv[2:]))
     tracking.bound_http_retries()
-    error = check_group_overrides(sys.argv[1:]) or check_launch_dir(sys.argv[1:])
+    args, error = expand_repeats(sys.argv[1:])
+    sys.argv[1:] = args
+    error = error or check_group_overrides(sys.argv[1:]) or check_launch_dir(sys.argv[1:])
     if error:
         _fail(error)
     signals.install()

@@ -16,8 +16,27 @@ HYDRA_RULES = {
     "hydra.launcher.n_jobs": (lambda v: isinstance(v, int) and v != 0 and v >= -(os.cpu_count() or 1),
                               "a positive number of parallel jobs, or -1 for one per CPU"),
 }
+MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
+def expand_repeats(args: list[str]) -> tuple[list[str], str | None]:
+    """`sweep.repeats=R` (R > 1) in a multirun: a sweep over `sweep.round=range(R)` put before every other swept
+    key. Hydra's sweeper varies the first swept key slowest, so every combination runs once per round, round after
+    round (a slow spell of the host hits all combinations alike). Returns the arguments and an error line (None if
+    fine)."""
+    repeats = [a.split("=", 1)[1] for a in args if a.startswith("sweep.repeats=")]
+    if repeats and not (repeats[-1].isdigit() and int(repeats[-1]) > 0):  # refused before any job starts
+        return args, f"sweep.repeats={repeats[-1]} is not allowed; expected {allowed('sweep.repeats')}"
+    if not repeats or int(repeats[-1]) < 2:
+        return args, None
+    multirun, rounds = any(a in MULTIRUN_FLAGS for a in args), any(a.startswith("sweep.round=") for a in args)
+    if not multirun:  # with sweep.round: one job of a sweep, started by it
+        return args, None if rounds else (f"sweep.repeats={repeats[-1]} runs each combination of a sweep "
+                                          f"{repeats[-1]} times: add -m (a single run has nothing to repeat against)")
+    if rounds:
+        return args, "sweep.round is set by the sweep from sweep.repeats; give sweep.repeats alone"
+    first = next(i for i, a in enumerate(args) if "=" in a and not a.startswith("-"))  # flags stay before it
+    return [*args[:first], f"sweep.round=range({int(repeats[-1])})", *args[first:]], None
 
 
 def config_dirs(args: list[str]) -> tuple[Path, ...]:

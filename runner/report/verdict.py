@@ -159,7 +159,7 @@ class Verdict:
         if self.runner_up is not None and self.over_runner_up is not None:
             parts.append(f"{self.over_runner_up:.2f}x {self.runner_up.name}")
             noise = {True: "beyond the noise", False: "within the noise",
-                     None: "noise unknown (single runs: repeat them to know)"}[self.beyond_noise]
+                     None: "noise unknown (single runs: repeat them, sweep.repeats=3, to know)"}[self.beyond_noise]
             parts.append(f"{noise} ({self.spread})" if self.beyond_noise is not None and self.spread else noise)
         if self.over_one_device is not None:
             parts.append(f"{self.over_one_device:.2f}x 1 device")

@@ -104,6 +104,8 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
         "mlflow.source.name": redact(command_line()),
         "mlflow.source.type": "LOCAL",
     }
+    if cfg.sweep.repeats > 1:  # which run of its combination this is (sweep.repeats)
+        tags["sweep.round"] = f"{cfg.sweep.round + 1} of {cfg.sweep.repeats}"
     commit = _git_commit()
     if commit:
         tags["mlflow.source.git.commit"] = commit
