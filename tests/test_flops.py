@@ -231,7 +231,7 @@ def test_probe_notices_other_processes_using_the_cpus(peak):
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.1)
-        _, share = peak._timed_with_others_share(lambda: time.sleep(0.5))
+        _, share = peak.timed_with_others_share(lambda: time.sleep(0.5))
     finally:
         spinner.kill()
         spinner.wait()

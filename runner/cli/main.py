@@ -125,6 +125,10 @@ def cli() -> None:
         from runner.cli.check import main as check_main
 
         sys.exit(check_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["predict"]:
+        from runner.cli.predict import main as predict_main
+
+        sys.exit(predict_main(sys.argv[2:]))
     if sys.argv[1:2] == ["replay"]:
         from runner.cli.replay import main as replay_main
 

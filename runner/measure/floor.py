@@ -24,7 +24,7 @@ from typing import Any
 TOUCHED = {"adam": 3 + 4, "momentum": 3 + 2, "rmsprop": 3 + 2, "sgd": 3}
 
 
-def _timed(fn: Any, repeats: int = 5) -> float:
+def median_seconds(fn: Any, repeats: int = 5) -> float:
     """Median seconds of `fn()` after two warm-up calls (tracing, first allocations)."""
     fn()
     fn()
@@ -38,27 +38,39 @@ def _timed(fn: Any, repeats: int = 5) -> float:
 
 def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 10) -> float:
     """Seconds per forward and backward pass of `model` on `batch` images on `device` (gradients not applied)."""
+    return towers_seconds([model], batch, [device], calls)
+
+
+def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5) -> float:
+    """Seconds per step of forward and backward passes of every tower at once: `models[i]` on `batch` images on
+    `devices[i]`, as the towers of a data-parallel step run (what N towers on shared cores do to each other shows).
+    """
     import keras
     import tensorflow as tf
 
-    with tf.device(device):
-        x = tf.random.uniform((batch, *model.input_shape[1:]))  # (B, H, W, C)
-        y = tf.random.uniform((batch,), maxval=model.output_shape[-1], dtype=tf.int32)  # (B,)
+    feeds = []
+    for model, device in zip(models, devices):
+        with tf.device(device):
+            feeds.append((tf.random.uniform((batch, *model.input_shape[1:])),  # (b, H, W, C)
+                          tf.random.uniform((batch,), maxval=model.output_shape[-1], dtype=tf.int32)))  # (b,)
+
+    def tower(model: Any, device: str, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.device(device), tf.GradientTape() as tape:
+            logits = tf.cast(model(x, training=True), tf.float32)  # (b, classes)
+            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        return tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])  # every gradient is needed
 
     @tf.function(autograph=False)
     def passes() -> tf.Tensor:
         def one(i, total):
-            with tf.device(device), tf.GradientTape() as tape:
-                logits = tf.cast(model(x, training=True), tf.float32)  # (B, classes)
-                loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            return i + 1, total + tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])  # every gradient is needed
+            return i + 1, total + tf.add_n([tower(m, d, x, y) for m, d, (x, y) in zip(models, devices, feeds)])
 
         # One pass at a time: left to overlap (the loop's default), independent passes fill the cores in a way no
         # training step can, and the floor of a model of small matmuls (the MLP) comes out below what it costs.
         return tf.while_loop(lambda i, _: i < calls, one, (tf.constant(0), tf.constant(0.0)), parallel_iterations=1)[1]
 
-    return _timed(lambda: float(passes())) / calls
+    return median_seconds(lambda: float(passes()), repeats) / calls
 
 
 def bandwidth_bytes_per_second(device: str, megabytes: int = 64) -> float:
@@ -73,7 +85,7 @@ def bandwidth_bytes_per_second(device: str, megabytes: int = 64) -> float:
     def copy() -> None:
         target.assign(source * 1.0001)
 
-    return 2 * (megabytes << 20) / _timed(lambda: copy())
+    return 2 * (megabytes << 20) / median_seconds(lambda: copy())
 
 
 def floor_step_ms(model: Any, batch: int, optimizer: str, device: str) -> dict[str, float]:

@@ -172,7 +172,7 @@ def _busy_seconds(cpus: set[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _timed_with_others_share(run: Callable[[], float]) -> tuple[float, float]:
+def timed_with_others_share(run: Callable[[], float]) -> tuple[float, float]:
     """(run(), share of the CPUs' time other processes used meanwhile): above ~0.25 the probe was disturbed."""
     cpus = _cpus()
     busy, own, wall = _busy_seconds(cpus), time.process_time(), time.perf_counter()
@@ -187,7 +187,7 @@ def _measure(device_name: str, dtype: str, size: int, seconds: float) -> tuple[f
     """(GFLOP/s, share of the CPUs other processes used meanwhile; 0 for GPUs, which they do not slow)."""
     if "GPU" in device_name.upper():
         return _benchmark(device_name, dtype, size, seconds), 0.0
-    return _timed_with_others_share(lambda: _benchmark(device_name, dtype, size, seconds))
+    return timed_with_others_share(lambda: _benchmark(device_name, dtype, size, seconds))
 
 
 def _sweep(device_name: str, dtype: str, sizes: tuple[int, ...], seconds: float) -> tuple[float, int, float]:

@@ -103,6 +103,30 @@ class Strategy(Protocol):
         return None
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """What a strategy's step does beyond its towers' forward and backward passes, in counts a reader can check by
+    hand (the cost model, runner/predict/, prices them with this machine's calibrations).
+
+    Attributes:
+        update_copies: full optimizer updates per step, summed over the devices (replicated: N; sharded: N
+            updates of 1/N each, so 1).
+        reduce_bytes: bytes read plus written per step, summed over the devices, to combine the towers' gradients
+            and give every tower the new weights (additions, divisions, slices, concatenations, assignments).
+        moved_bytes: bytes sent from one device to another per step (on devices sharing one host's memory a send
+            may copy nothing: the calibration of the transfer says what it costs).
+        messages: cross-device transfers per step (each pays a latency, whatever its size).
+        ops: ops per step beyond the towers' forward and backward (updates, sums, divisions, slices, assignments),
+            each paying the executor's fixed cost per op.
+    """
+
+    update_copies: float
+    reduce_bytes: float
+    moved_bytes: float
+    messages: int
+    ops: int
+
+
 @runtime_checkable
 class StrategyOptions(Protocol):
     """A strategy's options, checked before TensorFlow starts."""
@@ -126,6 +150,10 @@ class StrategyOptions(Protocol):
 
     def describe_batch_norm(self) -> str:
         """What it does with batch normalization's batch and moving statistics (the run's `batch_norm` tag)."""
+
+    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+        """Its step's work beyond the towers on `devices` devices for a model of `weight_bytes` bytes of weights in
+        `variables` variables. Raises ConfigError when the cost model does not cover it."""
 
 
 @dataclass
@@ -159,6 +187,10 @@ class StrategyBase:
     def peer_wait(self) -> float | None:
         return None
 
+    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+        raise ConfigError(f"strategy={self.name} has no cost model (runner/predict/ covers the data-parallel "
+                          f"strategies of one process: {', '.join(predictable())})")
+
     @classmethod
     def takes(cls, gpus: int) -> bool:
         """Whether this strategy runs on `gpus` devices."""
@@ -180,3 +212,8 @@ class StrategyBase:
 
 
 STRATEGIES = Registry("strategy", __name__)
+
+
+def predictable() -> list[str]:
+    """The registered strategies the cost model covers: those that define their own `traffic`."""
+    return [n for n in STRATEGIES.names() if STRATEGIES.get(n).traffic is not StrategyBase.traffic]

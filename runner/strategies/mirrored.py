@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from runner.runtime.devices import nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
     make_evaluate, moving_state, per_example_loss, steps_loop, synchronize_batch_norm, touch,
 )
@@ -67,6 +67,13 @@ class Mirrored(StrategyBase):
     def build(self, devices: Devices, training: Training) -> Replicas:
         return Replicas(self.distribution(devices), devices, training, input_api=self.input == "distribute",
                         sync_batch_norm=self.sync_batch_norm)
+
+    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+        """All-reduce of each gradient (reduced on one device, as reduce_to_one_device does on CPUs: N - 1 sent,
+        summed, divided, sent back to N - 1 replicas) and an update of each of the N mirrored copies."""
+        n, w = devices, weight_bytes
+        return Traffic(update_copies=n, reduce_bytes=(n + 3) * w, moved_bytes=2 * (n - 1) * w,
+                       messages=2 * (n - 1) * variables, ops=2 * variables + n * variables)
 
     def distribution(self, devices: Devices) -> tf.distribute.Strategy:
         """The tf.distribute strategy: MirroredStrategy over this process's devices."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
     average_moving_state, copies_of_moving_state, drain_loop, make_evaluate, per_example_loss, steps_loop,
 )
@@ -65,6 +65,13 @@ class Replicated(StrategyBase):
     def build(self, devices: Devices, training: Training) -> Towers:
         return Towers(list(devices.names), training)
 
+    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+        """`average`: each variable's N gradients summed (read N, write 1) and divided (read 1, write 1) on one
+        device, the N - 1 others' gradients sent there and the mean sent back to N - 1 copies; N updates."""
+        n, w = devices, weight_bytes
+        return Traffic(update_copies=n, reduce_bytes=(n + 3) * w, moved_bytes=2 * (n - 1) * w,
+                       messages=2 * (n - 1) * variables, ops=2 * variables + n * variables)
+
 
 @STRATEGIES.register
 @dataclass
@@ -80,6 +87,13 @@ class ParameterServer(StrategyBase):
     def build(self, devices: Devices, training: Training) -> Towers:
         home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
         return Towers(list(devices.names), training, ps_device=home)
+
+    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+        """Every tower's gradients go to the one copy (N sent), are summed and divided there, one update; every
+        tower reads the weights from it (N sent back)."""
+        n, w = devices, weight_bytes
+        return Traffic(update_copies=1, reduce_bytes=(n + 3) * w, moved_bytes=2 * n * w,
+                       messages=2 * n * variables, ops=3 * variables)
 
 
 class Towers(Strategy):

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import make_evaluate, steps_loop
 from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, tower_gradients
 
@@ -57,6 +57,14 @@ class ShardedUpdate(StrategyBase):
 
     def build(self, devices: Devices, training: Training) -> ShardedTowers:
         return ShardedTowers(list(devices.names), training)
+
+    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+        """Each tower cuts its gradients into N slices (read and write W each); device j sums and divides its slice
+        of the N towers ((N + 3) W over the devices); N updates of 1/N; every device assembles the N updated slices
+        and writes them into its copy (4 W each). Slices travel to their owner and back: 2 (N - 1) W."""
+        n, w = devices, weight_bytes
+        return Traffic(update_copies=1, reduce_bytes=(2 * n + n + 3 + 4 * n) * w, moved_bytes=2 * (n - 1) * w,
+                       messages=2 * n * (n - 1), ops=n * (variables + n) + 3 * n + 3 * n * variables)
 
 
 def _flat(tensors: list[tf.Tensor], padding: int) -> tf.Tensor:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
     copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop,
 )
@@ -34,6 +34,10 @@ class Single(StrategyBase):
 
     def build(self, devices: Devices, training: Training) -> SingleDevice:
         return SingleDevice(devices.names[0], training)
+
+    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+        """One update; nothing to combine or move."""
+        return Traffic(update_copies=1, reduce_bytes=0, moved_bytes=0, messages=0, ops=variables)
 
 
 class SingleDevice(Strategy):

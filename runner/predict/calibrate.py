@@ -1,0 +1,244 @@
+"""Calibrations of this machine for the cost model: microbenchmarks of seconds, cached per host and device set.
+
+Each runs in a process whose devices are set up exactly as a run's would be (the same count, kind and thread pools),
+because that is what they measure:
+
+- **machine** (any model): memory bandwidth (copying a large tensor), the executor's fixed cost of one small op in a
+  compiled step, and a cross-device send's latency and bandwidth (a tensor passed back and forth between devices 0
+  and 1, less the same ops on one device; on simulated devices a send may copy nothing, and this says so);
+- **towers** (per model, per-tower batch): the forward and backward passes of N towers at once, one step after the
+  other (runner/measure/floor.py's `towers_seconds`): what N towers on the host's cores, or on devices of their
+  own, do to each other;
+- **input** (per pipeline, data and global batch): the pipeline alone feeding N towers, seconds per step.
+
+Entries are cached in `<cache dir>/calibration.json` under a key naming the host CPU, the device set and threads,
+and what was measured; each records when and on what. `runner predict --recalibrate` measures again.
+On GPUs they run the same way (untested here: the development machine has none).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from runner.measure.floor import median_seconds
+from runner.paths import cache_dir as runner_cache_dir
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = "calibration.json"
+RESULT = "calibration-result: "  # the child's stdout line the parent reads
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def device_set_key(plan: Any) -> str:
+    """The host CPU, the device count and the thread settings: what every calibration of a group shares."""
+    from runner.runtime.devices import host_cpu
+
+    t = plan.train
+    return f"{host_cpu()}|gpus={plan.gpus}|threads={t.intra_op_threads},{t.inter_op_threads}"
+
+
+def towers_key(plan: Any) -> str:
+    """What the towers' time depends on: the model's options, the example spec, the per-tower batch, precision."""
+    from dataclasses import asdict
+
+    spec = (plan.spec.shape, plan.spec.dtype, plan.spec.classes)
+    what = [asdict(plan.model), spec, plan.train.per_device_batch_size, plan.train.precision, plan.train.seed]
+    return f"{device_set_key(plan)}|towers|{plan.model.name}|{_digest(what)}"
+
+
+def input_key(plan: Any) -> str:
+    """What the input's time depends on: the pipeline's options, the data's, the global batch."""
+    from dataclasses import asdict
+
+    what = [asdict(plan.pipeline), dict(plan.cfg.data), plan.train.global_batch_size]
+    return f"{device_set_key(plan)}|input|{plan.pipeline.name}|{_digest(what)}"
+
+
+def machine_key(plan: Any) -> str:
+    return f"{device_set_key(plan)}|machine"
+
+
+# ---- the cache ------------------------------------------------------------------------------------------------
+
+
+def cache_path(cache_dir: Path | None = None) -> Path:
+    return (cache_dir or runner_cache_dir()) / CACHE_FILE
+
+
+def read_cache(cache_dir: Path | None = None) -> dict[str, dict]:
+    """Every cached calibration; a missing or unreadable file is an empty cache (they are measured again)."""
+    try:
+        data = json.loads(cache_path(cache_dir).read_text())
+        return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        log.warning("ignoring unreadable calibration cache %s: %s", cache_path(cache_dir), err)
+        return {}
+
+
+def write_cache(entries: dict[str, dict], cache_dir: Path | None = None) -> None:
+    """Add `entries`, atomically (a reader never sees a half-written file)."""
+    path = cache_path(cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {**read_cache(cache_dir), **entries}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+# ---- the microbenchmarks (in the child, TensorFlow set up as a run would) ------------------------------------
+
+
+def op_seconds(device: str, ops: int = 200) -> float:
+    """The executor's fixed cost of one small op in a compiled step: a chain of `ops` scalar additions."""
+    import tensorflow as tf
+
+    @tf.function(autograph=False)
+    def chain() -> tf.Tensor:
+        with tf.device(device):
+            x = tf.constant(0.0)
+            for _ in range(ops):
+                x = x + 1.0
+            return x
+
+    return median_seconds(lambda: float(chain())) / ops
+
+
+def send_seconds(devices: list[str], size: int, hops: int = 20) -> float:
+    """Seconds of one send of `size` floats from devices[0] to devices[1] and back, halved, less the same ops on
+    one device: what crossing devices adds. One device only: 0."""
+    import tensorflow as tf
+
+    if len(devices) < 2:
+        return 0.0
+
+    def bounce(where: list[str]):
+        with tf.device(where[0]):
+            x = tf.Variable(tf.ones((size,)))
+
+        @tf.function(autograph=False)
+        def run() -> tf.Tensor:
+            y = x.read_value()
+            for i in range(hops):
+                with tf.device(where[i % 2]):
+                    y = y * 1.0000001  # a real op on each side, so the tensor must be there
+            return tf.reduce_sum(y[:1])
+
+        return median_seconds(lambda: float(run()))
+
+    crossing, staying = bounce(devices[:2]), bounce([devices[0], devices[0]])
+    return max(crossing - staying, 0.0) / hops
+
+
+def machine(devices: list[str], shared: bool) -> dict[str, Any]:
+    """The model-independent figures of this device set; `shared`: its devices share one processor."""
+    from runner.measure.floor import bandwidth_bytes_per_second
+
+    small, large = 16, 1 << 22  # floats: latency, then 16 MB for the bandwidth
+    latency = send_seconds(devices, small)
+    per_large = send_seconds(devices, large)
+    extra = max(per_large - latency, 0.0)
+    return {"bandwidth_bytes_per_s": bandwidth_bytes_per_second(devices[0]), "op_seconds": op_seconds(devices[0]),
+            "send_latency_s": latency, "send_bytes_per_s": (4 * large / extra) if extra > 0 else float("inf"),
+            "shared": shared}
+
+
+def towers(plan: Any, devices: list[str], training: Any) -> dict[str, float]:
+    """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch; and the
+    model's trainable weights (float32 bytes, as the variables are kept in every precision) and variables."""
+    import tensorflow as tf
+
+    from runner.measure.floor import towers_seconds
+
+    models = []
+    for device in devices:
+        with tf.device(device):
+            models.append(training.model_fn(training.seed))
+    seconds = towers_seconds(models, plan.train.per_device_batch_size, devices, calls=3, repeats=3)
+    variables = models[0].trainable_variables
+    return {"seconds": seconds, "weight_bytes": 4 * sum(int(v.shape.num_elements()) for v in variables),
+            "variables": len(variables)}
+
+
+def input_seconds(plan: Any, devices: list[str], examples: Any, steps: int = 100) -> float:
+    """Seconds per step of the pipeline alone feeding every tower (each batch touched on its device)."""
+    import tensorflow as tf
+
+    from runner.strategies.common import drain_loop
+
+    towers = devices if plan.strategy.data_parallel else devices[:1]
+    batches = plan.pipeline.towers(examples, plan.train.global_batch_size, list(towers), plan.train.seed)
+    loop = drain_loop(batches.next)
+    loop(tf.constant(steps))  # tracing, first fills of the buffers
+    t0 = time.perf_counter()
+    loop(tf.constant(steps))
+    return (time.perf_counter() - t0) / steps
+
+
+def measure(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
+    """In this process: every calibration in `wanted` (keys) for the combinations given as overrides, which share
+    one device set; each entry with the figures, what it ran on and the share of the CPUs other processes used
+    meanwhile (above peak.BUSY the figures are not trusted: the parent does not cache them)."""
+    from runner.config import compose, validate
+    from runner.measure.peak import timed_with_others_share
+
+    out, others = timed_with_others_share(lambda: _measure_all([validate(compose(o)) for o in overrides], wanted))
+    return {key: {**entry, "others_cpu_share": round(others, 2)} for key, entry in out.items()}
+
+
+def _measure_all(plans: list[Any], wanted: set[str]) -> dict[str, dict]:
+    """The calibrations `wanted` for `plans` (one device set), set up as their runs would be."""
+    from runner.experiment import training_for
+    from runner.runtime import devices as devices_mod
+
+    first = plans[0]
+    devs = devices_mod.setup(first.gpus, first.train.intra_op_threads, first.train.inter_op_threads)
+    import keras
+
+    conditions = {"measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": devices_mod.host_cpu(),
+                  "devices": f"{devs.count} {'simulated ' if devs.simulated else ''}{devs.kind}",
+                  "physical": devs.physical}
+    names, out = list(devs.names), {}
+    if machine_key(first) in wanted:
+        shared = devs.simulated or devs.kind == "CPU"
+        out[machine_key(first)] = {**machine(names, shared), **conditions}
+    data = {}
+    for plan in plans:
+        keras.mixed_precision.set_dtype_policy(plan.train.precision)
+        towered = names if plan.strategy.data_parallel else names[:1]
+        if towers_key(plan) in wanted and towers_key(plan) not in out:
+            out[towers_key(plan)] = {**towers(plan, towered, training_for(plan)), **conditions}
+        if input_key(plan) in wanted and input_key(plan) not in out:
+            name = json.dumps(dict(plan.cfg.data), sort_keys=True, default=str)
+            if name not in data:
+                data[name] = plan.data.load(plan.train.seed)
+            out[input_key(plan)] = {"seconds": input_seconds(plan, names, data[name].train()), **conditions}
+    return out
+
+
+def child(spec_path: str) -> int:
+    """`python -m runner.predict.calibrate SPEC.json`: measure, print one result line, exit without teardown."""
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        result = measure(spec["overrides"], set(spec["wanted"]))
+    except Exception as e:  # noqa: BLE001 - reported by the parent as this group's error
+        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    sys.stdout.write(RESULT + json.dumps(result) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # TensorFlow's teardown does nothing needed here (runner.cli.main._exit_now says why)
+
+
+if __name__ == "__main__":
+    sys.exit(child(sys.argv[1]))

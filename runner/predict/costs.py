@@ -1,0 +1,80 @@
+"""A combination's predicted step time, as a sum of named terms (seconds per step):
+
+- `towers`: the forward and backward passes of the N towers at their per-tower batch, all at once (calibrated:
+  what N towers on shared cores, or on devices of their own, do to each other is in the measurement);
+- `update`: the optimizer's memory traffic (weights, gradients and slots read and written, runner/measure/floor.py's
+  TOUCHED) times the strategy's update copies, at the measured memory bandwidth;
+- `reduce`: combining the towers' gradients and handing out the new weights: the strategy's arithmetic bytes at the
+  memory bandwidth, its cross-device bytes at the measured send bandwidth, and one send latency per message;
+- `ops`: the strategy's small ops beyond the towers (updates, sums, slices, assignments) at the executor's measured
+  fixed cost per op;
+- `input`: the pipeline alone feeding every tower for one step (calibrated).
+
+On devices that share one processor (simulated devices, or CPUs) the devices' update and reduce work queues for the
+same memory and cores, so it adds up over the devices; on devices of their own it runs side by side, so the sum is
+divided by N. What a strategy does is its own `traffic` (runner/strategies/), counted by hand from its code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runner.measure.floor import TOUCHED
+
+TERMS = ("towers", "update", "reduce", "ops", "input")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A combination's predicted step: its terms (seconds per step) and what follows from them."""
+
+    combination: str
+    global_batch: int
+    terms: dict[str, float]
+
+    @property
+    def step_seconds(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def images_per_sec(self) -> float:
+        return self.global_batch / self.step_seconds
+
+    @property
+    def dominant(self) -> str:
+        """The largest term, with its share of the step."""
+        name = max(self.terms, key=self.terms.get)
+        return f"{name} {self.terms[name] / self.step_seconds:.0%}"
+
+    def metrics(self) -> dict[str, float]:
+        """What a run logs: the predicted rate and each term in ms per step."""
+        return {"predicted_images_per_sec": self.images_per_sec, "predicted_step_ms": 1e3 * self.step_seconds,
+                **{f"predicted_{name}_ms": 1e3 * value for name, value in self.terms.items()}}
+
+
+def combination(plan: Any) -> str:
+    """`model/variant strategy/pipeline xN`, as the report names a row."""
+    variant = getattr(plan.model, "variant", None)
+    model = f"{plan.model.name}/{variant}" if variant else plan.model.name
+    return f"{model} {plan.strategy.name}/{plan.pipeline.name} x{plan.gpus}"
+
+
+def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: dict[str, Any]) -> Prediction:
+    """The predicted step of `plan` from its calibrations (machine, towers, input entries). Raises ConfigError when
+    the strategy has no cost model."""
+    n = max(plan.gpus, 1) if plan.strategy.data_parallel else 1
+    weight_bytes, variables = int(towers["weight_bytes"]), int(towers["variables"])
+    traffic = plan.strategy.traffic(n, weight_bytes, variables)
+    side_by_side = 1 if machine["shared"] else n  # devices of their own update and reduce at the same time
+    bandwidth = float(machine["bandwidth_bytes_per_s"])
+    update_bytes = traffic.update_copies * TOUCHED.get(plan.train.optimizer, 7) * weight_bytes
+    sends = traffic.moved_bytes / float(machine["send_bytes_per_s"]) + traffic.messages * machine["send_latency_s"]
+    terms = {
+        "towers": float(towers["seconds"]),
+        "update": update_bytes / bandwidth / side_by_side,
+        "reduce": traffic.reduce_bytes / bandwidth / side_by_side + sends,
+        "ops": traffic.ops * float(machine["op_seconds"]),
+        "input": float(feed["seconds"]),
+    }
+    return Prediction(combination(plan), plan.train.global_batch_size, terms)

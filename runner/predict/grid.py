@@ -1,0 +1,142 @@
+"""Predictions for a sweep's combinations: each validated without TensorFlow, grouped by device set, calibrated in
+one fresh process per device set (or read from the cache), then priced by the cost model."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.errors import UserError, one_line
+from runner.measure.peak import BUSY
+from runner.predict import calibrate
+from runner.predict.costs import Prediction, combination, predict
+
+log = logging.getLogger(__name__)
+
+TIE = 0.10  # predicted rates closer than this are called a tie: the model is not finer than that
+
+
+@dataclass
+class Outcome:
+    """One combination: its overrides, its name, and its prediction or why there is none."""
+
+    overrides: list[str]
+    label: str
+    prediction: Prediction | None = None
+    error: str | None = None
+
+
+def expand(overrides: list[str]) -> list[list[str]]:
+    """Every combination of a sweep's overrides (`strategy=a,b gpus=2,4`), in the order Hydra's basic sweeper runs
+    them; flags (`-m`) and Hydra's own settings (`hydra.*`) are left out."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    kept = [o for o in overrides if not o.startswith("-") and not o.startswith("hydra.")]
+    parsed = OverridesParser.create().parse_overrides(kept)
+    return [list(c) for c in BasicSweeper.split_arguments(parsed, None)[0]] if parsed else [[]]
+
+
+def _plan(overrides: list[str]) -> tuple[Any, str | None]:
+    from runner.config import compose, validate
+
+    try:
+        return validate(compose(overrides)), None
+    except (UserError, Exception) as e:  # noqa: BLE001 - any refusal is this combination's row
+        return None, one_line(e)
+
+
+def _calibrate(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
+    """Measure `wanted` for combinations of one device set in a fresh process (devices are set once per process)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"overrides": overrides, "wanted": sorted(wanted)}, f)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "runner.predict.calibrate", f.name], capture_output=True,
+                              text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(calibrate.RESULT)]
+    if not lines:
+        said = [line for line in proc.stderr.splitlines() if line.strip()]
+        return {"error": f"calibration failed: {said[-1] if said else f'exit {proc.returncode}'}"}
+    return json.loads(lines[-1].removeprefix(calibrate.RESULT))
+
+
+def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: Path | None = None) -> list[Outcome]:
+    """A prediction (or the reason there is none) for every combination, calibrating what the cache lacks."""
+    outcomes, groups = [], {}
+    for overrides in combos:
+        plan, error = _plan(overrides)
+        outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error)
+        outcomes.append(outcome)
+        if plan is not None:
+            groups.setdefault(calibrate.device_set_key(plan), []).append((plan, outcome))
+    cached = calibrate.read_cache(cache_dir)
+    for members in groups.values():
+        plans = [plan for plan, _ in members]
+        keys = {calibrate.machine_key(plans[0])}
+        keys |= {k for p in plans for k in (calibrate.towers_key(p), calibrate.input_key(p))}
+        wanted = keys if recalibrate else {k for k in keys if k not in cached}
+        measured = _calibrate([o.overrides for _, o in members], wanted) if wanted else {}
+        if "error" in measured:
+            for _, outcome in members:
+                outcome.error = measured["error"]
+            continue
+        disturbed = max((e.get("others_cpu_share", 0.0) for e in measured.values()), default=0.0)
+        if disturbed > BUSY:  # others' load slowed the figures: use them once, never cache them
+            log.warning("calibration disturbed: other processes used %.0f%% of the CPUs; not cached, and "
+                        "these predictions are too slow", 100 * disturbed)
+        elif measured:
+            calibrate.write_cache(measured, cache_dir)
+        entries = {**cached, **measured}
+        for plan, outcome in members:
+            _price(plan, outcome, entries)
+    return outcomes
+
+
+def _price(plan: Any, outcome: Outcome, entries: dict[str, dict]) -> None:
+    try:
+        outcome.prediction = predict(plan, entries[calibrate.machine_key(plan)], entries[calibrate.towers_key(plan)],
+                                     entries[calibrate.input_key(plan)])
+    except UserError as e:
+        outcome.error = one_line(e)
+
+
+def ranked(outcomes: list[Outcome]) -> list[Outcome]:
+    """Predicted combinations fastest first, then the others in their given order."""
+    priced = sorted((o for o in outcomes if o.prediction), key=lambda o: -o.prediction.images_per_sec)
+    return priced + [o for o in outcomes if not o.prediction]
+
+
+def table(outcomes: list[Outcome]) -> list[str]:
+    """The markdown table and the line naming the predicted fastest (and what ties with it)."""
+    from runner.predict.costs import TERMS
+
+    lines = ["| combination | predicted images/s | step ms | dominant term | "
+             + " | ".join(f"{t} ms" for t in TERMS) + " |", "|" + "---|" * (4 + len(TERMS))]
+    for o in ranked(outcomes):
+        if o.prediction is None:
+            lines.append(f"| {o.label} | not predicted: {o.error} |" + " |" * (2 + len(TERMS)))
+            continue
+        p = o.prediction
+        lines.append(f"| {o.label} | {p.images_per_sec:,.0f} | {1e3 * p.step_seconds:.2f} | {p.dominant} | "
+                     + " | ".join(f"{1e3 * p.terms[t]:.2f}" for t in TERMS) + " |")
+    return lines + ["", fastest_line(outcomes)]
+
+
+def fastest_line(outcomes: list[Outcome]) -> str:
+    """`predicted fastest: X (rate); ties within 10%: Y, Z` or why none was predicted."""
+    priced = [o for o in ranked(outcomes) if o.prediction]
+    if not priced:
+        return "predicted fastest: none (no combination could be predicted)"
+    best = priced[0].prediction.images_per_sec
+    ties = [o.label for o in priced[1:] if o.prediction.images_per_sec >= (1 - TIE) * best]
+    text = f"predicted fastest: {priced[0].label} ({best:,.0f} images/s)"
+    return text + (f"; within {TIE:.0%} of it (a tie for this model): {', '.join(ties)}" if ties else "")

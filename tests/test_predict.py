@@ -1,0 +1,136 @@
+"""The cost model (runner/predict/): each strategy's traffic counted by hand, the terms priced from calibrations,
+the calibration cache, and `runner predict`'s table and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import compose, markdown_rows, run_cli
+
+from runner.config import ConfigError, validate
+from runner.measure.floor import TOUCHED
+from runner.predict import calibrate, grid
+from runner.predict.costs import TERMS, predict
+from runner.strategies import STRATEGIES, Traffic, predictable
+
+
+@pytest.mark.parametrize("name, n, wanted", [
+    # W = 1000 bytes of weights in V = 3 variables.
+    ("single", 1, Traffic(update_copies=1, reduce_bytes=0, moved_bytes=0, messages=0, ops=3)),
+    # Sum of N (read N, write 1) and mean (read 1, write 1) per variable; N - 1 gradients in, the mean out to N - 1.
+    ("replicated", 2, Traffic(update_copies=2, reduce_bytes=5000, moved_bytes=2000, messages=6, ops=12)),
+    ("mirrored", 4, Traffic(update_copies=4, reduce_bytes=7000, moved_bytes=6000, messages=18, ops=18)),
+    # One copy: every tower's gradients in, the weights out to every tower; one update.
+    ("parameter_server", 2, Traffic(update_copies=1, reduce_bytes=5000, moved_bytes=4000, messages=12, ops=9)),
+    # Slices (2NW), sums and means of the slices ((N + 3)W), assembling and writing the copies (4NW); 1 update.
+    ("sharded_update", 4, Traffic(update_copies=1, reduce_bytes=31000, moved_bytes=6000, messages=24,
+                                  ops=4 * (3 + 4) + 12 + 36)),
+])
+def test_each_strategy_counts_its_own_traffic(name, n, wanted):
+    assert STRATEGIES.get(name)().traffic(n, 1000, 3) == wanted
+
+
+def test_strategies_without_a_cost_model_say_so_in_one_line():
+    assert set(predictable()) == {"single", "replicated", "mirrored", "parameter_server", "sharded_update"}
+    with pytest.raises(ConfigError, match="^strategy=model_parallel has no cost model .*: mirrored, parameter_"):
+        STRATEGIES.get("model_parallel")().traffic(2, 1000, 3)
+
+
+MACHINE = {"bandwidth_bytes_per_s": 1e10, "op_seconds": 2e-6, "send_latency_s": 1e-5, "send_bytes_per_s": 1e9,
+           "shared": True}
+
+
+def test_terms_price_the_traffic_with_the_calibrations():
+    plan = validate(compose("model=mlp", "strategy=replicated", "gpus=4", "train.optimizer=sgd"))
+    towers = {"seconds": 0.004, "weight_bytes": 2_000_000, "variables": 6}
+    p = predict(plan, MACHINE, towers, {"seconds": 0.0005})
+    traffic = plan.strategy.traffic(4, 2_000_000, 6)
+    assert set(p.terms) == set(TERMS)
+    assert p.terms["towers"] == 0.004 and p.terms["input"] == 0.0005
+    assert p.terms["update"] == pytest.approx(4 * TOUCHED["sgd"] * 2_000_000 / 1e10)  # 4 copies, shared memory
+    assert p.terms["reduce"] == pytest.approx(7 * 2_000_000 / 1e10 + 6 * 2_000_000 / 1e9 + traffic.messages * 1e-5)
+    assert p.terms["ops"] == pytest.approx(traffic.ops * 2e-6)
+    assert p.images_per_sec == pytest.approx(128 / sum(p.terms.values()))
+    assert p.dominant == f"reduce {p.terms['reduce'] / p.step_seconds:.0%}"  # the slow sends: the largest term
+    assert p.combination == "mlp/default replicated/split x4"
+    own = predict(plan, {**MACHINE, "shared": False}, towers, {"seconds": 0.0005})
+    assert own.terms["update"] == pytest.approx(p.terms["update"] / 4)  # devices of their own update side by side
+    assert own.metrics()["predicted_images_per_sec"] == own.images_per_sec
+    assert own.metrics()["predicted_towers_ms"] == pytest.approx(4.0)
+
+
+def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypatch, caplog):
+    plans = [validate(compose("model=mlp", f"strategy={s}", "gpus=2")) for s in ("replicated", "sharded_update")]
+    assert calibrate.machine_key(plans[0]) == calibrate.machine_key(plans[1])  # one device set
+    assert calibrate.towers_key(plans[0]) == calibrate.towers_key(plans[1])  # same model, same per-tower batch
+    assert calibrate.towers_key(validate(compose("model=mlp", "gpus=4", "strategy=replicated"))) != \
+        calibrate.towers_key(plans[0])
+    entries = {calibrate.machine_key(plans[0]): MACHINE,
+               calibrate.towers_key(plans[0]): {"seconds": 0.003, "weight_bytes": 2_000_000, "variables": 6},
+               calibrate.input_key(plans[0]): {"seconds": 0.0004}, calibrate.input_key(plans[1]): {"seconds": 0.0004}}
+    calibrate.write_cache(entries, tmp_path)
+    assert calibrate.read_cache(tmp_path) == entries
+
+    def no_child(overrides, wanted):
+        raise AssertionError(f"calibrated {wanted} although cached")
+
+    monkeypatch.setattr(grid, "_calibrate", no_child)
+    outcomes = grid.predict_all([["model=mlp", "strategy=replicated", "gpus=2"],
+                                 ["model=mlp", "strategy=sharded_update", "gpus=2"]], cache_dir=tmp_path)
+    assert [o.prediction.combination for o in grid.ranked(outcomes)] == [
+        "mlp/default replicated/split x2", "mlp/default sharded_update/split x2"]
+    # A calibration taken while other processes used the CPUs is used once and never cached.
+    monkeypatch.setattr(grid, "_calibrate", lambda overrides, wanted: {k: {**entries.get(k, MACHINE), "seconds": 1.0,
+                                                                           "others_cpu_share": 0.6} for k in wanted})
+    outcomes = grid.predict_all([["model=mlp", "strategy=replicated", "gpus=2"]], recalibrate=True, cache_dir=tmp_path)
+    assert outcomes[0].prediction.terms["towers"] == 1.0 and "calibration disturbed" in caplog.text
+    assert calibrate.read_cache(tmp_path) == entries
+    (tmp_path / calibrate.CACHE_FILE).write_text("{not json")
+    assert calibrate.read_cache(tmp_path) == {}
+
+
+def test_expand_enumerates_a_sweeps_combinations_in_its_order():
+    assert grid.expand(["-m", "strategy=a,b", "gpus=2,4", "hydra.launcher.n_jobs=2"]) == [
+        ["strategy=a", "gpus=2"], ["strategy=a", "gpus=4"], ["strategy=b", "gpus=2"], ["strategy=b", "gpus=4"]]
+    assert grid.expand([]) == [[]]
+
+
+def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path):
+    """A real calibration (a fresh process with 2 simulated devices), then the cache."""
+    env = {"RUNNER_CACHE_DIR": str(tmp_path / "cache")}
+    args = ["predict", "-m", "debug=smoke", "strategy=replicated,sharded_update,model_parallel", "gpus=2"]
+    proc = run_cli(*args, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = {r["combination"]: r for r in markdown_rows(proc.stdout)}
+    batch = compose("debug=smoke").train.global_batch_size
+    assert set(rows) == {"mlp/tiny replicated/split x2", "mlp/tiny sharded_update/split x2",
+                         "mlp/tiny model_parallel/split x2"}
+    for name in ("mlp/tiny replicated/split x2", "mlp/tiny sharded_update/split x2"):
+        terms = [float(rows[name][f"{t} ms"]) for t in TERMS]
+        assert all(t >= 0 for t in terms) and float(rows[name]["towers ms"]) > 0
+        assert float(rows[name]["step ms"]) == pytest.approx(sum(terms), abs=0.02)
+        assert float(rows[name]["predicted images/s"].replace(",", "")) == pytest.approx(
+            batch / sum(terms) * 1e3, rel=0.02)
+    blocked = [r for name, r in rows.items() if "model_parallel" in name][0]
+    assert "has no cost model" in blocked["predicted images/s"]
+    assert "predicted fastest: mlp/tiny " in proc.stdout
+    path = tmp_path / "cache" / calibrate.CACHE_FILE
+    if "calibration disturbed" in proc.stderr:  # other processes used the CPUs meanwhile: nothing was cached
+        assert not path.exists()
+        return
+    cache = json.loads(path.read_text())
+    assert sum("|machine" in k for k in cache) == 1 and all("measured" in e and "devices" in e for e in cache.values())
+    again = run_cli(*args, cwd=tmp_path, env=env)
+    assert [r["predicted images/s"] for r in markdown_rows(again.stdout)] == \
+        [r["predicted images/s"] for r in markdown_rows(proc.stdout)]  # read from the cache: the same figures
+
+
+@pytest.mark.parametrize("args, wanted", [
+    (["predict", "model=nope"], "error: model=nope is not an option of group 'model'"),
+    (["predict", "--bogus"], "error: --bogus is not an option of runner predict"),
+])
+def test_runner_predict_refuses_bad_input_in_one_line(tmp_path, args, wanted):
+    proc = run_cli(*args, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(wanted)
