@@ -87,9 +87,6 @@ class Pipeline(Protocol):
     def check(self, towers: int, train_examples: int | None) -> None:
         """Raise ConfigError (one line) when this pipeline cannot feed `towers` from that many examples."""
 
-    def iterators(self, towers: int) -> int:
-        """Iterator reads (get_next calls) per step to feed `towers` (the cost model's input term)."""
-
 
 @dataclass
 class PipelineOptions:
@@ -110,10 +107,6 @@ class PipelineOptions:
 
     def check(self, towers: int, train_examples: int | None) -> None:
         """One iterator feeds every tower: any number of examples will do (they repeat)."""
-
-    def iterators(self, towers: int) -> int:
-        """One read of one iterator per step (the global batch, split in the step)."""
-        return 1
 
 
 @dataclass

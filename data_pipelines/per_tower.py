@@ -38,10 +38,6 @@ class PerTower(PipelineOptions):
         """Feed len(devices) towers, one get_next() each."""
         return Batches(examples, global_batch, len(devices), self, seed)
 
-    def iterators(self, towers: int) -> int:
-        """One read per tower per step."""
-        return towers
-
     def distribute(self, strategy, examples, global_batch: int, seed: int):
         """tf.distribute's per-worker input function: per-replica batches from one pipeline."""
 

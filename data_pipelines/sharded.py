@@ -94,10 +94,6 @@ class Sharded(PipelineOptions):
         """Feed len(devices) towers, each from its own shard staged on its own device."""
         return Batches(examples, global_batch, devices, self, seed)
 
-    def iterators(self, towers: int) -> int:
-        """One read of each tower's own iterator per step."""
-        return towers
-
     def distribute(self, strategy, examples, global_batch: int, seed: int):
         """tf.distribute's per-replica input functions, each shard fetched onto its replica's device."""
         import tensorflow as tf

@@ -80,6 +80,7 @@ class TrainConf:
     measure_input: bool = True  # after training, time the input pipeline alone and flag input-bound runs
     probe_peak: bool = True  # measure the device's matmul peak once per machine (cached) to log MFU
     probe_floor: bool = False  # after training, time the step's unavoidable work (runner/measure/floor.py): step_time_over_floor
+    predict: bool = True  # after training, log the cost model's prediction for this combination (runner/predict/)
     profile: bool = False  # trace the first timed call with TensorFlow's profiler; log CPU time per op kind
     intra_op_threads: int = -1  # threads per op; -1 auto: cores / devices on simulated CPU devices, else TF's default
     inter_op_threads: int = 0  # ops run at once; 0: TensorFlow's default (one per core)
@@ -134,10 +135,12 @@ class SweepConf:
     # can tell a margin from the noise between runs; `-m` only.
     repeats: int = 1
     round: int = 0  # set by the sweep for each job (0 to repeats - 1); part of the config hash from round 1 on
+    only_top: int = 0  # run only the K combinations `runner predict` ranks fastest (0: all); the rest are listed
 
     RULES: ClassVar[dict[str, Rule]] = {
         "repeats": (positive, "a positive number of runs per combination"),
         "round": (non_negative, "0 or a positive round number (the sweep sets it from sweep.repeats)"),
+        "only_top": (non_negative, "0 (every combination) or a positive number of predicted-fastest combinations"),
     }
 
 

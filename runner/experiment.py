@@ -215,12 +215,32 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
     if plan.train.measure_input:
         batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
         figures.update(hooks.input_figures(strategy, batches, plan.train, result))
+    if plan.train.predict:
+        figures.update(_prediction(plan, devices, examples, run))
     if "profile_steps" in result:
         _log_profile(result, OutputFolder.current().path / "profile", run)
     elif plan.train.profile:
         log.warning("train.profile=true traced nothing: the profiler traces the first full call after warm-up; "
                     "it needs train.steps >= %d", train.steps_to_time(plan.train) + plan.train.steps_per_call)
     return figures
+
+
+def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recorder) -> dict[str, float]:
+    """The cost model's prediction for this combination (runner/predict/), beside what the run measured."""
+    from runner.errors import UserError, one_line
+    from runner.predict.grid import predict_run
+
+    try:
+        prediction = predict_run(plan, devices, examples)
+    except UserError as e:  # a strategy the cost model does not cover: the run says so, and goes on
+        run.tags({"predicted": f"not predicted: {e}"})
+        return {}
+    except Exception as e:  # noqa: BLE001 - a figure added after training must not fail the run it describes
+        log.warning("no prediction for this run: %s", one_line(e))
+        run.tags({"predicted": f"failed: {one_line(e)}"})
+        return {}
+    run.tags({"predicted.dominant": prediction.dominant})
+    return prediction.metrics()
 
 
 def _log_plan(plan: Plan, devices: Devices, steps: int, synthetic: bool) -> None:

@@ -31,6 +31,7 @@ from runner.tracking.redact import redact
 log = logging.getLogger(__name__)
 
 PARENT_FILE = "parent_run_id"  # in the sweep dir: how jobs on any launcher find the parent run
+CHOSEN_FILE = "predicted_top.json"  # in the sweep dir (sweep.only_top): the combinations to run, and the others
 RESULT_FILE = "result.json"  # in each job dir: the job's outcome, read back by the summary
 
 failures: list[dict] = []  # set by the callback after a sweep; the command line exits non-zero when not empty
@@ -78,6 +79,10 @@ def run_isolated(cfg: DictConfig) -> dict:
     hc = HydraConfig.get()
     overrides, job_dir = list(hc.overrides.task), hc.runtime.output_dir
     outcome: dict[str, Any] = {"overrides": " ".join(overrides), "job_dir": job_dir}
+    left_out = _not_chosen(hc.sweep.dir, overrides)
+    if left_out:
+        log.info("sweep.only_top: %s %s; skipped", outcome["overrides"], left_out)
+        return _write(job_dir, {**outcome, "status": "SKIPPED", "reason": left_out})
     plan = validated_or_none(cfg)
     if plan is not None and cfg.sweep.resume:
         uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
@@ -92,6 +97,37 @@ def run_isolated(cfg: DictConfig) -> dict:
     if code == 0:
         return _write(job_dir, {**outcome, "status": "FINISHED"})
     return _write(job_dir, {**outcome, "status": "FAILED", "error": _error_line(stderr, code)})
+
+
+def combination_key(overrides: list[str]) -> str:
+    """A combination of a sweep, whatever its round: its overrides without the sweep's own settings."""
+    return " ".join(sorted(o for o in overrides if not o.startswith("sweep.")))
+
+
+def choose_top(sweep_dir: str, overrides: list[str], k: int) -> list[str]:
+    """Before the jobs (sweep.only_top=K): predict every combination of the sweep, keep the K predicted fastest in
+    the sweep dir for the jobs to read, and return lines naming the ones left out with their predictions."""
+    from runner.predict.grid import expand, predict_elsewhere, ranked
+
+    combos = {combination_key(c): c for c in expand(overrides)}
+    order = ranked(predict_elsewhere(list(combos.values())))
+    keep = {combination_key(o.overrides) for o in order[:k] if o.prediction}
+    others = {combination_key(o.overrides): (f"predicted {o.prediction.images_per_sec:,.0f} images/s, not in the top "
+                                             f"{k}" if o.prediction else f"not predicted ({o.error})")
+              for o in order if combination_key(o.overrides) not in keep}
+    Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+    Path(sweep_dir, CHOSEN_FILE).write_text(json.dumps({"run": sorted(keep), "skip": others}, indent=2))
+    return [f"sweep.only_top={k}: running the {len(keep)} predicted fastest of {len(combos)} combinations"] + [
+        f"  skipped {key}: {why}" for key, why in others.items()]
+
+
+def _not_chosen(sweep_dir: str, overrides: list[str]) -> str | None:
+    """Why this job is left out by sweep.only_top (None: it runs, or only_top is off)."""
+    path = Path(sweep_dir, CHOSEN_FILE)
+    if not path.exists():
+        return None
+    chosen = json.loads(path.read_text())
+    return chosen["skip"].get(combination_key(overrides), None)
 
 
 def _run_child(command: list[str], env: dict) -> tuple[int, str, str]:
@@ -135,6 +171,7 @@ def summary_lines(outcomes: list[dict]) -> list[str]:
     counts = {s: sum(o["status"] == s for o in outcomes) for s in ("FINISHED", "FAILED", "SKIPPED")}
     lines = [f"sweep: {len(outcomes)} jobs: " + ", ".join(f"{n} {s.lower()}" for s, n in counts.items())]
     lines += [redact(f"  FAILED {o['overrides']}: {o['error']}") for o in outcomes if o["status"] == "FAILED"]
+    lines += [redact(f"  SKIPPED {o['overrides']}: {o['reason']}") for o in outcomes if o.get("reason")]
     return lines
 
 
@@ -168,6 +205,10 @@ class SweepCallback(Callback):
             from runner.measure.peak import probe_before_jobs
 
             probe_before_jobs()
+        Path(sweep_dir, CHOSEN_FILE).unlink(missing_ok=True)  # a sweep dir used again: its old choice goes
+        if config.sweep.only_top:
+            chosen = choose_top(str(sweep_dir), list(config.hydra.overrides.task), config.sweep.only_top)
+            print("\n".join(redact(line) for line in chosen), file=sys.stderr)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from mlflow.tracking import MlflowClient

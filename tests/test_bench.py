@@ -282,3 +282,13 @@ def test_floors_benchmark_runs_each_model_and_keras_in_rounds(tmp_path):
     assert row["model"] == "mlp/default" and float(row["step / floor"]) > 0.5
     assert float(row["runner / keras (per round)"]) > 0 and float(row["MFU"].rstrip("%")) > 0
     assert "MFU <= 100% in every run: 1 of 1 hold" in out.read_text()
+
+
+def test_predicted_reads_a_runs_overrides_from_its_command_line():
+    from runner.bench.predicted import _overrides
+
+    command = ("python -m runner strategy=mirrored pipeline=sharded gpus=4 model=mlp 'data.shape=[32, 32, 3]' "
+               "mlflow.tracking_uri=sqlite:////tmp/b.db mlflow.experiment=bench_strategies")
+    assert _overrides(command) == ["strategy=mirrored", "pipeline=sharded", "gpus=4", "model=mlp",
+                                   "data.shape=[32, 32, 3]"]
+    assert _overrides("runner -m strategy=single") == ["strategy=single"]

@@ -41,10 +41,13 @@ def commands() -> list[tuple[str, str, bool]]:
             if not match or "<" in text or "--config-dir" in text or text.endswith("\\"):
                 continue
             args = shlex.split(match.group(1))
+            if args[:1] == ["predict"]:  # runner predict takes a sweep's overrides: they must compose too
+                args = [a for a in args[1:] if a != "--recalibrate"]
+            command = shlex.join(args)
             if not args or args[0] in NOT_RUNS or args[0].startswith("."):
                 continue
             refused = i + 1 < len(lines) and lines[i + 1].strip().startswith("error:")
-            found.append((page.name, match.group(1), refused))
+            found.append((page.name, command, refused))
     return found
 
 

@@ -17,15 +17,20 @@ from runner.strategies import STRATEGIES, Traffic, predictable
 
 @pytest.mark.parametrize("name, n, wanted", [
     # W = 1000 bytes of weights in V = 3 variables.
-    ("single", 1, Traffic(update_copies=1, reduce_bytes=0, moved_bytes=0, messages=0, ops=3)),
+    ("single", 1, Traffic(update_copies=1, update_devices=1, reduce_bytes=0, reduce_devices=1, moved_bytes=0,
+                          messages=0, ops=3)),
     # Sum of N (read N, write 1) and mean (read 1, write 1) per variable; N - 1 gradients in, the mean out to N - 1.
-    ("replicated", 2, Traffic(update_copies=2, reduce_bytes=5000, moved_bytes=2000, messages=6, ops=12)),
-    ("mirrored", 4, Traffic(update_copies=4, reduce_bytes=7000, moved_bytes=6000, messages=18, ops=18)),
+    ("replicated", 2, Traffic(update_copies=2, update_devices=2, reduce_bytes=5000, reduce_devices=2,
+                              moved_bytes=2000, messages=6, ops=12)),
+    # The same reduction, on one device (reduce_to_one_device).
+    ("mirrored", 4, Traffic(update_copies=4, update_devices=4, reduce_bytes=7000, reduce_devices=1, moved_bytes=6000,
+                            messages=18, ops=18)),
     # One copy: every tower's gradients in, the weights out to every tower; one update.
-    ("parameter_server", 2, Traffic(update_copies=1, reduce_bytes=5000, moved_bytes=4000, messages=12, ops=9)),
+    ("parameter_server", 2, Traffic(update_copies=1, update_devices=1, reduce_bytes=5000, reduce_devices=1,
+                                    moved_bytes=4000, messages=12, ops=9)),
     # Slices (2NW), sums and means of the slices ((N + 3)W), assembling and writing the copies (4NW); 1 update.
-    ("sharded_update", 4, Traffic(update_copies=1, reduce_bytes=31000, moved_bytes=6000, messages=24,
-                                  ops=4 * (3 + 4) + 12 + 36)),
+    ("sharded_update", 4, Traffic(update_copies=1, update_devices=4, reduce_bytes=31000, reduce_devices=4,
+                                  moved_bytes=6000, messages=24, ops=4 * (3 + 4) + 12 + 36)),
 ])
 def test_each_strategy_counts_its_own_traffic(name, n, wanted):
     assert STRATEGIES.get(name)().traffic(n, 1000, 3) == wanted
@@ -37,27 +42,28 @@ def test_strategies_without_a_cost_model_say_so_in_one_line():
         STRATEGIES.get("model_parallel")().traffic(2, 1000, 3)
 
 
-MACHINE = {"bandwidth_bytes_per_s": 1e10, "op_seconds": 2e-6, "send_latency_s": 1e-5, "send_bytes_per_s": 1e9,
-           "shared": True}
+MACHINE = {"op_seconds": 2e-6, "send_latency_s": 1e-5, "send_bytes_per_s": 1e9}
+TOWERS = {"seconds": 0.004, "weight_bytes": 2_000_000, "variables": 6, "update_bytes_per_s_one": 1e10,
+          "update_bytes_per_s_all": 3e10}
 
 
 def test_terms_price_the_traffic_with_the_calibrations():
     plan = validate(compose("model=mlp", "strategy=replicated", "gpus=4", "train.optimizer=sgd"))
-    towers = {"seconds": 0.004, "weight_bytes": 2_000_000, "variables": 6}
-    p = predict(plan, MACHINE, towers, {"seconds": 0.0005})
+    p = predict(plan, MACHINE, TOWERS, {"seconds": 0.0005})
     traffic = plan.strategy.traffic(4, 2_000_000, 6)
     assert set(p.terms) == set(TERMS)
     assert p.terms["towers"] == 0.004 and p.terms["input"] == 0.0005
-    assert p.terms["update"] == pytest.approx(4 * TOUCHED["sgd"] * 2_000_000 / 1e10)  # 4 copies, shared memory
-    assert p.terms["reduce"] == pytest.approx(7 * 2_000_000 / 1e10 + 6 * 2_000_000 / 1e9 + traffic.messages * 1e-5)
+    assert p.terms["update"] == pytest.approx(4 * TOUCHED["sgd"] * 2_000_000 / 3e10)  # 4 copies on 4 devices at once
+    assert p.terms["reduce"] == pytest.approx(7 * 2_000_000 / 3e10 + 6 * 2_000_000 / 1e9 + traffic.messages * 1e-5)
     assert p.terms["ops"] == pytest.approx(traffic.ops * 2e-6)
     assert p.images_per_sec == pytest.approx(128 / sum(p.terms.values()))
     assert p.dominant == f"reduce {p.terms['reduce'] / p.step_seconds:.0%}"  # the slow sends: the largest term
     assert p.combination == "mlp/default replicated/split x4"
-    own = predict(plan, {**MACHINE, "shared": False}, towers, {"seconds": 0.0005})
-    assert own.terms["update"] == pytest.approx(p.terms["update"] / 4)  # devices of their own update side by side
-    assert own.metrics()["predicted_images_per_sec"] == own.images_per_sec
-    assert own.metrics()["predicted_towers_ms"] == pytest.approx(4.0)
+    server = predict(validate(compose("model=mlp", "strategy=parameter_server", "gpus=4", "train.optimizer=sgd")),
+                     MACHINE, TOWERS, {"seconds": 0.0005})
+    assert server.terms["update"] == pytest.approx(TOUCHED["sgd"] * 2_000_000 / 1e10)  # one copy on one device
+    assert server.metrics()["predicted_images_per_sec"] == server.images_per_sec
+    assert server.metrics()["predicted_towers_ms"] == pytest.approx(4.0)
 
 
 def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypatch, caplog):
@@ -67,7 +73,7 @@ def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypa
     assert calibrate.towers_key(validate(compose("model=mlp", "gpus=4", "strategy=replicated"))) != \
         calibrate.towers_key(plans[0])
     entries = {calibrate.machine_key(plans[0]): MACHINE,
-               calibrate.towers_key(plans[0]): {"seconds": 0.003, "weight_bytes": 2_000_000, "variables": 6},
+               calibrate.towers_key(plans[0]): TOWERS,
                calibrate.input_key(plans[0]): {"seconds": 0.0004}, calibrate.input_key(plans[1]): {"seconds": 0.0004}}
     calibrate.write_cache(entries, tmp_path)
     assert calibrate.read_cache(tmp_path) == entries
@@ -134,3 +140,28 @@ def test_runner_predict_refuses_bad_input_in_one_line(tmp_path, args, wanted):
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith(wanted)
+
+
+def test_the_accuracy_of_a_groups_predictions_in_figures_and_words():
+    from runner.report.prediction import combine, judge, line
+
+    # Two runs each: the largest spread is b's 10%; a and b are 5% apart (within it), c far below.
+    rows = [("a", 110.0, 100.0), ("b", 100.0, 95.0), ("c", 60.0, 50.0),
+            ("a", 110.0, 100.0), ("b", 100.0, 104.5), ("c", 60.0, 50.0)]
+    combos = combine(rows)
+    assert [c.label for c in combos] == ["a", "b", "c"] and combos[1].rates == [95.0, 104.5]
+    j = judge(combos)
+    assert j.spread == pytest.approx(9.5 / 99.75) and j.pairs == 2 and j.pairs_ordered == 2  # a-c and b-c
+    assert j.median_error == pytest.approx(0.10) and j.spearman == pytest.approx(1.0)
+    assert j.predicted_fastest == "a" == j.measured_fastest and j.confirmed
+    assert line("mlp x2", j) == ("prediction: mlp x2: 3 combinations, median error 10%, Spearman 1.00, 2 of 2 pairs "
+                                 "apart beyond the noise ordered right (run-to-run spread 10%); predicted fastest a: "
+                                 "predicted and confirmed")
+    wrong = judge(combine([("a", 90.0, 100.0), ("b", 120.0, 70.0), ("c", 50.0, 50.0)]))  # single runs
+    assert wrong.spread is None and wrong.pairs == 3 and wrong.pairs_ordered == 2 and not wrong.confirmed
+    assert line("cnn x4", wrong).endswith("predicted fastest b measured only 0.70x the fastest (a): the model was "
+                                         "wrong by 30%")
+    assert "noise unknown: every pair counts" in line("cnn x4", wrong)
+    tie = judge(combine([("a", 100.0, 100.0), ("b", 101.0, 98.0), ("a", 100.0, 90.0), ("b", 101.0, 97.0)]))
+    assert tie.pairs == 0 and "every combination within the noise of the others (a tie)" in line("nin x2", tie)
+    assert tie.confirmed  # b is predicted fastest; it measured within the noise of a

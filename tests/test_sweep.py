@@ -231,3 +231,22 @@ def test_repeats_run_in_rounds_and_the_verdict_reads_their_spread(tmp_path):
     again = run_cli("-m", "debug=smoke", "strategy=single,replicated", "gpus=1", "sweep.repeats=3",
                     "sweep.resume=true", cwd=tmp_path)
     assert "sweep: 6 jobs: 2 finished, 0 failed, 4 skipped" in again.stderr  # only the third round runs
+
+
+@pytest.mark.slow  # a calibration and a job, ~20 s; the ranking and the cache stay in the default run
+def test_only_top_runs_the_predicted_fastest_and_lists_the_rest(tmp_path):
+    """sweep.only_top=1 over three combinations: one runs, one is skipped with its prediction, one (no cost model)
+    is skipped saying so; the job that ran logs its prediction and the summary names the skipped."""
+    proc = run_cli("-m", "debug=smoke", "strategy=replicated,parameter_server,model_parallel", "gpus=2",
+                   "sweep.only_top=1", "train.predict=true", cwd=tmp_path,
+                   env={"RUNNER_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "sweep.only_top=1: running the 1 predicted fastest of 3 combinations" in proc.stderr
+    assert "sweep: 3 jobs: 1 finished, 0 failed, 2 skipped" in proc.stderr
+    skipped = [line for line in proc.stderr.splitlines() if line.startswith("  SKIPPED ")]
+    assert len(skipped) == 2 and any("images/s, not in the top 1" in line for line in skipped)
+    assert any("strategy=model_parallel" in line and "has no cost model" in line for line in skipped)
+    children = _children(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke"))
+    assert len(children) == 1 and children.iloc[0]["status"] == "FINISHED"
+    assert children.iloc[0]["metrics.predicted_images_per_sec"] > 0
+    assert "| predicted images/s |" in proc.stderr  # the sweep's table shows it beside the measured rate

@@ -183,3 +183,21 @@ def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_device
     result = _smoke(store, "train.probe_floor=true", "train.steps=100")
     assert result["step_time_over_floor"] == pytest.approx(result["step_time_ms"] / result["floor_step_ms"])
     assert result["step_time_over_floor"] > 0.5  # a step can hardly beat its own work by much
+
+
+def test_a_run_logs_its_predicted_rate_and_terms(tf_devices, store, tmp_path, monkeypatch):
+    """train.predict=true: the cost model's prediction for the run's own combination, calibrated in its process."""
+    from runner.predict import calibrate
+    from runner.predict.costs import TERMS
+
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))
+    result = _smoke(store, "train.predict=true")
+    terms = [result[f"predicted_{t}_ms"] for t in TERMS]
+    assert all(t >= 0 for t in terms) and result["predicted_towers_ms"] > 0
+    assert result["predicted_step_ms"] == pytest.approx(sum(terms))
+    assert result["predicted_images_per_sec"] == pytest.approx(64 / result["predicted_step_ms"] * 1e3)
+    row = runs(store, "smoke").set_index("run_id").loc[result["run_id"]]
+    assert row["tags.predicted.dominant"].split()[0] in TERMS
+    cached = calibrate.read_cache(tmp_path / "cache")
+    assert not cached or sum(k.endswith("|machine") for k in cached) == 1  # cached unless others used the CPUs
+    assert "predicted_images_per_sec" not in _smoke(store)  # the smoke preset leaves it out

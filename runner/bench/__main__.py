@@ -13,6 +13,7 @@ from runner.bench.floors import built_in, floor_settings, floors
 from runner.bench.grid import DATA_PARALLEL, grid, settings
 from runner.bench.jobs import MIN_TIMED_STEPS, timed_steps
 from runner.bench.pipelines import pipelines
+from runner.bench.predicted import predicted
 from runner.bench.settings import SPEED_SETTINGS, _check_settings_steps, speed_settings
 from runner.config import OptimizerName
 
@@ -95,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     fl.add_argument("--test-limit", type=int, default=1000, help="evaluate runner jobs on the first N test images")
     fl.add_argument("--tracking-uri", default=None)
     fl.add_argument("--out", default=None, help="also write the markdown to this file")
+    pr = sub.add_parser("predicted", help="the cost model's predictions beside an experiment's measured runs")
+    pr.add_argument("--experiment", default="bench_strategies", help="whose finished runner runs to predict")
+    pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
+    pr.add_argument("--tracking-uri", default=None)
+    pr.add_argument("--out", default=None, help="also write the markdown to this file")
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
     st.add_argument("--steps", type=int, default=None, help="steps per job (default: the group's)")
@@ -108,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
         _check_settings_steps(parser, args)
         return speed_settings(args)
+    if args.command == "predicted":
+        return predicted(args)
     _check_steps(parser, args)
     if args.command == "floors":
         return floors(args)

@@ -61,7 +61,8 @@ class Setting:
         """The runner's config overrides for this setting."""
         out = [f"model={self.model}", f"train.steps={self.steps}", f"train.global_batch_size={self.batch}",
                f"data={self.data}", f"train.steps_per_call={self.steps_per_call}", f"train.optimizer={self.optimizer}",
-               "train.probe_floor=true", "train.target_accuracy=null"]
+               "train.probe_floor=true", "train.target_accuracy=null",
+               "train.predict=false"]  # predictions of a grid: `bench predicted`, one calibration per device set
         out += [f"model.variant={self.variant}"] if self.variant else []
         return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else []) + list(self.extra)
 

@@ -3,12 +3,13 @@
 Each runs in a process whose devices are set up exactly as a run's would be (the same count, kind and thread pools),
 because that is what they measure:
 
-- **machine** (any model): memory bandwidth (copying a large tensor), the executor's fixed cost of one small op in a
-  compiled step, and a cross-device send's latency and bandwidth (a tensor passed back and forth between devices 0
-  and 1, less the same ops on one device; on simulated devices a send may copy nothing, and this says so);
+- **machine** (any model): the executor's fixed cost of one small op in a compiled step, and a cross-device send's
+  latency and bandwidth (a tensor passed back and forth between devices 0 and 1, less the same ops on one device;
+  on simulated devices a send may copy nothing, and this says so);
 - **towers** (per model, per-tower batch): the forward and backward passes of N towers at once, one step after the
   other (runner/measure/floor.py's `towers_seconds`): what N towers on the host's cores, or on devices of their
-  own, do to each other;
+  own, do to each other; and the bytes per second of Adam's fused update at the model's size on one device and on
+  all N at once (weights that fit in a cache update faster than a large copy's bandwidth says);
 - **input** (per pipeline, data and global batch): the pipeline alone feeding N towers, seconds per step.
 
 Entries are cached in `<cache dir>/calibration.json` under a key naming the host CPU, the device set and threads,
@@ -21,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -33,7 +35,9 @@ from runner.paths import cache_dir as runner_cache_dir
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "calibration.json"
+FORMAT = 2  # in every key: entries of an older calibration (other figures) are measured again, not misread
 RESULT = "calibration-result: "  # the child's stdout line the parent reads
+CALL_SECONDS = 0.03  # a timed call of the towers lasts about this long (3 to 20 steps)
 
 
 def _digest(value: Any) -> str:
@@ -45,7 +49,7 @@ def device_set_key(plan: Any) -> str:
     from runner.runtime.devices import host_cpu
 
     t = plan.train
-    return f"{host_cpu()}|gpus={plan.gpus}|threads={t.intra_op_threads},{t.inter_op_threads}"
+    return f"v{FORMAT}|{host_cpu()}|gpus={plan.gpus}|threads={t.intra_op_threads},{t.inter_op_threads}"
 
 
 def towers_key(plan: Any) -> str:
@@ -101,75 +105,93 @@ def write_cache(entries: dict[str, dict], cache_dir: Path | None = None) -> None
 # ---- the microbenchmarks (in the child, TensorFlow set up as a run would) ------------------------------------
 
 
-def op_seconds(device: str, ops: int = 200) -> float:
-    """The executor's fixed cost of one small op in a compiled step: a chain of `ops` scalar additions."""
+def _chain_seconds(devices: list[str], size: int, ops: int) -> float:
+    """Seconds of one call of a chain of `ops` element-wise sines over `size` floats, op i on devices[i % len]. Sines,
+    since TensorFlow's graph optimizer folds chains of additions or multiplications by constants into one op."""
     import tensorflow as tf
+
+    with tf.device(devices[0]):
+        x = tf.Variable(tf.ones((size,)))
 
     @tf.function(autograph=False)
     def chain() -> tf.Tensor:
-        with tf.device(device):
-            x = tf.constant(0.0)
-            for _ in range(ops):
-                x = x + 1.0
-            return x
+        y = x.read_value()
+        for i in range(ops):
+            with tf.device(devices[i % len(devices)]):
+                y = tf.math.sin(y)  # a real op on each side, so the tensor must be there
+        return tf.reduce_sum(y[:1])
 
-    return median_seconds(lambda: float(chain())) / ops
+    return median_seconds(lambda: float(chain()))
+
+
+def op_seconds(device: str, ops: int = 200) -> float:
+    """The executor's fixed cost of one small op in a compiled step: chains of scalar ops of two lengths, so that
+    the call's own cost drops out."""
+    return max(_chain_seconds([device], 1, 2 * ops) - _chain_seconds([device], 1, ops), 0.0) / ops
 
 
 def send_seconds(devices: list[str], size: int, hops: int = 20) -> float:
-    """Seconds of one send of `size` floats from devices[0] to devices[1] and back, halved, less the same ops on
-    one device: what crossing devices adds. One device only: 0."""
-    import tensorflow as tf
-
+    """Seconds of one send of `size` floats between devices[0] and devices[1], less the same ops on one device:
+    what crossing devices adds. One device only: 0."""
     if len(devices) < 2:
         return 0.0
-
-    def bounce(where: list[str]):
-        with tf.device(where[0]):
-            x = tf.Variable(tf.ones((size,)))
-
-        @tf.function(autograph=False)
-        def run() -> tf.Tensor:
-            y = x.read_value()
-            for i in range(hops):
-                with tf.device(where[i % 2]):
-                    y = y * 1.0000001  # a real op on each side, so the tensor must be there
-            return tf.reduce_sum(y[:1])
-
-        return median_seconds(lambda: float(run()))
-
-    crossing, staying = bounce(devices[:2]), bounce([devices[0], devices[0]])
+    crossing, staying = _chain_seconds(devices[:2], size, hops), _chain_seconds(devices[:1], size, hops)
     return max(crossing - staying, 0.0) / hops
 
 
-def machine(devices: list[str], shared: bool) -> dict[str, Any]:
-    """The model-independent figures of this device set; `shared`: its devices share one processor."""
-    from runner.measure.floor import bandwidth_bytes_per_second
-
-    small, large = 16, 1 << 22  # floats: latency, then 16 MB for the bandwidth
+def machine(devices: list[str]) -> dict[str, Any]:
+    """The model-independent figures of this device set."""
+    small, large = 16, 1 << 20  # floats: latency, then 4 MB for the bandwidth
     latency = send_seconds(devices, small)
     per_large = send_seconds(devices, large)
     extra = max(per_large - latency, 0.0)
-    return {"bandwidth_bytes_per_s": bandwidth_bytes_per_second(devices[0]), "op_seconds": op_seconds(devices[0]),
-            "send_latency_s": latency, "send_bytes_per_s": (4 * large / extra) if extra > 0 else float("inf"),
-            "shared": shared}
+    return {"op_seconds": op_seconds(devices[0]), "send_latency_s": latency,
+            "send_bytes_per_s": (4 * large / extra) if extra > 0 else float("inf")}
 
 
-def towers(plan: Any, devices: list[str], training: Any) -> dict[str, float]:
+def update_bytes_per_second(devices: list[str], floats: int, steps: int = 10) -> float:
+    """Bytes per second that Adam's fused update (7 arrays of `floats` read or written) moves when it runs on every
+    device of `devices` at once: the memory (and cache) throughput an update of this size gets there."""
+    import tensorflow as tf
+
+    arrays = []
+    for device in devices:
+        with tf.device(device):
+            arrays.append([tf.Variable(tf.zeros((floats,))) for _ in range(3)] + [tf.ones((floats,))])
+
+    @tf.function(autograph=False)
+    def updates() -> None:
+        for _ in range(steps):
+            for device, (var, m, v, grad) in zip(devices, arrays):
+                with tf.device(device):
+                    tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle, beta1_power=0.9,
+                                                 beta2_power=0.999, lr=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-7,
+                                                 grad=grad)
+
+    return 7 * 4 * floats * len(devices) * steps / median_seconds(updates, 3)
+
+
+def towers(plan: Any, devices: list[str]) -> dict[str, float]:
     """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch; and the
     model's trainable weights (float32 bytes, as the variables are kept in every precision) and variables."""
     import tensorflow as tf
 
     from runner.measure.floor import towers_seconds
+    from runner.strategies.common import build_model
 
     models = []
     for device in devices:
         with tf.device(device):
-            models.append(training.model_fn(training.seed))
-    seconds = towers_seconds(models, plan.train.per_device_batch_size, devices, calls=3, repeats=3)
+            models.append(build_model(plan.model, plan.spec, plan.train.seed))
+    batch = plan.train.per_device_batch_size
+    once = towers_seconds(models, batch, devices, calls=1, repeats=1)
+    calls = max(3, min(20, math.ceil(CALL_SECONDS / max(once, 1e-6))))  # calls long enough that dispatch is noise
+    seconds = towers_seconds(models, batch, devices, calls=calls, repeats=5)
     variables = models[0].trainable_variables
-    return {"seconds": seconds, "weight_bytes": 4 * sum(int(v.shape.num_elements()) for v in variables),
-            "variables": len(variables)}
+    floats = sum(int(v.shape.num_elements()) for v in variables)
+    return {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
+            "update_bytes_per_s_one": update_bytes_per_second(devices[:1], floats),
+            "update_bytes_per_s_all": update_bytes_per_second(devices, floats)}
 
 
 def input_seconds(plan: Any, devices: list[str], examples: Any, steps: int = 100) -> float:
@@ -199,32 +221,42 @@ def measure(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
 
 
 def _measure_all(plans: list[Any], wanted: set[str]) -> dict[str, dict]:
-    """The calibrations `wanted` for `plans` (one device set), set up as their runs would be."""
-    from runner.experiment import training_for
+    """The calibrations `wanted` for `plans` (one device set), on devices set up as their runs would be."""
     from runner.runtime import devices as devices_mod
 
     first = plans[0]
     devs = devices_mod.setup(first.gpus, first.train.intra_op_threads, first.train.inter_op_threads)
+    loaded: dict[str, Any] = {}
+
+    def examples(plan: Any) -> Any:
+        name = json.dumps(dict(plan.cfg.data), sort_keys=True, default=str)
+        if name not in loaded:
+            loaded[name] = plan.data.load(plan.train.seed).train()
+        return loaded[name]
+
+    return measure_here(plans, wanted, devs, examples)
+
+
+def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -> dict[str, dict]:
+    """The calibrations `wanted` for `plans`, on this process's devices `devs` (a run's, after its training, or the
+    calibration child's); `examples(plan)` gives a plan's training examples for its pipeline."""
     import keras
 
-    conditions = {"measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": devices_mod.host_cpu(),
+    from runner.runtime.devices import host_cpu
+
+    conditions = {"measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host_cpu(),
                   "devices": f"{devs.count} {'simulated ' if devs.simulated else ''}{devs.kind}",
                   "physical": devs.physical}
     names, out = list(devs.names), {}
-    if machine_key(first) in wanted:
-        shared = devs.simulated or devs.kind == "CPU"
-        out[machine_key(first)] = {**machine(names, shared), **conditions}
-    data = {}
+    if machine_key(plans[0]) in wanted:
+        out[machine_key(plans[0])] = {**machine(names), **conditions}
     for plan in plans:
         keras.mixed_precision.set_dtype_policy(plan.train.precision)
         towered = names if plan.strategy.data_parallel else names[:1]
         if towers_key(plan) in wanted and towers_key(plan) not in out:
-            out[towers_key(plan)] = {**towers(plan, towered, training_for(plan)), **conditions}
+            out[towers_key(plan)] = {**towers(plan, towered), **conditions}
         if input_key(plan) in wanted and input_key(plan) not in out:
-            name = json.dumps(dict(plan.cfg.data), sort_keys=True, default=str)
-            if name not in data:
-                data[name] = plan.data.load(plan.train.seed)
-            out[input_key(plan)] = {"seconds": input_seconds(plan, names, data[name].train()), **conditions}
+            out[input_key(plan)] = {"seconds": input_seconds(plan, names, examples(plan)), **conditions}
     return out
 
 

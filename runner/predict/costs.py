@@ -3,16 +3,18 @@
 - `towers`: the forward and backward passes of the N towers at their per-tower batch, all at once (calibrated:
   what N towers on shared cores, or on devices of their own, do to each other is in the measurement);
 - `update`: the optimizer's memory traffic (weights, gradients and slots read and written, runner/measure/floor.py's
-  TOUCHED) times the strategy's update copies, at the measured memory bandwidth;
-- `reduce`: combining the towers' gradients and handing out the new weights: the strategy's arithmetic bytes at the
-  memory bandwidth, its cross-device bytes at the measured send bandwidth, and one send latency per message;
+  TOUCHED) times the strategy's update copies, at the throughput a fused update of the model's size measured on one
+  device, or on all N at once where the strategy updates on every device;
+- `reduce`: combining the towers' gradients and handing out the new weights: the strategy's arithmetic bytes at
+  that throughput (one device or all), its cross-device bytes at the measured send bandwidth, and one send latency
+  per message;
 - `ops`: the strategy's small ops beyond the towers (updates, sums, slices, assignments) at the executor's measured
   fixed cost per op;
 - `input`: the pipeline alone feeding every tower for one step (calibrated).
 
-On devices that share one processor (simulated devices, or CPUs) the devices' update and reduce work queues for the
-same memory and cores, so it adds up over the devices; on devices of their own it runs side by side, so the sum is
-divided by N. What a strategy does is its own `traffic` (runner/strategies/), counted by hand from its code.
+Whether N devices updating at once go N times as fast (devices of their own) or share one memory and its cores
+(simulated devices) is measured, not assumed. What a strategy does is its own `traffic` (runner/strategies/),
+counted by hand from its code.
 """
 
 from __future__ import annotations
@@ -66,14 +68,16 @@ def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: di
     n = max(plan.gpus, 1) if plan.strategy.data_parallel else 1
     weight_bytes, variables = int(towers["weight_bytes"]), int(towers["variables"])
     traffic = plan.strategy.traffic(n, weight_bytes, variables)
-    side_by_side = 1 if machine["shared"] else n  # devices of their own update and reduce at the same time
-    bandwidth = float(machine["bandwidth_bytes_per_s"])
+
+    def rate(devices: int) -> float:  # bytes/s of update-like arithmetic on one device, or on all at once
+        return float(towers["update_bytes_per_s_one" if devices == 1 else "update_bytes_per_s_all"])
+
     update_bytes = traffic.update_copies * TOUCHED.get(plan.train.optimizer, 7) * weight_bytes
     sends = traffic.moved_bytes / float(machine["send_bytes_per_s"]) + traffic.messages * machine["send_latency_s"]
     terms = {
         "towers": float(towers["seconds"]),
-        "update": update_bytes / bandwidth / side_by_side,
-        "reduce": traffic.reduce_bytes / bandwidth / side_by_side + sends,
+        "update": update_bytes / rate(traffic.update_devices),
+        "reduce": traffic.reduce_bytes / rate(traffic.reduce_devices) + sends,
         "ops": traffic.ops * float(machine["op_seconds"]),
         "input": float(feed["seconds"]),
     }

@@ -35,11 +35,12 @@ class Outcome:
 
 def expand(overrides: list[str]) -> list[list[str]]:
     """Every combination of a sweep's overrides (`strategy=a,b gpus=2,4`), in the order Hydra's basic sweeper runs
-    them; flags (`-m`) and Hydra's own settings (`hydra.*`) are left out."""
+    them; flags (`-m`) and Hydra's own settings (`hydra.*`, but for the user's config folders) are left out."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    kept = [o for o in overrides if not o.startswith("-") and not o.startswith("hydra.")]
+    kept = [o for o in overrides if not o.startswith("-")
+            and (not o.startswith("hydra.") or o.startswith("hydra.searchpath="))]
     parsed = OverridesParser.create().parse_overrides(kept)
     return [list(c) for c in BasicSweeper.split_arguments(parsed, None)[0]] if parsed else [[]]
 
@@ -81,9 +82,8 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     cached = calibrate.read_cache(cache_dir)
     for members in groups.values():
         plans = [plan for plan, _ in members]
-        keys = {calibrate.machine_key(plans[0])}
-        keys |= {k for p in plans for k in (calibrate.towers_key(p), calibrate.input_key(p))}
-        wanted = keys if recalibrate else {k for k in keys if k not in cached}
+        needed = set().union(*(keys(p) for p in plans))
+        wanted = needed if recalibrate else {k for k in needed if k not in cached}
         measured = _calibrate([o.overrides for _, o in members], wanted) if wanted else {}
         if "error" in measured:
             for _, outcome in members:
@@ -99,6 +99,29 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
         for plan, outcome in members:
             _price(plan, outcome, entries)
     return outcomes
+
+
+def keys(plan: Any) -> set[str]:
+    """The calibrations a plan's prediction needs."""
+    return {calibrate.machine_key(plan), calibrate.towers_key(plan), calibrate.input_key(plan)}
+
+
+def predict_run(plan: Any, devices: Any, examples: Any, cache_dir: Path | None = None) -> Prediction:
+    """A run's own prediction, after its training: the cache's calibrations, what it lacks measured in this process
+    (whose devices are the run's) and cached unless other processes disturbed it. Raises UserError (no cost
+    model)."""
+    from runner.measure.peak import timed_with_others_share
+
+    plan.strategy.traffic(max(plan.gpus, 1), 0, 0)  # a strategy without a cost model says so before measuring
+    cached = calibrate.read_cache(cache_dir)
+    wanted = {k for k in keys(plan) if k not in cached}
+    measured, others = timed_with_others_share(
+        lambda: calibrate.measure_here([plan], wanted, devices, lambda _: examples) if wanted else {})
+    if measured and others <= BUSY:
+        calibrate.write_cache({k: {**e, "others_cpu_share": round(others, 2)} for k, e in measured.items()}, cache_dir)
+    entries = {**cached, **measured}
+    return predict(plan, entries[calibrate.machine_key(plan)], entries[calibrate.towers_key(plan)],
+                   entries[calibrate.input_key(plan)])
 
 
 def _price(plan: Any, outcome: Outcome, entries: dict[str, dict]) -> None:
@@ -140,3 +163,30 @@ def fastest_line(outcomes: list[Outcome]) -> str:
     ties = [o.label for o in priced[1:] if o.prediction.images_per_sec >= (1 - TIE) * best]
     text = f"predicted fastest: {priced[0].label} ({best:,.0f} images/s)"
     return text + (f"; within {TIE:.0%} of it (a tie for this model): {', '.join(ties)}" if ties else "")
+
+
+def predict_elsewhere(combos: list[list[str]]) -> list[Outcome]:
+    """`predict_all` in a fresh process, for callers inside a Hydra app (a sweep's start), where composing other
+    configs is not allowed. The predictions come back as rates alone (terms are not needed there)."""
+    proc = subprocess.run([sys.executable, "-m", "runner.predict.grid", json.dumps(combos)], capture_output=True,
+                          text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1200)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(calibrate.RESULT)]
+    if not lines:
+        said = [line for line in proc.stderr.splitlines() if line.strip()]
+        error = f"prediction failed: {said[-1] if said else f'exit {proc.returncode}'}"
+        return [Outcome(c, " ".join(c), error=error) for c in combos]
+    out = []
+    for item in json.loads(lines[-1].removeprefix(calibrate.RESULT)):
+        rate = item.pop("images_per_sec")
+        outcome = Outcome(**item)
+        if rate is not None:  # a one-term prediction with the same rate, for ranking and listing
+            outcome.prediction = Prediction(outcome.label, 1, {"step": 1.0 / rate})
+        out.append(outcome)
+    return out
+
+
+if __name__ == "__main__":
+    found = predict_all(json.loads(sys.argv[1]))
+    sys.stdout.write(calibrate.RESULT + json.dumps([
+        {"overrides": o.overrides, "label": o.label, "error": o.error,
+         "images_per_sec": o.prediction.images_per_sec if o.prediction else None} for o in found]) + "\n")

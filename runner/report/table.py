@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.report import plots, verdict
+from runner.report import plots, prediction, verdict
 
 
 class ReportError(Exception):
@@ -50,6 +50,7 @@ class Row:
     speedup: float = math.nan
     efficiency: float = math.nan
     same: bool | None = None  # learns the same as the model's 1-device run
+    predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
 
     @property
     def device_label(self) -> str:
@@ -69,6 +70,7 @@ def _row(run: Any) -> Row:
         run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
         m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
         m.get("time_to_accuracy_seconds", math.nan), m.get("target_accuracy", math.nan),
+        predicted=m.get("predicted_images_per_sec", math.nan),
     )
 
 
@@ -157,12 +159,13 @@ def _fmt(value: float, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """The comparison as a Markdown table, with a footnote where speedups are missing."""
-    head = ("| model | pipeline | strategy | devices | scaling | images/s | ± stderr | speedup | efficiency "
-            "| time to acc. (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 15 + "|")
+    head = ("| model | pipeline | strategy | devices | scaling | images/s | ± stderr | predicted images/s | speedup "
+            "| efficiency | time to acc. (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 16 + "|")
     same = {True: "yes", False: "no", None: "-"}
     lines = [
         f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
-        f"| {_fmt(r.images_per_sec, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.speedup, '.2f')} "
+        f"| {_fmt(r.images_per_sec, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.predicted, ',.0f')} "
+        f"| {_fmt(r.speedup, '.2f')} "
         f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} "
         f"| {same[r.same]} | {_fmt(r.mfu, '.1%')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
         for r in rows
@@ -196,6 +199,7 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     if not rows:
         raise ReportError(f"no runs in {selection.said.removeprefix('report: ')}")
     text, lines = table(rows), [v.line() for v in verdict.decide(verdict.runs_from(rows), tolerance)]
+    lines += prediction_lines(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join([text, "", *lines]) + "\n")
     paths = [out / "scaling.png", out / "time_to_accuracy.png", out / "accuracy.png"]
@@ -209,11 +213,31 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
 
 
 def compact(rows: list[Row]) -> str:
-    """One line per job, the figures a sweep's end shows: combination, images/s, time to accuracy, accuracy, status."""
-    head = "| model | combination | images/s | time to acc. (s) | test acc | status |\n|---|---|---|---|---|---|"
+    """One line per job, the figures a sweep's end shows: combination, images/s (and the predicted where runs logged
+    one), time to accuracy, accuracy, status."""
+    predicted = any(not math.isnan(r.predicted) for r in rows)
+    head = ("| model | combination | images/s | " + ("predicted images/s | " if predicted else "")
+            + "time to acc. (s) | test acc | status |\n" + "|---" * (7 if predicted else 6) + "|")
     lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.images_per_sec, ',.0f')} "
-             f"| {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} | {r.status} |" for r in rows]
+             + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
+             + f"| {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} | {r.status} |" for r in rows]
     return "\n".join([head, *lines])
+
+
+def prediction_lines(rows: list[Row]) -> list[str]:
+    """Per model and device count with two or more predicted combinations: how the predictions fared
+    (runner/report/prediction.py)."""
+    groups: dict[str, list[tuple[str, float, float]]] = {}
+    for r in rows:
+        if r.status == "FINISHED" and not math.isnan(r.predicted) and not math.isnan(r.images_per_sec):
+            key = f"{r.model} x{r.devices}"
+            groups.setdefault(key, []).append((f"{r.strategy}/{r.pipeline}", r.predicted, r.images_per_sec))
+    out = []
+    for key, items in sorted(groups.items()):
+        combos = prediction.combine(items)
+        if len(combos) > 1:
+            out.append(prediction.line(key, prediction.judge(combos)))
+    return out
 
 
 def sweep_end(client: Any, parent: str) -> list[str]:
@@ -224,6 +248,6 @@ def sweep_end(client: Any, parent: str) -> list[str]:
     experiment = client.get_experiment(run.info.experiment_id).name
     selection = Selection(experiment, run.info.experiment_id, parent, "")
     rows = fetch(client, selection, "")
-    lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))]
+    lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))] + prediction_lines(rows)
     return ["", compact(rows), "", *lines, "", f"experiment: {experiment!r}; table, plots and verdict: runner report "
             f"--experiment {experiment} --parent {parent}", ui.where_to_look(client.tracking_uri, run.info.experiment_id)]

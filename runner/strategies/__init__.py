@@ -111,8 +111,10 @@ class Traffic:
     Attributes:
         update_copies: full optimizer updates per step, summed over the devices (replicated: N; sharded: N
             updates of 1/N each, so 1).
+        update_devices: the devices those updates run on at once (replicated, sharded: N; parameter server: 1).
         reduce_bytes: bytes read plus written per step, summed over the devices, to combine the towers' gradients
             and give every tower the new weights (additions, divisions, slices, concatenations, assignments).
+        reduce_devices: the devices that arithmetic runs on at once.
         moved_bytes: bytes sent from one device to another per step (on devices sharing one host's memory a send
             may copy nothing: the calibration of the transfer says what it costs).
         messages: cross-device transfers per step (each pays a latency, whatever its size).
@@ -121,7 +123,9 @@ class Traffic:
     """
 
     update_copies: float
+    update_devices: int
     reduce_bytes: float
+    reduce_devices: int
     moved_bytes: float
     messages: int
     ops: int

@@ -72,8 +72,8 @@ class Mirrored(StrategyBase):
         """All-reduce of each gradient (reduced on one device, as reduce_to_one_device does on CPUs: N - 1 sent,
         summed, divided, sent back to N - 1 replicas) and an update of each of the N mirrored copies."""
         n, w = devices, weight_bytes
-        return Traffic(update_copies=n, reduce_bytes=(n + 3) * w, moved_bytes=2 * (n - 1) * w,
-                       messages=2 * (n - 1) * variables, ops=2 * variables + n * variables)
+        return Traffic(update_copies=n, update_devices=n, reduce_bytes=(n + 3) * w, reduce_devices=1,
+                       moved_bytes=2 * (n - 1) * w, messages=2 * (n - 1) * variables, ops=2 * variables + n * variables)
 
     def distribution(self, devices: Devices) -> tf.distribute.Strategy:
         """The tf.distribute strategy: MirroredStrategy over this process's devices."""

@@ -69,7 +69,8 @@ class Replicated(StrategyBase):
         """`average`: each variable's N gradients summed (read N, write 1) and divided (read 1, write 1) on one
         device, the N - 1 others' gradients sent there and the mean sent back to N - 1 copies; N updates."""
         n, w = devices, weight_bytes
-        return Traffic(update_copies=n, reduce_bytes=(n + 3) * w, moved_bytes=2 * (n - 1) * w,
+        return Traffic(update_copies=n, update_devices=n, reduce_bytes=(n + 3) * w,
+                       reduce_devices=min(n, max(variables, 1)), moved_bytes=2 * (n - 1) * w,
                        messages=2 * (n - 1) * variables, ops=2 * variables + n * variables)
 
 
@@ -92,8 +93,8 @@ class ParameterServer(StrategyBase):
         """Every tower's gradients go to the one copy (N sent), are summed and divided there, one update; every
         tower reads the weights from it (N sent back)."""
         n, w = devices, weight_bytes
-        return Traffic(update_copies=1, reduce_bytes=(n + 3) * w, moved_bytes=2 * n * w,
-                       messages=2 * n * variables, ops=3 * variables)
+        return Traffic(update_copies=1, update_devices=1, reduce_bytes=(n + 3) * w, reduce_devices=1,
+                       moved_bytes=2 * n * w, messages=2 * n * variables, ops=3 * variables)
 
 
 class Towers(Strategy):

@@ -63,8 +63,9 @@ class ShardedUpdate(StrategyBase):
         of the N towers ((N + 3) W over the devices); N updates of 1/N; every device assembles the N updated slices
         and writes them into its copy (4 W each). Slices travel to their owner and back: 2 (N - 1) W."""
         n, w = devices, weight_bytes
-        return Traffic(update_copies=1, reduce_bytes=(2 * n + n + 3 + 4 * n) * w, moved_bytes=2 * (n - 1) * w,
-                       messages=2 * n * (n - 1), ops=n * (variables + n) + 3 * n + 3 * n * variables)
+        return Traffic(update_copies=1, update_devices=n, reduce_bytes=(2 * n + n + 3 + 4 * n) * w, reduce_devices=n,
+                       moved_bytes=2 * (n - 1) * w, messages=2 * n * (n - 1),
+                       ops=n * (variables + n) + 3 * n + 3 * n * variables)
 
 
 def _flat(tensors: list[tf.Tensor], padding: int) -> tf.Tensor:

@@ -37,7 +37,8 @@ class Single(StrategyBase):
 
     def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
         """One update; nothing to combine or move."""
-        return Traffic(update_copies=1, reduce_bytes=0, moved_bytes=0, messages=0, ops=variables)
+        return Traffic(update_copies=1, update_devices=1, reduce_bytes=0, reduce_devices=1, moved_bytes=0, messages=0,
+                       ops=variables)
 
 
 class SingleDevice(Strategy):

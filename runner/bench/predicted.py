@@ -1,0 +1,71 @@
+"""`predicted`: the cost model against a measured grid. Reads the finished runner runs of an experiment (a bench
+grid's, or a sweep's), predicts each one's combination from its own command line (runner/predict/, calibrating this
+machine where the cache lacks it), and prints predicted beside measured per row and, per model and device count,
+the accuracy figures of runner/report/prediction.py."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import time
+
+from runner.bench.jobs import emit, machine
+from runner.report.prediction import combine, judge, line
+
+
+def _overrides(command: str) -> list[str]:
+    """A run's overrides from its command line (`python -m runner ...`), without where it was tracked."""
+    words = shlex.split(command)
+    start = words.index("runner") + 1 if "runner" in words else 0
+    return [w for w in words[start:] if not w.startswith(("mlflow.", "-"))]
+
+
+def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
+    """(command line, measured images/s) of every finished run of `experiment` that timed its steps."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise SystemExit(f"error: no experiment {experiment!r} in {uri}")
+    found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=5000)
+    return [(r.data.tags.get("mlflow.source.name", ""), r.data.metrics["images_per_sec"]) for r in found
+            if "images_per_sec" in r.data.metrics and "mlflow.source.name" in r.data.tags]
+
+
+def predicted(args: argparse.Namespace) -> int:
+    """Predict every measured run's combination and judge the predictions per model and device count."""
+    from runner.predict.grid import predict_all
+    from runner.tracking import resolve_uri
+
+    t0 = time.perf_counter()
+    measured = _runs(resolve_uri(args.tracking_uri), args.experiment)
+    commands = sorted({c for c, _ in measured})
+    outcomes = dict(zip(commands, predict_all([_overrides(c) for c in commands], args.recalibrate)))
+    groups: dict[str, list[tuple[str, float, float]]] = {}
+    for command, rate in measured:
+        o = outcomes[command]
+        if o.prediction is not None:
+            model, combo = o.label.split(" ", 1)
+            group = f"{model} x{combo.rsplit(' x', 1)[1]}"
+            groups.setdefault(group, []).append((combo.rsplit(" x", 1)[0], o.prediction.images_per_sec, rate))
+    out: list[str] = []
+    emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
+               f"{len(measured)} runs, {len(commands)} combinations, predicted in {time.perf_counter() - t0:.0f} s "
+               "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
+               "| model, devices | combination | predicted images/s | measured images/s | error |",
+               "|---|---|---|---|---|"])
+    lines = []
+    for group in sorted(groups):
+        combos = combine(groups[group])
+        for c in sorted(combos, key=lambda c: -c.rate):
+            rng = f" ({min(c.rates):,.0f}-{max(c.rates):,.0f})" if len(c.rates) > 1 else ""
+            emit(out, [f"| {group} | {c.label} | {c.predicted:,.0f} | {c.rate:,.0f}{rng} | "
+                       f"{(c.predicted - c.rate) / c.rate:+.0%} |"])
+        lines.append(line(group, judge(combos)))
+    unpredicted = sorted({f"{outcomes[c].label}: {outcomes[c].error}" for c in commands if outcomes[c].error})
+    emit(out, ["", *(f"- {text}" for text in lines), *(f"- not predicted: {u}" for u in unpredicted)])
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(out) + "\n")
+    return 0 if lines else 1

@@ -1,0 +1,118 @@
+"""How well the cost model's predictions (runner/predict/) matched what was measured, over a table of runs.
+
+Per group of rows that compete (one model on one device count): the median |predicted - measured| / measured, the
+rank correlation (Spearman) of predicted and measured rates, how many of the pairs of combinations whose measured
+rates differ by more than the run-to-run spread the prediction put in the right order, and whether the predicted
+fastest measured within the noise (or 10%, whichever is larger) of the measured fastest. Repeats of one combination
+are combined by their median; their ranges give the spread (none: "noise unknown" and every pair counts).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+CLOSE = 0.10  # the predicted fastest counts as confirmed within this share of the measured fastest (or the noise)
+
+
+@dataclass
+class Measured:
+    """One combination of a group: its predicted rate and its runs' measured rates."""
+
+    label: str
+    predicted: float
+    rates: list[float] = field(default_factory=list)
+
+    @property
+    def rate(self) -> float:
+        return statistics.median(self.rates)
+
+    @property
+    def spread(self) -> float | None:
+        """Relative range of its runs, None for a single run."""
+        return (max(self.rates) - min(self.rates)) / self.rate if len(self.rates) > 1 else None
+
+
+def combine(rows: list[tuple[str, float, float]]) -> list[Measured]:
+    """(label, predicted, measured) rows, repeats of a label combined, in first-seen order."""
+    out: dict[str, Measured] = {}
+    for label, predicted, measured in rows:
+        out.setdefault(label, Measured(label, predicted)).rates.append(measured)
+    return list(out.values())
+
+
+def _ranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):  # ties share their mean rank
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2
+        i = j + 1
+    return ranks
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Rank correlation of a and b (None with fewer than 3 values or no spread in either)."""
+    if len(a) < 3:
+        return None
+    ra, rb = _ranks(a), _ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else None
+
+
+@dataclass
+class Judgement:
+    """The figures of one group."""
+
+    combos: int
+    median_error: float
+    spearman: float | None
+    spread: float | None  # the largest relative range of a repeated combination; None: no repeats
+    pairs_ordered: int  # pairs beyond the spread the prediction ordered right
+    pairs: int  # pairs whose measured rates differ by more than the spread
+    predicted_fastest: str
+    measured_fastest: str
+    fastest_ratio: float  # the predicted fastest's measured rate / the measured fastest's
+
+    @property
+    def confirmed(self) -> bool:
+        return self.fastest_ratio >= 1 - max(self.spread or 0.0, CLOSE)
+
+
+def judge(combos: list[Measured]) -> Judgement:
+    """The accuracy figures of one group of combinations."""
+    spreads = [c.spread for c in combos if c.spread is not None]
+    spread = max(spreads) if spreads else None
+    apart = [(a, b) for i, a in enumerate(combos) for b in combos[i + 1:]
+             if abs(a.rate - b.rate) / min(a.rate, b.rate) > (spread or 0.0)]
+    ordered = sum((a.rate > b.rate) == (a.predicted > b.predicted) for a, b in apart)
+    best_predicted = max(combos, key=lambda c: c.predicted)
+    best_measured = max(combos, key=lambda c: c.rate)
+    return Judgement(
+        len(combos), statistics.median(abs(c.predicted - c.rate) / c.rate for c in combos),
+        spearman([c.predicted for c in combos], [c.rate for c in combos]), spread, ordered, len(apart),
+        best_predicted.label, best_measured.label, best_predicted.rate / best_measured.rate)
+
+
+def line(group: str, j: Judgement) -> str:
+    """One line in words: errors, order, and the fastest predicted and confirmed, or how far off."""
+    noise = f"run-to-run spread {j.spread:.0%}" if j.spread is not None else "noise unknown: every pair counts"
+    rho = f"Spearman {j.spearman:.2f}" if j.spearman is not None else "Spearman -"
+    order = (f"{j.pairs_ordered} of {j.pairs} pairs apart beyond the noise ordered right" if j.pairs
+             else "every combination within the noise of the others (a tie)")
+    if j.predicted_fastest == j.measured_fastest:
+        fastest = f"predicted fastest {j.predicted_fastest}: predicted and confirmed"
+    elif j.confirmed:
+        fastest = (f"predicted fastest {j.predicted_fastest} measured {j.fastest_ratio:.2f}x the fastest "
+                   f"({j.measured_fastest}): within the noise, confirmed")
+    else:
+        fastest = (f"predicted fastest {j.predicted_fastest} measured only {j.fastest_ratio:.2f}x the fastest "
+                   f"({j.measured_fastest}): the model was wrong by {1 - j.fastest_ratio:.0%}")
+    return (f"prediction: {group}: {j.combos} combinations, median error {j.median_error:.0%}, {rho}, {order} "
+            f"({noise}); {fastest}")
