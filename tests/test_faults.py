@@ -237,6 +237,7 @@ def test_a_store_on_a_disk_that_fills_mid_run_loses_nothing_once_space_is_freed(
         assert points(uri, record.info.run_id) == calls(9000, 20)
 
 
+@pytest.mark.slow  # ~14 s; the store's full-disk test stays in the default run
 def test_an_output_folder_on_a_disk_that_fills_mid_run_is_one_warning_and_the_store_keeps_everything(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with tmpfs(tmp_path / "small", "1m") as disk:
@@ -369,6 +370,7 @@ def test_a_missing_peer_is_given_up_after_the_bounded_wait_in_one_line(tmp_path)
     assert record.info.status == "FAILED" and proc.missing in record.data.tags["error"]
 
 
+@pytest.mark.slow  # ~11 s; the bounded wait for a missing peer stays in the default run
 def test_ctrl_c_stops_a_worker_waiting_for_its_peers(tmp_path):
     proc = _lonely_worker(tmp_path)  # the default wait: 300 s
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

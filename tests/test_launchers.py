@@ -22,6 +22,7 @@ def _compose(*overrides: str):
         return compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
 
 
+@pytest.mark.slow  # ~14 s; a sweep on joblib's launcher stays in the default run (test_sweep.py)
 def test_submitit_local_sweep_runs_every_job_through_submitit(tmp_path):
     proc = run_cli("-m", "hydra/launcher=local", "model=mlp", "train.seed=0,1", "debug=smoke", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, cli_env
 
 from runner.measure import malloc
@@ -50,6 +51,7 @@ def test_reuse_sets_glibcs_thresholds_here():
     assert malloc.reuse() is True  # Linux with glibc: what CI and these machines run
 
 
+@pytest.mark.slow  # 2 mirrored jobs, ~11 s
 def test_mirrored_run_leaves_freed_tensors_reusable_only_with_the_option_on(tmp_path):
     # With oneDNN off, TensorFlow's CPU tensors come from glibc's malloc, where the trap is. TensorFlow turns
     # oneDNN on by itself on CPUs with AVX512_VNNI/AVX512_BF16/AMX, and its allocator then pools large tensors, so
