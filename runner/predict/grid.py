@@ -54,20 +54,27 @@ def _plan(overrides: list[str]) -> tuple[Any, str | None]:
         return None, one_line(e)
 
 
+def _child(args: list[str], timeout: int) -> Any:
+    """Run `python ARGS` in a fresh process and return the JSON of its result line, or the reason there is none as
+    {"error": ...} (its last line on stderr)."""
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(calibrate.RESULT)]
+    if not lines:
+        said = [line for line in proc.stderr.splitlines() if line.strip()]
+        return {"error": said[-1] if said else f"exit {proc.returncode}"}
+    return json.loads(lines[-1].removeprefix(calibrate.RESULT))
+
+
 def _calibrate(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
     """Measure `wanted` for combinations of one device set in a fresh process (devices are set once per process)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump({"overrides": overrides, "wanted": sorted(wanted)}, f)
     try:
-        proc = subprocess.run([sys.executable, "-m", "runner.predict.calibrate", f.name], capture_output=True,
-                              text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=600)
+        result = _child(["-m", "runner.predict.calibrate", f.name], 600)
     finally:
         Path(f.name).unlink(missing_ok=True)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(calibrate.RESULT)]
-    if not lines:
-        said = [line for line in proc.stderr.splitlines() if line.strip()]
-        return {"error": f"calibration failed: {said[-1] if said else f'exit {proc.returncode}'}"}
-    return json.loads(lines[-1].removeprefix(calibrate.RESULT))
+    return {"error": f"calibration failed: {result['error']}"} if "error" in result else result
 
 
 def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: Path | None = None) -> list[Outcome]:
@@ -168,15 +175,11 @@ def fastest_line(outcomes: list[Outcome]) -> str:
 def predict_elsewhere(combos: list[list[str]]) -> list[Outcome]:
     """`predict_all` in a fresh process, for callers inside a Hydra app (a sweep's start), where composing other
     configs is not allowed. The predictions come back as rates alone (terms are not needed there)."""
-    proc = subprocess.run([sys.executable, "-m", "runner.predict.grid", json.dumps(combos)], capture_output=True,
-                          text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, timeout=1200)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(calibrate.RESULT)]
-    if not lines:
-        said = [line for line in proc.stderr.splitlines() if line.strip()]
-        error = f"prediction failed: {said[-1] if said else f'exit {proc.returncode}'}"
-        return [Outcome(c, " ".join(c), error=error) for c in combos]
+    result = _child(["-m", "runner.predict.grid", json.dumps(combos)], 1200)
+    if isinstance(result, dict):  # {"error": ...}
+        return [Outcome(c, " ".join(c), error=f"prediction failed: {result['error']}") for c in combos]
     out = []
-    for item in json.loads(lines[-1].removeprefix(calibrate.RESULT)):
+    for item in result:
         rate = item.pop("images_per_sec")
         outcome = Outcome(**item)
         if rate is not None:  # a one-term prediction with the same rate, for ranking and listing
