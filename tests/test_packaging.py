@@ -61,6 +61,9 @@ def test_the_wheel_installs_one_import_root(dist):
     assert len(top_level) == 1 and wheel.read(top_level[0]).decode().split() == ["runner"]
     assert {n.split("/")[0] for n in wheel.namelist() if ".dist-info/" not in n} == {"runner"}
     assert {"runner/models/mlp.py", "runner/data_pipelines/mnist.py", "runner/cli/main.py"} <= set(wheel.namelist())
+    # Every module of the checkout is in the wheel (pyproject.toml lists the packages: a new folder must be added).
+    sources = {f"runner/{p.relative_to(REPO / 'runner')}" for p in (REPO / "runner").rglob("*.py")}
+    assert sources <= set(wheel.namelist()), sorted(sources - set(wheel.namelist()))
 
 
 def _run(installed: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess:
