@@ -133,6 +133,7 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
         ("keras fit + MirroredStrategy", 1), ("keras fit + MirroredStrategy", 2),
         ("runner replicated / split", 1), ("runner replicated / split", 2)])
     rate = "images/s, median (lowest-highest) of 2 runs"
+    assert all(_num(r["predicted images/s"]) > 0 for (what, _), r in rows.items() if what.startswith("runner"))
     before, after = rows["runner single (before the grid)", 1], rows["runner single (after the grid)", 1]
     single = (_num(before[rate]) + _num(after[rate])) / 2  # the base of "x runner single"
     keras = _num(rows["keras fit", 1][rate])
@@ -292,3 +293,23 @@ def test_predicted_reads_a_runs_overrides_from_its_command_line():
     assert _overrides(command) == ["strategy=mirrored", "pipeline=sharded", "gpus=4", "model=mlp",
                                    "data.shape=[32, 32, 3]"]
     assert _overrides("runner -m strategy=single") == ["strategy=single"]
+
+
+def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
+    from runner.bench import grid
+    from runner.bench.jobs import Job, Setting, Table
+
+    def row(rate, predicted, low, high):
+        return {"images_per_sec": rate, "images_per_sec_low": low, "images_per_sec_high": high, "repeats": 2,
+                "timed_steps": 50.0, "predicted_images_per_sec": predicted}
+
+    rows = [(Job("single", 1, "runner single", "single", "split"), {"images_per_sec": 100.0, "timed_steps": 50.0,
+                                                                     "images_per_sec_stderr": 1.0}),
+            (Job("runner", 2, "r", "replicated", "split"), row(120.0, 110.0, 115.0, 125.0)),
+            (Job("runner", 2, "p", "parameter_server", "split"), row(80.0, 90.0, 78.0, 82.0))]
+    table = Table(Setting("mlp", "default", 600, 50, 128, "mnist"), "now", rows, repeats=2)
+    (line,) = grid.prediction_lines(table)
+    assert line.startswith("- prediction: mlp/default x2: 2 combinations, median error 10%")
+    assert "1 of 1 pairs apart beyond the noise ordered right" in line and "predicted and confirmed" in line
+    cells = markdown_rows("\n".join(grid.format_table(table)))
+    assert [c["predicted images/s"] for c in cells] == ["-", "110", "90"]

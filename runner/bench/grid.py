@@ -46,7 +46,7 @@ def plan(strategies: list[str], pipelines: list[str], gpus: list[int]) -> list[J
     return jobs + [Job("single", 1, "runner single (after the grid)", "single", "split")]
 
 
-COLUMNS = ("what", "devices", "images/s ± stderr", "timed steps", "x runner single", "x keras fit",
+COLUMNS = ("what", "devices", "images/s ± stderr", "predicted images/s", "timed steps", "x runner single", "x keras fit",
            "step / floor", "MFU", "optimizer state / device (MB)", "pipeline alone (batches/s)", "pipeline / step",
            "peak RSS (MB)", "overhead (s)")
 
@@ -62,7 +62,8 @@ def format_row(job: Job, m: dict, table: Table) -> str:
     ips, steps = m["images_per_sec"], int(m.get("timed_steps", 0))
     spread = (f"({m['images_per_sec_low']:,.0f}-{m['images_per_sec_high']:,.0f})" if "repeats" in m
               else f"± {m['images_per_sec_stderr']:,.0f}")
-    cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}",
+    predicted = f"{m['predicted_images_per_sec']:,.0f}" if "predicted_images_per_sec" in m else "-"
+    cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}", predicted,
              f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
              _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras")),
              f"{m['step_time_over_floor']:.2f}" if "step_time_over_floor" in m else "-",
@@ -119,6 +120,38 @@ def _ratio_or_none(m: dict, base: float | None) -> float | None:
     return m["images_per_sec"] / base if base and "images_per_sec" in m else None
 
 
+def predict_rows(table: Table) -> None:
+    """Add the cost model's prediction (runner/predict/) to every runner row of the table, calibrating this machine
+    now, after the table's jobs, where the cache lacks it."""
+    from runner.predict.grid import predict_all
+
+    rows = [(job, m) for job, m in table.rows if job.kind in ("single", "runner") and "error" not in m]
+    combos = [[f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}", *table.setting.overrides()]
+              for job, _ in rows]
+    for (_, m), outcome in zip(rows, predict_all(combos)):
+        if outcome.prediction is not None:
+            m["predicted_images_per_sec"] = outcome.prediction.images_per_sec
+
+
+def prediction_lines(table: Table) -> list[str]:
+    """Per device count: how the predictions fared against the measured rows (runner/report/prediction.py); a row's
+    repeats are represented by their lowest, median and highest rate."""
+    from runner.report import prediction
+
+    lines = []
+    for n in sorted({job.gpus for job, _ in table.rows if job.kind == "runner"}):
+        items = []
+        for job, m in table.rows:
+            if job.kind == "runner" and job.gpus == n and "predicted_images_per_sec" in m:
+                rates = [m["images_per_sec_low"], m["images_per_sec"], m["images_per_sec_high"]] if "repeats" in m \
+                    else [m["images_per_sec"]]
+                items += [(f"{job.strategy}/{job.pipeline}", m["predicted_images_per_sec"], r) for r in rates]
+        combos = prediction.combine(items)
+        if len(combos) > 1:
+            lines.append("- " + prediction.line(f"{table.setting.name} x{n}", prediction.judge(combos)))
+    return lines
+
+
 def table_targets(table: Table) -> list[str]:
     """Per model/variant: runner single vs Keras fit, and every data-parallel strategy x pipeline per N."""
     s, single, keras = table.setting, table.rate("single"), table.rate("keras")
@@ -132,7 +165,7 @@ def table_targets(table: Table) -> list[str]:
         if items:
             lines.append(check(f"{s.name}: every data-parallel strategy x pipeline at {n} devices >= {floor}x "
                                "runner single", items, lambda v, f=floor: v >= f, "lowest", lambda v: f"{v:.2f}x"))
-    return lines
+    return lines + prediction_lines(table)
 
 
 def sharded_update_targets(table: Table) -> list[str]:
@@ -221,6 +254,7 @@ def grid(args: argparse.Namespace) -> int:
     progress, tables = Progress(total), []
     for setting in todo:
         tables.append(measure(setting, jobs, uri, experiment, progress, args.repeats))
+        predict_rows(tables[-1])
         emit(out, format_table(tables[-1]))
     emit(out, targets(tables))
     if args.out:
