@@ -208,9 +208,14 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         from runner.measure import floor
         from runner.strategies.common import build_model
 
-        model = build_model(plan.model, plan.spec, plan.train.seed)
-        figures.update(floor.floor_step_ms(model, plan.train.global_batch_size, plan.train.optimizer,
-                                           devices.names[0]))
+        import tensorflow as tf
+
+        towers = list(devices.names) if plan.strategy.data_parallel else list(devices.names[:1])
+        models = []
+        for device in towers:
+            with tf.device(device):
+                models.append(build_model(plan.model, plan.spec, plan.train.seed))
+        figures.update(floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers))
         figures["step_time_over_floor"] = result["step_time_ms"] / figures["floor_step_ms"]
     if plan.train.measure_input:
         batches = strategy.batches(plan.pipeline, examples, plan.train.seed)

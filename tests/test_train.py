@@ -177,9 +177,9 @@ def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_device
     model = MLP(variant="default").build()
     small, large = (floor.forward_backward_seconds(model, b, "/device:CPU:0") for b in (16, 512))
     assert 0 < small < large  # the work grows with the batch
-    parts = floor.floor_step_ms(model, 128, "adam", "/device:CPU:0")
+    parts = floor.floor_step_ms([model], 128, "adam", ["/device:CPU:0"])
     assert parts["floor_step_ms"] == pytest.approx(parts["floor_compute_ms"] + parts["floor_update_ms"])
-    assert parts["floor_update_ms"] > floor.floor_step_ms(model, 128, "sgd", "/device:CPU:0")["floor_update_ms"] / 3
+    assert parts["floor_update_ms"] > floor.floor_step_ms([model], 128, "sgd", ["/device:CPU:0"])["floor_update_ms"] / 3
     result = _smoke(store, "train.probe_floor=true", "train.steps=100")
     assert result["step_time_over_floor"] == pytest.approx(result["step_time_ms"] / result["floor_step_ms"])
     assert result["step_time_over_floor"] > 0.5  # a step can hardly beat its own work by much

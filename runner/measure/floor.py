@@ -8,9 +8,9 @@ training's steps must run, since each step's forward reads the weights the previ
 update's memory traffic (the weights, their gradient and the optimizer's slots, each read and the changed ones
 written) at the memory bandwidth measured by copying a large tensor. `train.probe_floor=true` measures it after
 training and logs `floor_step_ms` and `step_time_over_floor` (the run's step time over the floor; 1.0 is the limit,
-give or take the update overlapping the backward pass, which the floor adds in full). On devices that share one
-processor (simulated ones), the whole global batch is the unavoidable work of a step, whatever the number of
-devices.
+give or take the update overlapping the backward pass, which the floor adds in full). With N towers the passes are
+the N towers' at their per-tower batch, all at once on their own devices: what they can do at best on this device
+set, whether the devices share one processor (simulated ones) or each has its own.
 """
 
 from __future__ import annotations
@@ -88,10 +88,11 @@ def bandwidth_bytes_per_second(device: str, megabytes: int = 64) -> float:
     return 2 * (megabytes << 20) / median_seconds(lambda: copy())
 
 
-def floor_step_ms(model: Any, batch: int, optimizer: str, device: str) -> dict[str, float]:
-    """The floor of one training step in ms and its parts."""
-    compute = forward_backward_seconds(model, batch, device)
-    weights = sum(int(v.shape.num_elements()) for v in model.trainable_variables)
-    traffic = TOUCHED.get(optimizer, 7) * 4 * weights / bandwidth_bytes_per_second(device)
+def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str]) -> dict[str, float]:
+    """The floor of one training step in ms and its parts: the towers `models[i]` on `devices[i]` at `batch`
+    images each, all at once, plus one optimizer update."""
+    compute = towers_seconds(models, batch, devices)
+    weights = sum(int(v.shape.num_elements()) for v in models[0].trainable_variables)
+    traffic = TOUCHED.get(optimizer, 7) * 4 * weights / bandwidth_bytes_per_second(devices[0])
     return {"floor_step_ms": 1000 * (compute + traffic), "floor_compute_ms": 1000 * compute,
             "floor_update_ms": 1000 * traffic}
