@@ -88,6 +88,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # a real `mlflow server`, ~12 s: keeps the default run under 10 minutes on 2 cores
 def test_mlflow_server_serves_the_sweep_over_rest(swept):
     _, _, uri = swept
     port = _free_port()
