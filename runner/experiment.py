@@ -206,15 +206,10 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
     figures: dict[str, Any] = {"peak_rss_mb": hooks.peak_rss_mb()}
     if plan.train.probe_floor and "step_time_ms" in result:
         from runner.measure import floor
-        from runner.strategies.common import build_model
-
-        import tensorflow as tf
+        from runner.strategies.common import tower_models
 
         towers = list(devices.names) if plan.strategy.data_parallel else list(devices.names[:1])
-        models = []
-        for device in towers:
-            with tf.device(device):
-                models.append(build_model(plan.model, plan.spec, plan.train.seed))
+        models = tower_models(plan.model, plan.spec, plan.train.seed, towers)
         figures.update(floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers))
         figures["step_time_over_floor"] = result["step_time_ms"] / figures["floor_step_ms"]
     if plan.train.measure_input:

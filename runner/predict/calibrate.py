@@ -174,15 +174,10 @@ def update_bytes_per_second(devices: list[str], floats: int, steps: int = 10) ->
 def towers(plan: Any, devices: list[str]) -> dict[str, float]:
     """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch; and the
     model's trainable weights (float32 bytes, as the variables are kept in every precision) and variables."""
-    import tensorflow as tf
-
     from runner.measure.floor import towers_seconds
-    from runner.strategies.common import build_model
+    from runner.strategies.common import tower_models
 
-    models = []
-    for device in devices:
-        with tf.device(device):
-            models.append(build_model(plan.model, plan.spec, plan.train.seed))
+    models = tower_models(plan.model, plan.spec, plan.train.seed, devices)
     batch = plan.train.per_device_batch_size
     once = towers_seconds(models, batch, devices, calls=1, repeats=1)
     calls = max(3, min(20, math.ceil(CALL_SECONDS / max(once, 1e-6))))  # calls long enough that dispatch is noise
@@ -194,13 +189,12 @@ def towers(plan: Any, devices: list[str]) -> dict[str, float]:
             "update_bytes_per_s_all": update_bytes_per_second(devices, floats)}
 
 
-def input_seconds(plan: Any, devices: list[str], examples: Any, steps: int = 100) -> float:
-    """Seconds per step of the pipeline alone feeding every tower (each batch touched on its device)."""
+def input_seconds(plan: Any, towers: list[str], examples: Any, steps: int = 100) -> float:
+    """Seconds per step of the pipeline alone feeding a tower on each of `towers` (each batch touched there)."""
     import tensorflow as tf
 
     from runner.strategies.common import drain_loop
 
-    towers = devices if plan.strategy.data_parallel else devices[:1]
     batches = plan.pipeline.towers(examples, plan.train.global_batch_size, list(towers), plan.train.seed)
     loop = drain_loop(batches.next)
     loop(tf.constant(steps))  # tracing, first fills of the buffers
@@ -256,7 +250,7 @@ def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -
         if towers_key(plan) in wanted and towers_key(plan) not in out:
             out[towers_key(plan)] = {**towers(plan, towered), **conditions}
         if input_key(plan) in wanted and input_key(plan) not in out:
-            out[input_key(plan)] = {"seconds": input_seconds(plan, names, examples(plan)), **conditions}
+            out[input_key(plan)] = {"seconds": input_seconds(plan, towered, examples(plan)), **conditions}
     return out
 
 

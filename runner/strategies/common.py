@@ -39,6 +39,15 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
     return built
 
 
+def tower_models(model: Model, spec: Spec, seed: int, devices: list[str]) -> list[keras.Model]:
+    """One copy of `model` per device, each built (its variables placed) on that device, with the same weights."""
+    copies = []
+    for device in devices:
+        with tf.device(device):
+            copies.append(build_model(model, spec, seed))
+    return copies
+
+
 def effective_learning_rate(train_cfg: Any) -> float:
     """The learning rate after the batch rule: none, linear (x global/reference) or sqrt (x its square root)."""
     ratio = train_cfg.global_batch_size / train_cfg.lr_reference_batch
