@@ -180,6 +180,9 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
     assert exit_.value.code == 2
     assert "times only 25 steps" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
+        main(["pipelines", "--steps", "60", "--steps-per-call", "25"])  # the pipelines bench checks its steps too
+    assert exit_.value.code == 2 and "mlp: --steps 60 --steps-per-call 25 times only 25" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
         main(["strategies", "--repeats", "0"])
     assert exit_.value.code == 2 and "argument --repeats: 0 is not a positive count" in capsys.readouterr().err
     planned = grid.plan([*grid.DATA_PARALLEL, "single"], PIPELINES.names(), [1, 2, 4, 8])

@@ -60,11 +60,14 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
 
 def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """At least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2."""
-    todo = {"pipelines": lambda: [], "floors": floor_settings}.get(args.command, settings)(args)
-    for s in todo:
-        n = timed_steps(s.steps, s.steps_per_call)
-        if n < MIN_TIMED_STEPS or n < 2 * s.steps_per_call:
-            parser.error(f"{s.name}: --steps {s.steps} --steps-per-call {s.steps_per_call} times only {n} steps "
+    if args.command == "pipelines":
+        todo = [(args.model, args.steps, args.steps_per_call)]
+    else:
+        todo = [(s.name, s.steps, s.steps_per_call) for s in (floor_settings if args.command == "floors" else settings)(args)]
+    for name, steps, per_call in todo:
+        n = timed_steps(steps, per_call)
+        if n < MIN_TIMED_STEPS or n < 2 * per_call:
+            parser.error(f"{name}: --steps {steps} --steps-per-call {per_call} times only {n} steps "
                          f"(the first call is warm-up, a short tail is not timed); need >= {MIN_TIMED_STEPS} steps "
                          "in >= 2 calls")
 
