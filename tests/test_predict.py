@@ -29,8 +29,8 @@ from runner.strategies import STRATEGIES, Traffic, predictable
     ("parameter_server", 2, Traffic(update_copies=1, update_devices=1, reduce_bytes=5000, reduce_devices=1,
                                     moved_bytes=4000, messages=12, ops=9)),
     # Slices (2NW), sums and means of the slices ((N + 3)W), assembling and writing the copies (4NW); 1 update.
-    ("sharded_update", 4, Traffic(update_copies=1, update_devices=4, reduce_bytes=31000, reduce_devices=4,
-                                  moved_bytes=6000, messages=24, ops=4 * (3 + 4) + 12 + 36)),
+    ("sharded_update", 4, Traffic(update_copies=1, update_devices=4, reduce_bytes=7000, reduce_devices=4,
+                                  moved_bytes=6000, messages=24, ops=4 * (3 + 4) + 12 + 36, copy_bytes=24000)),
 ])
 def test_each_strategy_counts_its_own_traffic(name, n, wanted):
     assert STRATEGIES.get(name)().traffic(n, 1000, 3) == wanted
@@ -44,7 +44,8 @@ def test_strategies_without_a_cost_model_say_so_in_one_line():
 
 MACHINE = {"op_seconds": 2e-6, "send_latency_s": 1e-5, "send_bytes_per_s": 1e9}
 TOWERS = {"seconds": 0.004, "weight_bytes": 2_000_000, "variables": 6, "update_bytes_per_s_one": 1e10,
-          "update_bytes_per_s_all": 3e10}
+          "update_bytes_per_s_all": 3e10, "reduce_bytes_per_s_one": 2e10, "reduce_bytes_per_s_all": 5e10,
+          "copy_bytes_per_s_all": 1e10}
 
 
 def test_terms_price_the_traffic_with_the_calibrations():
@@ -54,7 +55,7 @@ def test_terms_price_the_traffic_with_the_calibrations():
     assert set(p.terms) == set(TERMS)
     assert p.terms["towers"] == 0.004 and p.terms["input"] == 0.0005
     assert p.terms["update"] == pytest.approx(4 * TOUCHED["sgd"] * 2_000_000 / 3e10)  # 4 copies on 4 devices at once
-    assert p.terms["reduce"] == pytest.approx(7 * 2_000_000 / 3e10 + 6 * 2_000_000 / 1e9 + traffic.messages * 1e-5)
+    assert p.terms["reduce"] == pytest.approx(7 * 2_000_000 / 5e10 + 6 * 2_000_000 / 1e9 + traffic.messages * 1e-5)
     assert p.terms["ops"] == pytest.approx(traffic.ops * 2e-6)
     assert p.images_per_sec == pytest.approx(128 / sum(p.terms.values()))
     assert p.dominant == f"reduce {p.terms['reduce'] / p.step_seconds:.0%}"  # the slow sends: the largest term
@@ -62,7 +63,11 @@ def test_terms_price_the_traffic_with_the_calibrations():
     server = predict(validate(compose("model=mlp", "strategy=parameter_server", "gpus=4", "train.optimizer=sgd")),
                      MACHINE, TOWERS, {"seconds": 0.0005})
     assert server.terms["update"] == pytest.approx(TOUCHED["sgd"] * 2_000_000 / 1e10)  # one copy on one device
+    assert server.terms["reduce"] == pytest.approx(7 * 2_000_000 / 2e10 + 8 * 2_000_000 / 1e9 + 8 * 6 * 1e-5)
     assert server.metrics()["predicted_images_per_sec"] == server.images_per_sec
+    sharded = predict(validate(compose("model=mlp", "strategy=sharded_update", "gpus=4", "train.optimizer=sgd")),
+                      MACHINE, TOWERS, {"seconds": 0.0005})  # sums at the warm rate on 4, slices at the copy rate
+    assert sharded.terms["reduce"] == pytest.approx(7 * 2e6 / 5e10 + 24 * 2e6 / 1e10 + 6 * 2e6 / 1e9 + 24 * 1e-5)
     assert server.metrics()["predicted_towers_ms"] == pytest.approx(4.0)
 
 

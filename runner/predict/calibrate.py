@@ -9,7 +9,9 @@ because that is what they measure:
 - **towers** (per model, per-tower batch): the forward and backward passes of N towers at once, one step after the
   other (runner/measure/floor.py's `towers_seconds`): what N towers on the host's cores, or on devices of their
   own, do to each other; and the bytes per second of Adam's fused update at the model's size on one device and on
-  all N at once (weights that fit in a cache update faster than a large copy's bandwidth says);
+  all N at once, cold (other arrays each step: the update's weights and slots, out of the caches after the
+  towers' passes) and warm (the same arrays: the reduce's gradients, just written by the towers); and of slicing
+  and concatenating a vector of the model's size on all N at once (copy kernels);
 - **input** (per pipeline, data and global batch): the pipeline alone feeding N towers, seconds per step.
 
 Entries are cached in `<cache dir>/calibration.json` under a key naming the host CPU, the device set and threads,
@@ -35,9 +37,11 @@ from runner.paths import cache_dir as runner_cache_dir
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "calibration.json"
-FORMAT = 2  # in every key: entries of an older calibration (other figures) are measured again, not misread
+FORMAT = 3  # in every key: entries of an older calibration (other figures) are measured again, not misread
 RESULT = "calibration-result: "  # the child's stdout line the parent reads
 CALL_SECONDS = 0.03  # a timed call of the towers lasts about this long (3 to 20 steps)
+REPEATS = 9  # timed calls of a throughput microbenchmark (their median): 3 moved by 2-3x between runs
+COLD_BYTES = 256 << 20  # a cold update cycles through this many bytes of arrays, more than any CPU's caches
 
 
 def _digest(value: Any) -> str:
@@ -149,26 +153,61 @@ def machine(devices: list[str]) -> dict[str, Any]:
             "send_bytes_per_s": (4 * large / extra) if extra > 0 else float("inf")}
 
 
-def update_bytes_per_second(devices: list[str], floats: int, steps: int = 10) -> float:
+def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: int = 10) -> float:
     """Bytes per second that Adam's fused update (7 arrays of `floats` read or written) moves when it runs on every
-    device of `devices` at once: the memory (and cache) throughput an update of this size gets there."""
+    device of `devices` at once. `cold`: each step updates other arrays than the last, as a training step's update
+    finds its weights and slots after the towers' passes have pushed them out of the caches (measured: 4 copies of
+    the default MLP's update on 4 simulated devices cost 3.4x one copy, where the same arrays again cost 2.5x less);
+    warm: the same arrays every step, like gradients summed right after the towers wrote them."""
     import tensorflow as tf
 
+    per_set = 4 * 4 * floats * len(devices)  # bytes: weights, two slots, a gradient on each device
+    sets = max(2, min(steps, math.ceil(COLD_BYTES / per_set))) if cold else 1
     arrays = []
-    for device in devices:
-        with tf.device(device):
-            arrays.append([tf.Variable(tf.zeros((floats,))) for _ in range(3)] + [tf.ones((floats,))])
+    for s in range(sets):
+        arrays.append([])
+        for device in devices:
+            with tf.device(device):
+                arrays[s].append([tf.Variable(tf.zeros((floats,))) for _ in range(3)] + [tf.fill((floats,), 1.0 + s)])
 
     @tf.function(autograph=False)
     def updates() -> None:
-        for _ in range(steps):
-            for device, (var, m, v, grad) in zip(devices, arrays):
+        for step in range(steps):
+            for device, (var, m, v, grad) in zip(devices, arrays[step % sets]):
                 with tf.device(device):
                     tf.raw_ops.ResourceApplyAdam(var=var.handle, m=m.handle, v=v.handle, beta1_power=0.9,
                                                  beta2_power=0.999, lr=1e-3, beta1=0.9, beta2=0.999, epsilon=1e-7,
                                                  grad=grad)
 
-    return 7 * 4 * floats * len(devices) * steps / median_seconds(updates, 3)
+    return 7 * 4 * floats * len(devices) * steps / median_seconds(updates, REPEATS)
+
+
+def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, steps: int = 10) -> float:
+    """Bytes per second of slicing a vector of `floats` into `pieces` and concatenating them in another order (read
+    and write each byte twice), on every device of `devices` at once: what cutting gradients into slices and
+    assembling updated weights moves. Cold, like the update: each step copies other vectors than the last."""
+    import tensorflow as tf
+
+    sets = max(2, min(steps, math.ceil(COLD_BYTES / (4 * floats * len(devices)))))
+    vectors = []
+    for s in range(sets):
+        vectors.append([])
+        for device in devices:
+            with tf.device(device):
+                vectors[s].append(tf.Variable(tf.fill((floats,), 1.0 + s)))
+    bounds = [floats * i // pieces for i in range(pieces + 1)]
+
+    @tf.function(autograph=False)
+    def copies() -> list[tf.Tensor]:
+        out = []
+        for step in range(steps):
+            for device, x in zip(devices, vectors[step % sets]):
+                with tf.device(device):
+                    y = x.read_value()
+                    out.append(tf.concat([y[a:b] for a, b in zip(bounds, bounds[1:])][::-1], 0))  # not foldable
+        return out
+
+    return 4 * 4 * floats * len(devices) * steps / median_seconds(copies, REPEATS)
 
 
 def towers(plan: Any, devices: list[str]) -> dict[str, float]:
@@ -185,8 +224,9 @@ def towers(plan: Any, devices: list[str]) -> dict[str, float]:
     variables = models[0].trainable_variables
     floats = sum(int(v.shape.num_elements()) for v in variables)
     return {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
-            "update_bytes_per_s_one": update_bytes_per_second(devices[:1], floats),
-            "update_bytes_per_s_all": update_bytes_per_second(devices, floats)}
+            **{f"{term}_bytes_per_s_{where}": update_bytes_per_second(on, floats, cold=term == "update")
+               for term in ("update", "reduce") for where, on in (("one", devices[:1]), ("all", devices))},
+            "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats)}
 
 
 def input_seconds(plan: Any, towers: list[str], examples: Any, steps: int = 100) -> float:

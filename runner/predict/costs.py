@@ -3,11 +3,13 @@
 - `towers`: the forward and backward passes of the N towers at their per-tower batch, all at once (calibrated:
   what N towers on shared cores, or on devices of their own, do to each other is in the measurement);
 - `update`: the optimizer's memory traffic (weights, gradients and slots read and written, runner/measure/floor.py's
-  TOUCHED) times the strategy's update copies, at the throughput a fused update of the model's size measured on one
-  device, or on all N at once where the strategy updates on every device;
+  TOUCHED) times the strategy's update copies, at the throughput a fused update of the model's size measured cold
+  (its arrays out of the caches, as after the towers' passes) on one device, or on all N at once where the strategy
+  updates on every device;
 - `reduce`: combining the towers' gradients and handing out the new weights: the strategy's arithmetic bytes at
-  that throughput (one device or all), its cross-device bytes at the measured send bandwidth, and one send latency
-  per message;
+  the same kernel's warm throughput (the gradients were just written), its copies (slices, concatenations) at the
+  measured copy throughput, its cross-device bytes at the measured send bandwidth, and one send latency per
+  message;
 - `ops`: the strategy's small ops beyond the towers (updates, sums, slices, assignments) at the executor's measured
   fixed cost per op;
 - `input`: the pipeline alone feeding every tower for one step (calibrated).
@@ -69,15 +71,16 @@ def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: di
     weight_bytes, variables = int(towers["weight_bytes"]), int(towers["variables"])
     traffic = plan.strategy.traffic(n, weight_bytes, variables)
 
-    def rate(devices: int) -> float:  # bytes/s of update-like arithmetic on one device, or on all at once
-        return float(towers["update_bytes_per_s_one" if devices == 1 else "update_bytes_per_s_all"])
+    def rate(term: str, devices: int) -> float:  # bytes/s of the term's arithmetic on one device, or on all at once
+        return float(towers[f"{term}_bytes_per_s_{'one' if devices == 1 else 'all'}"])
 
     update_bytes = traffic.update_copies * TOUCHED.get(plan.train.optimizer, 7) * weight_bytes
     sends = traffic.moved_bytes / float(machine["send_bytes_per_s"]) + traffic.messages * machine["send_latency_s"]
     terms = {
         "towers": float(towers["seconds"]),
-        "update": update_bytes / rate(traffic.update_devices),
-        "reduce": traffic.reduce_bytes / rate(traffic.reduce_devices) + sends,
+        "update": update_bytes / rate("update", traffic.update_devices),
+        "reduce": traffic.reduce_bytes / rate("reduce", traffic.reduce_devices)
+        + traffic.copy_bytes / float(towers["copy_bytes_per_s_all"]) + sends,
         "ops": traffic.ops * float(machine["op_seconds"]),
         "input": float(feed["seconds"]),
     }

@@ -112,9 +112,12 @@ class Traffic:
         update_copies: full optimizer updates per step, summed over the devices (replicated: N; sharded: N
             updates of 1/N each, so 1).
         update_devices: the devices those updates run on at once (replicated, sharded: N; parameter server: 1).
-        reduce_bytes: bytes read plus written per step, summed over the devices, to combine the towers' gradients
-            and give every tower the new weights (additions, divisions, slices, concatenations, assignments).
+        reduce_bytes: bytes read plus written per step, summed over the devices, by the arithmetic that combines
+            the towers' gradients (additions, divisions).
         reduce_devices: the devices that arithmetic runs on at once.
+        copy_bytes: bytes read plus written per step, summed over the devices, by copies that cut gradients into
+            slices and put updated weights together (slices, concatenations, assignments), on `reduce_devices`
+            at once (copy kernels move fewer bytes per second than the fused update: they are priced apart).
         moved_bytes: bytes sent from one device to another per step (on devices sharing one host's memory a send
             may copy nothing: the calibration of the transfer says what it costs).
         messages: cross-device transfers per step (each pays a latency, whatever its size).
@@ -129,6 +132,7 @@ class Traffic:
     moved_bytes: float
     messages: int
     ops: int
+    copy_bytes: float = 0.0  # most strategies cut and assemble nothing
 
 
 @runtime_checkable

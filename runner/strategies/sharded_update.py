@@ -59,13 +59,14 @@ class ShardedUpdate(StrategyBase):
         return ShardedTowers(list(devices.names), training)
 
     def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
-        """Each tower cuts its gradients into N slices (read and write W each); device j sums and divides its slice
-        of the N towers ((N + 3) W over the devices); N updates of 1/N; every device assembles the N updated slices
-        and writes them into its copy (4 W each). Slices travel to their owner and back: 2 (N - 1) W."""
+        """Each tower cuts its gradients into N slices (copies: read and write W each); device j sums and divides
+        its slice of the N towers ((N + 3) W over the devices); N updates of 1/N; every device assembles the N
+        updated slices and writes them into its copy (copies: 4 W each). Slices travel to their owner and back:
+        2 (N - 1) W."""
         n, w = devices, weight_bytes
-        return Traffic(update_copies=1, update_devices=n, reduce_bytes=(2 * n + n + 3 + 4 * n) * w, reduce_devices=n,
+        return Traffic(update_copies=1, update_devices=n, reduce_bytes=(n + 3) * w, reduce_devices=n,
                        moved_bytes=2 * (n - 1) * w, messages=2 * n * (n - 1),
-                       ops=n * (variables + n) + 3 * n + 3 * n * variables)
+                       ops=n * (variables + n) + 3 * n + 3 * n * variables, copy_bytes=(2 * n + 4 * n) * w)
 
 
 def _flat(tensors: list[tf.Tensor], padding: int) -> tf.Tensor:
