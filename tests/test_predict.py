@@ -101,6 +101,21 @@ def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypa
     assert calibrate.read_cache(tmp_path) == {}
 
 
+def test_the_calibration_child_gets_one_combination_per_calibration_it_lacks(tmp_path, monkeypatch):
+    grid_ = [["model=mlp", f"strategy={s}", f"pipeline={p}", "gpus=2"]
+             for s in ("replicated", "parameter_server") for p in ("split", "sharded")]
+    children = []
+
+    def child(overrides, wanted):  # what the fresh process is asked to compose and measure
+        children.append((overrides, wanted))
+        return {k: {**MACHINE, **TOWERS, "seconds": 0.001} for k in wanted}
+
+    monkeypatch.setattr(grid, "_calibrate", child)
+    assert all(o.prediction for o in grid.predict_all(grid_, cache_dir=tmp_path))
+    (overrides, wanted), = children  # one device set: one child
+    assert len(wanted) == 4 and overrides == grid_[:2]  # machine, towers (shared), the two pipelines' inputs
+
+
 def test_expand_enumerates_a_sweeps_combinations_in_its_order():
     assert grid.expand(["-m", "strategy=a,b", "gpus=2,4", "hydra.launcher.n_jobs=2"]) == [
         ["strategy=a", "gpus=2"], ["strategy=a", "gpus=4"], ["strategy=b", "gpus=2"], ["strategy=b", "gpus=4"]]

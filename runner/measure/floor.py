@@ -15,6 +15,7 @@ set, whether the devices share one processor (simulated ones) or each has its ow
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -41,10 +42,12 @@ def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 1
     return towers_seconds([model], batch, [device], calls)
 
 
-def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5) -> float:
+def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5,
+                   call_seconds: float | None = None) -> float:
     """Seconds per step of forward and backward passes of every tower at once: `models[i]` on `batch` images on
     `devices[i]`, as the towers of a data-parallel step run (what N towers on shared cores do to each other shows).
-    """
+    `call_seconds`: instead of `calls` steps per timed call, as many (3 to 20) as make a call last about that long,
+    so that a call's own cost is noise beside its steps."""
     import keras
     import tensorflow as tf
 
@@ -62,15 +65,19 @@ def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int
         return tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])  # every gradient is needed
 
     @tf.function(autograph=False)
-    def passes() -> tf.Tensor:
+    def passes(steps: tf.Tensor) -> tf.Tensor:  # one trace for any number of steps
         def one(i, total):
             return i + 1, total + tf.add_n([tower(m, d, x, y) for m, d, (x, y) in zip(models, devices, feeds)])
 
         # One pass at a time: left to overlap (the loop's default), independent passes fill the cores in a way no
         # training step can, and the floor of a model of small matmuls (the MLP) comes out below what it costs.
-        return tf.while_loop(lambda i, _: i < calls, one, (tf.constant(0), tf.constant(0.0)), parallel_iterations=1)[1]
+        return tf.while_loop(lambda i, _: i < steps, one, (tf.constant(0), tf.constant(0.0)), parallel_iterations=1)[1]
 
-    return median_seconds(lambda: float(passes()), repeats) / calls
+    if call_seconds is not None:
+        once = median_seconds(lambda: float(passes(tf.constant(1))), 1)
+        calls = max(3, min(20, math.ceil(call_seconds / max(once, 1e-6))))
+    steps = tf.constant(calls)
+    return median_seconds(lambda: float(passes(steps)), repeats) / calls
 
 
 def bandwidth_bytes_per_second(device: str, megabytes: int = 64) -> float:

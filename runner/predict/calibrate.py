@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 CACHE_FILE = "calibration.json"
 FORMAT = 3  # in every key: entries of an older calibration (other figures) are measured again, not misread
 RESULT = "calibration-result: "  # the child's stdout line the parent reads
-CALL_SECONDS = 0.03  # a timed call of the towers lasts about this long (3 to 20 steps)
+CALL_SECONDS = 0.03  # a timed call of the towers lasts about this long
 REPEATS = 9  # timed calls of a throughput microbenchmark (their median): 3 moved by 2-3x between runs
 COLD_BYTES = 256 << 20  # a cold update cycles through this many bytes of arrays, more than any CPU's caches
 
@@ -218,9 +218,7 @@ def towers(plan: Any, devices: list[str]) -> dict[str, float]:
 
     models = tower_models(plan.model, plan.spec, plan.train.seed, devices)
     batch = plan.train.per_device_batch_size
-    once = towers_seconds(models, batch, devices, calls=1, repeats=1)
-    calls = max(3, min(20, math.ceil(CALL_SECONDS / max(once, 1e-6))))  # calls long enough that dispatch is noise
-    seconds = towers_seconds(models, batch, devices, calls=calls, repeats=5)
+    seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS)
     variables = models[0].trainable_variables
     floats = sum(int(v.shape.num_elements()) for v in variables)
     return {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
