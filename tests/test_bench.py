@@ -182,6 +182,10 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["pipelines", "--steps", "60", "--steps-per-call", "25"])  # the pipelines bench checks its steps too
     assert exit_.value.code == 2 and "mlp: --steps 60 --steps-per-call 25 times only 25" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # 3 towers cannot split 128 images: said once, before any job
+        main(["strategies", "--gpus", "2,3", "--batch", "128"])
+    assert exit_.value.code == 2 and "--gpus 3: train.global_batch_size=128 is not divisible by the 3 towers" in \
+        capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         main(["strategies", "--repeats", "0"])
     assert exit_.value.code == 2 and "argument --repeats: 0 is not a positive count" in capsys.readouterr().err

@@ -72,6 +72,22 @@ def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
                          "in >= 2 calls")
 
 
+def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Each device count's first job validated as the runner will (e.g. a global batch the towers cannot split),
+    so a bad grid is one `error:` line before any job instead of a failed job per combination."""
+    from runner.config import compose, validate
+    from runner.errors import ConfigError
+
+    for n in args.gpus:
+        strategy = "single" if n == 1 else next((s for s in args.strategies if s != "single"), None)
+        if strategy is None:
+            continue
+        try:
+            validate(compose([*settings(args)[0].overrides(), f"gpus={n}", f"strategy={strategy}"]))
+        except ConfigError as e:
+            parser.error(f"--gpus {n}: {e}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line of the benchmarks."""
     parser = argparse.ArgumentParser(prog="python -m runner.bench", description=runner.bench.__doc__.splitlines()[0])
@@ -120,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "predicted":
         return predicted(args)
     _check_steps(parser, args)
+    if args.command in ("grid", "strategies"):
+        _check_grid(parser, args)
     if args.command == "floors":
         return floors(args)
     return pipelines(args) if args.command == "pipelines" else grid(args)
