@@ -63,7 +63,8 @@ def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     if args.command == "pipelines":
         todo = [(args.model, args.steps, args.steps_per_call)]
     else:
-        todo = [(s.name, s.steps, s.steps_per_call) for s in (floor_settings if args.command == "floors" else settings)(args)]
+        of = floor_settings if args.command == "floors" else settings
+        todo = [(s.name, s.steps, s.steps_per_call) for s in of(args)]
     for name, steps, per_call in todo:
         n = timed_steps(steps, per_call)
         if n < MIN_TIMED_STEPS or n < 2 * per_call:

@@ -153,6 +153,12 @@ def machine(devices: list[str]) -> dict[str, Any]:
             "send_bytes_per_s": (4 * large / extra) if extra > 0 else float("inf")}
 
 
+def _cold_sets(set_bytes: int, steps: int) -> int:
+    """How many sets of arrays of `set_bytes` a cold microbenchmark of `steps` cycles through: enough to pass
+    COLD_BYTES (no cache keeps them), at least 2, at most one per step."""
+    return max(2, min(steps, math.ceil(COLD_BYTES / set_bytes)))
+
+
 def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: int = 10) -> float:
     """Bytes per second that Adam's fused update (7 arrays of `floats` read or written) moves when it runs on every
     device of `devices` at once. `cold`: each step updates other arrays than the last, as a training step's update
@@ -161,8 +167,7 @@ def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: 
     warm: the same arrays every step, like gradients summed right after the towers wrote them."""
     import tensorflow as tf
 
-    per_set = 4 * 4 * floats * len(devices)  # bytes: weights, two slots, a gradient on each device
-    sets = max(2, min(steps, math.ceil(COLD_BYTES / per_set))) if cold else 1
+    sets = _cold_sets(4 * 4 * floats * len(devices), steps) if cold else 1  # a set: weights, 2 slots, a gradient
     arrays = []
     for s in range(sets):
         arrays.append([])
@@ -188,7 +193,7 @@ def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, step
     assembling updated weights moves. Cold, like the update: each step copies other vectors than the last."""
     import tensorflow as tf
 
-    sets = max(2, min(steps, math.ceil(COLD_BYTES / (4 * floats * len(devices)))))
+    sets = _cold_sets(4 * floats * len(devices), steps)
     vectors = []
     for s in range(sets):
         vectors.append([])

@@ -116,8 +116,8 @@ class Traffic:
             the towers' gradients (additions, divisions).
         reduce_devices: the devices that arithmetic runs on at once.
         copy_bytes: bytes read plus written per step, summed over the devices, by copies that cut gradients into
-            slices and put updated weights together (slices, concatenations, assignments), on `reduce_devices`
-            at once (copy kernels move fewer bytes per second than the fused update: they are priced apart).
+            slices and put updated weights together (slices, concatenations, assignments), on every device at
+            once (copy kernels move fewer bytes per second than the fused update: they are priced apart).
         moved_bytes: bytes sent from one device to another per step (on devices sharing one host's memory a send
             may copy nothing: the calibration of the transfer says what it costs).
         messages: cross-device transfers per step (each pays a latency, whatever its size).
