@@ -173,12 +173,14 @@ def test_the_accuracy_of_a_groups_predictions_in_figures_and_words():
     j = judge(combos)
     assert j.spread == pytest.approx(9.5 / 99.75) and j.pairs == 2 and j.pairs_ordered == 2  # a-c and b-c
     assert j.median_error == pytest.approx(0.10) and j.spearman == pytest.approx(1.0)
+    # The retest: first runs order c < b < a, second runs c < a < b: one swap of three, 1 - 6 * 2 / 24.
+    assert j.retest == pytest.approx(0.5)
     assert j.predicted_fastest == "a" == j.measured_fastest and j.confirmed
-    assert line("mlp x2", j) == ("prediction: mlp x2: 3 combinations, median error 10%, Spearman 1.00, 2 of 2 pairs "
-                                 "apart beyond the noise ordered right (run-to-run spread 10%); predicted fastest a: "
-                                 "predicted and confirmed")
+    assert line("mlp x2", j) == ("prediction: mlp x2: 3 combinations, median error 10%, Spearman 1.00 (the repeats "
+                                 "against each other 0.50), 2 of 2 pairs apart beyond the noise ordered right "
+                                 "(run-to-run spread 10%); predicted fastest a: predicted and confirmed")
     wrong = judge(combine([("a", 90.0, 100.0), ("b", 120.0, 70.0), ("c", 50.0, 50.0)]))  # single runs
-    assert wrong.spread is None and wrong.pairs == 3 and wrong.pairs_ordered == 2 and not wrong.confirmed
+    assert wrong.spread is None and wrong.retest is None and wrong.pairs == 3 and wrong.pairs_ordered == 2 and not wrong.confirmed
     assert line("cnn x4", wrong).endswith("predicted fastest b measured only 0.70x the fastest (a): the model was "
                                          "wrong by 30%")
     assert "noise unknown: every pair counts" in line("cnn x4", wrong)

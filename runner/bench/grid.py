@@ -134,8 +134,8 @@ def predict_rows(table: Table) -> None:
 
 
 def prediction_lines(table: Table) -> list[str]:
-    """Per device count: how the predictions fared against the measured rows (runner/report/prediction.py); a row's
-    repeats are represented by their lowest, median and highest rate."""
+    """Per device count: how the predictions fared against the measured rows (runner/report/prediction.py), a row's
+    repeats by their rates in round order."""
     from runner.report import prediction
 
     lines = []
@@ -143,8 +143,7 @@ def prediction_lines(table: Table) -> list[str]:
         items = []
         for job, m in table.rows:
             if job.kind == "runner" and job.gpus == n and "predicted_images_per_sec" in m:
-                rates = [m["images_per_sec_low"], m["images_per_sec"], m["images_per_sec_high"]] if "repeats" in m \
-                    else [m["images_per_sec"]]
+                rates = m.get("images_per_sec_runs", [m["images_per_sec"]])
                 items += [(f"{job.strategy}/{job.pipeline}", m["predicted_images_per_sec"], r) for r in rates]
         combos = prediction.combine(items)
         if len(combos) > 1:

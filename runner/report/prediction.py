@@ -4,7 +4,9 @@ Per group of rows that compete (one model on one device count): the median |pred
 rank correlation (Spearman) of predicted and measured rates, how many of the pairs of combinations whose measured
 rates differ by more than the run-to-run spread the prediction put in the right order, and whether the predicted
 fastest measured within the noise (or 10%, whichever is larger) of the measured fastest. Repeats of one combination
-are combined by their median; their ranges give the spread (none: "noise unknown" and every pair counts).
+are combined by their median; their ranges give the spread (none: "noise unknown" and every pair counts), and
+their halves ranked against each other (one half of each combination's runs against the other: the retest) say how
+well the measurement orders the group itself, which no prediction can be expected to beat.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ class Measured:
     def spread(self) -> float | None:
         """Relative range of its runs, None for a single run."""
         return (max(self.rates) - min(self.rates)) / self.rate if len(self.rates) > 1 else None
+
+    def halves(self) -> tuple[float, float] | None:
+        """The median of its even-numbered runs and of its odd-numbered ones (runs in round order), None for one."""
+        return (statistics.median(self.rates[0::2]), statistics.median(self.rates[1::2])) \
+            if len(self.rates) > 1 else None
 
 
 def combine(rows: list[tuple[str, float, float]]) -> list[Measured]:
@@ -73,6 +80,7 @@ class Judgement:
     combos: int
     median_error: float
     spearman: float | None
+    retest: float | None  # Spearman of the halves of every combination's runs against each other; None: a single run
     spread: float | None  # the largest relative range of a repeated combination; None: no repeats
     pairs_ordered: int  # pairs beyond the spread the prediction ordered right
     pairs: int  # pairs whose measured rates differ by more than the spread
@@ -92,11 +100,13 @@ def judge(combos: list[Measured]) -> Judgement:
     apart = [(a, b) for i, a in enumerate(combos) for b in combos[i + 1:]
              if abs(a.rate - b.rate) / min(a.rate, b.rate) > (spread or 0.0)]
     ordered = sum((a.rate > b.rate) == (a.predicted > b.predicted) for a, b in apart)
+    halves = [c.halves() for c in combos]
+    retest = spearman([h[0] for h in halves], [h[1] for h in halves]) if all(halves) else None
     best_predicted = max(combos, key=lambda c: c.predicted)
     best_measured = max(combos, key=lambda c: c.rate)
     return Judgement(
         len(combos), statistics.median(abs(c.predicted - c.rate) / c.rate for c in combos),
-        spearman([c.predicted for c in combos], [c.rate for c in combos]), spread, ordered, len(apart),
+        spearman([c.predicted for c in combos], [c.rate for c in combos]), retest, spread, ordered, len(apart),
         best_predicted.label, best_measured.label, best_predicted.rate / best_measured.rate)
 
 
@@ -104,6 +114,8 @@ def line(group: str, j: Judgement) -> str:
     """One line in words: errors, order, and the fastest predicted and confirmed, or how far off."""
     noise = f"run-to-run spread {j.spread:.0%}" if j.spread is not None else "noise unknown: every pair counts"
     rho = f"Spearman {j.spearman:.2f}" if j.spearman is not None else "Spearman -"
+    if j.retest is not None:
+        rho += f" (the repeats against each other {j.retest:.2f})"
     order = (f"{j.pairs_ordered} of {j.pairs} pairs apart beyond the noise ordered right" if j.pairs
              else "every combination within the noise of the others (a tie)")
     if j.predicted_fastest == j.measured_fastest:
