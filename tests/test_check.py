@@ -66,6 +66,7 @@ def _rows(stdout: str) -> dict[str, dict[str, str]]:
     return {row["combination"]: row for row in markdown_rows(stdout)}
 
 
+@pytest.mark.slow  # two combinations checked end to end: ~20 s
 def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_real_one(broken):
     proc, uri = _check(broken, "--config-dir", str(broken / "conf"), "gpus=2", "strategy=replicated,no_average",
                        "pipeline=split")

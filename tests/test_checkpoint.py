@@ -41,6 +41,7 @@ def _digest(stdout_and_err: str) -> str:
     return re.search(r"final weights sha256 ([0-9a-f]{16})", stdout_and_err).group(1)
 
 
+@pytest.mark.slow  # a killed run, its resume and an uninterrupted twin: ~18 s
 def test_sigkilled_job_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_run(tmp_path):
     killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
     killed_dir.mkdir(), clean_dir.mkdir()

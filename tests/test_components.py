@@ -98,6 +98,7 @@ def _sweep(folder: Path, *overrides: str):
                    "data.train_limit=1024", "data.test_limit=256", *overrides, cwd=folder, env=env, timeout=900)
 
 
+@pytest.mark.slow  # a user's model, pipeline and strategy trained and checked: ~18 s
 def test_user_model_pipeline_and_strategy_train_together(user_folder):
     """The default suite's short form, one sweep of 2 fresh jobs: the user's model under the user's strategy, fed by
     the user's pipeline and by the built-in sharded one (model_parallel over the user's model: the slow form)."""

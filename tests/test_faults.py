@@ -359,6 +359,7 @@ def _lonely_worker(tmp_path: Path, *extra: str) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow  # waits out the bounded peer wait: ~13 s
 def test_a_missing_peer_is_given_up_after_the_bounded_wait_in_one_line(tmp_path):
     proc = _lonely_worker(tmp_path, "strategy.peer_timeout=5")
     t0 = time.monotonic()
