@@ -6,7 +6,7 @@ rates differ by more than the run-to-run spread the prediction put in the right 
 fastest measured within the noise (or 10%, whichever is larger) of the measured fastest. Repeats of one combination
 are combined by their median; their ranges give the spread (none: "noise unknown" and every pair counts), and
 their halves ranked against each other (one half of each combination's runs against the other: the retest) say how
-well the measurement orders the group itself, which no prediction can be expected to beat.
+well the measurement orders the group itself: where that is low, the measured order is mostly noise.
 """
 
 from __future__ import annotations
