@@ -110,7 +110,9 @@ def cli() -> None:
     sys.argv[0] = "runner"  # argparse's and Hydra's messages name the command, not __main__.py
     os.environ["HYDRA_FULL_ERROR"] = "1"
     from runner import sweep, tracking
-    from runner.runtime import signals
+    from runner.runtime import quiet, signals
+
+    quiet.quiet_cpp_log()
 
     if sys.argv[1:2] in (["--version"], ["-V"]):
         import runner

@@ -6,6 +6,13 @@ own initialisation, oneDNN being on, CUDA drivers not found, the CPU instruction
 on a machine without GPUs an alarming `failed call to cuInit: ... CUDA error`. The run records what matters of them
 itself (the `tensorflow.onednn` and `devices.*` tags; "no GPU found: training on the CPU" once). `filtered_stderr`
 drops those lines at the file-descriptor level while the block runs and passes every other line through.
+
+Later, TensorFlow's C++ log writes INFO and WARNING lines of its own: an INFO line for every TFRecord file reader, and
+three lines about an aborted "rendezvous" before the runner's one `error:` line when an op inside the step fails
+(a label outside the classes). `quiet_cpp_log` keeps the commands' C++ log to errors, as the bench's and the
+calibration's child processes already do; what matters of it the runner says itself.
+
+RUNNER_VERBOSE_TENSORFLOW=1 leaves both alone.
 """
 
 from __future__ import annotations
@@ -33,13 +40,25 @@ def _pump(source: int, target: int) -> None:
                 os.write(target, line)
 
 
+def verbose() -> bool:
+    """Whether the user asked for TensorFlow's own output unfiltered (RUNNER_VERBOSE_TENSORFLOW=1)."""
+    return os.environ.get("RUNNER_VERBOSE_TENSORFLOW", "") not in ("", "0")
+
+
+def quiet_cpp_log() -> None:
+    """TensorFlow's C++ log at ERROR and above only (TF_CPP_MIN_LOG_LEVEL=2), unless the user set the level or asked
+    for verbose output. Call before TensorFlow is imported: it reads the level once, when it loads."""
+    if not verbose():
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
 @contextmanager
 def filtered_stderr() -> Iterator[None]:
     """While the block runs, the process's stderr (file descriptor 2, C++ writes included) loses the NOISE lines.
 
     RUNNER_VERBOSE_TENSORFLOW=1 leaves stderr alone.
     """
-    if os.environ.get("RUNNER_VERBOSE_TENSORFLOW", "") not in ("", "0"):
+    if verbose():
         yield
         return
     sys.stderr.flush()
