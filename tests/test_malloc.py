@@ -31,10 +31,16 @@ def churn():
     return total
 
 def faults_per_mib():
+    # The steady state: the fewest over 5 churns. A churn may run on a pool thread whose malloc arena has not
+    # grown yet and fault a few tensors' pages in once (seen: whole MiBs, 5-33 faults per MiB averaged over a churn,
+    # in about one churn of ten; the others 0). With the option off every churn maps all 50 fresh.
     churn()  # traced, and its first allocations
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    churn()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 50
+    counts = []
+    for _ in range(5):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        churn()
+        counts.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 50)
+    return min(counts)
 
 out = {}
 for reuse in ("false", "true"):
@@ -67,5 +73,5 @@ def test_mirrored_run_leaves_freed_tensors_reusable_only_with_the_option_on(tmp_
     # The cause, in TensorFlow's own words: its generator dataset set the trim threshold.
     assert "Memory patch applied: M_TRIM_THRESHOLD=128 kb was set" in proc.stderr
     faults = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert faults["false"] > 200, faults  # every 1 MiB tensor mapped fresh: 256 pages faulted in
+    assert faults["false"] > 200, faults  # every 1 MiB tensor mapped fresh, in every churn: 256 pages faulted in
     assert faults["true"] < 20, faults  # served from the heap: its pages are already there
