@@ -60,8 +60,8 @@ def format_row(job: Job, m: dict, table: Table) -> str:
     if "error" in m:
         return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * (len(COLUMNS) - 3)
     ips, steps = m["images_per_sec"], int(m.get("timed_steps", 0))
-    spread = (f"({m['images_per_sec_low']:,.0f}-{m['images_per_sec_high']:,.0f})" if "repeats" in m
-              else f"± {m['images_per_sec_stderr']:,.0f}")
+    runs = m.get("images_per_sec_runs")
+    spread = f"({min(runs):,.0f}-{max(runs):,.0f})" if runs else f"± {m['images_per_sec_stderr']:,.0f}"
     predicted = f"{m['predicted_images_per_sec']:,.0f}" if "predicted_images_per_sec" in m else "-"
     cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}", predicted,
              f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),

@@ -153,16 +153,14 @@ def run_one(setting: Setting, job: Job, uri: str, experiment: str, progress: Pro
 
 
 def combine(runs: list[dict]) -> dict:
-    """One row from a job's repeats: the median of each figure (peak RSS: the highest), images/s with its lowest
-    and highest and each round's; a failed repeat fails the row. One run is its own row."""
+    """One row from a job's repeats: the median of each figure (peak RSS: the highest), images/s with each round's
+    (`images_per_sec_runs`, in order) and their count; a failed repeat fails the row. One run is its own row."""
     failed = [m for m in runs if "error" in m]
     if failed or len(runs) == 1:
         return (failed or runs)[0]
     numeric = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and all(k in m for m in runs)]
     out = {k: statistics.median(m[k] for m in runs) for k in numeric}
-    rates = [m["images_per_sec"] for m in runs]
-    out.update(images_per_sec_low=min(rates), images_per_sec_high=max(rates), images_per_sec_runs=rates,
-               repeats=len(runs))
+    out.update(images_per_sec_runs=[m["images_per_sec"] for m in runs], repeats=len(runs))
     if "peak_rss_mb" in out:
         out["peak_rss_mb"] = max(m["peak_rss_mb"] for m in runs)
     return out
