@@ -200,6 +200,11 @@ class Plan:
     def gpus(self) -> int:
         return int(self.cfg.gpus)
 
+    @property
+    def local_towers(self) -> int:
+        """Towers in this process: one per device for a data-parallel strategy, else one."""
+        return self.strategy.towers(self.gpus)
+
 
 HYDRA_GROUPS = ("hydra/launcher", "hydra/sweeper")  # Hydra's own groups a user picks on the command line
 

@@ -208,7 +208,7 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         from runner.measure import floor
         from runner.strategies.common import tower_models
 
-        towers = list(devices.names) if plan.strategy.data_parallel else list(devices.names[:1])
+        towers = list(devices.names[:plan.local_towers])
         models = tower_models(plan.model, plan.spec, plan.train.seed, towers)
         figures.update(floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers))
         figures["step_time_over_floor"] = result["step_time_ms"] / figures["floor_step_ms"]

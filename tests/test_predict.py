@@ -77,6 +77,16 @@ def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypa
     assert calibrate.towers_key(plans[0]) == calibrate.towers_key(plans[1])  # same model, same per-tower batch
     assert calibrate.towers_key(validate(compose("model=mlp", "gpus=4", "strategy=replicated"))) != \
         calibrate.towers_key(plans[0])
+    # One tower on 2 devices is another measurement than 2 towers, with the same batches: its own entries.
+    one = validate(compose("model=mlp", "strategy=model_parallel", "gpus=2", "train.batch_scaling=weak",
+                            "train.per_device_batch_size=64"))
+    weak = validate(compose("model=mlp", "strategy=replicated", "gpus=2", "train.batch_scaling=weak",
+                            "train.per_device_batch_size=64"))
+    assert one.train.per_device_batch_size == weak.train.per_device_batch_size
+    assert calibrate.towers_key(one) != calibrate.towers_key(weak)
+    one = validate(compose("model=mlp", "strategy=model_parallel", "gpus=2"))
+    assert one.train.global_batch_size == plans[0].train.global_batch_size
+    assert calibrate.input_key(one) != calibrate.input_key(plans[0])
     entries = {calibrate.machine_key(plans[0]): MACHINE,
                calibrate.towers_key(plans[0]): TOWERS,
                calibrate.input_key(plans[0]): {"seconds": 0.0004}, calibrate.input_key(plans[1]): {"seconds": 0.0004}}
@@ -114,6 +124,19 @@ def test_the_calibration_child_gets_one_combination_per_calibration_it_lacks(tmp
     assert all(o.prediction for o in grid.predict_all(grid_, cache_dir=tmp_path))
     (overrides, wanted), = children  # one device set: one child
     assert len(wanted) == 4 and overrides == grid_[:2]  # machine, towers (shared), the two pipelines' inputs
+
+
+def test_a_strategy_without_a_cost_model_is_named_and_never_calibrated(tmp_path, monkeypatch):
+    asked = []
+    monkeypatch.setattr(grid, "_calibrate", lambda overrides, wanted: asked.append((overrides, wanted)) or
+                        {k: {**MACHINE, **TOWERS, "seconds": 0.001} for k in wanted})
+    priced, blocked = grid.predict_all([["model=mlp", "strategy=replicated", "gpus=2"],
+                                        ["model=mlp", "strategy=model_parallel", "gpus=2"]], cache_dir=tmp_path)
+    assert priced.prediction and blocked.prediction is None and "has no cost model" in blocked.error
+    assert blocked.label == "mlp/default model_parallel/split x2"
+    (overrides, wanted), = asked
+    assert overrides == [["model=mlp", "strategy=replicated", "gpus=2"]] and wanted == grid.keys(
+        validate(compose("model=mlp", "strategy=replicated", "gpus=2")))
 
 
 def test_expand_enumerates_a_sweeps_combinations_in_its_order():
@@ -156,11 +179,16 @@ def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path):
 @pytest.mark.parametrize("args, wanted", [
     (["predict", "model=nope"], "error: model=nope is not an option of group 'model'"),
     (["predict", "--bogus"], "error: --bogus is not an option of runner predict"),
+    (["predict", "-m", "strategy=replicated", "foo"], "error: Error parsing override 'foo'"),
 ])
 def test_runner_predict_refuses_bad_input_in_one_line(tmp_path, args, wanted):
     proc = run_cli(*args, cwd=tmp_path)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith(wanted)
+
+
+def test_a_calibration_child_out_of_time_is_its_groups_error():
+    assert grid._child(["-c", "import time; time.sleep(30)"], timeout=1) == {"error": "timed out after 1 s"}
 
 
 def test_the_accuracy_of_a_groups_predictions_in_figures_and_words():

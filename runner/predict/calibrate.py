@@ -37,7 +37,7 @@ from runner.paths import cache_dir as runner_cache_dir
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "calibration.json"
-FORMAT = 3  # in every key: entries of an older calibration (other figures) are measured again, not misread
+FORMAT = 4  # in every key: entries of an older calibration (other figures) are measured again, not misread
 RESULT = "calibration-result: "  # the child's stdout line the parent reads
 CALL_SECONDS = 0.03  # a timed call of the towers lasts about this long
 REPEATS = 9  # timed calls of a throughput microbenchmark (their median): 3 moved by 2-3x between runs
@@ -57,20 +57,22 @@ def device_set_key(plan: Any) -> str:
 
 
 def towers_key(plan: Any) -> str:
-    """What the towers' time depends on: the model's options, the example spec, the per-tower batch, precision."""
+    """What the towers' time depends on: how many towers, the model's options, the example spec, the per-tower
+    batch, precision."""
     from dataclasses import asdict
 
     spec = (plan.spec.shape, plan.spec.dtype, plan.spec.classes)
     what = [asdict(plan.model), spec, plan.train.per_device_batch_size, plan.train.precision, plan.train.seed]
-    return f"{device_set_key(plan)}|towers|{plan.model.name}|{_digest(what)}"
+    return f"{device_set_key(plan)}|towers={plan.local_towers}|{plan.model.name}|{_digest(what)}"
 
 
 def input_key(plan: Any) -> str:
-    """What the input's time depends on: the pipeline's options, the data's, the global batch."""
+    """What the input's time depends on: how many towers it feeds, the pipeline's options, the data's, the global
+    batch."""
     from dataclasses import asdict
 
     what = [asdict(plan.pipeline), dict(plan.cfg.data), plan.train.global_batch_size]
-    return f"{device_set_key(plan)}|input|{plan.pipeline.name}|{_digest(what)}"
+    return f"{device_set_key(plan)}|input={plan.local_towers}|{plan.pipeline.name}|{_digest(what)}"
 
 
 def machine_key(plan: Any) -> str:
@@ -226,10 +228,14 @@ def towers(plan: Any, devices: list[str]) -> dict[str, float]:
     seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS)
     variables = models[0].trainable_variables
     floats = sum(int(v.shape.num_elements()) for v in variables)
-    return {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
-            **{f"{term}_bytes_per_s_{where}": update_bytes_per_second(on, floats, cold=term == "update")
-               for term in ("update", "reduce") for where, on in (("one", devices[:1]), ("all", devices))},
-            "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats)}
+    out = {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
+           "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats)}
+    for term in ("update", "reduce"):
+        one = out[f"{term}_bytes_per_s_one"] = update_bytes_per_second(devices[:1], floats, cold=term == "update")
+        # on one device, "all at once" is the same measurement
+        out[f"{term}_bytes_per_s_all"] = one if len(devices) == 1 else update_bytes_per_second(
+            devices, floats, cold=term == "update")
+    return out
 
 
 def input_seconds(plan: Any, towers: list[str], examples: Any, steps: int = 100) -> float:
@@ -289,7 +295,7 @@ def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -
         out[machine_key(plans[0])] = {**machine(names), **conditions}
     for plan in plans:
         keras.mixed_precision.set_dtype_policy(plan.train.precision)
-        towered = names if plan.strategy.data_parallel else names[:1]
+        towered = names[:plan.local_towers]
         if towers_key(plan) in wanted and towers_key(plan) not in out:
             out[towers_key(plan)] = {**towers(plan, towered), **conditions}
         if input_key(plan) in wanted and input_key(plan) not in out:

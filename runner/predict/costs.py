@@ -64,10 +64,15 @@ def combination(plan: Any) -> str:
     return f"{model} {plan.strategy.name}/{plan.pipeline.name} x{plan.gpus}"
 
 
+def check_covered(plan: Any) -> None:
+    """Raise ConfigError when the plan's strategy has no cost model: before anything is measured for it."""
+    plan.strategy.traffic(plan.local_towers, 0, 0)
+
+
 def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: dict[str, Any]) -> Prediction:
     """The predicted step of `plan` from its calibrations (machine, towers, input entries). Raises ConfigError when
     the strategy has no cost model."""
-    n = max(plan.gpus, 1) if plan.strategy.data_parallel else 1
+    n = plan.local_towers
     weight_bytes, variables = int(towers["weight_bytes"]), int(towers["variables"])
     traffic = plan.strategy.traffic(n, weight_bytes, variables)
 

@@ -9,14 +9,14 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError, one_line
 from runner.measure.peak import BUSY
 from runner.predict import calibrate
-from runner.predict.costs import Prediction, combination, predict
+from runner.predict.costs import Prediction, check_covered, combination, predict
 
 log = logging.getLogger(__name__)
 
@@ -46,19 +46,28 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 
 def _plan(overrides: list[str]) -> tuple[Any, str | None]:
+    """A combination's plan (None if refused) and why it cannot be predicted (refused, or no cost model)."""
     from runner.config import compose, validate
 
     try:
-        return validate(compose(overrides)), None
-    except (UserError, Exception) as e:  # noqa: BLE001 - any refusal is this combination's row
+        plan = validate(compose(overrides))
+    except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         return None, one_line(e)
+    try:
+        check_covered(plan)
+    except UserError as e:
+        return plan, one_line(e)
+    return plan, None
 
 
 def _child(args: list[str], timeout: int) -> Any:
     """Run `python ARGS` in a fresh process and return the JSON of its result line, or the reason there is none as
-    {"error": ...} (its last line on stderr)."""
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    {"error": ...} (its last line on stderr, or that it ran out of time)."""
+    try:
+        proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith(calibrate.RESULT)]
     if not lines:
         said = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -84,7 +93,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
         plan, error = _plan(overrides)
         outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error)
         outcomes.append(outcome)
-        if plan is not None:
+        if error is None:
             groups.setdefault(calibrate.device_set_key(plan), []).append((plan, outcome))
     cached = calibrate.read_cache(cache_dir)
     for members in groups.values():
@@ -104,7 +113,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
             calibrate.write_cache(measured, cache_dir)
         entries = {**cached, **measured}
         for plan, outcome in members:
-            _price(plan, outcome, entries)
+            outcome.prediction = _priced(plan, entries)
     return outcomes
 
 
@@ -130,24 +139,20 @@ def predict_run(plan: Any, devices: Any, examples: Any, cache_dir: Path | None =
     model)."""
     from runner.measure.peak import timed_with_others_share
 
-    plan.strategy.traffic(max(plan.gpus, 1), 0, 0)  # a strategy without a cost model says so before measuring
+    check_covered(plan)
     cached = calibrate.read_cache(cache_dir)
     wanted = {k for k in keys(plan) if k not in cached}
     measured, others = timed_with_others_share(
         lambda: calibrate.measure_here([plan], wanted, devices, lambda _: examples) if wanted else {})
     if measured and others <= BUSY:
         calibrate.write_cache({k: {**e, "others_cpu_share": round(others, 2)} for k, e in measured.items()}, cache_dir)
-    entries = {**cached, **measured}
+    return _priced(plan, {**cached, **measured})
+
+
+def _priced(plan: Any, entries: dict[str, dict]) -> Prediction:
+    """The plan's prediction from calibration entries holding its keys."""
     return predict(plan, entries[calibrate.machine_key(plan)], entries[calibrate.towers_key(plan)],
                    entries[calibrate.input_key(plan)])
-
-
-def _price(plan: Any, outcome: Outcome, entries: dict[str, dict]) -> None:
-    try:
-        outcome.prediction = predict(plan, entries[calibrate.machine_key(plan)], entries[calibrate.towers_key(plan)],
-                                     entries[calibrate.input_key(plan)])
-    except UserError as e:
-        outcome.error = one_line(e)
 
 
 def ranked(outcomes: list[Outcome]) -> list[Outcome]:
@@ -185,22 +190,14 @@ def fastest_line(outcomes: list[Outcome]) -> str:
 
 def predict_elsewhere(combos: list[list[str]]) -> list[Outcome]:
     """`predict_all` in a fresh process, for callers inside a Hydra app (a sweep's start), where composing other
-    configs is not allowed. The predictions come back as rates alone (terms are not needed there)."""
+    configs is not allowed."""
     result = _child(["-m", "runner.predict.grid", json.dumps(combos)], 1200)
     if isinstance(result, dict):  # {"error": ...}
         return [Outcome(c, " ".join(c), error=f"prediction failed: {result['error']}") for c in combos]
-    out = []
-    for item in result:
-        rate = item.pop("images_per_sec")
-        outcome = Outcome(**item)
-        if rate is not None:  # a one-term prediction with the same rate, for ranking and listing
-            outcome.prediction = Prediction(outcome.label, 1, {"step": 1.0 / rate})
-        out.append(outcome)
-    return out
+    return [Outcome(**{**item, "prediction": item["prediction"] and Prediction(**item["prediction"])})
+            for item in result]
 
 
 if __name__ == "__main__":
     found = predict_all(json.loads(sys.argv[1]))
-    sys.stdout.write(calibrate.RESULT + json.dumps([
-        {"overrides": o.overrides, "label": o.label, "error": o.error,
-         "images_per_sec": o.prediction.images_per_sec if o.prediction else None} for o in found]) + "\n")
+    sys.stdout.write(calibrate.RESULT + json.dumps([asdict(o) for o in found]) + "\n")
