@@ -301,6 +301,19 @@ def test_predicted_reads_a_runs_overrides_from_its_command_line():
     assert _overrides(command) == ["strategy=mirrored", "pipeline=sharded", "gpus=4", "model=mlp",
                                    "data.shape=[32, 32, 3]"]
     assert _overrides("runner -m strategy=single") == ["strategy=single"]
+    # A sweep job's: its folder left out, the user's config folders kept as one search path.
+    assert _overrides("python -m runner --config-dir /u/conf model=mine hydra.searchpath=[file:///u/more] "
+                      "hydra.run.dir=/u/multirun/0") == ["model=mine", "hydra.searchpath=[file:///u/conf,file:///u/more]"]
+
+
+def test_a_run_tagged_through_the_console_script_reads_as_typed(monkeypatch):
+    from runner.bench.predicted import _overrides
+    from runner.tracking.tags import command_line
+
+    monkeypatch.setattr(sys, "orig_argv", ["/usr/bin/python3", "/venv/bin/runner", "model=cnn", "gpus=2"])
+    assert command_line() == "runner model=cnn gpus=2" and _overrides(command_line()) == ["model=cnn", "gpus=2"]
+    monkeypatch.setattr(sys, "orig_argv", ["/usr/bin/python3", "-m", "runner", "model=cnn"])
+    assert command_line() == "python3 -m runner model=cnn"
 
 
 def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():

@@ -14,10 +14,16 @@ from runner.report.prediction import combine, judge, line
 
 
 def _overrides(command: str) -> list[str]:
-    """A run's overrides from its command line (`python -m runner ...`), without where it was tracked."""
+    """A run's overrides from its command line (`python -m runner ...`, `runner ...`), without where it was tracked
+    or wrote its folder; a sweep job's `--config-dir D` and search path become one `hydra.searchpath` (the user's
+    config folders, for their own components)."""
+    from runner.cli.overrides import config_dirs, searchpath
+
     words = shlex.split(command)
-    start = words.index("runner") + 1 if "runner" in words else 0
-    return [w for w in words[start:] if not w.startswith(("mlflow.", "-"))]
+    args = words[words.index("runner") + 1:] if "runner" in words else words
+    values = {value for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")}
+    kept = [w for w in args if not w.startswith(("mlflow.", "-", "hydra.")) and w not in values]
+    return kept + searchpath(config_dirs(args))
 
 
 def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:

@@ -288,8 +288,10 @@ def reprobe() -> int:
 
 def check(args: argparse.Namespace) -> int:
     """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
+    from runner.cli.overrides import searchpath
+
     dirs = tuple(Path(d).expanduser().resolve() for d in args.config_dir)
-    search = [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
+    search = searchpath(dirs)
     common = [*BASE, *search, *(o for o in args.overrides if not o.startswith(CHOICES))]
     gpus = _gpus(args.overrides)
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)

@@ -54,6 +54,12 @@ def config_dirs(args: list[str]) -> tuple[Path, ...]:
     return tuple(Path(d).expanduser() for d in dirs if d)
 
 
+def searchpath(dirs: tuple[Path, ...]) -> list[str]:
+    """Config folders as the one override that adds them, `hydra.searchpath=[file://D,...]`, as `compose()` takes
+    them (no folders: no override)."""
+    return [f"hydra.searchpath=[{','.join(f'file://{d}' for d in dirs)}]"] if dirs else []
+
+
 def check_launch_dir(args: list[str]) -> str | None:
     """Hydra writes each run's folder under the launch directory (outputs/, multirun/) unless hydra.run.dir /
     hydra.sweep.dir say otherwise, and fails with a traceback when it cannot: say so in one line first."""

@@ -32,8 +32,12 @@ def parent_run_id() -> str | None:
 
 
 def command_line() -> str:
-    """This process's command line as typed (`python -m runner ...`), for tags."""
-    return " ".join(shlex.quote(a) for a in [Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])
+    """This process's command line as typed (`python -m runner ...`, or `runner ...` for the console script, which
+    its interpreter runs by path), for tags."""
+    argv = sys.orig_argv
+    if len(argv) > 1 and Path(argv[1]).name == "runner":
+        argv = argv[1:]
+    return " ".join(shlex.quote(a) for a in [Path(argv[0]).name, *argv[1:]])
 
 
 def flatten(cfg: DictConfig) -> dict[str, str]:
