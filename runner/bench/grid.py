@@ -138,17 +138,13 @@ def prediction_lines(table: Table) -> list[str]:
     repeats by their rates in round order."""
     from runner.report import prediction
 
-    lines = []
-    for n in sorted({job.gpus for job, _ in table.rows if job.kind == "runner"}):
-        items = []
-        for job, m in table.rows:
-            if job.kind == "runner" and job.gpus == n and "predicted_images_per_sec" in m:
-                rates = m.get("images_per_sec_runs", [m["images_per_sec"]])
-                items += [(f"{job.strategy}/{job.pipeline}", m["predicted_images_per_sec"], r) for r in rates]
-        combos = prediction.combine(items)
-        if len(combos) > 1:
-            lines.append("- " + prediction.line(f"{table.setting.name} x{n}", prediction.judge(combos)))
-    return lines
+    groups: dict[str, list[tuple[str, float, float]]] = {}
+    for job, m in sorted(table.rows, key=lambda row: row[0].gpus):
+        if job.kind == "runner" and "predicted_images_per_sec" in m:
+            rates = m.get("images_per_sec_runs", [m["images_per_sec"]])
+            groups.setdefault(f"{table.setting.name} x{job.gpus}", []).extend(
+                (f"{job.strategy}/{job.pipeline}", m["predicted_images_per_sec"], r) for r in rates)
+    return [f"- {text}" for text in prediction.group_lines(groups)]
 
 
 def table_targets(table: Table) -> list[str]:

@@ -128,3 +128,10 @@ def line(group: str, j: Judgement) -> str:
                    f"({j.measured_fastest}): the model was wrong by {1 - j.fastest_ratio:.0%}")
     return (f"prediction: {group}: {j.combos} combinations, median error {j.median_error:.0%}, {rho}, {order} "
             f"({noise}); {fastest}")
+
+
+def group_lines(groups: dict[str, list[tuple[str, float, float]]]) -> list[str]:
+    """The line of every group with two or more combinations, in the given order; a group's rows are
+    (combination, predicted, measured), one per run."""
+    judged = [(group, combine(rows)) for group, rows in groups.items()]
+    return [line(group, judge(combos)) for group, combos in judged if len(combos) > 1]

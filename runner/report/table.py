@@ -232,12 +232,7 @@ def prediction_lines(rows: list[Row]) -> list[str]:
         if r.status == "FINISHED" and not math.isnan(r.predicted) and not math.isnan(r.images_per_sec):
             key = f"{r.model} x{r.devices}"
             groups.setdefault(key, []).append((f"{r.strategy}/{r.pipeline}", r.predicted, r.images_per_sec))
-    out = []
-    for key, items in sorted(groups.items()):
-        combos = prediction.combine(items)
-        if len(combos) > 1:
-            out.append(prediction.line(key, prediction.judge(combos)))
-    return out
+    return prediction.group_lines(dict(sorted(groups.items())))
 
 
 def sweep_end(client: Any, parent: str) -> list[str]:
