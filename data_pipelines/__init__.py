@@ -50,6 +50,11 @@ class Spec:
 
 
 MNIST = Spec((28, 28, 1), 10)  # the default data's examples
+# `data.shape` where a dataset takes one: what the images are (synthetic) or are resized to (files, tfds; null: as
+# stored).
+IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d in v),
+                     "[height, width, channels] of positive integers")
+IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_SHAPE[1]}, or null")
 
 
 @runtime_checkable

@@ -1,7 +1,7 @@
 """Dataset `files`: the user's own images from a folder, in one of two layouts (`data.format`, `auto` tells them apart):
 
 - `npy`: `x_train.npy`, `y_train.npy`, `x_test.npy`, `y_test.npy` (keras.datasets' names): images (n, H, W, C) or
-  (n, H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), integer labels (n,). The images are
+  (n, H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), integer labels (n,) or (n, 1). The images are
   memory-mapped, never read whole, so they may be larger than memory; the spec comes from the arrays' headers.
 - `tfrecord`: TFRecord shards `train-*` and `validation-*` of tf.train.Examples with `image/encoded` (JPEG or PNG)
   and `image/class/label`, the layout tf_cnn_benchmarks and TensorFlow's image models read. Each image is decoded
@@ -18,12 +18,17 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, DataError, DatasetOptions, Spec
+from runner.data_pipelines import DATASETS, IMAGE_SHAPE_OR_NULL, DataError, DatasetOptions, Spec
 from runner.registry import Rule, non_negative
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 SHARDS = {"train": "train-*", "test": "validation-*"}  # the TFRecord layout's file patterns
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
+
+
+def labels(y: np.ndarray) -> np.ndarray:
+    """Labels of shape (n,) or (n, 1) (keras.datasets' CIFAR arrays) as int32 (n,)."""
+    return np.asarray(y, np.int32).reshape(-1)
 
 
 @DATASETS.register
@@ -40,8 +45,7 @@ class Files(DatasetOptions):
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
-        "shape": (lambda v: v is None or (len(v) == 3 and all(d > 0 for d in v)),
-                  "[height, width, channels] of positive integers, or null"),
+        "shape": IMAGE_SHAPE_OR_NULL,
         "classes": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
         "label_offset": (non_negative, "0 or a positive integer"),
     }
@@ -78,8 +82,8 @@ class Files(DatasetOptions):
             from runner.data_pipelines.common import Arrays
 
             x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
-            return Arrays(x_train[: self.train_limit], np.asarray(y_train[: self.train_limit], np.int32),
-                          x_test[: self.test_limit], np.asarray(y_test[: self.test_limit], np.int32),
+            return Arrays(x_train[: self.train_limit], labels(y_train[: self.train_limit]),
+                          x_test[: self.test_limit], labels(y_test[: self.test_limit]),
                           synthetic=False, spec=self._npy_spec())
         from runner.data_pipelines.records import RecordData, decoder
 
@@ -105,18 +109,25 @@ class Files(DatasetOptions):
                             "or float32 images (n, height, width, channels) or (n, height, width)")
         shape = x_train.shape[1:] if x_train.ndim == 4 else (*x_train.shape[1:], 1)
         for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
-            if len(x) != len(y) or x.shape[1:] != x_train.shape[1:]:
+            if len(x) != len(y) or x.shape[1:] != x_train.shape[1:] or y.shape[1:] not in ((), (1,)):
                 raise DataError(f"{self.path}: x_{split}.npy {x.shape} and y_{split}.npy {y.shape} do not match "
-                                f"(one label per image, every image {x_train.shape[1:]})")
-        return Spec(tuple(int(d) for d in shape), self._classes(y_train), x_train.dtype.name)
+                                f"(one label per image, (n,) or (n, 1); every image {x_train.shape[1:]})")
+            if y.dtype.kind not in "iu":
+                raise DataError(f"{self.path}/y_{split}.npy holds {y.dtype} labels; data=files takes integer class "
+                                "labels 0 to classes - 1")
+            if not x.flags.c_contiguous:
+                raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by rows; "
+                                "save it with np.save(path, np.ascontiguousarray(x))")
+        return Spec(tuple(int(d) for d in shape), self._classes(y_train, y_test), x_train.dtype.name)
 
-    def _classes(self, labels: np.ndarray) -> int:
-        """data.classes, checked against the labels; else the largest label + 1."""
-        low, high = int(labels.min()), int(labels.max())
-        classes = self.classes or high + 1
-        if low < 0 or high >= classes:
-            raise DataError(f"{self.path}/y_train.npy has labels from {low} to {high}; data.classes={classes} needs "
-                            f"them from 0 to {classes - 1}")
+    def _classes(self, y_train: np.ndarray, y_test: np.ndarray) -> int:
+        """data.classes, checked against both splits' labels; else the largest training label + 1."""
+        classes = self.classes or int(y_train.max()) + 1
+        for y, split in ((y_train, "train"), (y_test, "test")):
+            low, high = (int(y.min()), int(y.max())) if len(y) else (0, 0)
+            if low < 0 or high >= classes:
+                raise DataError(f"{self.path}/y_{split}.npy has labels from {low} to {high}; data.classes={classes} "
+                                f"needs them from 0 to {classes - 1}")
         return max(classes, 2)
 
     def _shards(self, split: str) -> tuple[str, ...]:

@@ -107,15 +107,21 @@ class Records:
         return replace(self, shards=shards, index=index)
 
     def shuffled(self, buffer: int, seed: int) -> Records:
-        """Files in a new order and records through a `buffer`-example shuffle, every epoch; repeated forever."""
+        """Records through a `buffer`-example shuffle and, where that cannot change which records this stream reads,
+        files in a new order, every epoch; repeated forever."""
         return replace(self, buffer=buffer, seed=seed, endless=True)
+
+    def _shuffles_files(self) -> bool:
+        """Whether the file order is shuffled: not where shards split the records (every shard must split the same
+        order, or their records overlap) nor under a limit (the first records must be the same every epoch)."""
+        return bool(self.buffer) and self.by_file() and not self.limit
 
     def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
         """A tf.data.Dataset of (float32 (batch, H, W, C) in [0, 1], int32 (batch,)), prefetched on the host."""
         import tensorflow as tf
 
         files = tf.data.Dataset.from_tensor_slices(list(self.own_files()))
-        if self.buffer:
+        if self._shuffles_files():
             files = files.shuffle(len(self.own_files()), seed=self.seed, reshuffle_each_iteration=True)
         parallel = autotune(opts.map_parallelism)
         ds = files.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(self.own_files())),

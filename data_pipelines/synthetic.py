@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, MNIST, DatasetOptions, Spec
+from runner.data_pipelines import DATASETS, IMAGE_SHAPE, MNIST, DatasetOptions, Spec
 from runner.registry import Rule, positive
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Synthetic(DatasetOptions):
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
-        "shape": (lambda v: len(v) == 3 and all(d > 0 for d in v), "[height, width, channels] of positive integers"),
+        "shape": IMAGE_SHAPE,
         "classes": (lambda v: v >= 2, "an integer of at least 2"),
     }
 

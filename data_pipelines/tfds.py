@@ -13,9 +13,10 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from runner.data_pipelines import DATASETS, DataError, DatasetOptions, Spec
+from runner.data_pipelines import DATASETS, IMAGE_SHAPE_OR_NULL, DataError, DatasetOptions, Spec
+from runner.registry import Rule
 
 PREPARE = "prepare it where the internet is (`tfds build {name} --data_dir DIR`) and copy DIR here"
 
@@ -42,6 +43,8 @@ class TFDS(DatasetOptions):
     image_key: str = "image"
     label_key: str = "label"
     shape: list[int] | None = None  # [height, width, channels] to resize to; null: the dataset's own fixed shape
+
+    RULES: ClassVar[dict[str, Rule]] = {**DatasetOptions.RULES, "shape": IMAGE_SHAPE_OR_NULL}
 
     def describe(self) -> str:
         return f"TFDS {self.dataset} prepared in {self._folder()}"

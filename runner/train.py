@@ -189,14 +189,23 @@ class Evaluations:
         if not last and crossed(step, n, self.eval_every):
             self._full(step, train_seconds)
         elif not last and self.target and not self.reached and crossed(step, n, self.check_every):
-            _, accuracy = self.strategy.evaluate(self.checks)
+            _, accuracy = self._evaluate(self.checks)
             self.record({"check_accuracy": accuracy, "check_train_seconds": train_seconds}, step)
             if accuracy >= self.target:
                 self._full(step, train_seconds)
         self.seconds += time.perf_counter() - t0
 
+    def _evaluate(self, dataset: Any) -> tuple[float, float]:
+        """The strategy's (loss, accuracy) on `dataset`; a test example the data's checks refuse is a DataError."""
+        import tensorflow as tf
+
+        try:
+            return self.strategy.evaluate(dataset)
+        except tf.errors.InvalidArgumentError as e:
+            raise _bad_data(e) or e
+
     def _full(self, step: int, train_seconds: float) -> tuple[float, float]:
-        loss, accuracy = self.strategy.evaluate(self.full)
+        loss, accuracy = self._evaluate(self.full)
         self.record({"test_loss": loss, "test_accuracy": accuracy}, step)
         if self.target and not self.reached and accuracy >= self.target:
             self.reached = (step, train_seconds)

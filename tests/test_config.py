@@ -73,6 +73,7 @@ BAD = [
     (["+train.foo=1"], ["train.foo"]),
     (["train.steps=0"], ["train.steps", "0"]),
     (["data=synthetic", "data.shape=[28,28]"], ["data.shape", "[height, width, channels]"]),
+    (["data=tfds", "data.shape=[64,64]"], ["data.shape=[64, 64]", "[height, width, channels]", "or null"]),
     (["data=synthetic", "data.classes=1"], ["data.classes", "1", "at least 2"]),
     (["data=synthetic", "data.shape=[5,5,1]", "model=cnn"], ["model=cnn", "at least 6x6", "5x5x1 uint8 images"]),
     (["data=synthetic", "data.shape=[224,224,3]", "data.train_limit=1000000"], ["data=synthetic", "GiB", "train_limit"]),

@@ -30,9 +30,10 @@ def write_npy(folder, shape=(20, 24, 3), dtype=np.uint8, classes=7, sizes=(600, 
     return folder
 
 
-def write_shards(tf, folder, files=4, per_file=24, size=(36, 30, 3)):
-    """TFRecord shards train-0000k-of-0000N and validation-*: PNG images of `size`, every record of train file k
-    labelled k + 1 (ImageNet's convention counts from 1), so a batch's labels say which files it came from."""
+def write_shards(tf, folder, files=4, per_file=24, size=(36, 30, 3), test_label=None):
+    """TFRecord shards train-0000k-of-0000N and validation-*: PNG images of `size`, every record of file k
+    labelled k + 1 (ImageNet's convention counts from 1), so a batch's labels say which files it came from; or every
+    validation record `test_label`."""
     rng = np.random.default_rng(0)
     folder.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", files), ("validation", 2)):
@@ -42,7 +43,8 @@ def write_shards(tf, folder, files=4, per_file=24, size=(36, 30, 3)):
                     png = tf.io.encode_png(rng.integers(0, 256, size, dtype=np.uint8)).numpy()
                     writer.write(tf.train.Example(features=tf.train.Features(feature={
                         "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png])),
-                        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[k + 1])),
+                        "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(
+                            value=[test_label if split == "validation" and test_label is not None else k + 1])),
                     })).SerializeToString())
     return folder
 
@@ -55,6 +57,14 @@ def test_npy_arrays_give_the_spec_from_their_headers_and_stay_on_disk(tmp_path):
     assert isinstance(data.x_train, np.memmap) and data.train_size == 500 and data.test_size == 100
     floats = validate(compose("data=files", f"data.path={write_npy(tmp_path / 'f', (9, 9), np.float32)}"))
     assert floats.spec == Spec((9, 9, 1), 7, "float32")
+
+
+def test_labels_shaped_n_by_1_as_keras_datasets_gives_them_train(tf_devices, tmp_path, store):
+    folder = write_npy(tmp_path / "ds", sizes=(256, 64))
+    for split in ("train", "test"):
+        np.save(folder / f"y_{split}.npy", np.load(folder / f"y_{split}.npy").reshape(-1, 1))  # CIFAR's (n, 1)
+    result = run(compose(*SHORT, "data=files", f"data.path={folder}", f"mlflow.tracking_uri={store}"))
+    assert 0 <= result["test_accuracy"] <= 1
 
 
 @pytest.mark.parametrize("pipeline", ["split", "sharded"])
@@ -93,6 +103,28 @@ def test_the_sharded_pipeline_gives_each_tower_its_own_files(tf_devices, tmp_pat
     assert seen == [{0, 2}, {1, 3}]
 
 
+def test_shuffled_record_shards_stay_disjoint_and_a_limit_keeps_its_records(tf_devices, tmp_path):
+    """Fewer files than towers: the shards split the records, each shuffling with its own seed, and still read every
+    record once an epoch together; a limit keeps the same records every epoch (each image is its identity)."""
+    from runner.data_pipelines.sharded import shard
+
+    folder = write_shards(tf_devices, tmp_path / "ds", files=3, per_file=8)
+    plan = validate(compose("data=files", f"data.path={folder}", "data.shape=[36,30,3]", "data.classes=4",
+                            "data.label_offset=1", "pipeline=sharded", "pipeline.shuffle_buffer=8"))
+    examples = plan.data.load(0).train()
+
+    def images(batch):  # the batch's images, each as its bytes
+        return [x.tobytes() for x in batch[0].numpy()]
+
+    epoch = [images(next(iter(shard(examples, i, 4, 6, plan.pipeline, seed=0)))) for i in range(4)]  # 24 / 4
+    assert len({x for part in epoch for x in part}) == 24  # 4 x 6 records, none twice, none left out
+    limited = validate(compose("data=files", f"data.path={folder}", "data.shape=[36,30,3]", "data.classes=4",
+                               "data.label_offset=1", "data.train_limit=8")).data.load(0).train()
+    it = iter(limited.shuffled(8, 0).batched(8, plan.pipeline))
+    kept = [set(images(next(it))) for _ in range(4)]  # 4 epochs of the 8 kept records
+    assert len(kept[0]) == 8 and all(k == kept[0] for k in kept)
+
+
 def test_tfrecord_shards_train_under_the_sharded_pipeline(tf_devices, tmp_path, store):
     folder = write_shards(tf_devices, tmp_path / "ds")
     result = run(compose(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
@@ -107,6 +139,13 @@ def test_a_tfrecord_label_outside_the_classes_stops_training_in_one_line(tf_devi
     with pytest.raises(DataError, match="label 4 after data.label_offset, outside 0 to data.classes - 1"):
         run(compose(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
                     f"mlflow.tracking_uri={store}"))  # labels 1..4 without the offset
+
+
+def test_a_test_label_outside_the_classes_stops_evaluation_in_one_line(tf_devices, tmp_path, store):
+    folder = write_shards(tf_devices, tmp_path / "ds", test_label=9)
+    with pytest.raises(DataError, match="label 8 after data.label_offset, outside 0 to data.classes - 1"):
+        run(compose(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
+                    "data.label_offset=1", f"mlflow.tracking_uri={store}"))  # training labels 0..3, test 8
 
 
 @pytest.mark.parametrize("verbose", ["", "1"])
@@ -133,6 +172,12 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
     (lambda t: write_npy(t / "ds", sizes=(600, 100)) and (np.save(t / "ds" / "y_test.npy", np.zeros(3)) or t / "ds"),
      [], ["x_test.npy (100, 20, 24, 3) and y_test.npy (3,) do not match"]),
     (lambda t: t / "tfr", [], ["needs data.shape=[height,width,channels]", "data.classes"]),
+    (lambda t: write_npy(t / "ds", classes=7) and (np.save(t / "ds" / "y_test.npy", np.full(100, 9)) or t / "ds"),
+     [], ["y_test.npy has labels from 9 to 9", "data.classes=7"]),
+    (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "y_train.npy", np.full(600, 1.5)) or t / "ds"),
+     [], ["y_train.npy holds float64 labels", "integer class labels"]),
+    (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "x_train.npy", np.asfortranarray(
+        np.zeros((600, 20, 24, 3), np.uint8))) or t / "ds"), [], ["x_train.npy is stored in Fortran order"]),
 ])
 def test_a_folder_that_is_not_a_dataset_is_one_line(tf_devices, tmp_path, make, overrides, words):
     write_shards(tf_devices, tmp_path / "tfr", files=1, per_file=1)
