@@ -94,18 +94,22 @@ class FunctionModel(ModelOptions):
         from runner.registry import locate
 
         fn = locate(self.target, "model")
-        return fn(**spec_arguments(fn, spec), **self.kwargs)
+        return fn(**{**spec_arguments(fn, spec), **self.kwargs})
 
 
 def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
     """The spec's `input_shape` and `classes` for those `fn` takes; `classifier_activation=None` where it takes
-    that (a keras.applications constructor ends in softmax by default; the runner trains on logits)."""
+    that (a keras.applications constructor ends in softmax by default; the runner trains on logits); and
+    `include_preprocessing=False` where it takes that (EfficientNetV2, ConvNeXt and MobileNetV3 rescale 0-255 pixels
+    by default; the runner's images are in [0, 1]); the model's own keyword arguments may set it again."""
     parameters = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     given = {"input_shape": tuple(spec.shape), "classes": spec.classes}
     out = {k: v for k, v in given.items() if k in parameters or takes_any}
     if "classifier_activation" in parameters:
         out["classifier_activation"] = None
+    if "include_preprocessing" in parameters:
+        out["include_preprocessing"] = False
     return out
 
 

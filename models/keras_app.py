@@ -1,8 +1,10 @@
 """Any `keras.applications` constructor, untrained, built for the data's spec: `model=keras_app model.app=ResNet50`.
 
 The runner passes `input_shape` and `classes` from the data, `weights=None` (no download: the weights are initialised
-from the seed) and `classifier_activation=None` (it trains on logits); `model.options` are the constructor's other
-keyword arguments, e.g. `+model.options.alpha=0.35` for a narrow MobileNetV2 (Hydra's + adds a key). Each
+from the seed), `classifier_activation=None` (it trains on logits) and, where the constructor has it,
+`include_preprocessing=False` (its images are in [0, 1], not 0-255; EfficientNetB0-B7 divide by 255 regardless);
+`model.options` are the constructor's other keyword arguments, e.g. `+model.options.alpha=0.35` for a narrow
+MobileNetV2 (Hydra's + adds a key). Each
 constructor refuses what it cannot take (most need images of at least 32x32) in one line when the model is built.
 """
 
@@ -64,7 +66,7 @@ class KerasApp(ModelOptions):
         import keras
 
         fn = getattr(keras.applications, self.app)
-        return fn(weights=None, **spec_arguments(fn, spec), **self._options(fn))
+        return fn(weights=None, **{**spec_arguments(fn, spec), **self._options(fn)})
 
     def _options(self, fn: Any) -> dict[str, Any]:
         """`options`, with variant=tiny's width where the constructor takes one."""

@@ -49,6 +49,18 @@ def test_a_bad_keras_app_option_is_one_line(overrides, words):
         assert word in explain(err.value)
 
 
+def test_a_constructors_own_0_to_255_preprocessing_is_off_unless_asked_for(tf_devices):
+    """The runner's images are in [0, 1]: MobileNetV3's built-in rescaling to [-1, 1] (it expects 0-255 pixels) is
+    left out; `model.options.include_preprocessing=true` puts it back."""
+    from runner.strategies.common import build_model
+
+    def rescalings(*options):
+        plan = validate(compose(*SMALL, "model=keras_app", "model.app=MobileNetV3Small", *options))
+        return [layer.name for layer in build_model(plan.model, plan.spec, 0).layers if "rescaling" in layer.name]
+
+    assert rescalings() == [] and rescalings("+model.options.include_preprocessing=true") == ["rescaling"]
+
+
 def test_an_argument_the_constructor_does_not_take_or_a_size_it_refuses_is_one_line(tf_devices):
     from runner.strategies.common import build_model
 
