@@ -107,7 +107,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     _log_dataset(plan, data, run)
     hardware = _hardware_figures(plan, devices, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
-              "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices), **strategy.describe()})
+              "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision), **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
     hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
     steps = train.total_steps(plan.train, data.train_size)
@@ -129,7 +129,8 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
-    result.update(_utilisation(result, hardware, devices, run))  # may re-probe the peak: before `hardware` is logged
+    # may re-probe the peak: before `hardware` is logged
+    result.update(_utilisation(result, hardware, devices, plan.train.precision, run))
     result.update(hardware)  # summary figures, logged once at the final step with the others
     digest = weights_digest(strategy.weights())
     log.info("final weights sha256 %s", digest)
@@ -326,23 +327,43 @@ def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> d
         figures["flops_per_example"] = count.flops_per_example
     run.tags({"flops.source": count.source if count else "not counted"})
     if plan.train.probe_peak:
-        from runner.measure.peak import probe_peak
-
-        peak = probe_peak(devices.names[0])
+        peak = _peak(devices, plan.train.precision)
         if peak is not None:
-            figures["peak_gflops"] = peak.gflops
+            figures["peak_gflops"] = peak
     return figures
 
 
-def _mfu_basis(devices: Devices) -> str:
-    if devices.simulated:
-        return f"the physical peak of {devices.physical}, shared by {devices.count} simulated devices"
+def _peak(devices: Devices, precision: str, refresh: bool = False) -> float | None:
+    """The matmul peak MFU is taken against, in the dtype the run's matmuls compute in (float32 where that dtype
+    has no native support, as the run's then do not run faster than float32): a GPU's probed in this process, the
+    host CPU's in a fresh one (this one's thread pools may be cut, runner/measure/peak.py's cpu_peak)."""
+    from runner.measure.peak import cpu_peak, probe_peak
+
+    dtype = _peak_dtype(devices, precision)
     if devices.kind == "CPU":
-        return f"the physical peak of {devices.physical}"
-    return f"{devices.count} x the peak of one {devices.kind}"
+        return cpu_peak(dtype, refresh)
+    peak = probe_peak(devices.names[0], dtype, refresh=refresh)
+    return peak.gflops if peak else None
 
 
-def _utilisation(result: dict, hardware: dict, devices: Devices, run: tracking.Recorder) -> dict:
+def _peak_dtype(devices: Devices, precision: str) -> str:
+    """The dtype the run's matmuls compute in, where the device runs it natively; else float32."""
+    from runner.measure.peak import native
+
+    dtype = precision.removeprefix("mixed_")  # float32, bfloat16 or float16
+    return dtype if native(devices.names[0], dtype) else "float32"
+
+
+def _mfu_basis(devices: Devices, precision: str) -> str:
+    dtype = _peak_dtype(devices, precision)
+    if devices.simulated:
+        return f"the physical {dtype} peak of {devices.physical}, shared by {devices.count} simulated devices"
+    if devices.kind == "CPU":
+        return f"the physical {dtype} peak of {devices.physical}"
+    return f"{devices.count} x the {dtype} peak of one {devices.kind}"
+
+
+def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str, run: tracking.Recorder) -> dict:
     """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak.
 
     A run that achieves more than the peak shows the peak was measured low (on another host under the same name, or
@@ -357,14 +378,12 @@ def _utilisation(result: dict, hardware: dict, devices: Devices, run: tracking.R
     out = {"achieved_gflops": achieved}
     physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
     if "peak_gflops" in hardware and achieved > hardware["peak_gflops"] * physical:
-        from runner.measure.peak import probe_peak
-
         log.warning("achieved %.0f GFLOP/s, above the peak of %.0f: probing the peak again", achieved,
                     hardware["peak_gflops"] * physical)
-        peak = probe_peak(devices.names[0], refresh=True)
+        peak = _peak(devices, precision, refresh=True)
         hardware.pop("peak_gflops")
         if peak is not None:
-            hardware["peak_gflops"] = peak.gflops
+            hardware["peak_gflops"] = peak
     if "peak_gflops" not in hardware:
         return out
     value = flops.mfu(result["images_per_sec"], hardware["flops_per_example"], hardware["peak_gflops"], physical)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 import time
 
 import numpy as np
 import pytest
+from conftest import cli_env, run_cli, runs
 
 
 @pytest.fixture
@@ -284,15 +287,35 @@ def test_a_run_that_beats_the_peak_has_it_probed_again(monkeypatch):
     devices, tags = Devices(("/device:CPU:0",), "CPU", False, "1 CPU (2 cores)"), {}
     recorder = type("R", (), {"tags": lambda self, t: tags.update(t)})()
     result = {"images_per_sec": 10_000.0}  # x 10 MFLOP = 100 GFLOP/s achieved
-    fresh = lambda gflops: lambda *a, **k: peak_module.Peak(gflops, "float32", "cpu", "k", False)  # noqa: E731
-    monkeypatch.setattr(peak_module, "probe_peak", fresh(200.0))
+    probes = []
+
+    def fresh(gflops):  # the host CPU's peak, probed again (in a fresh process)
+        return lambda dtype, refresh: probes.append((dtype, refresh)) or gflops
+
+    monkeypatch.setattr(peak_module, "cpu_peak", fresh(200.0))
     hardware = {"flops_per_example": 1e7, "peak_gflops": 50.0}  # a stale, low peak
-    out = experiment._utilisation(result, hardware, devices, recorder)
+    out = experiment._utilisation(result, hardware, devices, "float32", recorder)
     assert out["mfu"] == pytest.approx(0.5) and hardware["peak_gflops"] == 200.0 and not tags
-    monkeypatch.setattr(peak_module, "probe_peak", fresh(80.0))  # re-probed, still beaten
+    assert probes == [("float32", True)]
+    monkeypatch.setattr(peak_module, "cpu_peak", fresh(80.0))  # re-probed, still beaten
     hardware = {"flops_per_example": 1e7, "peak_gflops": 50.0}
-    out = experiment._utilisation(result, hardware, devices, recorder)
+    out = experiment._utilisation(result, hardware, devices, "float32", recorder)
     assert "mfu" not in out and hardware["peak_gflops"] == 80.0 and "Winograd" in tags["mfu.missing"]
+
+
+def test_a_mixed_precision_runs_peak_is_its_compute_dtypes_where_native(monkeypatch):
+    """MFU of a bfloat16 run against the bfloat16 peak where the CPU has it natively, else against float32's."""
+    from runner import experiment
+    from runner.measure import peak as peak_module
+    from runner.runtime.devices import Devices
+
+    devices = Devices(("/device:CPU:0",), "CPU", False, "1 CPU (2 cores)")
+    monkeypatch.setattr(peak_module, "cpu_peak", lambda dtype, refresh: {"float32": 200.0, "bfloat16": 400.0}[dtype])
+    monkeypatch.setattr(peak_module, "_cpuinfo", lambda field: "avx2 avx512_bf16" if field == "flags" else "CPU")
+    assert experiment._peak(devices, "mixed_bfloat16") == 400.0 and experiment._peak(devices, "float32") == 200.0
+    assert "bfloat16 peak" in experiment._mfu_basis(devices, "mixed_bfloat16")
+    monkeypatch.setattr(peak_module, "_cpuinfo", lambda field: "avx2" if field == "flags" else "CPU")
+    assert experiment._peak(devices, "mixed_bfloat16") == 200.0
 
 
 def test_a_sweep_probes_the_peak_once_before_its_jobs_and_not_again(peak, tmp_path, monkeypatch):
@@ -303,9 +326,26 @@ def test_a_sweep_probes_the_peak_once_before_its_jobs_and_not_again(peak, tmp_pa
     calls = []
     monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args))
     peak.probe_before_jobs()
-    assert len(calls) == 1 and "probe_peak()" in calls[0][-1]
+    assert len(calls) == 1 and "probe_peak(dtype='float32'" in calls[0][-1]
     key = peak.cache_key(peak._cpu_description())
     (tmp_path / "peak.json").write_text(json.dumps({key: {"gflops": 123.0}}))
     assert peak.cached_cpu_peak() == 123.0
     peak.probe_before_jobs()
     assert len(calls) == 1  # cached: no second probe
+
+
+@pytest.mark.slow  # a run on 2 devices and a probe, ~30 s
+def test_a_run_on_simulated_devices_takes_the_whole_cpus_peak(tmp_path):
+    """On 2 simulated devices the run gives each op 1 of the 2 cores; the peak it logs and caches is still the whole
+    CPU's, probed in a fresh process (probed in the run's own, it came out about half, and MFU twice too high)."""
+    env = {"RUNNER_CACHE_DIR": str(tmp_path / "cache")}
+    proc = run_cli("debug=smoke", "strategy=mirrored", "gpus=2", "train.probe_peak=true",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (entry,) = json.loads((tmp_path / "cache" / "peak.json").read_text()).values()
+    assert runs(f"sqlite:///{tmp_path}/m.db", "smoke").iloc[0]["metrics.peak_gflops"] == entry["gflops"]
+    code = "from runner.measure.peak import probe_peak; print(probe_peak(refresh=True).gflops)"
+    whole = subprocess.run([sys.executable, "-c", code], env=cli_env({"RUNNER_CACHE_DIR": str(tmp_path / "again")}),
+                           capture_output=True, text=True, timeout=300)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    assert entry["gflops"] > 0.75 * float(whole.stdout.split()[-1]), (entry, whole.stdout)

@@ -88,6 +88,11 @@ def _cpu_supports(dtype: str) -> bool:
     return dtype == "float32" or bool(native[dtype] & flags)
 
 
+def native(device_name: str, dtype: str) -> bool:
+    """Whether `dtype` matmuls run natively on the device (else they are emulated, no faster than float32)."""
+    return _describe(device_name, dtype)[1]
+
+
 def _gpu_description(device_name: str) -> tuple[str, tuple[int, int]]:
     """GPU name and compute capability of the physical GPU behind `device_name`.
 
@@ -278,23 +283,36 @@ def probe_peak(
                 float(entry.get("others_cpu_share", 0)), str(entry.get("measured", "")))
 
 
-def cached_cpu_peak(cache_dir: Path | None = None) -> float | None:
-    """The host CPU's cached fp32 peak (default sizes), read without TensorFlow; None when not cached."""
-    entry = _read_cache((cache_dir or runner_cache_dir()) / CACHE_FILE).get(cache_key(_cpu_description()))
+def cached_cpu_peak(cache_dir: Path | None = None, dtype: str = "float32") -> float | None:
+    """The host CPU's cached `dtype` peak (default sizes), read without TensorFlow; None when not cached."""
+    entry = _read_cache((cache_dir or runner_cache_dir()) / CACHE_FILE).get(cache_key(_cpu_description(), dtype))
     return float(entry["gflops"]) if isinstance(entry, dict) and entry.get("gflops") else None
+
+
+def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
+    """The host CPU's `dtype` peak, probed in a fresh process first when it is not cached (or `refresh`).
+
+    Not in the calling process: a run's thread pools may be cut (on N simulated devices each op gets cores / N
+    threads), and a probe there would measure, and cache, a fraction of the CPU. None without native `dtype`
+    (not probed), or where the probe gave no figure (a busy machine)."""
+    import subprocess
+    import sys
+
+    if not _cpu_supports(dtype):
+        return None
+    if refresh or cached_cpu_peak(dtype=dtype) is None:
+        code = f"from runner.measure.peak import probe_peak; probe_peak(dtype={dtype!r}, refresh={refresh})"
+        subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300, check=False)
+    return cached_cpu_peak(dtype=dtype)
 
 
 def probe_before_jobs() -> None:
     """Before a sweep's jobs start, on a machine whose runs train on the CPU: probe its peak once in a fresh process
     unless it is cached, while the machine is still idle. Jobs running side by side (a parallel launcher) would each
     see the others as load, never trust a probe and pay for it every time."""
-    import subprocess
-    import sys
-
     from runner.runtime.devices import nvidia_gpus_present
 
     if nvidia_gpus_present() or cached_cpu_peak() is not None:
         return
     log.info("probing this machine's matmul peak once before the jobs start")
-    subprocess.run([sys.executable, "-c", "from runner.measure.peak import probe_peak; probe_peak()"],
-                   capture_output=True, timeout=300, check=False)
+    cpu_peak()
