@@ -107,7 +107,8 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     _log_dataset(plan, data, run)
     hardware = _hardware_figures(plan, devices, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
-              "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision), **strategy.describe()})
+              "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
+              **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
     hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
     steps = train.total_steps(plan.train, data.train_size)

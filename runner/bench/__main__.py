@@ -16,6 +16,7 @@ from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
 from runner.bench.settings import SPEED_SETTINGS, _check_settings_steps, speed_settings
 from runner.config import OptimizerName
+from runner.errors import UserError, one_line
 
 
 def _ints(text: str) -> list[int]:
@@ -44,9 +45,10 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
                    default=["tiny", "default"] if full else ["default"])
     g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])
     g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, "single"] if full else list(DATA_PARALLEL))
-    g.add_argument("--steps", type=int, default=None, help="steps per job (default: per model/variant)")
-    g.add_argument("--steps-per-call", type=int, default=None, help="steps per compiled call (default: per model)")
-    g.add_argument("--test-limit", type=int, default=None, help="evaluate runner jobs on the first N test images")
+    g.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model/variant)")
+    g.add_argument("--steps-per-call", type=_positive, default=None,
+                   help="steps per compiled call (default: per model)")
+    g.add_argument("--test-limit", type=_positive, default=None, help="evaluate runner jobs on the first N test images")
     g.add_argument("--repeats", type=_positive, default=1,
                    help="run every job this many times, in rounds; rows show the median and the range")
     g.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName),
@@ -98,22 +100,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", type=_names, default=["replicated", "mirrored"])
     p.add_argument("--model", default="mlp")
     p.add_argument("--variant", default="default")
-    p.add_argument("--steps", type=int, default=400)
-    p.add_argument("--steps-per-call", type=int, default=50)
+    p.add_argument("--steps", type=_positive, default=400)
+    p.add_argument("--steps-per-call", type=_positive, default=50)
     for parsed in (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False)):
         parsed.add_argument("--pipelines", type=_names, default=PIPELINES.names())
-        parsed.add_argument("--batch", type=int, default=128)
+        parsed.add_argument("--batch", type=_positive, default=128)
         parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
         parsed.add_argument("--tracking-uri", default=None)
     fl = sub.add_parser("floors", help="each built-in model's one-device step vs its floor, MFU and Keras fit, in rounds")
     fl.add_argument("--models", "--model", dest="models", type=_names, default=built_in())
     fl.add_argument("--rounds", type=_positive, default=3, help="rounds over every model's runner and Keras jobs")
-    fl.add_argument("--steps", type=int, default=None, help="steps per job (default: per model)")
-    fl.add_argument("--steps-per-call", type=int, default=None, help="steps per compiled call (default: per model)")
-    fl.add_argument("--batch", type=int, default=128)
+    fl.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model)")
+    fl.add_argument("--steps-per-call", type=_positive, default=None,
+                    help="steps per compiled call (default: per model)")
+    fl.add_argument("--batch", type=_positive, default=128)
     fl.add_argument("--data", default="mnist", choices=DATASETS.names())
     fl.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
-    fl.add_argument("--test-limit", type=int, default=1000, help="evaluate runner jobs on the first N test images")
+    fl.add_argument("--test-limit", type=_positive, default=1000,
+                    help="evaluate runner jobs on the first N test images")
     fl.add_argument("--tracking-uri", default=None)
     fl.add_argument("--out", default=None, help="also write the markdown to this file")
     pr = sub.add_parser("predicted", help="the cost model's predictions beside an experiment's measured runs")
@@ -123,11 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--out", default=None, help="also write the markdown to this file")
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
-    st.add_argument("--steps", type=int, default=None, help="steps per job (default: the group's)")
-    st.add_argument("--test-limit", type=int, default=1000, help="evaluate on the first N test images")
+    st.add_argument("--steps", type=_positive, default=None, help="steps per job (default: the group's)")
+    st.add_argument("--test-limit", type=_positive, default=1000, help="evaluate on the first N test images")
     st.add_argument("--tracking-uri", default=None)
     st.add_argument("--out", default=None, help="also write the markdown to this file")
     args = parser.parse_args(argv)
+    try:
+        return _run(parser, args)
+    except UserError as e:  # a model, variant or override the runner refuses
+        parser.error(one_line(e))
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The chosen benchmark, after its checks."""
     if args.command == "settings":
         unknown = sorted(set(args.groups) - set(SPEED_SETTINGS))
         if unknown:

@@ -13,7 +13,7 @@ import time
 
 from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
 from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, run_one
-from runner.models import MODELS
+from runner.models import MODELS, variants
 
 MFU_LIMIT = 1.0  # above it the peak is wrong, not the machine
 JOBS = (Job("single", 1, "runner single", "single", "split"), Job("keras", 1, "keras fit"))
@@ -28,7 +28,7 @@ def floor_settings(args: argparse.Namespace) -> list[Setting]:
     """One setting per model: its default variant (if it has variants) and its steps (given, or DEFAULT_STEPS)."""
     out = []
     for model in args.models:
-        variant = "default" if (model, "default") in DEFAULT_STEPS else None
+        variant = "default" if "default" in variants(model) else None  # refuses a model that is not registered
         steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
         out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
                            args.data, args.test_limit, args.optimizer))
@@ -43,19 +43,20 @@ def _median_range(values: list[float], fmt: str) -> str:
     return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
-def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dict[str, list[float]]]:
+def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dict[str, list[float | None]]]:
     """One model's markdown row and the per-round figures its targets are judged on."""
     ok = [m for m in runs if "images_per_sec" in m]
     get = lambda key, ms=ok: [m[key] for m in ms if key in m]  # noqa: E731
     ratios = [r["images_per_sec"] / k["images_per_sec"] for r, k in zip(runs, fits)
               if "images_per_sec" in r and "images_per_sec" in k]
-    figures = {"step_over_floor": get("step_time_over_floor"), "mfu": get("mfu"), "vs_keras": ratios}
+    # a finished run without MFU (left out above 1, or no peak) does not show it held: None, judged as failing
+    figures = {"step_over_floor": get("step_time_over_floor"), "mfu": [m.get("mfu") for m in ok], "vs_keras": ratios}
     errors = [m["error"] for m in [*runs, *fits] if "error" in m]
     cells = [setting.name, str(setting.batch), _median_range(get("images_per_sec"), ",.0f"),
              _median_range(get("images_per_sec", [k for k in fits if "images_per_sec" in k]), ",.0f"),
              _median_range(ratios, ".2f"), _median_range(get("step_time_ms"), ".2f"),
              _median_range(get("floor_compute_ms"), ".2f"), _median_range(get("floor_update_ms"), ".2f"),
-             _median_range(figures["step_over_floor"], ".2f"), _median_range(figures["mfu"], ".1%"),
+             _median_range(figures["step_over_floor"], ".2f"), _median_range(get("mfu"), ".1%"),
              _median_range(get("peak_gflops"), ",.0f")]
     if errors:
         cells[0] += f" ({len(errors)} failed: {errors[0][:60].replace('|', '/')})"
@@ -96,7 +97,7 @@ def floors(args: argparse.Namespace) -> int:
     return 1 if any("error" in m for ms in runs.values() for m in ms) else 0
 
 
-def targets(judged: list[tuple[Setting, dict[str, list[float]]]]) -> list[str]:
+def targets(judged: list[tuple[Setting, dict[str, list[float | None]]]]) -> list[str]:
     """Per model: the median step / floor and runner / Keras against their targets; MFU at most 1 in every run."""
     lines = []
     for s, figures in judged:

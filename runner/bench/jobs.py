@@ -20,7 +20,7 @@ DEFAULT_STEPS = {
     ("mlp", "tiny"): (300, 25), ("mlp", "default"): (600, 50), ("mlp", "chainer"): (600, 50),
     ("cnn", "tiny"): (300, 25), ("cnn", "default"): (120, 10), ("cnn", "paper"): (60, 5),
     ("nin", "tiny"): (300, 25), ("nin", "default"): (60, 5), ("nin", "paper"): (40, 4),
-    ("lenet", None): (120, 10),
+    ("lenet", "default"): (120, 10),
 }
 
 

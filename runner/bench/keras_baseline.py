@@ -4,8 +4,8 @@
         [--optimizer adam|sgd|momentum|rmsprop] [--override KEY=VALUE ...]
 
 Same model and data (the runner's config composed with the same overrides, the model built for the data's spec by
-the runner's `build_model`), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`)
-and learning rate, same global batch and the same host pipeline as the runner's `split` pipeline; Keras' defaults
+the runner's `build_model`), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`),
+learning rate (after the runner's batch rule) and precision, same global batch and the same host pipeline as the runner's `split` pipeline; Keras' defaults
 otherwise. Fit runs `steps` steps as epochs of `--chunk` steps; the first epoch (tracing, warm-up) is excluded and
 images/s is the mean ± standard error over the other epochs. Prints one JSON line, with the job overhead (process
 start to the end of the first step, as the runner's `seconds_to_first_step`), the peak RSS and the optimizer used.
@@ -69,17 +69,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--chunk", type=int, default=50)
-    parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
     parser.add_argument("--data", default="mnist", choices=DATASETS.names())
     parser.add_argument("--override", action="append", default=[], help="a runner config override (repeatable)")
     args = parser.parse_args(argv)
 
     from runner.config import compose, validate
+    from runner.errors import UserError, one_line
 
     variant = [f"model.variant={args.variant}"] if args.variant else []
-    plan = validate(compose([f"model={args.model}", f"data={args.data}", *variant, *args.override]))
-    data = plan.data.load(0)  # before TensorFlow starts, as in a run
+    try:  # the runner's config, so that an override (learning rate, precision, data) applies to both sides alike
+        plan = validate(compose([f"model={args.model}", f"data={args.data}", f"train.global_batch_size={args.batch}",
+                                 f"train.optimizer={args.optimizer}", *variant, *args.override]))
+        data = plan.data.load(0)  # before TensorFlow starts, as in a run
+    except UserError as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    batch = plan.train.global_batch_size
 
     import runner
     from runner.runtime import devices as devices_mod
@@ -89,22 +95,23 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from runner import optimizers
-    from runner.strategies.common import build_model
+    from runner.strategies.common import build_model, effective_learning_rate
 
+    keras.mixed_precision.set_dtype_policy(plan.train.precision)
     if args.mirrored:
         scope = tf.distribute.MirroredStrategy(list(devices.names)).scope()
     else:
         scope = tf.device(devices.names[0])
     with scope:
         model = build_model(plan.model, plan.spec, 0)
-        model.compile(optimizer=optimizers.make(args.optimizer, args.lr, fused=False),
+        model.compile(optimizer=optimizers.make(plan.train.optimizer, effective_learning_rate(plan.train), fused=False),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()
-    model.fit(_dataset(data, args.batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
+    model.fit(_dataset(data, batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
               verbose=0, callbacks=[timer.cb])
-    rates = args.chunk * args.batch / np.array(timer.seconds[1:])  # first epoch: tracing and warm-up
+    rates = args.chunk * batch / np.array(timer.seconds[1:])  # first epoch: tracing and warm-up
     print(json.dumps({
-        "images_per_sec": float(args.chunk * args.batch * len(rates) / sum(timer.seconds[1:])),
+        "images_per_sec": float(args.chunk * batch * len(rates) / sum(timer.seconds[1:])),
         "images_per_sec_stderr": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0,
         "timed_steps": args.chunk * len(rates), "devices": devices.count, "simulated": devices.simulated,
         "mirrored": args.mirrored, "optimizer": type(model.optimizer).__name__,
