@@ -126,3 +126,18 @@ def test_split_and_per_tower_train_conv_models_to_the_same_accuracy(tf_devices, 
     assert results[0]["test_accuracy"] > 0.2
     assert results[0]["test_accuracy"] == pytest.approx(results[1]["test_accuracy"], abs=0.005)
     assert results[0]["train_loss"] == pytest.approx(results[1]["train_loss"], rel=1e-4)
+
+
+def test_an_in_memory_test_set_keeps_its_float_batches_only_when_small(tf_devices, monkeypatch):
+    """MNIST's 31 MB of float test batches are cached after the first evaluation; 10,000 synthetic 224x224x3 images
+    would hold 6 GB no memory check counts: converted at every evaluation instead."""
+    from runner.data_pipelines import Spec, common
+
+    x, y = np.zeros((10, 8, 8, 1), np.uint8), np.zeros(10, np.int32)
+
+    def cached() -> bool:
+        return b"CacheDataset" in common.eval_dataset(x, y, Spec((8, 8, 1), 10))._as_serialized_graph().numpy()
+
+    assert cached()
+    monkeypatch.setattr(common, "EVAL_CACHE_BYTES", 4 * x.size - 1)
+    assert not cached()
