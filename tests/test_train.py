@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import compose, runs
 
+from runner.config import validate
 from runner.runtime.devices import host_cpu
 from runner.experiment import run
 
@@ -167,6 +168,9 @@ def test_a_target_never_reached_is_recorded_as_such(tf_devices, store):
     assert row["tags.target.reached"] == "false"
     off = _smoke(store, "train.target_accuracy=null")
     assert "target_accuracy" not in off
+    # A model's own target is an MNIST accuracy: on other data there is none unless one is set.
+    assert validate(compose("debug=smoke", "data=synthetic")).train.target_accuracy is None
+    assert validate(compose("debug=smoke", "data=synthetic", "train.target_accuracy=0.5")).train.target_accuracy == 0.5
 
 
 def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_devices, store):
