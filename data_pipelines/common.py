@@ -105,7 +105,7 @@ class Arrays:
 
 def array_digest(x: np.ndarray, y: np.ndarray) -> str:
     """sha256 of the images' and labels' bytes (8 hex digits); of a memory-mapped array only its shape and first
-    MiB, since reading it whole would pull the file into memory."""
+    2**20 values, since reading it whole would pull the file into memory."""
     digest = hashlib.sha256()
     if isinstance(x, np.memmap):
         digest.update(repr((x.shape, x.dtype.str)).encode() + x.reshape(-1)[: 1 << 20].tobytes())

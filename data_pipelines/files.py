@@ -103,6 +103,9 @@ class Files(DatasetOptions):
             raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
 
     def _npy_spec(self) -> Spec:
+        if self.shape is not None:
+            raise DataError(f"data.shape={self.shape} resizes TFRecord images; the npy layout in {self.path} is used "
+                            "at its stored size: leave data.shape out, or store the arrays at the size you want")
         x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
         if x_train.dtype.name not in DTYPES or x_train.ndim not in (3, 4):
             raise DataError(f"{self.path}/x_train.npy holds {x_train.dtype} {x_train.shape}; data=files takes uint8 "

@@ -23,7 +23,7 @@ class Batches:
         self._it = iter(batched(shuffled(ds, opts.shuffle_buffer, seed), per_tower_batch(global_batch, towers), opts))
 
     def next(self) -> list[tuple[Any, Any]]:
-        """`towers` consecutive batches of ((global/towers, 28, 28, 1) images, (global/towers,) labels)."""
+        """`towers` consecutive batches of ((global/towers, H, W, C) images, (global/towers,) labels)."""
         return [next(self._it) for _ in range(self.towers)]
 
 

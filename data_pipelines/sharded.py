@@ -61,7 +61,7 @@ class Batches:
                 self._its.append(iter(staged(build, device, opts.device_buffer)))
 
     def next(self) -> list[tuple[Any, Any]]:
-        """One batch per tower, each produced on its tower's device: ((global/N, 28, 28, 1), (global/N,))."""
+        """One batch per tower, each produced on its tower's device: ((global/N, H, W, C), (global/N,))."""
         return [next(it) for it in self._its]
 
 

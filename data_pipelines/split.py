@@ -22,10 +22,10 @@ class Batches:
         self._it = iter(batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts))
 
     def next(self) -> list[tuple[Any, Any]]:
-        """One batch per tower: `towers` pairs of ((global/towers, 28, 28, 1) images, (global/towers,) labels)."""
+        """One batch per tower: `towers` pairs of ((global/towers, H, W, C) images, (global/towers,) labels)."""
         import tensorflow as tf
 
-        x, y = next(self._it)  # (G, 28, 28, 1), (G,)
+        x, y = next(self._it)  # (G, H, W, C), (G,)
         return list(zip(tf.split(x, self.towers), tf.split(y, self.towers)))
 
 
