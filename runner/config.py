@@ -81,7 +81,7 @@ class TrainConf:
     probe_peak: bool = True  # measure the device's matmul peak once per machine (cached) to log MFU
     probe_floor: bool = False  # after training, time the step's unavoidable work (runner/measure/floor.py): step_time_over_floor
     predict: bool = True  # after training, log the cost model's prediction for this combination (runner/predict/)
-    profile: bool = False  # trace the first timed call with TensorFlow's profiler; log CPU time per op kind
+    profile: bool = False  # trace the first timed call with TensorFlow's profiler; log op time (spans) per op kind
     intra_op_threads: int = -1  # threads per op; -1 auto: cores / devices on simulated CPU devices, else TF's default
     inter_op_threads: int = 0  # ops run at once; 0: TensorFlow's default (one per core)
     checkpoint_every: int = 1000  # save model, optimizer and step every N steps; a restart of the config resumes

@@ -36,5 +36,10 @@ the end of the group to show the noise.
 
 prints, for each pipeline x strategy x device count, the batches/s of the input pipeline alone and of the full
 training step, their ratio, and whether the run is input-bound (pipeline under 3x the step rate).
+
+    python -m runner.bench predicted [--experiment bench_strategies] [--recalibrate]
+
+predicts every finished runner run of an experiment (a bench grid's or a sweep's) from its own command line with the
+cost model (runner/predict/) and prints predicted beside measured, with the accuracy line per model and devices.
 Runner jobs land in the MLflow experiment `bench_<command>` with their config and devices.
 """

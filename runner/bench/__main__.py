@@ -1,4 +1,5 @@
-"""The benchmarks' command line: `python -m runner.bench grid|strategies|settings|pipelines` (runner/bench/__init__.py)."""
+"""The benchmarks' command line: `python -m runner.bench grid|strategies|floors|settings|pipelines|predicted`
+(runner/bench/__init__.py)."""
 
 from __future__ import annotations
 

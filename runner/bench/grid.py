@@ -19,6 +19,7 @@ from runner.bench.jobs import (
     machine,
     measure,
 )
+from runner.measure.hooks import INPUT_BOUND_RATIO
 from runner.strategies import STRATEGIES
 
 # The strategies of one process that train a model replica per device, from the registry.
@@ -29,7 +30,7 @@ DATA_PARALLEL = tuple(n for n in STRATEGIES.names() if STRATEGIES.get(n).data_pa
 KERAS_TARGET = {"mlp": 1.5}  # runner single / Keras fit on one device; other models (and a user's): 1.0
 SCALING_TARGET = {2: 0.9, 4: 0.9, 8: 0.6}  # every data-parallel strategy x pipeline on N devices / runner single
 FLOOR_TARGET = 1.15  # one-device step / its floor (runner/measure/floor.py) at the model's default batch
-INPUT_TARGET = 3.0  # pipeline alone / training step
+INPUT_TARGET = float(INPUT_BOUND_RATIO)  # pipeline alone / training step: the bound a run itself warns at
 OVERHEAD_TARGET_S = 10.0  # process start to first step
 RSS_TARGET_MB = 1536.0  # a tiny (smoke) MLP job
 

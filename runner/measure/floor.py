@@ -100,6 +100,6 @@ def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[s
     images each, all at once, plus one optimizer update."""
     compute = towers_seconds(models, batch, devices)
     weights = sum(int(v.shape.num_elements()) for v in models[0].trainable_variables)
-    traffic = TOUCHED.get(optimizer, 7) * 4 * weights / bandwidth_bytes_per_second(devices[0])
+    traffic = TOUCHED[optimizer] * 4 * weights / bandwidth_bytes_per_second(devices[0])
     return {"floor_step_ms": 1000 * (compute + traffic), "floor_compute_ms": 1000 * compute,
             "floor_update_ms": 1000 * traffic}

@@ -79,7 +79,7 @@ def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: di
     def rate(term: str, devices: int) -> float:  # bytes/s of the term's arithmetic on one device, or on all at once
         return float(towers[f"{term}_bytes_per_s_{'one' if devices == 1 else 'all'}"])
 
-    update_bytes = traffic.update_copies * TOUCHED.get(plan.train.optimizer, 7) * weight_bytes
+    update_bytes = traffic.update_copies * TOUCHED[plan.train.optimizer] * weight_bytes
     sends = traffic.moved_bytes / float(machine["send_bytes_per_s"]) + traffic.messages * machine["send_latency_s"]
     terms = {
         "towers": float(towers["seconds"]),
