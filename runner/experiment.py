@@ -105,12 +105,10 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
     data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
     _log_dataset(plan, data, run)
-    hardware = _hardware_figures(plan, devices, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
               **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
-    hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
     steps = train.total_steps(plan.train, data.train_size)
     _log_plan(plan, devices, steps, data.synthetic)
     checkpointer, start = _resume(plan, strategy, run)
@@ -127,6 +125,8 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         log.warning(why)
         run.tags({"images_per_sec.missing": why})
     result.update(_after_training(plan, strategy, examples, result, run, devices))
+    hardware = _hardware_figures(plan, devices, run)  # after training: not in the time to the first step
+    hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
     if checkpointer is not None:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
