@@ -12,10 +12,10 @@ from runner.data_pipelines import DATASETS, PIPELINES
 from runner.models import MODELS
 from runner.bench.floors import built_in, floor_settings, floors
 from runner.bench.grid import DATA_PARALLEL, grid, settings
-from runner.bench.jobs import MIN_TIMED_STEPS, timed_steps
+from runner.bench.jobs import too_few_timed
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
-from runner.bench.settings import SPEED_SETTINGS, _check_settings_steps, speed_settings
+from runner.bench.settings import SPEED_SETTINGS, check_settings_steps, speed_settings
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
 
@@ -69,11 +69,9 @@ def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
         of = floor_settings if args.command == "floors" else settings
         todo = [(s.name, s.steps, s.steps_per_call) for s in of(args)]
     for name, steps, per_call in todo:
-        n = timed_steps(steps, per_call)
-        if n < MIN_TIMED_STEPS or n < 2 * per_call:
-            parser.error(f"{name}: --steps {steps} --steps-per-call {per_call} times only {n} steps "
-                         f"(the first call is warm-up, a short tail is not timed); need >= {MIN_TIMED_STEPS} steps "
-                         "in >= 2 calls")
+        problem = too_few_timed(name, steps, per_call)
+        if problem:
+            parser.error(problem)
 
 
 def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -145,7 +143,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         unknown = sorted(set(args.groups) - set(SPEED_SETTINGS))
         if unknown:
             parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
-        _check_settings_steps(parser, args)
+        check_settings_steps(parser, args)
         return speed_settings(args)
     if args.command == "predicted":
         return predicted(args)

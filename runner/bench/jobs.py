@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 MIN_TIMED_STEPS = 20
+NO_TIMED_STEPS = "no timed steps: raise --steps to a few times --steps-per-call"  # a finished job's row without a rate
 # (model, variant) -> (steps, steps per call) when --steps is not given: about 10-20 s of training on one device
 # of the 2-core development CPU (the slow variants get fewer, shorter calls); always >= 20 timed steps.
 DEFAULT_STEPS = {
@@ -70,6 +71,16 @@ class Setting:
 def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
     """Steps the runner times (full calls after the warm-up; a short tail call is not timed), as Keras fit here."""
     return max(0, steps // steps_per_call - warmup_calls) * steps_per_call
+
+
+def too_few_timed(name: str, steps: int, per_call: int) -> str | None:
+    """Why `steps` in compiled calls of `per_call` time too little for a row (at least MIN_TIMED_STEPS in at least
+    two timed calls: a standard error needs two), or None."""
+    n = timed_steps(steps, per_call)
+    if n >= MIN_TIMED_STEPS and n >= 2 * per_call:
+        return None
+    return (f"{name}: --steps {steps} --steps-per-call {per_call} times only {n} steps (the first call is warm-up, a "
+            f"short tail is not timed); need >= {MIN_TIMED_STEPS} steps in >= 2 calls")
 
 
 def keras_command(setting: Setting, gpus: int, mirrored: bool) -> list[str]:
@@ -148,7 +159,7 @@ def run_one(setting: Setting, job: Job, uri: str, experiment: str, progress: Pro
         run = lambda: run_job([*overrides, *setting.overrides()], uri, experiment)  # noqa: E731
     metrics = progress.run(f"{setting.name} {job.where}", run)
     if "error" not in metrics and "images_per_sec" not in metrics:
-        metrics = {"error": "no timed steps: raise --steps to a few times --steps-per-call"}
+        metrics = {"error": NO_TIMED_STEPS}
     return metrics
 
 

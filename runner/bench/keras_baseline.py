@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import resource
 import sys
 import time
 import typing
-
-import numpy as np
 
 from runner.data_pipelines import DATASETS
 from runner.data_pipelines.split import Split
@@ -95,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     from runner import optimizers
+    from runner.measure.hooks import peak_rss_mb
     from runner.strategies.common import build_model, effective_learning_rate
+    from runner.train import Timer
 
     keras.mixed_precision.set_dtype_policy(plan.train.precision)
     if args.mirrored:
@@ -109,14 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     timer = EpochTimer()
     model.fit(_dataset(data, batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
               verbose=0, callbacks=[timer.cb])
-    rates = args.chunk * batch / np.array(timer.seconds[1:])  # first epoch: tracing and warm-up
+    timed = Timer(warmup_calls=1, steps_per_call=args.chunk)  # the runner's own summary of timed calls (epochs)
+    for seconds in timer.seconds:
+        timed.add(args.chunk, seconds)
     print(json.dumps({
-        "images_per_sec": float(args.chunk * batch * len(rates) / sum(timer.seconds[1:])),
-        "images_per_sec_stderr": float(rates.std(ddof=1) / math.sqrt(len(rates))) if len(rates) > 1 else 0.0,
-        "timed_steps": args.chunk * len(rates), "devices": devices.count, "simulated": devices.simulated,
+        **timed.summary(batch), "devices": devices.count, "simulated": devices.simulated,
         "mirrored": args.mirrored, "optimizer": type(model.optimizer).__name__,
-        "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # ru_maxrss: KiB on Linux
+        "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT, "peak_rss_mb": peak_rss_mb(),
     }))
     return 0
 

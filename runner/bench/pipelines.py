@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from runner.bench.jobs import run_job
+from runner.bench.jobs import NO_TIMED_STEPS, run_job
 
 
 def _row(pipeline: str, strategy: str, gpus: int, m: dict) -> str:
     if "error" not in m and "input_batches_per_sec" not in m:
-        m = {"error": "no timed steps: raise --steps to a few times --steps-per-call"}
+        m = {"error": NO_TIMED_STEPS}
     if "error" in m:
         return f"| {pipeline} | {strategy} | {gpus} | failed: {m['error'][:80]} | | | | |"
     ratio = m["input_batches_per_sec"] / m["step_batches_per_sec"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from runner.bench.jobs import MIN_TIMED_STEPS, emit, machine, run_job, timed_steps
+from runner.bench.jobs import NO_TIMED_STEPS, emit, machine, run_job, too_few_timed
 
 
 def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str]]]:
@@ -76,7 +76,7 @@ def speed_settings(args: argparse.Namespace) -> int:
                         uri, experiment)
             if "error" in m or "images_per_sec" not in m:
                 failed = True
-                emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', 'no timed steps')[:80]} | | |"])
+                emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', NO_TIMED_STEPS)[:80]} | | |"])
                 continue
             base = m["images_per_sec"] if i == 0 else base
             rate = f"{m['images_per_sec']:,.0f} ± {m['images_per_sec_stderr']:,.0f}"
@@ -89,13 +89,12 @@ def speed_settings(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
-def _check_settings_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def check_settings_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """With --steps: every row of the chosen groups still times >= 20 steps in >= 2 calls, or exit 2."""
     for group in args.groups if args.steps else []:
         _, _, job, values = SPEED_SETTINGS[group]
         for label, extra in values:
             per_call = int([o for o in [*job, *extra] if o.startswith("train.steps_per_call=")][-1].split("=")[1])
-            n = timed_steps(args.steps, per_call)
-            if n < MIN_TIMED_STEPS or n < 2 * per_call:
-                parser.error(f"--steps {args.steps} times only {n} steps of `{label}` ({per_call} per call; the "
-                             f"first call is warm-up); need >= {MIN_TIMED_STEPS} steps in >= 2 calls")
+            problem = too_few_timed(f"`{label}`", args.steps, per_call)
+            if problem:
+                parser.error(problem)
