@@ -181,10 +181,32 @@ except ImportError:  # pragma: no cover - Hydra < 1.2
     Callback = object
 
 
+class SweepAborted(BaseException):
+    """The sweep's start or end failed. Not an Exception: Hydra turns a callback's Exception into a warning and goes
+    on (jobs without their parent run, a parent left RUNNING); this reaches the command line, which closes the parent
+    and reports `error` in one line."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
 class SweepCallback(Callback):
     """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._start(config)
+        except Exception as e:
+            raise SweepAborted(e) from e
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self._end(config)
+        except Exception as e:
+            raise SweepAborted(e) from e
+
+    def _start(self, config: DictConfig) -> None:
         from runner.tracking.redact import redact_files, redact_logs
         from runner.tracking import open_store, resolve_uri, whole_write
 
@@ -210,7 +232,7 @@ class SweepCallback(Callback):
             chosen = choose_top(str(sweep_dir), list(config.hydra.overrides.task), config.sweep.only_top)
             print("\n".join(redact(line) for line in chosen), file=sys.stderr)
 
-    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+    def _end(self, config: DictConfig) -> None:
         from mlflow.tracking import MlflowClient
 
         from runner.report.table import sweep_end
@@ -254,15 +276,19 @@ def _summarise_on_parent(client: Any, parent: str) -> None:
 
 
 def close_open_parent(status: str) -> None:
-    """End a sweep's parent run that an interruption (Ctrl-C) or a crash left open, so it does not stay RUNNING."""
+    """End a sweep's parent run that an interruption (Ctrl-C) or a crash left open, so it does not stay RUNNING; a
+    store that cannot be written then is said in a warning (the failure being reported matters more)."""
     if _open_parent:
         from mlflow.tracking import MlflowClient
 
         from runner.tracking import whole_write
 
-        with whole_write():
-            MlflowClient(_open_parent["uri"]).set_terminated(_open_parent["run_id"], status)
-            _open_parent.clear()
+        try:
+            with whole_write():
+                MlflowClient(_open_parent["uri"]).set_terminated(_open_parent["run_id"], status)
+        except Exception as e:  # noqa: BLE001 - called while another failure is being reported
+            log.warning("the sweep's parent run %s could not be closed: %s", _open_parent["run_id"], redact(str(e)))
+        _open_parent.clear()
 
 
 def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:

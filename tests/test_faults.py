@@ -171,6 +171,16 @@ def test_a_dead_tracking_server_at_start_fails_in_one_line_within_30_s(tmp_path)
     assert "cannot be opened" in line and "Connection refused" in line
 
 
+def test_a_sweep_whose_store_is_dead_at_start_fails_in_one_line_and_runs_no_job(tmp_path):
+    """Hydra turns an exception of a sweep's start callback into a warning and goes on: it must end the sweep."""
+    proc = run_cli("-m", "debug=smoke", "gpus=1,2", f"mlflow.tracking_uri=http://127.0.0.1:{free_port()}",
+                   "hydra.sweep.dir=multirun", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = errors(proc.stderr)
+    assert "cannot be opened" in line and "Connection refused" in line
+    assert "UserWarning" not in proc.stderr and not list((tmp_path / "multirun").glob("*/result.json"))
+
+
 # slow (~35 s): the default suite covers the same offline journal with a store whose disk fills mid-run.
 @pytest.mark.slow
 def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path):

@@ -97,6 +97,28 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
+SUBCOMMANDS = ("report", "check", "predict", "replay")  # runner.cli.<name>.main(argv) -> exit status
+
+
+def _subcommand(name: str, argv: list[str]) -> None:
+    """`runner NAME ARGS`: the subcommand's own exit status; what it does not catch itself (a store's refusal, a
+    config Hydra cannot compose) in one `error:` line, exit 2; Ctrl-C exit 130."""
+    import importlib
+
+    from hydra.errors import HydraException
+    from mlflow.exceptions import MlflowException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        code = importlib.import_module(f"runner.cli.{name}").main(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        _exit_now(130)
+    except (UserError, HydraException, OmegaConfBaseException, MlflowException) as e:
+        _report(e)
+    _exit_now(code)
+
+
 def cli() -> None:
     """Console-script entry: check group choices in one line, then hand over to Hydra.
 
@@ -119,23 +141,9 @@ def cli() -> None:
 
         print(f"runner {runner.__version__} ({runner.DISTRIBUTION})")
         sys.exit(0)
-    if sys.argv[1:2] == ["report"]:
-        from runner.cli.report import main as report_main
-
-        sys.exit(report_main(sys.argv[2:]))
-    if sys.argv[1:2] == ["check"]:
-        from runner.cli.check import main as check_main
-
-        sys.exit(check_main(sys.argv[2:]))
-    if sys.argv[1:2] == ["predict"]:
-        from runner.cli.predict import main as predict_main
-
-        sys.exit(predict_main(sys.argv[2:]))
-    if sys.argv[1:2] == ["replay"]:
-        from runner.cli.replay import main as replay_main
-
-        sys.exit(replay_main(sys.argv[2:]))
     tracking.bound_http_retries()
+    if sys.argv[1:2] and sys.argv[1] in SUBCOMMANDS:
+        _subcommand(sys.argv[1], sys.argv[2:])
     args, error = expand_repeats(sys.argv[1:])
     sys.argv[1:] = args
     error = error or check_group_overrides(sys.argv[1:]) or check_launch_dir(sys.argv[1:])
@@ -145,6 +153,9 @@ def cli() -> None:
     try:
         main()
         _exit_now(1 if sweep.failures else 0)
+    except sweep.SweepAborted as e:  # the sweep's own start or end
+        sweep.close_open_parent("FAILED")
+        _report(e.error)
     except (KeyboardInterrupt, signals.Terminated) as e:
         sweep.close_open_parent("KILLED")
         print("interrupted" if isinstance(e, KeyboardInterrupt) else f"terminated ({e})", file=sys.stderr)
