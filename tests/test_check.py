@@ -120,3 +120,13 @@ def test_judge_names_idle_devices_stray_compute_and_loss_drift():
     drifted = Outcome("c", losses=[2.0, 1.1], devices=["GPU:0"], compute={"GPU:0": 8}, variables=["GPU:0"])
     judge(drifted, reference, 1e-4)
     assert drifted.problems == ["loss differs from one device by 1.0e-01 (tolerance 0.0001)"]
+
+
+@pytest.mark.parametrize("args, said", [
+    (["gpus=2,4"], "error: gpus=2,4: runner check takes one device count"),
+    (["train.stepz=5"], "error: "),
+])
+def test_a_bad_override_of_runner_check_is_one_line(tmp_path, args, said):
+    proc = run_cli("check", *args, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(said)

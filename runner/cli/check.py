@@ -227,8 +227,12 @@ def _gpus(overrides: list[str]) -> int:
     """gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices."""
     from runner.runtime.devices import nvidia_gpu_count
 
-    named = [int(o.split("=", 1)[1]) for o in overrides if o.startswith("gpus=")]
-    return named[-1] if named else (nvidia_gpu_count() or 2)
+    from runner.errors import UserError
+
+    named = [o.split("=", 1)[1] for o in overrides if o.startswith("gpus=")]
+    if named and not named[-1].isdigit():
+        raise UserError(f"gpus={named[-1]}: runner check takes one device count (run it once per count)")
+    return int(named[-1]) if named else (nvidia_gpu_count() or 2)
 
 
 def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argparse.Namespace, gpus: int,

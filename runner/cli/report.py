@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from mlflow.tracking import MlflowClient
 
     from runner.tracking import resolve_uri
+    from runner.tracking.redact import redact
 
     args = parser().parse_args(argv)
     client = MlflowClient(resolve_uri(args.tracking_uri))
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         text, lines, paths = report(client, selection, args.filter, Path(args.out),
                                     verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
     except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {redact(str(e))}", file=sys.stderr)  # it names the store
         return 2
     print(selection.said)
     print(text)

@@ -11,8 +11,8 @@ The wait is watched from outside instead: a small process started just before it
 - on Ctrl-C (SIGINT reaches the whole foreground process group) or SIGTERM sent to it, ends the run KILLED and
   kills the stuck process.
 
-    python -m runner.runtime.watchdog --pid PID --seconds S --name worker0 --waiting-for "host:port, ..." \
-        [--uri URI --run-id ID]
+    [RUNNER_WATCHDOG_URI=URI] python -m runner.runtime.watchdog --pid PID --seconds S --name worker0 \
+        --waiting-for "host:port, ..." [--run-id ID]
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from typing import Iterator
+
+URI_VARIABLE = "RUNNER_WATCHDOG_URI"  # the watched run's tracking store (kept off the command line: credentials)
 
 
 class _Stop(Exception):
@@ -45,8 +47,8 @@ def _end_run(uri: str | None, run_id: str | None, status: str, error: str) -> No
         client.set_tag(run_id, "error", error)
         client.set_terminated(run_id, status)
     except Exception as e:  # noqa: BLE001 - the stuck process is killed whatever the store says
-        print(f"the run could not be closed in {uri} ({type(e).__name__}); the next start of this config marks it",
-              file=sys.stderr)
+        print(f"the run could not be closed in its tracking store ({type(e).__name__}); the next start of this "
+              "config marks it", file=sys.stderr)
 
 
 def watch(args: argparse.Namespace) -> int:
@@ -75,9 +77,11 @@ def bounded_wait(seconds: float, name: str, waiting_for: str, uri: str | None, r
     """Watch the block (`name`'s wait for `waiting_for`) from a separate process; see the module docstring."""
     command = [sys.executable, "-m", "runner.runtime.watchdog", "--pid", str(os.getpid()), "--seconds", str(seconds),
                "--name", name, "--waiting-for", waiting_for]
-    if uri and run_id:
-        command += ["--uri", uri, "--run-id", run_id]
-    guard = subprocess.Popen(command, stdin=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if uri and run_id:  # the store's URI (it may hold credentials) in the environment, not on a command line ps shows
+        command += ["--run-id", run_id]
+        env[URI_VARIABLE] = uri
+    guard = subprocess.Popen(command, stdin=subprocess.PIPE, text=True, env=env)
     try:
         yield
     finally:
@@ -92,9 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, required=True, help="how long the wait may last")
     parser.add_argument("--waiting-for", required=True, help="who is waited for (for the error line)")
     parser.add_argument("--name", default="this worker", help="who waits (for the error line)")
-    parser.add_argument("--uri", default=None, help="the MLflow store of the watched process's run")
-    parser.add_argument("--run-id", default=None, help="the watched process's MLflow run")
-    return watch(parser.parse_args(argv))
+    parser.add_argument("--run-id", default=None, help=f"the watched process's MLflow run (its store: ${URI_VARIABLE})")
+    args = parser.parse_args(argv)
+    args.uri = os.environ.get(URI_VARIABLE)
+    return watch(args)
 
 
 if __name__ == "__main__":

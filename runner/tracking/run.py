@@ -101,7 +101,7 @@ class Run(Recorder):
         to FINAL_WAIT_SECONDS (a store that is restarting), then raise a StoreError naming the journal."""
         if self.offline and not final and time.monotonic() < self.offline[1]:
             return
-        deadline = time.monotonic() + (FINAL_WAIT_SECONDS if final and self.offline else 0)
+        deadline = time.monotonic() + (FINAL_WAIT_SECONDS if final else 0)  # online until now, or not
         while True:
             try:
                 with whole_write(), (quick_http() if self.offline and not final else contextlib.nullcontext()):
@@ -172,7 +172,7 @@ class Run(Recorder):
         if self.monitor is not None:
             self.monitor.finish()  # its last samples, before the run closes
         if error:
-            self.journal.append("tags", tags={"error": error[:5000]})
+            self.journal.append("tags", tags={"error": redact(error)[:5000]})  # e.g. a store's URI in the message
         self.journal.append("end", status=status)
         self._send(final=True)
         self.journal.remove()
