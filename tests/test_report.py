@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import cli_env
 
-from runner.report.verdict import Run, Tolerance, decide, learns_same
+from runner.report.verdict import Run, Tolerance, _combinations, decide, learns_same, one_device
 
 
 def run(strategy, devices, ips=1000.0, stderr=10.0, tta=math.nan, acc=0.95, loss=0.2, pipeline="split", model="mlp"):
@@ -66,6 +66,18 @@ def test_repeats_that_differ_keep_a_margin_within_the_noise_and_repeats_that_agr
     steady = [run("mirrored", 2, ips=v) for v in (1200, 1210)] + [run("replicated", 2, ips=1100)]
     (v,) = decide(steady)
     assert v.beyond_noise is True and "run-to-run spread 1%, repeats of mirrored/split x2" in v.line()
+
+
+def test_weak_scaling_and_the_host_cpu_are_other_work_than_strong_scaling_on_the_devices():
+    """Strong and weak runs on 2 devices are not repeats of one combination, nor a gpus=0 run one on 1 device."""
+    runs = [run("replicated", 2, ips=30_000), run("single", 1, ips=20_000),
+            Run("mlp", "split", "replicated", 2, 60_000, 10.0, 0.95, 0.2, math.nan, 0.9, scaling="weak"),
+            Run("mlp", "split", "single", 1, 9_000, 10.0, 0.95, 0.2, math.nan, 0.9, host_only=True)]
+    (v,) = decide(runs)
+    assert v.best.name == "replicated/split x2 (weak)" and v.runner_up.name == "replicated/split x2"
+    assert v.best.median("images_per_sec") == 60_000 and v.spread is None  # no two runs did the same work
+    assert one_device(runs) is runs[1]  # the device, not the host CPU
+    assert "single/split x1 on the host CPU" in {c.name for c in _combinations(runs)}
 
 
 def test_repeats_are_combined_by_their_median_and_judged_by_their_ranges():
@@ -160,6 +172,17 @@ def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store):
     proc = _report(tmp_path, uri, "--experiment", "gamma")
     assert proc.returncode == 2
     assert proc.stderr.strip() == f"error: no experiment 'gamma' in {uri}; experiments: alpha, beta"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["--parent", "0123456789abcdef"], "error: Run with id=0123456789abcdef not found"),
+    (["--experiment", "alpha", "--filter", "bogus"], "error: "),
+])
+def test_a_parent_or_filter_the_store_refuses_is_one_line(tmp_path, store, args, said):
+    uri, _ = store
+    proc = _report(tmp_path, uri, *args)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(said)
 
 
 def test_every_option_has_help():

@@ -46,10 +46,14 @@ class Run:
     time_to_accuracy: float = math.nan  # NaN: the target was not reached (or none was set)
     target: float = math.nan
     status: str = "FINISHED"
+    scaling: str = "strong"
+    host_only: bool = False  # gpus=0: the host CPU, not one of the devices
 
     @property
     def combination(self) -> str:
-        return f"{self.strategy}/{self.pipeline} x{self.devices}"
+        """What a run did, as the verdict names it: runs doing the same work share it (their repeats)."""
+        where = " on the host CPU" if self.host_only else ""
+        return f"{self.strategy}/{self.pipeline} x{self.devices}{where}" + (" (weak)" if self.scaling == "weak" else "")
 
 
 @dataclass
@@ -82,7 +86,7 @@ def learns_same(run: Run, base: Run | None, tolerance: Tolerance) -> bool | None
 
 def one_device(runs: Iterable[Run]) -> Run | None:
     """The reference run of a model: on 1 device, `single` first (the strategy every other is compared with)."""
-    candidates = [r for r in runs if r.devices == 1 and r.status == "FINISHED"]
+    candidates = [r for r in runs if r.devices == 1 and not r.host_only and r.status == "FINISHED"]
     return min(candidates, key=lambda r: (r.strategy != "single", r.pipeline != "split"), default=None)
 
 
@@ -112,7 +116,8 @@ def run_to_run_spread(combos: list[Combination], key: str) -> Spread | None:
     """The largest spread between runs of the same work in this table: the repeats of one combination, or the
     1-device runs of different strategies; None when no two runs do the same work."""
     found = [Spread(_relative(c.values(key)), f"repeats of {c.name}") for c in combos if len(c.values(key)) > 1]
-    one_device = [c.median(key) for c in combos if c.devices == 1 and not math.isnan(c.median(key))]
+    one_device = [c.median(key) for c in combos
+                  if c.devices == 1 and not c.runs[0].host_only and not math.isnan(c.median(key))]
     if len(one_device) > 1:
         found.append(Spread(_relative(one_device), f"{len(one_device)} one-device runs"))
     return max(found, key=lambda s: s.relative, default=None)
@@ -217,4 +222,4 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
 def runs_from(rows: Iterable[Any]) -> list[Run]:
     """Verdict runs from report rows (anything with the same field names)."""
     return [Run(r.model, r.pipeline, r.strategy, r.devices, r.images_per_sec, r.stderr, r.accuracy, r.loss,
-                r.time_to_accuracy, r.target, r.status) for r in rows]
+                r.time_to_accuracy, r.target, r.status, r.scaling, r.host_only) for r in rows]
