@@ -69,6 +69,24 @@ def test_held_ctrl_c_goes_to_the_handler_that_was_installed():
         signal.signal(signal.SIGINT, previous)
 
 
+def test_held_sigterm_goes_to_the_handler_that_was_installed():
+    """SIGTERM (what Kubernetes and SLURM send) raises the runner's Terminated: held while a write runs, as Ctrl-C."""
+    seen = []
+
+    def handler(signum, frame):
+        seen.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        with tracking.whole_write():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)  # a second signal meanwhile: the first is the one delivered
+            assert seen == []
+        assert seen == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def test_whole_write_off_the_main_thread_changes_nothing():
     errors = []
 

@@ -13,7 +13,7 @@ import signal
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from runner.errors import UserError, one_line
 from runner.paths import unwritable
@@ -76,28 +76,35 @@ _holding_interrupts = False
 
 @contextmanager
 def whole_write() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) while a store write runs, and deliver it as soon as the write is done.
+    """Hold back Ctrl-C (SIGINT) and SIGTERM while a store write runs, and deliver the first as soon as the write is
+    done, to the handler that was installed.
 
     Why: a KeyboardInterrupt raised inside SQLAlchemy between sqlite's write and its commit leaves that connection
     holding the store's lock; the run's closing writes then each wait MLflow's 20 s busy timeout, fail, and the run
-    stays RUNNING (reproduced by raising KeyboardInterrupt at each line of one metric write in turn). Nested uses hold the signal until the outermost write ends.
-    Only the main thread can set signal handlers; elsewhere, or when SIGINT is ignored, this does nothing.
+    stays RUNNING (reproduced by raising KeyboardInterrupt at each line of one metric write in turn). SIGTERM raises
+    `Terminated` the same way once runtime/signals.py handles it. Nested uses hold the signals until the outermost
+    write ends. Only the main thread can set signal handlers; elsewhere this does nothing, and a signal whose handler
+    is not Python's (ignored, or the default of SIGTERM: the process ends) is left alone.
     """
     global _holding_interrupts
-    deliver = signal.getsignal(signal.SIGINT)
-    if _holding_interrupts or not callable(deliver) or threading.current_thread() is not threading.main_thread():
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: h for s, h in handlers.items() if callable(h)}
+    if _holding_interrupts or not handlers or threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = []
-    signal.signal(signal.SIGINT, lambda signum, frame: held.append(frame))
+    held: list[tuple[int, Any]] = []
+    for s in handlers:
+        signal.signal(s, lambda signum, frame: held.append((signum, frame)))
     _holding_interrupts = True
     try:
         yield
     finally:
         _holding_interrupts = False
-        signal.signal(signal.SIGINT, deliver)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     if held:
-        deliver(signal.SIGINT, held[0])  # the default handler raises KeyboardInterrupt here, after the write
+        signum, frame = held[0]
+        handlers[signum](signum, frame)  # e.g. raises KeyboardInterrupt or Terminated here, after the write
 
 
 def _sqlite_problem(uri: str) -> str | None:
