@@ -52,39 +52,26 @@ def test_ctrl_c_during_run_creation_still_ends_the_new_run_killed(store):
     assert [r.info.status for r in runs] == ["KILLED"]
 
 
-def test_held_ctrl_c_goes_to_the_handler_that_was_installed():
+@pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT)])
+def test_a_signal_held_during_a_write_goes_to_the_handler_that_was_installed(first, second):
+    """Ctrl-C, and SIGTERM (what Kubernetes and SLURM send; the runner raises Terminated for it): held while a write
+    runs, the first delivered once right after, a second one meanwhile dropped."""
     seen = []
 
     def handler(signum, frame):
         seen.append(signum)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {s: signal.signal(s, handler) for s in {first, second}}
     try:
         with tracking.whole_write():
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), first)
+            os.kill(os.getpid(), second)
             assert seen == []  # held while the write runs
-        assert seen == [signal.SIGINT]  # delivered once, right after
-        assert signal.getsignal(signal.SIGINT) is handler  # and the handler is back in place
+        assert seen == [first]  # delivered once, right after
+        assert all(signal.getsignal(s) is handler for s in previous)  # and the handlers are back in place
     finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def test_held_sigterm_goes_to_the_handler_that_was_installed():
-    """SIGTERM (what Kubernetes and SLURM send) raises the runner's Terminated: held while a write runs, as Ctrl-C."""
-    seen = []
-
-    def handler(signum, frame):
-        seen.append(signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        with tracking.whole_write():
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGINT)  # a second signal meanwhile: the first is the one delivered
-            assert seen == []
-        assert seen == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is handler
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def test_whole_write_off_the_main_thread_changes_nothing():
