@@ -141,8 +141,14 @@ class Files(DatasetOptions):
         return files
 
     def _tfrecord_spec(self) -> Spec:
+        """data.shape and data.classes, once the shards of both splits are there and framed as TFRecord files are
+        (their first headers: a cheap check that finds a file that is not one before anything starts)."""
+        from runner.data_pipelines.records import check_framing
+
         self._shards("train")
         if self.shape is None or self.classes is None:
             raise DataError(f"data=files with TFRecord shards in {self.path} needs data.shape=[height,width,channels] "
                             "(each image is resized to it) and data.classes (how many labels)")
+        for split in SHARDS:
+            check_framing(self._shards(split))
         return Spec(tuple(self.shape), self.classes)

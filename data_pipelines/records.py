@@ -23,20 +23,78 @@ IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"  # tf_cnn_benchmarks
 BAD_LABEL = "label out of range"  # the decoder's assertion message, which training turns into one DataError line
 
 
+HEADER = 12  # a record's header: its data's length (uint64, little-endian) and the length's masked CRC-32C (uint32)
+DAMAGED = "write it again (tf.io.TFRecordWriter; a TFDS dataset: tfds build)"  # what to do about a damaged file
+
+
+def _crc32c_table() -> tuple[int, ...]:
+    """CRC-32C's (Castagnoli, reflected polynomial 0x82F63B78) byte table: TFRecord's checksum."""
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
+        table.append(crc)
+    return tuple(table)
+
+
+CRC32C = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's masked CRC-32C of `data`: the CRC rotated right by 15 bits plus 0xa282ead8 (mod 2**32)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def record_length(header: bytes, path: str, offset: int, size: int) -> int:
+    """The data length in the header read at byte `offset` of the `size`-byte TFRecord file `path`, its framing
+    checked: the length's own checksum, and the record (header, data, data checksum) ending within the file. A file
+    of random bytes fails the first (a length read from garbage is anything up to 2**64).
+
+    Raises:
+        DataError: naming the file (and, for a header that fails its checksum, its byte offset).
+    """
+    if len(header) == HEADER and struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
+        raise DataError(f"{path} is not a TFRecord file: the record header at byte {offset} fails its checksum "
+                        f"(damaged, or another format); {DAMAGED}")
+    length = struct.unpack("<Q", header[:8])[0] if len(header) == HEADER else size
+    if offset + HEADER + length + 4 > size:
+        raise DataError(f"{path} is not a whole TFRecord file: its last record ends past the file's end; {DAMAGED}")
+    return length
+
+
+def check_framing(files: tuple[str, ...]) -> None:
+    """The first record header of each file checked (12 bytes a file, no TensorFlow): what validation can afford
+    to read of shards that are not TFRecord files at all. An empty file is a valid file of no records.
+
+    Raises:
+        DataError: a file that cannot be read, or whose first record is not framed as TFRecord's are.
+    """
+    for path in files:
+        try:
+            with open(path, "rb") as f:
+                header, size = f.read(HEADER), os.fstat(f.fileno()).st_size
+        except OSError as e:
+            raise DataError(f"{path} cannot be read ({e.strerror}); data shards must be readable files") from None
+        if header:
+            record_length(header, path, 0, size)
+
+
 def count_records(path: str) -> int:
-    """Records in a TFRecord file, from its length headers alone (no record is read or decoded; no TensorFlow).
+    """Records in a TFRecord file, from its headers alone (no record is read or decoded; no TensorFlow), each header's
+    framing checked (`record_length`).
 
     Each record is: length (uint64), its CRC (uint32), the data, the data's CRC (uint32).
     """
     count, size = 0, os.path.getsize(path)
     with open(path, "rb") as f:
-        while f.tell() < size:
-            header = f.read(12)
-            (length,) = struct.unpack("<Q", header[:8]) if len(header) == 12 else (size,)
-            f.seek(length + 4, os.SEEK_CUR)
+        while (offset := f.tell()) < size:
+            f.seek(record_length(f.read(HEADER), path, offset, size) + 4, os.SEEK_CUR)
             count += 1
-        if f.tell() != size:
-            raise DataError(f"{path} is not a whole TFRecord file: its last record ends past the file's end")
     return count
 
 

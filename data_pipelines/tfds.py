@@ -65,17 +65,25 @@ class TFDS(DatasetOptions):
     def _description(self) -> tuple[dict[str, Any], dict[str, Any]]:
         """dataset_info.json (splits, files) and features.json (the features' types and shapes)."""
         folder = self._folder()
-        info = json.loads((folder / "dataset_info.json").read_text())
+        info = self._json(folder / "dataset_info.json")
         features_file = folder / "features.json"
-        features = json.loads(features_file.read_text()) if features_file.is_file() else info.get("features", {})
+        features = self._json(features_file) if features_file.is_file() else info.get("features", {})
         return info, features.get("featuresDict", {}).get("features", {})
+
+    def _json(self, path: Path) -> dict[str, Any]:
+        """A description file TFDS wrote, or a DataError naming it when it is not JSON (truncated, overwritten)."""
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
+            raise DataError(f"{path} cannot be read as JSON ({e}); the prepared {self.dataset} is damaged: "
+                            + PREPARE.format(name=self.dataset.partition(":")[0])) from None
 
     def spec(self) -> Spec:
         """The image feature's shape and the label's number of classes, from the dataset's description (its splits and
         file format checked too)."""
         info, features = self._description()
         for split in (self.train_split, self.test_split):
-            self._files(info, split)
+            self._check_files(self._files(info, split), split)
         image, label = features.get(self.image_key, {}), features.get(self.label_key, {})
         if "image" not in image or "classLabel" not in label:
             raise DataError(f"data.dataset={self.dataset} has no image feature {self.image_key!r} and class label "
@@ -101,6 +109,18 @@ class TFDS(DatasetOptions):
         n = len(splits[split]["shardLengths"])
         base = info["name"]
         return tuple(str(self._folder() / f"{base}-{split}.tfrecord-{i:05d}-of-{n:05d}") for i in range(n))
+
+    def _check_files(self, files: tuple[str, ...], split: str) -> None:
+        """The split's record files are all there and framed as TFRecord files are (records.check_framing)."""
+        from runner.data_pipelines.records import check_framing
+
+        missing = [f for f in files if not os.path.isfile(f)]
+        if missing:
+            name = self.dataset.partition(":")[0]
+            raise DataError(f"data.dataset={self.dataset} lacks {len(missing)} of the {len(files)} record files of its "
+                            f"{split!r} split ({missing[0]} is not there); copy the whole prepared folder, or "
+                            + PREPARE.format(name=name))
+        check_framing(files)
 
     def train_examples(self) -> int:
         info, _ = self._description()

@@ -13,17 +13,26 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
-from runner.registry import Registry
+from runner.registry import Registry, Rule, check
 
 if TYPE_CHECKING:
     import keras
 
 log = logging.getLogger(__name__)
 SPEC_ARGUMENTS = ("input_shape", "classes")  # what a model function is given from the data's spec
+# keras.applications' `weights`: every run starts from its seed's weights (the same in every strategy); pretrained ones
+# would be downloaded as the model is built, after the run opened (and fail there on a machine without internet).
+UNTRAINED: Rule = (lambda v: v is None, "null: models train from the seed's initial weights; pretrained weights "
+                                        "(weights=imagenet) are never downloaded")
+
+
+def check_untrained(key: str, options: Mapping[str, Any]) -> None:
+    """Refuse, before TensorFlow starts, a `weights` option (`key`.weights) other than null (UNTRAINED)."""
+    check(f"{key}.weights", options.get("weights"), UNTRAINED)
 
 
 @runtime_checkable
@@ -126,6 +135,7 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
             f"model.{given[0]}={kwargs[given[0]]!r}: the runner passes input_shape and classes from the data's spec "
             "and trains on logits (classifier_activation=None); remove the key, or set the data's shape and classes"
         )
+    check_untrained("model", kwargs)
     parameters = inspect.signature(fn).parameters
     if "variant" in kwargs and "variant" not in parameters:
         log.warning("model %s takes no variant: model.variant=%s ignored", target, kwargs.pop("variant"))

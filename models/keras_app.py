@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
-from runner.models import MODELS, ModelOptions, spec_arguments
+from runner.models import MODELS, ModelOptions, check_untrained, spec_arguments
 from runner.registry import Rule
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def applications() -> tuple[str, ...]:
 
 
 APPLICATIONS = applications()
-RESERVED = ("input_shape", "classes", "weights", "classifier_activation", "include_top", "input_tensor")
+RESERVED = ("input_shape", "classes", "classifier_activation", "include_top", "input_tensor")  # and weights: UNTRAINED
 
 
 @MODELS.register
@@ -55,10 +55,11 @@ class KerasApp(ModelOptions):
     RULES: ClassVar[dict[str, Rule]] = {
         "app": (lambda v: v in APPLICATIONS, f"a keras.applications constructor: {', '.join(APPLICATIONS)}"),
         "options": (lambda v: not set(v) & set(RESERVED),
-                    f"keyword arguments other than {', '.join(RESERVED)} (the runner sets those)"),
+                    f"keyword arguments other than {', '.join(RESERVED)} (the runner sets those); weights: null"),
     }
 
     def check(self, spec: Spec) -> None:
+        check_untrained("model.options", self.options)
         self.too_small(spec, SMALLEST)
 
     def build(self, spec: Spec = MNIST):
@@ -66,7 +67,7 @@ class KerasApp(ModelOptions):
         import keras
 
         fn = getattr(keras.applications, self.app)
-        return fn(weights=None, **{**spec_arguments(fn, spec), **self._options(fn)})
+        return fn(**{"weights": None, **spec_arguments(fn, spec), **self._options(fn)})
 
     def _options(self, fn: Any) -> dict[str, Any]:
         """`options`, with variant=tiny's width where the constructor takes one."""

@@ -13,17 +13,42 @@ class ConfigError(UserError, ValueError):
     """A config value is wrong; the message is one line naming the key, the value and what is allowed."""
 
 
+# What TensorFlow wraps around an op's own message: the function and node it ran in (`{{function_node
+# __wrapped__SaveV2_dtypes_23_device_/job:localhost/...}}`, `[[{{node decode_image/DecodeImage}}]]`, `[[while/body/
+# IteratorGetNext]]`, `[Op:SaveV2] name: `), and the preamble of an error in a graph ("Graph execution error:", then
+# per node "Detected at node X defined at (most recent call last):" and its stack, indented, or "<stack traces
+# unavailable>", or "Node: 'X'").
+TF_MARK = re.compile(r"\{\{(function_)?node |\[Op:|\AGraph execution error:")
+TF_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}|\[\[[^\]]*\]\]|\[Op:[^\]]*\]( name:[^\n]*)?")
+TF_PREAMBLE = re.compile(r"Graph execution error:|Detected at node .* defined at \(most recent call last\):|"
+                         r"<stack traces unavailable>|Node: .*|\s.*|")
+
+
+def _without_graph_internals(text: str) -> str:
+    """A TensorFlow error's own message: `text` without the graph's preamble and the function and node names
+    wrapped around it (a text without them unchanged): what it says is the op's, where it ran is noise to a user."""
+    if not TF_MARK.search(text):
+        return text
+    lines = text.splitlines()
+    if lines[0] == "Graph execution error:":
+        while lines and TF_PREAMBLE.fullmatch(lines[0]):  # the preamble's lines, its stack frames indented
+            lines.pop(0)
+    return "\n".join(kept for line in lines if (kept := TF_WRAPPING.sub("", line).strip()))
+
+
 def one_line(e: BaseException, limit: int = 300) -> str:
     """An exception as one short line, for an `error:` line, a warning or a tag.
 
     A UserError's own line (worded for the user already). For any other exception: the OS error behind a failed
     request (`[Errno 111] Connection refused`) or a database driver's own message when the text holds one (a
     store's failures wrap them in pages of SQL and traceback); else the first lines of the first paragraph (Hydra's
-    messages run on for pages); the exception's type if it says nothing.
+    messages run on for pages), a TensorFlow error's without its graph internals; the exception's type if it says
+    nothing.
     """
     text = str(e).strip()
     if isinstance(e, UserError):  # worded for the user already: one line by contract
         return (text.splitlines() or [type(e).__name__])[0]
+    text = _without_graph_internals(text)
     errno = re.search(r"\[Errno -?\d+\] [^'\")]+", text)
     database = re.search(r"\((sqlite3\.\w+|psycopg2?\.\w+|pymysql\.\w+)\) ([^\n]+)", text)
     if errno:

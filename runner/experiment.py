@@ -115,7 +115,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     evals = _evaluations(plan, strategy, data, steps, run)
     hooks = _hooks(plan, checkpointer, strategy, run)
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
-    result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks)
+    result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks, plan.data.describe())
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
     _check_moving_state(plan, strategy, run)
     if plan.train.target_accuracy:

@@ -102,9 +102,15 @@ def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
         if allowed is not None and values[name] not in allowed and not (values[name] is None and None in allowed):
             choices = ", ".join(str(a) for a in allowed)
             raise ConfigError(f"{_key(kind, name)}={values[name]!r} is not allowed; choose one of: {choices}")
-    for key, (ok, allowed) in getattr(cls, "RULES", {}).items():
-        if not ok(values[key]):
-            raise ConfigError(f"{_key(kind, key)}={values[key]!r} is not allowed; expected {allowed}")
+    for key, rule in getattr(cls, "RULES", {}).items():
+        check(_key(kind, key), values[key], rule)
+
+
+def check(key: str, value: Any, rule: Rule) -> None:
+    """Raise a ConfigError naming `key`, `value` and what `rule` allows when the value breaks it."""
+    ok, allowed = rule
+    if not ok(value):
+        raise ConfigError(f"{key}={value!r} is not allowed; expected {allowed}")
 
 
 def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any]:

@@ -207,9 +207,14 @@ class SweepCallback(Callback):
             raise SweepAborted(e) from e
 
     def _start(self, config: DictConfig) -> None:
+        from runner.config import SweepConf
+        from runner.registry import typed_values
         from runner.tracking.redact import redact_files, redact_logs
         from runner.tracking import open_store, resolve_uri, whole_write
 
+        # The sweep's own settings, checked against their rules before anything opens: the jobs check the rest, but
+        # these act before any job (sweep.only_top=-1 would leave every job out).
+        typed_values(SweepConf, config.sweep, "sweep")
         redact_logs()  # Hydra logs each job's overrides
         redact_files(Path(config.hydra.sweep.dir))
         uri = resolve_uri(config.mlflow.tracking_uri)

@@ -13,7 +13,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 
 import numpy as np
 
@@ -126,18 +126,40 @@ def _clock(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}" if minutes >= 60 else f"{minutes}:{secs:02d}"
 
 
-def _bad_data(e: Exception) -> Exception | None:
-    """A DataError for an example the data's own checks refused while training (records.BAD_LABEL), else None."""
+FROM_INPUT = "IteratorGetNext"  # named in a TensorFlow error raised while an input iterator made a batch
+
+
+def _bad_data(e: Exception, source: str) -> Exception | None:
+    """A DataError for an example the data's own checks refused (records.BAD_LABEL), or one its input pipeline could
+    not read or decode (an error raised through an input iterator: an image of no format TensorFlow knows, a damaged
+    record), naming `source`, where the examples come from; None for an error that is not the data's."""
     import re
 
     from runner.data_pipelines import DataError
     from runner.data_pipelines.records import BAD_LABEL
+    from runner.errors import one_line
 
     found = re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e))
-    if found is None:
-        return None
-    return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
-                     "set data.classes or data.label_offset to match the files")
+    if found is not None:
+        return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
+                         "set data.classes or data.label_offset to match the files")
+    if FROM_INPUT in str(e):
+        return DataError(f"an example of {source} cannot be read: {one_line(e).rstrip('.')}; fix the files, or leave "
+                         "out the one holding it")
+    return None
+
+
+@contextlib.contextmanager
+def data_errors(source: str) -> Iterator[None]:
+    """Training and evaluation inside stop in one DataError line when an example cannot be used (`_bad_data`): the
+    failing op runs inside a compiled call or an input iterator, so the error reaches Python as TensorFlow's, named
+    by its graph node; any other error passes unchanged."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+        raise _bad_data(e, source) or e
 
 
 def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
@@ -145,11 +167,8 @@ def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
     import tensorflow as tf
 
     t0 = time.perf_counter()
-    try:
-        mean_loss, done = loop(tf.constant(n))
-        loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
-    except tf.errors.InvalidArgumentError as e:
-        raise _bad_data(e) or e
+    mean_loss, done = loop(tf.constant(n))
+    loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
     seconds = time.perf_counter() - t0
     if done < n:
         raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
@@ -189,23 +208,14 @@ class Evaluations:
         if not last and crossed(step, n, self.eval_every):
             self._full(step, train_seconds)
         elif not last and self.target and not self.reached and crossed(step, n, self.check_every):
-            _, accuracy = self._evaluate(self.checks)
+            _, accuracy = self.strategy.evaluate(self.checks)
             self.record({"check_accuracy": accuracy, "check_train_seconds": train_seconds}, step)
             if accuracy >= self.target:
                 self._full(step, train_seconds)
         self.seconds += time.perf_counter() - t0
 
-    def _evaluate(self, dataset: Any) -> tuple[float, float]:
-        """The strategy's (loss, accuracy) on `dataset`; a test example the data's checks refuse is a DataError."""
-        import tensorflow as tf
-
-        try:
-            return self.strategy.evaluate(dataset)
-        except tf.errors.InvalidArgumentError as e:
-            raise _bad_data(e) or e
-
     def _full(self, step: int, train_seconds: float) -> tuple[float, float]:
-        loss, accuracy = self._evaluate(self.full)
+        loss, accuracy = self.strategy.evaluate(self.full)
         self.record({"test_loss": loss, "test_accuracy": accuracy}, step)
         if self.target and not self.reached and accuracy >= self.target:
             self.reached = (step, train_seconds)
@@ -322,7 +332,7 @@ def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, star
 
 
 def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps: int, record: Record, start: int = 0,
-        hooks: list[Hook] | None = None) -> dict:
+        hooks: list[Hook] | None = None, source: str = "the data") -> dict:
     """Train from step `start` to `steps`, evaluate, and return the summary metrics.
 
     Args:
@@ -334,6 +344,7 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
         record: called with (metrics, step) for every logged point.
         start: steps already done (restored from a checkpoint); the feed skips their batches.
         hooks: called around and after every compiled call (checkpoints, profiler, allocator).
+        source: where the examples come from (the dataset's description), named when one cannot be read.
 
     Returns:
         train_loss, test_loss, test_accuracy, train_seconds (evaluation excluded), eval_seconds, steps,
@@ -341,13 +352,14 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
         target_accuracy and, once reached, time_to_accuracy_seconds and steps_to_accuracy, and the hooks' figures.
     """
     hooks = hooks or []
-    if start:
-        fast_forward(strategy, batches, start)
-    loop = strategy.train_loop(batches)
-    done = _run_calls(loop, evals, train, steps, start, record, hooks)
+    with data_errors(source):
+        if start:
+            fast_forward(strategy, batches, start)
+        done = _run_calls(strategy.train_loop(batches), evals, train, steps, start, record, hooks)
+        final = evals.final(done.step, done.train_seconds)
     return {
         "train_loss": done.loss,
-        **evals.final(done.step, done.train_seconds),
+        **final,
         "train_seconds": done.train_seconds,
         "steps": float(done.step),
         "resumed_from_step": float(start),

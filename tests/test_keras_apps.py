@@ -35,7 +35,8 @@ def test_mobilenet_v2_trains_on_two_devices_through_model_keras_app(tf_devices, 
 
 @pytest.mark.parametrize("overrides,words", [
     (["model.app=ResNet51"], ["model.app='ResNet51'", "ResNet50, ResNet50V2"]),
-    (["+model.options.weights=imagenet"], ["model.options", "weights", "the runner sets those"]),
+    (["+model.options.weights=imagenet"], ["model.options.weights='imagenet'", "never downloaded"]),
+    (["+model.options.include_top=false"], ["model.options", "include_top", "the runner sets those"]),
     (["model.options={alpha:0.35}"], ["model.options is a mapping", "+model.options.NAME=VALUE"]),
 ])
 def test_a_bad_keras_app_option_is_one_line(overrides, words):

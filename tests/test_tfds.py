@@ -17,7 +17,8 @@ SHORT = ["debug=smoke", "train.steps=4", "train.steps_per_call=2", "train.warmup
 
 def describe_prepared(root) -> str:
     """Only the description a prepared tiny_images leaves in its data_dir (dataset_info.json, features.json), as TFDS
-    writes it: what validation reads, without TensorFlow. Returns the data_dir."""
+    writes it, and its record files, empty: what validation reads (the records' first headers), without TensorFlow.
+    Returns the data_dir."""
     import json
 
     folder = root / "tiny_images" / "1.0.0"
@@ -29,6 +30,8 @@ def describe_prepared(root) -> str:
     image = {"image": {"dtype": "uint8", "shape": {"dimensions": ["20", "24", "3"]}}}
     label = {"classLabel": {"numClasses": "5"}}
     (folder / "features.json").write_text(json.dumps({"featuresDict": {"features": {"image": image, "label": label}}}))
+    for split in ("train", "test"):
+        (folder / f"tiny_images-{split}.tfrecord-00000-of-00001").write_bytes(b"")  # a TFRecord file of no records
     return str(root)
 
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     if error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    outcomes = predict_all(expand(overrides), args.recalibrate)  # a bad override: one line from runner's dispatcher
+    outcomes = predict_all(expand(overrides), args.recalibrate)  # a bad override raises: runner's dispatcher says it
     print("\n".join(table(outcomes)))
     return 0 if any(o.prediction for o in outcomes) else 1
 

@@ -46,11 +46,16 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 
 def _plan(overrides: list[str]) -> tuple[Any, str | None]:
-    """A combination's plan (None if refused) and why it cannot be predicted (refused, or no cost model)."""
+    """A combination's plan (None if refused) and why it cannot be predicted (refused, or no cost model).
+
+    An override Hydra cannot compose (`gpus=abc`) is raised, not a row: it is the command's error, reported in the
+    one line `python -m runner` gives it, before any calibration.
+    """
     from runner.config import compose, validate
 
+    cfg = compose(overrides)
     try:
-        plan = validate(compose(overrides))
+        plan = validate(cfg)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         return None, one_line(e)
     try:

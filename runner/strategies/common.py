@@ -20,9 +20,12 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
     """Build `model` for `spec` with seeded initial weights (the same weights for every strategy and every copy).
 
     Raises:
-        ConfigError: the built model does not map spec-shaped images to one logit per class (a user's function
-            that ignores `input_shape` or `classes`, or a keras.applications model refusing the size).
+        ConfigError: the build returned something other than a Keras model, or a model that does not map
+            spec-shaped images to one logit per class (a user's function that ignores `input_shape` or `classes`,
+            or a keras.applications model refusing the size).
     """
+    import reprlib
+
     from runner.errors import ConfigError
 
     keras.utils.set_random_seed(seed)
@@ -30,6 +33,10 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
         built = model.build(spec)
     except (ValueError, TypeError) as e:  # keras.applications' refusals ("Input size must be at least 32x32; ...")
         raise ConfigError(f"model={model.name} cannot be built for {spec}: {str(e).splitlines()[0]}") from None
+    if not isinstance(built, keras.Model):
+        raise ConfigError(f"model={model.name}: {_builder(model)} returned {reprlib.repr(built)} (a "
+                          f"{type(built).__name__}), not a keras.Model; it must return one mapping "
+                          "(batch, *input_shape) images to (batch, classes) logits")
     inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
     if inputs != tuple(spec.shape) or outputs != (spec.classes,):
         raise ConfigError(
@@ -37,6 +44,12 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
             "input_shape and classes arguments the runner passes to a model function"
         )
     return built
+
+
+def _builder(model: Model) -> str:
+    """What builds `model`, as its config names it: a user's function (`_target_`), else its class's `build`."""
+    target = getattr(model, "target", None)
+    return f"_target_ {target}" if target else f"{type(model).__module__}.{type(model).__qualname__}.build"
 
 
 def tower_models(model: Model, spec: Spec, seed: int, devices: list[str]) -> list[keras.Model]:
