@@ -3,9 +3,12 @@ before TensorFlow initialises; tests that need another layout run the CLI in a s
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -31,17 +34,40 @@ def tf_devices():
     return tf
 
 
+@functools.cache
+def _migrated_store() -> Path:
+    """An empty sqlite MLflow store with every schema migration applied, made once per test process."""
+    from mlflow import MlflowClient
+
+    path = Path(tempfile.mkdtemp(prefix="migrated-store-")) / "mlflow.db"
+    MlflowClient(f"sqlite:///{path}").search_experiments()  # creates the tables and runs the migrations
+    return path
+
+
+def new_store(folder: Path) -> str:
+    """A fresh, empty sqlite store in `folder` (its mlflow.db), as its tracking URI: a copy of one migrated store,
+    as MLflow would create it (creating a store runs ~100 schema migrations: a second each time)."""
+    shutil.copyfile(_migrated_store(), folder / "mlflow.db")
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
 @pytest.fixture
 def store(tmp_path) -> str:
     """A fresh sqlite tracking URI in the test's own folder."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return new_store(tmp_path)
+
+
+# What a run measures beyond its training (the input pipeline alone after training, the host's matmul peak) is off in
+# in-process tests: seconds a run, read by none of them. The tests about these measurements switch them on again
+# (a later override wins).
+UNMEASURED = ("train.measure_input=false", "train.probe_peak=false")
 
 
 def compose(*overrides: str):
-    """Compose the project's config through Hydra's compose API, as @hydra.main would."""
+    """Compose the project's config through Hydra's compose API, as @hydra.main would (with UNMEASURED first)."""
     from runner.config import compose as compose_config
 
-    return compose_config(list(overrides))
+    return compose_config([*UNMEASURED, *overrides])
 
 
 def build_strategy(plan, devices):
@@ -53,18 +79,28 @@ def build_strategy(plan, devices):
 
 def cli_env(env: dict | None = None) -> dict:
     """The environment of a `python -m runner` child: this one, without the tracking URI that in-process tests
-    leave behind (mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI), so the child uses its own default store."""
+    leave behind (mlflow.set_tracking_uri exports MLFLOW_TRACKING_URI), so the child uses its own default store.
+    `env` adds variables; one given as None is removed (TF_CPP_MIN_LOG_LEVEL=None: TensorFlow's log as a user has it)."""
     full_env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})}
     full_env.pop("MLFLOW_TRACKING_URI", None)
-    return full_env
+    return {k: v for k, v in full_env.items() if v is not None}
 
 
-def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """Run `python -m runner ARGS` in a fresh process, as a user would."""
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300,
+            merged: bool = False) -> subprocess.CompletedProcess:
+    """Run `python -m runner ARGS` in a fresh process, as a user would, and wait for it. `merged`: stderr into
+    stdout, in the order a terminal shows them."""
     return subprocess.run(
-        [sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env), capture_output=True, text=True,
-        timeout=timeout,
+        [sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, timeout=timeout,
     )
+
+
+def start_cli(*args: str, cwd: Path, env: dict | None = None, **popen) -> subprocess.Popen:
+    """Start `python -m runner ARGS` in a fresh process, as a user would, without waiting (to signal it, or to run
+    others beside it); its output is piped. `popen`: more of Popen's arguments (start_new_session=True)."""
+    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 
 
 def markdown_rows(text: str) -> list[dict[str, str]]:

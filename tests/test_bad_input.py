@@ -1,9 +1,13 @@
-"""Bad input, table-driven: each row runs the real command line (`python -m runner debug=smoke ...`) in a fresh
-process in its own folder, and checks what a user sees and what MLflow keeps.
+"""Bad input, table-driven: each row is a command line (`python -m runner debug=smoke ...`) a user could type, and
+what they must see: exactly one `error:` line naming the bad value (and what is allowed), and what MLflow keeps.
 
-Every row asserts: exit status 2, exactly one `error:` line on stderr naming the bad value (and what is allowed),
-no traceback, and no run left RUNNING in the store. Errors found before the run opens leave no run at all; errors
-found after it opened (the data) leave exactly one run, FAILED with the error. The last row asks for the traceback.
+Every row runs in this process, through what the command does up to its error line (the checks before Hydra, then
+composition and the run, the error explained as `cli()` explains it): one line with the row's words, no run left
+RUNNING. Errors found before the run opens leave no run at all; errors found after it opened (the data) leave exactly
+one run, FAILED with the error; errors found before TensorFlow starts never set up its devices. A few rows, one per
+way a command fails (before Hydra, in Hydra's composition, in validation, after the run opened, in the store, in a
+sweep), also run as a real process: exit status 2, one `error:` line on stderr, no traceback. The last row asks for
+the traceback, which only a process shows.
 """
 
 from __future__ import annotations
@@ -161,6 +165,13 @@ ROWS = {
 }
 
 
+# One row per way a command fails, run as a real process: before Hydra (a group choice), in Hydra's composition (a
+# value the schema refuses), in validation inside the job, after the run opened (the data), in the store, in a sweep's
+# launcher settings; and the traceback a user can ask for.
+AS_A_PROCESS = ("group-model", "gpus-not-int", "batch-not-divisible", "data-sha256-mismatch", "store-under-a-file",
+                "launcher-no-jobs", "traceback-asked")
+
+
 def _statuses(tmp: Path) -> list[tuple[str, str]]:
     """(status, error tag) of every run in the default store in `tmp`; [] if there is no store."""
     if not (tmp / "mlflow.db").exists():
@@ -172,13 +183,74 @@ def _statuses(tmp: Path) -> list[tuple[str, str]]:
     return [(r.info.status, r.data.tags.get("error", "")) for r in client.search_runs(ids)] if ids else []
 
 
-@pytest.mark.parametrize("row", list(ROWS.values()), ids=list(ROWS))
-def test_bad_input(tmp_path, row: Bad):
-    tmp = str(tmp_path)
+def _arguments(row: Bad, tmp_path: Path) -> tuple[list[str], list[str]]:
+    """The row's command-line arguments and expected words, "{tmp}" replaced by the test's folder (set up first)."""
     if row.setup:
         row.setup(tmp_path)
-    args = [a.replace("{tmp}", tmp) for a in row.args]
-    words = [w.replace("{tmp}", tmp) for w in row.words]
+    return [a.replace("{tmp}", str(tmp_path)) for a in row.args], [w.replace("{tmp}", str(tmp_path)) for w in row.words]
+
+
+def _check_store(tmp_path: Path, row: Bad, words: list[str]) -> None:
+    """No run left RUNNING; one FAILED run naming the error if the run had opened, else none at all."""
+    runs = _statuses(tmp_path)
+    assert "RUNNING" not in [status for status, _ in runs]
+    if row.run_opened:
+        assert len(runs) == 1 and runs[0][0] == "FAILED", runs
+        assert words[0] in runs[0][1], f"the FAILED run's error tag does not name {words[0]!r}: {runs[0][1]!r}"
+    else:
+        assert runs == [], f"an error found before the run opened left runs behind: {runs}"
+    if row.setup is _file_as_dir:
+        assert (tmp_path / "afile").is_file()
+
+
+def _error_line(args: list[str]) -> str | None:
+    """What `python -m runner ARGS` prints after `error:`, taken in this process: the command line's checks before
+    Hydra, then the composed config's run, its error explained as `cli()` explains it (None: no error)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from runner.cli.overrides import explain, preflight
+    from runner.config import compose
+    from runner.errors import UserError
+    from runner.experiment import run
+
+    args, error = preflight(args)
+    if error:
+        return error
+    try:
+        run(compose([a for a in args if not a.startswith("-")]))  # the flags (-m) only choose how Hydra launches
+    except (UserError, HydraException, OmegaConfBaseException) as e:
+        return explain(e)
+    return None
+
+
+@pytest.mark.parametrize("name", [name for name, row in ROWS.items() if not row.traceback])
+def test_bad_input_is_one_line_and_leaves_no_run_running(tmp_path, monkeypatch, name):
+    row = ROWS[name]
+    args, words = _arguments(row, tmp_path)
+    monkeypatch.chdir(tmp_path)  # the default store and the launch folder, as for a user in their own folder
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # left behind by other in-process tests
+    for key, value in row.env.items():
+        monkeypatch.setenv(key, value)
+    if row.before_tensorflow:
+        from runner.runtime import devices
+
+        def started(*_, **__):
+            raise AssertionError("the error came after TensorFlow's devices were set up")
+
+        monkeypatch.setattr(devices, "setup", started)
+
+    error = _error_line(["debug=smoke", *args])
+
+    assert error is not None and "\n" not in error, error
+    assert all(w in error for w in words), f"{words} not all in {error!r}"
+    _check_store(tmp_path, row, words)
+
+
+@pytest.mark.parametrize("name", AS_A_PROCESS)
+def test_bad_input_as_a_command_exits_2_with_one_error_line(tmp_path, name):
+    row = ROWS[name]
+    args, words = _arguments(row, tmp_path)
     # This checkout's code, whatever `pip install -e` pointed at.
     env = {**row.env, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
@@ -201,13 +273,4 @@ def test_bad_input(tmp_path, row: Bad):
     if row.before_tensorflow:
         # Hydra's log lines go to stdout; the devices module logs as soon as TensorFlow's devices are set up.
         assert "[runner.runtime.devices]" not in proc.stdout + stderr, "the error came after TensorFlow started"
-
-    runs = _statuses(tmp_path)
-    assert "RUNNING" not in [status for status, _ in runs]
-    if row.run_opened:
-        assert len(runs) == 1 and runs[0][0] == "FAILED", runs
-        assert words[0] in runs[0][1], f"the FAILED run's error tag does not name {words[0]!r}: {runs[0][1]!r}"
-    else:
-        assert runs == [], f"an error found before the run opened left runs behind: {runs}"
-    if row.setup is _file_as_dir:
-        assert (tmp_path / "afile").is_file()
+    _check_store(tmp_path, row, words)

@@ -5,28 +5,20 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import mlflow
 import numpy as np
 import pytest
-from conftest import cli_env, compose, run_cli, runs
+from conftest import compose, run_cli, runs, start_cli
 
 # Tiny MLP, 2000 steps (~2 s of training): the first checkpoint (step 100) comes early, the end much later.
 KILL_ARGS = ["debug=smoke", "train.steps=2000", "train.checkpoint_every=100", "train.measure_input=false"]
 
 
-def _start(cwd, *args: str) -> subprocess.Popen:
-    env = cli_env()
-    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-
-
 def _kill_after_first_checkpoint(cwd) -> int:
     """Start the job, SIGKILL it once a checkpoint is complete; the step it was saved at."""
-    proc = _start(cwd, *KILL_ARGS)
+    proc = start_cli(*KILL_ARGS, cwd=cwd)
     deadline = time.time() + 120
     while not list(cwd.glob("checkpoints/*/run.json")):  # written after the checkpoint itself is complete
         assert proc.poll() is None and time.time() < deadline, "the job ended before its first checkpoint"
@@ -45,7 +37,7 @@ def _digest(stdout_and_err: str) -> str:
 def test_sigkilled_job_resumes_from_its_checkpoint_and_ends_like_an_uninterrupted_run(tmp_path):
     killed_dir, clean_dir = tmp_path / "killed", tmp_path / "clean"
     killed_dir.mkdir(), clean_dir.mkdir()
-    clean = _start(clean_dir, *KILL_ARGS)  # the uninterrupted twin, alongside (a separate process either way)
+    clean = start_cli(*KILL_ARGS, cwd=clean_dir)  # the uninterrupted twin, alongside (a separate process either way)
     saved_step = _kill_after_first_checkpoint(killed_dir)
     assert 100 <= saved_step < 2000
     dead = runs(f"sqlite:///{killed_dir / 'mlflow.db'}", "smoke")

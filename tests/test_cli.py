@@ -12,10 +12,20 @@ def _store(cwd) -> str:
     return f"sqlite:///{cwd / 'mlflow.db'}"
 
 
-def test_smoke_run_from_cli_lands_in_the_default_store(tmp_path):
-    proc = run_cli("debug=smoke", "mlflow.system_metrics_interval=0.5", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+def test_smoke_run_from_cli_lands_in_the_default_store_after_few_lines(tmp_path):
+    """Run as a user would: stdout and stderr on one terminal, TensorFlow's own log level untouched. Its start-up noise
+    is filtered (runner/runtime/quiet.py); on a machine without GPUs no CUDA error shows; the run lands in the default
+    store with its metrics, artifacts, datasets and MLflow's system metrics."""
+    proc = run_cli("debug=smoke", "mlflow.system_metrics_interval=0.5", cwd=tmp_path,
+                   env={"TF_CPP_MIN_LOG_LEVEL": None}, merged=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
     assert "test accuracy" in proc.stdout
+    lines = proc.stdout.splitlines()
+    first_progress = next(i for i, line in enumerate(lines) if "step 1/60" in line)
+    assert first_progress <= 8, "\n".join(lines[:first_progress])
+    assert not [line for line in lines if "cuInit" in line or "CUDA error" in line]
+    assert "no GPU found: training on the CPU" in proc.stdout
+    assert "elapsed" in lines[first_progress] and "left" in lines[first_progress]  # elapsed time and ETA
     df = runs(_store(tmp_path), "smoke")  # default store: mlflow.db in the launch directory
     assert list(df["status"]) == ["FINISHED"]
     run_id = df.iloc[0]["run_id"]
@@ -52,24 +62,3 @@ def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
     proc = run_cli("--cfg", "job", "model=cnn", cwd=tmp_path)
     assert proc.returncode == 0
     assert "name: cnn" in proc.stdout and "global_batch_size: 128" in proc.stdout
-
-
-def test_a_smoke_run_shows_few_lines_before_its_progress_and_no_cuda_error(tmp_path):
-    """TensorFlow's start-up noise is filtered (runner/runtime/quiet.py); on a machine without GPUs no CUDA error shows.
-    Run as a user would: stdout and stderr on one terminal, TensorFlow's own log level untouched."""
-    import subprocess
-    import sys
-
-    from conftest import cli_env
-
-    env = cli_env()
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    proc = subprocess.run([sys.executable, "-m", "runner", "debug=smoke"], cwd=tmp_path, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-2000:]
-    lines = proc.stdout.splitlines()
-    first_progress = next(i for i, line in enumerate(lines) if "step 1/60" in line)
-    assert first_progress <= 8, "\n".join(lines[:first_progress])
-    assert not [line for line in lines if "cuInit" in line or "CUDA error" in line]
-    assert "no GPU found: training on the CPU" in proc.stdout
-    assert "elapsed" in lines[first_progress] and "left" in lines[first_progress]  # elapsed time and ETA

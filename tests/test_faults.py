@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
-from conftest import cli_env, run_cli
+from conftest import cli_env, run_cli, start_cli
 
 from runner.train import call_size
 
@@ -33,11 +33,6 @@ def calls(steps: int, steps_per_call: int) -> int:
         done += min(call_size(done, steps_per_call), steps - done)
         count += 1
     return count
-
-
-def start_cli(cwd: Path, *args: str, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 120) -> None:
@@ -152,8 +147,8 @@ def test_separate_runs_started_at_once_on_a_fresh_store_all_finish(tmp_path, att
     """4 separate `python -m runner` processes started at once on a fresh sqlite store: every run recorded."""
     from mlflow import MlflowClient
 
-    procs = [start_cli(tmp_path, "debug=smoke", "train.steps=1", "train.probe_peak=false", "train.measure_input=false",
-                       "data=synthetic", "data.train_limit=256", "data.test_limit=64", f"train.seed={i}")
+    procs = [start_cli("debug=smoke", "train.steps=1", "train.probe_peak=false", "train.measure_input=false",
+                       "data=synthetic", "data.train_limit=256", "data.test_limit=64", f"train.seed={i}", cwd=tmp_path)
              for i in range(4)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err[-1500:] for _, err in outs]
@@ -187,7 +182,7 @@ def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path, port)
-    run = start_cli(tmp_path, *LONG, f"mlflow.tracking_uri={uri}")
+    run = start_cli(*LONG, f"mlflow.tracking_uri={uri}", cwd=tmp_path)
     try:
         wait_for("the first points", lambda: points(uri) >= 5)
         kill_server(server)
@@ -210,7 +205,7 @@ def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path, port)
-    run = start_cli(tmp_path, *LONG, f"mlflow.tracking_uri={uri}")
+    run = start_cli(*LONG, f"mlflow.tracking_uri={uri}", cwd=tmp_path)
     try:
         wait_for("the first points", lambda: points(uri) >= 5)
         kill_server(server)
@@ -220,8 +215,7 @@ def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_
         journal = line.split("`runner replay ")[1].rstrip("`")
         assert Path(journal).is_file() and "could not be written" in line
         server = start_server(tmp_path, port)
-        replay = subprocess.run([sys.executable, "-m", "runner", "replay", journal], cwd=tmp_path, env=cli_env(),
-                                capture_output=True, text=True, timeout=120)
+        replay = run_cli("replay", journal, cwd=tmp_path, timeout=120)
         assert replay.returncode == 0, replay.stderr[-2000:]
         record = only_run(uri)
         assert record.info.status == "FINISHED"
@@ -234,7 +228,7 @@ def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_
 def test_a_store_on_a_disk_that_fills_mid_run_loses_nothing_once_space_is_freed(tmp_path):
     with tmpfs(tmp_path / "small", "4m") as disk:
         uri = f"sqlite:///{disk / 'mlflow.db'}"
-        run = start_cli(tmp_path, *LONG, "train.steps=9000", f"mlflow.tracking_uri={uri}")
+        run = start_cli(*LONG, "train.steps=9000", f"mlflow.tracking_uri={uri}", cwd=tmp_path)
         wait_for("the first points", lambda: points(uri) >= 5)
         filler = fill(disk)
         time.sleep(4)  # the run goes on without its store
@@ -252,7 +246,7 @@ def test_an_output_folder_on_a_disk_that_fills_mid_run_is_one_warning_and_the_st
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with tmpfs(tmp_path / "small", "1m") as disk:
         out = disk / "out"
-        run = start_cli(tmp_path, *LONG, f"hydra.run.dir={out}", f"mlflow.tracking_uri={uri}")
+        run = start_cli(*LONG, f"hydra.run.dir={out}", f"mlflow.tracking_uri={uri}", cwd=tmp_path)
         wait_for("the first points", lambda: points(uri) >= 5)
         fill(disk)
         stdout, stderr = run.communicate(timeout=300)
@@ -270,7 +264,7 @@ def test_an_output_folder_on_a_disk_that_fills_mid_run_is_one_warning_and_the_st
 def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resumes(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*LONG, "train.steps=60000", "train.checkpoint_every=100000"]
-    run = start_cli(tmp_path, *args)
+    run = start_cli(*args, cwd=tmp_path)
     wait_for("the first points", lambda: points(uri) >= 5)
     run.send_signal(signal.SIGTERM)
     out, err = run.communicate(timeout=120)
@@ -281,7 +275,7 @@ def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resum
     (saved,) = (tmp_path / "checkpoints").glob("*/ckpt-*.index")  # the step reached, not a multiple of 100000
     step = int(saved.stem.split("-")[1])
     assert points(uri, killed.info.run_id) == calls(step, 20)  # every point up to the step reached is stored
-    again = start_cli(tmp_path, *args)  # the same config, started again (as a requeued job is)
+    again = start_cli(*args, cwd=tmp_path)  # the same config, started again (as a requeued job is)
     wait_for("the resumed run", lambda: points(uri) > calls(step, 20))
     again.send_signal(signal.SIGTERM)
     out, err = again.communicate(timeout=120)
@@ -296,7 +290,7 @@ def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resum
 @pytest.mark.slow  # ~16 s; resuming from a checkpoint is in the default suite's SIGTERM and SIGKILL tests
 def test_a_truncated_newest_checkpoint_is_named_and_the_older_one_resumes(tmp_path):
     args = [*LONG, "train.steps=4000", "train.checkpoint_every=1000"]
-    run = start_cli(tmp_path, *args)
+    run = start_cli(*args, cwd=tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     folder = tmp_path / "checkpoints"
     wait_for("two checkpoints", lambda: len(list(folder.glob("*/ckpt-*.index"))) >= 2, timeout=240)
@@ -363,8 +357,7 @@ def _lonely_worker(tmp_path: Path, *extra: str) -> subprocess.Popen:
     ports = [free_port(), free_port()]
     args = ["debug=smoke", "strategy=multi_worker", "gpus=1",
             f"strategy.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]", *extra]
-    proc = subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=tmp_path, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_cli(*args, cwd=tmp_path, start_new_session=True)
     proc.missing = f"127.0.0.1:{ports[1]}"
     return proc
 

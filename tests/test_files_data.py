@@ -3,13 +3,11 @@ every pipeline (sharded by file), and the one-line errors of a folder that is no
 
 from __future__ import annotations
 
-import subprocess
-import sys
 
 import mlflow
 import numpy as np
 import pytest
-from conftest import cli_env, compose
+from conftest import compose, run_cli
 
 from runner.config import ConfigError, validate
 from runner.data_pipelines import DataError, Spec
@@ -153,11 +151,9 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
     """Run as a user would, TensorFlow's log level untouched: its C++ INFO and WARNING lines (the file reader's, the
     failed op's) stay quiet before the one `error:` line (runtime/quiet.py); RUNNER_VERBOSE_TENSORFLOW=1 shows them."""
     folder = write_shards(tf_devices, tmp_path / "ds")
-    env = cli_env({"RUNNER_VERBOSE_TENSORFLOW": verbose})
-    env.pop("TF_CPP_MIN_LOG_LEVEL")
-    proc = subprocess.run([sys.executable, "-m", "runner", *SHORT, "data=files", f"data.path={folder}",
-                           "data.shape=[32,32,3]", "data.classes=4", f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_cli(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
+                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db", cwd=tmp_path,
+                   env={"RUNNER_VERBOSE_TENSORFLOW": verbose, "TF_CPP_MIN_LOG_LEVEL": None})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: the data has label 4 after data.label_offset")
     tensorflows = [line for line in proc.stderr.splitlines() if "rendezvous" in line or "tf_record_dataset" in line]

@@ -4,11 +4,9 @@ errors through the real CLI on a real sqlite store filled through MlflowClient."
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import pytest
-from conftest import cli_env
+from conftest import run_cli
 
 from runner.report.verdict import Run, Tolerance, _combinations, decide, learns_same, one_device
 
@@ -140,8 +138,7 @@ def store(tmp_path):
 
 
 def _report(tmp_path, uri, *args):
-    return subprocess.run([sys.executable, "-m", "runner", "report", "--tracking-uri", uri, "--out",
-                           str(tmp_path / "out"), *args], capture_output=True, text=True, env=cli_env(), timeout=120)
+    return run_cli("report", "--tracking-uri", uri, "--out", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=120)
 
 
 def test_no_arguments_report_the_newest_sweep_and_say_so(tmp_path, store):

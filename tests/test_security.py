@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cli_env
+from conftest import cli_env, run_cli
 
 from runner.tracking.redact import redact
 
@@ -66,12 +66,8 @@ def server(tmp_path_factory):
 
 
 def _runner(cwd: Path, *args: str, password: str | None = PASSWORD) -> subprocess.CompletedProcess:
-    env = cli_env({"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": password or ""})
-    if password is None:
-        env.pop("MLFLOW_TRACKING_USERNAME")
-        env.pop("MLFLOW_TRACKING_PASSWORD")
-    return subprocess.run([sys.executable, "-m", "runner", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600)
+    credentials = {"MLFLOW_TRACKING_USERNAME": ADMIN, "MLFLOW_TRACKING_PASSWORD": password}
+    return run_cli(*args, cwd=cwd, env=credentials if password else dict.fromkeys(credentials), timeout=600)
 
 
 def _client(uri: str):

@@ -1,9 +1,10 @@
 """Every data-parallel strategy x pipeline learns exactly what `single` learns, and puts variables and ops where it
-says. All in one process on the 4 logical CPU devices of the `tf_devices` fixture."""
+says. All in one process on the 4 logical CPU devices of the `tf_devices` fixture, at the strategy level: the run's
+own objects (`runner.experiment.build`) and its compiled loop, without MLflow (tests/test_train.py checks what a run
+logs)."""
 
 from __future__ import annotations
 
-import mlflow
 import numpy as np
 import pytest
 from conftest import build_strategy, compose
@@ -12,31 +13,35 @@ from runner.data_pipelines import PIPELINES as _PIPELINES
 from runner.bench.grid import DATA_PARALLEL  # every data-parallel strategy of one process, from the registry
 from runner.config import validate
 from runner.runtime.devices import Devices
-from runner.experiment import run
+from runner.experiment import build
+from runner.tracking import NoRun
 
 PIPELINES = _PIPELINES.names()
-EXACT = ["pipeline.shuffle_buffer=0", "train.steps=20", "train.steps_per_call=1", "data.train_limit=1024"]
+EXACT = ["pipeline.shuffle_buffer=0", "data.train_limit=1024"]
+STEPS = 20
 
 
-def _loss_history(store, *overrides):
-    result = run(compose("debug=smoke", f"mlflow.tracking_uri={store}", *EXACT, *overrides))
-    history = mlflow.MlflowClient(store).get_metric_history(result["run_id"], "train_loss")
-    return np.array([m.value for m in sorted(history, key=lambda m: m.step)])
+def _loss_history(tf, *overrides) -> np.ndarray:
+    """The training loss of each of the first STEPS steps, one step per call of the strategy's compiled loop, fed by
+    the plan's pipeline from the plan's data as a run feeds it."""
+    plan = validate(compose("debug=smoke", *EXACT, *overrides))
+    built = build(plan, NoRun())
+    loop = built.strategy.train_loop(built.strategy.batches(plan.pipeline, built.examples, plan.train.seed))
+    return np.array([float(loop(tf.constant(1))[0]) for _ in range(STEPS)])
 
 
 @pytest.fixture(scope="module")
-def single_losses(tf_devices, tmp_path_factory):
-    return _loss_history(f"sqlite:///{tmp_path_factory.mktemp('single') / 'mlflow.db'}", "strategy=single")
+def single_losses(tf_devices):
+    return _loss_history(tf_devices, "strategy=single")
 
 
 @pytest.mark.parametrize("pipeline", PIPELINES)
 @pytest.mark.parametrize("strategy", [*DATA_PARALLEL, "mirrored strategy.input=distribute"])
-def test_two_devices_reproduce_the_single_device_loss_sequence(single_losses, store, strategy, pipeline):
+def test_two_devices_reproduce_the_single_device_loss_sequence(tf_devices, single_losses, strategy, pipeline):
     # Unshuffled, the two towers' halves of a step are exactly the single device's batch (sharded: examples
     # 0, 2, 4... and 1, 3, 5... of it), so only float summation order differs: tolerance 1e-4 relative. Mirrored
     # twice: fed by the pipeline's own towers (its default) and through tf.distribute's input API.
-    losses = _loss_history(store, *f"strategy={strategy}".split(), f"pipeline={pipeline}", "gpus=2")
-    assert len(losses) == 20
+    losses = _loss_history(tf_devices, *f"strategy={strategy}".split(), f"pipeline={pipeline}", "gpus=2")
     np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
     assert losses[-1] < losses[0]
 

@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from conftest import cli_env, run_cli, runs
+from conftest import run_cli, runs, start_cli
 
 # One job is invalid on purpose: strategy=single cannot use 2 devices.
 SWEEP = ["-m", "debug=smoke", "strategy=single,mirrored", "gpus=1,2", "train.target_accuracy=0.5"]
@@ -126,10 +126,7 @@ def test_mlflow_server_serves_the_sweep_over_rest(swept):
 def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
     _, _, uri = swept
     out = tmp_path / "report"
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner", "report", "--experiment", "smoke", "--tracking-uri", uri, "--out", str(out)],
-        capture_output=True, text=True,
-    )
+    proc = run_cli("report", "--experiment", "smoke", "--tracking-uri", uri, "--out", str(out), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     df = _children(runs(uri, "smoke"))
     finished = df[df["status"] == "FINISHED"]
@@ -163,11 +160,8 @@ def _training_child(cwd) -> bool:
 def test_ctrl_c_ends_the_sweep_and_its_running_job_killed(tmp_path):
     # As a terminal's Ctrl-C: SIGINT to the whole process group. The sweep starts with SIGINT at its default
     # disposition (this test may itself run under a shell that ignores SIGINT, which children would inherit).
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runner", "-m", "debug=smoke", "train.steps=100000", "train.seed=0,1"],
-        cwd=tmp_path, env=cli_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start_cli("-m", "debug=smoke", "train.steps=100000", "train.seed=0,1", cwd=tmp_path,
+                     start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     deadline = time.time() + 120
     while not _training_child(tmp_path):

@@ -101,7 +101,7 @@ def test_non_finite_loss_stops_the_run_at_that_step_and_fails_it(tf_devices, sto
 
 
 def test_input_pipeline_rate_is_measured_beside_the_step_rate(tf_devices, store):
-    result = _smoke(store, "pipeline=sharded", "strategy=replicated", "gpus=2")
+    result = _smoke(store, "pipeline=sharded", "strategy=replicated", "gpus=2", "train.measure_input=true")
     assert result["input_batches_per_sec"] > 0 and result["step_batches_per_sec"] > 0
     assert result["input_bound"] == float(result["input_batches_per_sec"] < 3 * result["step_batches_per_sec"])
     row = runs(store, "smoke").iloc[0]

@@ -14,7 +14,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from runner.cli.overrides import check_group_overrides, check_launch_dir, expand_repeats, explain
+from runner.cli.overrides import explain, preflight
 from runner.config import CONF_DIR
 from runner.errors import UserError
 
@@ -144,9 +144,7 @@ def cli() -> None:
     tracking.bound_http_retries()
     if sys.argv[1:2] and sys.argv[1] in SUBCOMMANDS:
         _subcommand(sys.argv[1], sys.argv[2:])
-    args, error = expand_repeats(sys.argv[1:])
-    sys.argv[1:] = args
-    error = error or check_group_overrides(sys.argv[1:]) or check_launch_dir(sys.argv[1:])
+    sys.argv[1:], error = preflight(sys.argv[1:])
     if error:
         _fail(error)
     signals.install()

@@ -39,6 +39,14 @@ def expand_repeats(args: list[str]) -> tuple[list[str], str | None]:
     return [*args[:first], f"sweep.round=range({int(repeats[-1])})", *args[first:]], None
 
 
+def preflight(argv: list[str]) -> tuple[list[str], str | None]:
+    """Everything the command line checks before Hydra starts: `sweep.repeats` expanded, group choices, the launcher
+    settings Hydra does not check, the launch folder. Returns the arguments for Hydra and the error line (None if
+    fine)."""
+    args, error = expand_repeats(argv)
+    return args, error or check_group_overrides(args) or check_launch_dir(args)
+
+
 def config_dirs(args: list[str]) -> tuple[Path, ...]:
     """The user's config directories on the command line: `--config-dir D` / `-cd D` and file:// entries of
     `hydra.searchpath=[...]` (where their own component YAMLs live)."""
