@@ -3,6 +3,8 @@ before TensorFlow initialises; tests that need another layout run the CLI in a s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import os
 import shutil
@@ -125,6 +127,28 @@ def runs(uri: str, experiment: str):
 
     mlflow.set_tracking_uri(uri)
     return mlflow.search_runs(experiment_names=[experiment])
+
+
+@contextlib.contextmanager
+def _machine(alone: bool):
+    """Hold the machine for one test: shared by any test, exclusive for one marked `alone`, through a lock file of
+    this run of pytest-xdist's workers (without them, one test runs at a time anyway)."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run is None:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"runner-tests-{run}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The suite runs on two pytest-xdist workers; a test marked `alone` probes or times the machine itself (its
+    matmul peak), which another test running beside it would disturb: it waits until no other test runs, and none
+    starts until it ends (setup, call and teardown)."""
+    with _machine(item.get_closest_marker("alone") is not None):
+        yield
 
 
 _exit_status = 0

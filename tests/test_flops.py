@@ -149,6 +149,7 @@ def test_a_model_nothing_can_count_is_a_warning_and_no_figure(flops, monkeypatch
     assert "batch_normalization" in record.getMessage() and "MFU are left out" in record.getMessage()
 
 
+@pytest.mark.alone  # a probe beside another test is disturbed, and not trusted
 def test_probe_peak_measures_once_then_reads_the_cache(peak, tmp_path, monkeypatch):
     start = time.perf_counter()
     first = peak.probe_peak(sizes=(512,), seconds=0.3, cache_dir=tmp_path)
@@ -163,6 +164,7 @@ def test_probe_peak_measures_once_then_reads_the_cache(peak, tmp_path, monkeypat
     assert second.cached and second.gflops == first.gflops and second.key == first.key
 
 
+@pytest.mark.alone  # a probe beside another test is disturbed, and not trusted
 def test_probe_peak_survives_a_corrupt_cache_and_skips_unsupported_dtypes(peak, tmp_path, monkeypatch):
     (tmp_path / "peak.json").write_text("{not json")
     probed = peak.probe_peak(sizes=(256,), seconds=0.05, cache_dir=tmp_path)
@@ -216,6 +218,7 @@ def _best_mlp_rate(tf, batch: int = 128, steps: int = 20, calls: int = 4) -> flo
     return steps * batch / best
 
 
+@pytest.mark.alone  # a probe beside another test is disturbed, and not trusted
 def test_measured_mlp_mfu_is_a_fraction(flops, peak, tf_devices, tmp_path):
     """The MLP's real training rate times its analytic FLOPs stays under the matmul peak: 0 < MFU < 1."""
     from runner.models.mlp import MLP
@@ -241,6 +244,7 @@ def test_probe_notices_other_processes_using_the_cpus(peak):
     assert share >= 0.8 / len(peak._cpus())
 
 
+@pytest.mark.alone  # a probe beside another test is disturbed, and not trusted
 def test_refresh_keeps_the_higher_figure(peak, tmp_path):
     """Other processes only ever slow a probe down, so a re-probe never lowers the cached peak."""
     low = peak.probe_peak(sizes=(256,), seconds=0.05, cache_dir=tmp_path)
@@ -266,6 +270,7 @@ def test_a_probe_taken_under_load_is_tried_again_and_never_cached(peak, tmp_path
     assert json.loads((tmp_path / "peak.json").read_text())[probed.key]["size"] == 3
 
 
+@pytest.mark.alone  # a probe beside another test is disturbed, and not trusted
 def test_hosts_under_one_model_name_get_their_own_peak(peak, tmp_path, monkeypatch):
     """A peak cached on a host without AVX-512 is not read on one with it, though /proc/cpuinfo names both alike."""
     monkeypatch.setattr(peak, "_measure", lambda device, dtype, size, seconds: (50.0, 0.0))
@@ -335,6 +340,7 @@ def test_a_sweep_probes_the_peak_once_before_its_jobs_and_not_again(peak, tmp_pa
 
 
 @pytest.mark.slow  # a run on 2 devices and a probe, ~30 s
+@pytest.mark.alone  # a probe beside another test is disturbed, and not trusted
 def test_a_run_on_simulated_devices_takes_the_whole_cpus_peak(tmp_path):
     """On 2 simulated devices the run gives each op 1 of the 2 cores; the peak it logs and caches is still the whole
     CPU's, probed in a fresh process (probed in the run's own, it came out about half, and MFU twice too high)."""
