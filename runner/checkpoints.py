@@ -11,6 +11,10 @@ Where: `<train.checkpoint_dir>/<config hash>/` under the launch directory. Hydra
 folder, so a restarted job finds its checkpoints by what it computes (the same hash sweeps resume by), not by
 folder. A run that finishes deletes them (they exist to resume unfinished work; a new start of a finished config
 trains from step 0); a run that fails or is killed keeps them, the last good one included.
+
+One run writes a folder at a time (`claim`, before TensorFlow starts): a start of the same config beside a live run
+on this host is refused, and checkpoints are adopted only from a run that ended or whose process is gone (two runs in
+one folder overwrite each other's checkpoints, and the first to finish deletes the folder under the other).
 """
 
 from __future__ import annotations
@@ -20,20 +24,65 @@ import json
 import logging
 import shutil
 from pathlib import Path
-from typing import Any
-
-import tensorflow as tf
+from typing import TYPE_CHECKING, Any, Callable
 
 from runner.errors import UserError, one_line
+from runner.lazy import lazy
+from runner.paths import locked
 from runner.train import Hook, crossed
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+else:
+    tf = lazy("tensorflow")  # `claim` runs before TensorFlow may be imported
 
 log = logging.getLogger(__name__)
 logging.getLogger("absl").setLevel(logging.WARNING)  # the checkpoint writer logs an INFO line per save
 RUN_FILE = "run.json"  # beside the checkpoints: which MLflow run wrote them, at which step
+WRITER_FILE = "writer.json"  # beside them: the MLflow run that writes the folder now (`claim`)
+LOCK_FILE = ".claim.lock"  # held while a start reads and takes the folder, so two at once cannot both take it
 
 
 class CheckpointError(UserError):
     """A checkpoint cannot be written; the message says where and what to do."""
+
+
+class CheckpointInUse(CheckpointError):
+    """A live run of the same config writes the checkpoint folder; the message names it and what to do."""
+
+
+def _read_json(path: Path) -> dict:
+    """A small JSON file beside the checkpoints; missing or unreadable: empty."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def claim(folder: Path, run_id: str, live_pid: Callable[[str], str | None]) -> None:
+    """Make run `run_id` the writer of the checkpoint folder `folder` (created if missing), unless a live run writes
+    it: the folder's checkpoints are then resumed, and written, by this run alone.
+
+    Args:
+        live_pid: a run id -> the pid of its process while the run is RUNNING and that process alive on this host,
+            else None (tracking.live_pid: the liveness check that closes dead runs too).
+
+    Raises:
+        CheckpointInUse: a live run writes `folder`; the message names it, its pid and what to do.
+    """
+    try:
+        with locked(folder / LOCK_FILE):
+            writer = _read_json(folder / WRITER_FILE).get("run_id")
+            pid = live_pid(writer) if writer and writer != run_id else None
+            if pid:
+                raise CheckpointInUse(
+                    f"run {writer} of this config is still training on this host (pid {pid}) and writes its "
+                    f"checkpoints to {folder}; wait for it to end or stop it (kill {pid}), or give this start its "
+                    "own train.checkpoint_dir (train.checkpoint_every=0: no checkpoints)"
+                )
+            (folder / WRITER_FILE).write_text(json.dumps({"run_id": run_id}))
+    except OSError:  # a full disk: the run's first save there fails it in one line, with its metrics kept
+        return
 
 
 def unreadable(path: str) -> str | None:
@@ -92,16 +141,10 @@ class Checkpointer(Hook):
                 ) from None
             step = int(self.step.numpy())
             log.info("resuming from checkpoint %s at step %d", path, step)
-            return step, self._read_run_file().get("run_id")
+            return step, _read_json(self.directory / RUN_FILE).get("run_id")
         if candidates:
             log.warning("no intact checkpoint in %s: training starts from step 0", self.directory)
         return 0, None
-
-    def _read_run_file(self) -> dict:
-        try:
-            return json.loads((self.directory / RUN_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
 
     def save(self, step: int) -> None:
         """Save the training state as of `step` (all workers of a multi-worker job must call this together)."""

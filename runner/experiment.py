@@ -210,6 +210,8 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         from runner.measure import floor
         from runner.strategies.common import tower_models
 
+        log.info("measuring the step's floor (train.probe_floor): the towers' passes and one update alone, a few "
+                 "seconds")
         towers = list(devices.names[:plan.local_towers])
         models = tower_models(plan.model, plan.spec, plan.train.seed, towers)
         figures.update(floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers))
@@ -291,6 +293,18 @@ def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int
         if previous:
             run.copy_history(previous, start)  # the new run's charts continue the killed run's
     return checkpointer, start
+
+
+def _claim_checkpoints(plan: Plan, run: tracking.Recorder, uri: str) -> None:
+    """Take this config's checkpoint folder for `run` (checkpoints.claim), before TensorFlow starts: a start beside a
+    live run of the same config writing there is refused in seconds, not after a model build. A multi-worker job's
+    chief takes it for all its workers (the others log nothing and write no checkpoints there)."""
+    if not plan.train.checkpoint_every or run.run_id is None:
+        return
+    from runner import checkpoints
+
+    folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
+    checkpoints.claim(folder, run.run_id, functools.partial(tracking.live_pid, uri))
 
 
 def _check_checkpoint_dir(plan: Plan) -> None:
@@ -379,7 +393,7 @@ def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str,
     out = {"achieved_gflops": achieved}
     physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
     if "peak_gflops" in hardware and achieved > hardware["peak_gflops"] * physical:
-        log.warning("achieved %.0f GFLOP/s, above the peak of %.0f: probing the peak again", achieved,
+        log.warning("achieved %.0f GFLOP/s, above the peak of %.0f: the peak was measured low", achieved,
                     hardware["peak_gflops"] * physical)
         peak = _peak(devices, precision, refresh=True)
         hardware.pop("peak_gflops")
@@ -429,6 +443,7 @@ def run(cfg: DictConfig) -> dict:
     if kept:
         kept.watch_log()
     with (tracking.tracked(uri, plan, kept) if chief else tracking.untracked()) as mlrun:
+        _claim_checkpoints(plan, mlrun, uri)
         result = _train(plan, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}

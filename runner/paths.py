@@ -1,10 +1,13 @@
 """Folders: where the runner caches what it fetches or measures once per machine (verified MNIST, the matmul peak),
-and whether a folder it must write can be written (checked before a run starts, so it fails in one line)."""
+whether a folder it must write can be written (checked before a run starts, so it fails in one line), and a lock
+file that processes of this host take in turn."""
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 
 def cache_dir(kind: str = "") -> Path:
@@ -37,3 +40,18 @@ def unwritable(path: Path, kind: str = "directory") -> str | None:
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"directory {ancestor} is not writable"
     return None
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created, with its folder, if missing) while the block runs: the
+    processes of this host that take it run their blocks one at a time; a process that dies lets it go."""
+    import fcntl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

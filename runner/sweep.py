@@ -258,7 +258,7 @@ class SweepCallback(Callback):
                 _summarise_on_parent(client, parent)
                 client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
             finally:  # the parent is closed even if the summary cannot be stored
-                client.set_terminated(parent, "FAILED" if failures else "FINISHED")
+                client.set_terminated(parent, tracking.sweep_status(o["status"] for o in outcomes))
                 _open_parent.clear()
 
 
@@ -306,5 +306,6 @@ def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:
         "sweep.overrides": redact(" ".join(overrides)),
         "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
         "mlflow.runName": "sweep " + "/".join(Path(config.hydra.sweep.dir).parts[-2:]),
+        **tracking.process_tags(),  # how `runner report` tells a parent its killed sweep left open (tracking/stale.py)
     }
     return MlflowClient(uri).create_run(experiment_id, tags=tags).info.run_id

@@ -41,16 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     client = MlflowClient(resolve_uri(args.tracking_uri))
     try:
         selection = select(client, args.experiment, args.parent, args.latest_sweep)
-        text, lines, paths = report(client, selection, args.filter, Path(args.out),
-                                    verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
+        made = report(client, selection, args.filter, Path(args.out),
+                      verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
     except ReportError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)  # it names the store
         return 2
     print(selection.said)
-    print(text)
-    print("\n".join(["", *lines]))
-    logged = f"; logged to parent run {selection.parent}" if selection.parent else ""
-    print(f"\nplots: {', '.join(str(p) for p in paths)}{logged}")
+    print(made.text)
+    print("\n".join(["", *made.lines]))
+    print(f"\nplots: {', '.join(str(p) for p in made.paths)}{made.logged}")
     return 0
 
 

@@ -126,6 +126,8 @@ def count_training_flops(model: Any) -> Count | None:
     except ValueError as gap:
         from runner.measure.graph_flops import profiler_flops_per_example
 
+        # a second or two for a large model (ResNet50: 2.4 s), after the run's last step: said before it starts
+        log.info("counting the training step's FLOPs from TensorFlow's graph statistics (%s)", str(gap).split(";")[0])
         try:
             return Count(profiler_flops_per_example(model), "TensorFlow's graph statistics")
         except Exception as e:  # noqa: BLE001 - a count is a figure of the run, not a condition of it

@@ -28,6 +28,7 @@ CACHE_FILE = "peak.json"
 SIZES = (1024, 2048, 3072)  # square matrix sides swept: the best of them is the peak
 BUSY = 0.25  # share of the CPUs other processes may use during a probe before its figure is not trusted
 RETRY_AFTER = 2.0  # seconds to wait before probing a disturbed measurement once more
+PROBE_SECONDS = 10  # about how long a probe takes, TensorFlow's start in its fresh process included (2 cores: 10-16)
 
 
 @dataclass(frozen=True)
@@ -223,6 +224,18 @@ def _write_cache(path: Path, key: str, entry: dict) -> None:
     os.replace(tmp, path)
 
 
+def _cache_path(cache_dir: Path | None = None) -> Path:
+    """The peak cache file: in `cache_dir`, default `runner.paths.cache_dir()`."""
+    return (cache_dir or runner_cache_dir()) / CACHE_FILE
+
+
+def _announce(dtype: str, path: Path, refresh: bool) -> None:
+    """Say, before a probe starts, what it measures, where its figure is kept and about how long it takes: after a
+    run's last step it would otherwise be seconds of silence."""
+    log.info("measuring this machine's %s matmul peak %s for MFU (cached in %s): ~%d s", dtype,
+             "again" if refresh else "once", path, PROBE_SECONDS)
+
+
 def cache_key(device: str, dtype: str = "float32", sizes: tuple[int, ...] = SIZES) -> str:
     """A peak's entry in the cache: the device (CPU: model, flags digest, cores), dtype and the sizes swept."""
     return f"{device}|{dtype}|{','.join(map(str, sizes))}"
@@ -259,12 +272,13 @@ def probe_peak(
         log.info("no native %s on %s: peak not probed", dtype, device)
         return None
     key = cache_key(device, dtype, sizes)
-    path = (cache_dir or runner_cache_dir()) / CACHE_FILE
+    path = _cache_path(cache_dir)
     entry = _read_cache(path).get(key)
     old = float(entry.get("gflops", 0)) if isinstance(entry, dict) else 0.0
     if old > 0 and not refresh:
         return Peak(old, dtype, device, key, True, int(entry.get("size", 0)), float(entry.get("others_cpu_share", 0)),
                     str(entry.get("measured", "")))
+    _announce(dtype, path, refresh)
     gflops, size, others = _sweep(device_name, dtype, sizes, seconds)
     if others > BUSY:  # disturbed: the figure is low, and MFU against it too high
         time.sleep(RETRY_AFTER)
@@ -285,7 +299,7 @@ def probe_peak(
 
 def cached_cpu_peak(cache_dir: Path | None = None, dtype: str = "float32") -> float | None:
     """The host CPU's cached `dtype` peak (default sizes), read without TensorFlow; None when not cached."""
-    entry = _read_cache((cache_dir or runner_cache_dir()) / CACHE_FILE).get(cache_key(_cpu_description(), dtype))
+    entry = _read_cache(_cache_path(cache_dir)).get(cache_key(_cpu_description(), dtype))
     return float(entry["gflops"]) if isinstance(entry, dict) and entry.get("gflops") else None
 
 
@@ -301,6 +315,7 @@ def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
     if not _cpu_supports(dtype):
         return None
     if refresh or cached_cpu_peak(dtype=dtype) is None:
+        _announce(dtype, _cache_path(), refresh)  # the probe's own line is in its process's output, unseen
         code = f"from runner.measure.peak import probe_peak; probe_peak(dtype={dtype!r}, refresh={refresh})"
         subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300, check=False)
     return cached_cpu_peak(dtype=dtype)
@@ -314,5 +329,4 @@ def probe_before_jobs() -> None:
 
     if nvidia_gpus_present() or cached_cpu_peak() is not None:
         return
-    log.info("probing this machine's matmul peak once before the jobs start")
-    cpu_peak()
+    cpu_peak()  # which says so

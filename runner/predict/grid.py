@@ -147,6 +147,9 @@ def predict_run(plan: Any, devices: Any, examples: Any, cache_dir: Path | None =
     check_covered(plan)
     cached = calibrate.read_cache(cache_dir)
     wanted = {k for k in keys(plan) if k not in cached}
+    if wanted:  # seconds after the run's last step: said before they start
+        log.info("calibrating the cost model for this combination once (cached in %s): a few seconds",
+                 calibrate.cache_path(cache_dir))
     measured, others = timed_with_others_share(
         lambda: calibrate.measure_here([plan], wanted, devices, lambda _: examples) if wanted else {})
     if measured and others <= BUSY:

@@ -8,15 +8,22 @@ mode, images/s ± standard error, speedup and efficiency against the 1-device ru
 strategy and scaling mode (else of the model under `single`), time to the target accuracy, test accuracy, whether it
 learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/report/verdict.py) and
 the plots (runner/report/plots.py). With a sweep's parent run, table and plots are also logged as artifacts of that parent.
+
+A run whose process is gone from this host without ending it (SIGKILL, power loss) shows as `DEAD (last wrote 3 min
+ago)` and is closed KILLED; a sweep parent whose sweep is gone so is closed once none of its jobs runs, before the
+report's files are logged to it (a parent left open with a job still running gets none: nothing is logged into a run
+no process will end). Runs of other hosts, whose processes cannot be checked from here, show their status as stored.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner import tracking
 from runner.report import plots, prediction, verdict
 
 
@@ -59,7 +66,8 @@ class Row:
         return f"{self.devices} {self.kind}{' (sim)' if self.simulated else ''}"
 
 
-def _row(run: Any) -> Row:
+def _row(run: Any, status: str | None = None) -> Row:
+    """A run as a row; `status` shown instead of the stored one (a dead run's)."""
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
     return Row(
@@ -67,7 +75,7 @@ def _row(run: Any) -> Row:
         tags.get("pipeline", "?"), tags.get("strategy", "?"), int(tags.get("devices.count", 0)),
         tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true", m.get("images_per_sec", math.nan),
         m.get("images_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan), m.get("wall_seconds", math.nan),
-        run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
+        status or run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
         m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
         m.get("time_to_accuracy_seconds", math.nan), m.get("target_accuracy", math.nan),
         predicted=m.get("predicted_images_per_sec", math.nan),
@@ -123,12 +131,34 @@ def _name(experiments: list[Any], experiment_id: str) -> str:
 
 
 def fetch(client: Any, selection: Selection, filter_string: str) -> list[Row]:
-    """The runs of a selection (a sweep parent's children, or the experiment's runs but parents)."""
+    """The runs of a selection (a sweep parent's children, or the experiment's runs but parents); one whose process
+    is gone from this host is closed KILLED and shown DEAD (`_dead`)."""
     clauses = [filter_string] if filter_string else []
     if selection.parent:
         clauses.append(f"tags.mlflow.parentRunId = '{selection.parent}'")
     runs = client.search_runs([selection.experiment_id], " and ".join(clauses), max_results=5000)
-    return add_speedups([_row(r) for r in runs if r.data.tags.get("sweep") != "parent"])
+    return add_speedups([_row(r, _dead(client, r)) for r in runs if r.data.tags.get("sweep") != "parent"])
+
+
+def _dead(client: Any, run: Any) -> str | None:
+    """`DEAD (last wrote 3 min ago)` for a run left RUNNING by a process gone from this host, which is closed KILLED
+    here (no process will ever end it); None for any other run."""
+    if not tracking.abandoned(run):
+        return None
+    history = [m.timestamp for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)]
+    last = max([run.info.start_time, *history]) / 1000  # system metrics every few seconds: about when it died
+    tracking.close_dead(client, run)
+    return f"DEAD (last wrote {_ago(time.time() - last)} ago)"
+
+
+def _ago(seconds: float) -> str:
+    """A duration as a person says it: `12 s`, `3 min`, `5 h`, `2 days`."""
+    whole = max(int(seconds), 0)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min"
+    return f"{whole // 3600} h" if whole < 2 * 86400 else f"{whole // 86400} days"
 
 
 def _baseline(row: Row, finished: list[Row]) -> Row | None:
@@ -192,8 +222,18 @@ def curves(client: Any, rows: list[Row]) -> dict[str, list[tuple[float, float]]]
     return out
 
 
+@dataclass
+class Report:
+    """What `report` made: the table, the verdict (and prediction) lines, the files, and where they were logged."""
+
+    text: str
+    lines: list[str]
+    paths: list[Path]  # report.md and the plots
+    logged: str  # where the files went besides `paths`, for the line that lists them ('' without a parent)
+
+
 def report(client: Any, selection: Selection, filter_string: str, out: Path,
-           tolerance: verdict.Tolerance = verdict.Tolerance()) -> tuple[str, list[str], list[Path]]:
+           tolerance: verdict.Tolerance = verdict.Tolerance()) -> Report:
     """Build the table, the verdict lines and the plots; log them to the parent run if there is one."""
     rows = add_speedups(fetch(client, selection, filter_string), tolerance)
     if not rows:
@@ -206,10 +246,22 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     plots.scaling(rows, paths[0])
     plots.time_to_accuracy(rows, curves(client, rows), paths[1])
     plots.accuracy(rows, paths[2])
-    if selection.parent:
-        for path in [out / "report.md", *paths]:
-            client.log_artifact(selection.parent, str(path), "report")
-    return text, lines, paths
+    logged = _log_to_parent(client, selection.parent, [out / "report.md", *paths]) if selection.parent else ""
+    return Report(text, lines, paths, logged)
+
+
+def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
+    """Log the report's files to the sweep's parent run, closed first if its sweep is gone and no job runs
+    (tracking.close_dead_sweep); not to a parent its gone sweep left open while a job runs. Says what happened."""
+    closed = tracking.close_dead_sweep(client, parent)
+    if tracking.abandoned(client.get_run(parent)):
+        return (f"; not logged to parent run {parent}: its sweep's process is gone and a job still runs (`runner "
+                "report` again once it ends closes the parent and logs them)")
+    for path in files:
+        client.log_artifact(parent, str(path), "report")
+    if closed:
+        return f"; logged to parent run {parent}, closed {closed} first (its sweep's process is gone)"
+    return f"; logged to parent run {parent}"
 
 
 def compact(rows: list[Row]) -> str:

@@ -1,21 +1,81 @@
-"""Runs left RUNNING by a process that died without ending them (SIGKILL, power loss), closed as KILLED."""
+"""Whether the process that writes a run is still alive, and runs left RUNNING by one that died without ending them
+(SIGKILL, power loss): closed as KILLED when the same config starts again, and by `runner report` and a sweep's end.
+
+One check answers every such question (`process_state`): from the `runner.host` and `runner.pid` tags a run carries
+(tags.process_tags), a process of this host is alive or dead; one of another host cannot be checked from here.
+"""
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
+from pathlib import Path
+from typing import Any, Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
 
+class Process(enum.Enum):
+    """What this host can know of the process that writes a run."""
+
+    ALIVE = "alive"
+    DEAD = "dead"
+    UNKNOWN = "unknown"  # on another host (its processes cannot be checked from here), or a run without the tags
+
+
 def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not ended. A zombie has ended: a sweep killed with its jobs leaves their
+    processes to an init that may never reap them, and the signal check alone would call them alive for ever."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):  # no /proc (macOS): the signal check alone
         return True
+    return state not in ("Z", "X")
+
+
+def process_state(tags: Mapping[str, str]) -> Process:
+    """The state of the process named by a run's `runner.host` and `runner.pid` tags."""
+    pid = tags.get("runner.pid", "")
+    if tags.get("runner.host") != socket.gethostname() or not pid.isdigit():
+        return Process.UNKNOWN
+    return Process.ALIVE if _alive(int(pid)) else Process.DEAD
+
+
+def abandoned(run: Any) -> bool:
+    """Whether an MLflow run is RUNNING although its process is gone from this host: no one will ever end it."""
+    return run.info.status == "RUNNING" and process_state(run.data.tags) is Process.DEAD
+
+
+def live_pid(uri: str, run_id: str) -> str | None:
+    """The pid of run `run_id`'s process if the run is RUNNING and its process alive on this host; None if the run
+    ended, its process is gone, it runs on another host (which cannot be checked from here) or the store lacks it."""
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    try:
+        found = MlflowClient(uri).get_run(run_id)
+    except MlflowException:
+        return None
+    if found.info.status != "RUNNING" or process_state(found.data.tags) is not Process.ALIVE:
+        return None
+    return found.data.tags["runner.pid"]
+
+
+def close_dead(client: Any, run: Any) -> bool:
+    """End `run` KILLED, saying why in its `error` tag, if it is `abandoned`; True if it did."""
+    if not abandoned(run):
+        return False
+    client.set_tag(run.info.run_id, "error", f"the process (pid {run.data.tags['runner.pid']}) died without "
+                   "ending the run")
+    client.set_terminated(run.info.run_id, "KILLED")
     return True
 
 
@@ -36,15 +96,38 @@ def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
     closed = []
     query = f"tags.config_hash = '{digest}' and attributes.status = 'RUNNING'"
     for found in client.search_runs([exp.experiment_id], query):
-        tags = found.data.tags
-        pid = tags.get("runner.pid", "")
-        if tags.get("runner.host") != socket.gethostname() or not pid.isdigit() or _alive(int(pid)):
-            continue
-        client.set_tag(found.info.run_id, "error", f"the process (pid {pid}) died without ending the run")
-        client.set_terminated(found.info.run_id, "KILLED")
-        closed.append(found.info.run_id)
-        log.warning("run %s of this config was left RUNNING by a dead process (pid %s): marked KILLED",
-                    found.info.run_id, pid)
+        if close_dead(client, found):
+            closed.append(found.info.run_id)
+            log.warning("run %s of this config was left RUNNING by a dead process (pid %s): marked KILLED",
+                        found.info.run_id, found.data.tags["runner.pid"])
     return closed
 
 
+def sweep_status(jobs: Iterable[str]) -> str:
+    """A sweep parent's closing status from its jobs' statuses: KILLED if one was killed, else FAILED if one failed,
+    else FINISHED (skipped jobs count for nothing)."""
+    statuses = set(jobs)
+    return "KILLED" if "KILLED" in statuses else "FAILED" if "FAILED" in statuses else "FINISHED"
+
+
+def close_dead_sweep(client: Any, parent: str) -> str | None:
+    """End a sweep's parent run that its sweep, gone from this host, left RUNNING, once none of its jobs runs any
+    more (each abandoned job is closed first): KILLED, whatever its jobs' statuses, as the sweep was stopped before
+    it could end its run (and may not have started every job).
+
+    Returns:
+        The status it closed the parent with; None when it left the parent as it was (ended already, its sweep
+        alive or on another host, or a job still running).
+    """
+    run = client.get_run(parent)
+    if not abandoned(run):
+        return None
+    jobs = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=5000)
+    statuses = ["KILLED" if close_dead(client, job) else job.info.status for job in jobs]
+    if "RUNNING" in statuses:
+        return None
+    status = "KILLED"
+    client.set_tag(parent, "error", f"the sweep's process (pid {run.data.tags['runner.pid']}) died without ending "
+                   "its run")
+    client.set_terminated(parent, status)
+    return status

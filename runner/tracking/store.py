@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from runner.errors import UserError, one_line
-from runner.paths import unwritable
+from runner.paths import locked, unwritable
 from runner.tracking.redact import redact
 
 # MLflow's sqlite store logs every failed write with its full traceback and SQL (e.g. a full disk); the runner says
@@ -150,16 +150,8 @@ def schema_lock(uri: str) -> Iterator[None]:
     if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
         yield
         return
-    import fcntl
-
-    lock = Path(uri.removeprefix("sqlite:///") + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with lock.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with locked(Path(uri.removeprefix("sqlite:///") + ".lock")):
+        yield
 
 
 def ensure_experiment(uri: str, name: str) -> str:
