@@ -15,8 +15,10 @@ import urllib.request
 import pytest
 from conftest import run_cli, runs, start_cli
 
-# One job is invalid on purpose: strategy=single cannot use 2 devices.
-SWEEP = ["-m", "debug=smoke", "strategy=single,mirrored", "gpus=1,2", "train.target_accuracy=0.5"]
+# One job is invalid on purpose: strategy=single cannot use 2 devices. Two jobs at a time (joblib's launcher): they
+# write the store the sweep has just created at once (the race of tests/test_faults.py's separate runs, in a sweep).
+JOBS = ["debug=smoke", "strategy=single,mirrored", "gpus=1,2", "train.target_accuracy=0.5"]
+SWEEP = ["-m", *JOBS, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]
 
 
 def _children(df):
@@ -36,6 +38,8 @@ def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
     assert "sweep: 4 jobs: 3 finished, 1 failed, 0 skipped" in proc.stderr
     assert ("FAILED debug=smoke strategy=single gpus=2 train.target_accuracy=0.5: strategy=single needs gpus from 0 "
             "to 1") in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert all("strategy=single needs gpus" in line for line in errors), errors  # the invalid job's, nothing else
     # The end of the sweep: one row per job, the verdict, the experiment and the commands to go further.
     assert "| mlp/tiny | mirrored/split x2 |" in proc.stderr and "| single/split x2 | - | - | - | FAILED |" in proc.stderr
     assert "verdict: mlp/tiny: fastest " in proc.stderr and "s to 50% test accuracy" in proc.stderr
@@ -43,7 +47,7 @@ def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
     df = runs(uri, "smoke")
     parents = df[df["tags.sweep"] == "parent"]
     assert len(parents) == 1 and parents.iloc[0]["status"] == "FAILED"
-    assert parents.iloc[0]["tags.sweep.overrides"] == " ".join(SWEEP[1:])
+    assert parents.iloc[0]["tags.sweep.overrides"] == " ".join(JOBS)  # the launcher's settings are not the sweep's
     children = _children(df)
     assert len(children) == 4
     assert set(children["tags.mlflow.parentRunId"]) == {parents.iloc[0]["run_id"]}
@@ -67,8 +71,9 @@ def test_resume_runs_only_the_combination_that_did_not_finish(swept):
 
 
 # Three times in a row, each on a fresh sqlite store: jobs running at once must never race to create it (only the
-# first pair can race, so two jobs are enough). The default suite runs it once; `pytest -m slow` the other two.
-@pytest.mark.parametrize("attempt", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+# first pair can race, so two jobs are enough). Slow: the default suite's sweep (`swept`) runs two jobs at a time too.
+@pytest.mark.slow
+@pytest.mark.parametrize("attempt", [1, 2, 3])
 def test_two_parallel_jobs_on_a_fresh_store_record_every_run(tmp_path, attempt):
     jobs = ["-m", "debug=smoke", "train.seed=0,1", "train.steps=20", "train.measure_input=false"]
     proc = run_cli(*jobs, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", cwd=tmp_path)
