@@ -47,6 +47,7 @@ def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = 
 
     # Every model built from here on computes in this precision (set each run: the policy is process-wide).
     keras.mixed_precision.set_dtype_policy(plan.train.precision)
+    devices_mod.fuse_ops(plan.train.precision, devices)
     if warning := devices_mod.precision_warning(plan.train.precision, devices, devices_mod.host_cpu()):
         log.warning(warning)
     return devices

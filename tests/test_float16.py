@@ -21,11 +21,13 @@ MULTI = (["strategy=mirrored", "gpus=2"], ["strategy=replicated", "gpus=2"], ["s
 
 @pytest.fixture(autouse=True)
 def float32_after():
-    """Each run sets the Keras policy itself; leave float32 behind for the next test either way."""
+    """Each run sets the Keras policy and op fusion itself; leave float32's behind for the next test either way."""
     yield
     import keras
+    import tensorflow as tf
 
     keras.mixed_precision.set_dtype_policy("float32")
+    tf.config.optimizer.set_experimental_options({"remapping": True})
 
 
 def _smoke(store, *overrides):
@@ -47,6 +49,16 @@ def _learns_like_float32(store, model: tuple[str, ...], strategies) -> None:
 
 def test_float16_mlp_learns_like_float32_under_every_kind_of_strategy(tf_devices, store):
     _learns_like_float32(store, (), [["strategy=single"], *MULTI])
+
+
+def test_float16_on_cpus_runs_its_ops_unfused_and_float32_fused(tf_devices, store):
+    """oneDNN's fused float16 MatMul + BiasAdd is 100x slower on CPUs than the ops apart (runtime/devices.fuse_ops)."""
+    import tensorflow as tf
+
+    _smoke(store, "train.precision=mixed_float16", "train.steps=2")
+    assert tf.config.optimizer.get_experimental_options()["remapping"] is False
+    _smoke(store, "train.steps=2")
+    assert tf.config.optimizer.get_experimental_options()["remapping"] is True
 
 
 @pytest.mark.slow  # ~10 s: 200 CNN steps in float16 on a CPU

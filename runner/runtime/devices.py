@@ -145,6 +145,20 @@ def onednn() -> str:
 _BF16_ISA = ("avx512_bf16", "amx_bf16")
 
 
+def fuse_ops(precision: str, devices: Devices) -> None:
+    """TensorFlow's op fusion (grappler's remapper: MatMul + BiasAdd + ReLU as one kernel) off for float16 on CPUs,
+    on (its default) otherwise; set at every run's start, as the setting is process-wide.
+
+    oneDNN's fused float16 MatMul + BiasAdd ran 100x slower than the same ops unfused (34 ms against 0.3 ms a call
+    for a (64, 784) x (784, 32) layer; Intel Xeon family 6 model 207 with avx512_fp16 and AMX, TensorFlow 2.21): the
+    float16 smoke MLP spent 99% of its step in that one kernel.
+    """
+    import tensorflow as tf
+
+    tf.config.optimizer.set_experimental_options({"remapping": not (precision == "mixed_float16"
+                                                                    and devices.kind == "CPU")})
+
+
 def precision_warning(precision: str, devices: Devices, cpu: str) -> str | None:
     """A one-line warning when `precision` is likely slower than float32 on these devices, else None.
 
