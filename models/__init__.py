@@ -137,6 +137,8 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
         )
     check_untrained("model", kwargs)
     parameters = inspect.signature(fn).parameters
+    if "weights" in parameters and "weights" not in kwargs:
+        kwargs["weights"] = None  # keras.applications' own default is "imagenet": a download (UNTRAINED)
     if "variant" in kwargs and "variant" not in parameters:
         log.warning("model %s takes no variant: model.variant=%s ignored", target, kwargs.pop("variant"))
     try:

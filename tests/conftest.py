@@ -129,6 +129,17 @@ def runs(uri: str, experiment: str):
     return mlflow.search_runs(experiment_names=[experiment])
 
 
+def pytest_configure(config):
+    """Before any test, in pytest's own process (xdist's workers not started yet): the host CPU's float32 matmul
+    peak, probed once if this machine has none cached. Every `python -m runner` a test starts reads it for MFU; probed
+    beside another test's work a peak is disturbed, not cached, and probed again by every run after it (~20 s each)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        from runner.measure.peak import cached_cpu_peak, cpu_peak
+
+        if cached_cpu_peak() is None:
+            cpu_peak("float32")
+
+
 @contextlib.contextmanager
 def _machine(alone: bool):
     """Hold the machine for one test: shared by any test, exclusive for one marked `alone`, through a lock file of

@@ -153,6 +153,10 @@ def test_pretrained_weights_are_refused_by_one_rule_for_a_users_target_and_keras
     assert one_line_naming(apps.value, "model.options.weights='imagenet'").split(" is not allowed")[1] == \
         rule.split(" is not allowed")[1]
     validate(compose(f"hydra.searchpath=[file://{tmp_path}]", "model=mobilenet", "model.weights=null", *small))
+    (tmp_path / "model" / "mobilenet.yaml").write_text(  # no weights key: not Keras' default ("imagenet") either
+        "_target_: keras.applications.MobileNetV2\nname: mobilenet\nalpha: 0.35\n")
+    assert validate(compose(f"hydra.searchpath=[file://{tmp_path}]", "model=mobilenet", *small)).model.kwargs[
+        "weights"] is None
 
 
 def test_a_target_returning_something_else_than_a_model_ends_the_run_failed_in_one_line(tf_devices, store):

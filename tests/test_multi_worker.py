@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
-import sys
 
 import pytest
-from conftest import cli_env, compose, runs
+from conftest import compose, runs, start_cli
 
 from runner.config import ConfigError, validate
 
@@ -54,11 +52,8 @@ def _two_workers(folder, *extra: str, env: dict | None = None) -> tuple[list[tup
     both must exit 0. Returns their (stdout, stderr) and where their TensorFlow servers listened."""
     workers = f"strategy.workers=[127.0.0.1:{_free_port()},127.0.0.1:{_free_port()}]"
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "runner", "debug=smoke", "strategy=multi_worker", workers,
-             f"strategy.task_index={i}", *extra],
-            cwd=folder, env=cli_env(env), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        )
+        start_cli("debug=smoke", "strategy=multi_worker", workers, f"strategy.task_index={i}", *extra, cwd=folder,
+                  env=env)
         for i in (1, 0)
     ]
     listening = _wait_for_listeners([int(w.split(":")[1]) for w in workers.strip("]").split("[")[1].split(",")])

@@ -17,6 +17,7 @@ no process will end). Runs of other hosts, whose processes cannot be checked fro
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from typing import Any
 
 from runner import tracking
 from runner.report import plots, prediction, verdict
+
+log = logging.getLogger(__name__)
 
 
 class ReportError(Exception):
@@ -147,7 +150,14 @@ def _dead(client: Any, run: Any) -> str | None:
         return None
     history = [m.timestamp for key in run.data.metrics for m in client.get_metric_history(run.info.run_id, key)]
     last = max([run.info.start_time, *history]) / 1000  # system metrics every few seconds: about when it died
-    tracking.close_dead(client, run)
+    from mlflow.exceptions import MlflowException
+
+    from runner.errors import one_line
+
+    try:
+        tracking.close_dead(client, run)
+    except MlflowException as e:  # a store this user may read, not write: shown as dead, left as it is
+        log.warning("run %s is left RUNNING: the store refused to close it (%s)", run.info.run_id, one_line(e))
     return f"DEAD (last wrote {_ago(time.time() - last)} ago)"
 
 
