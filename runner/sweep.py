@@ -258,7 +258,7 @@ class SweepCallback(Callback):
                 _summarise_on_parent(client, parent)
                 client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
             finally:  # the parent is closed even if the summary cannot be stored
-                client.set_terminated(parent, tracking.sweep_status(o["status"] for o in outcomes))
+                client.set_terminated(parent, "FAILED" if failures else "FINISHED")
                 _open_parent.clear()
 
 

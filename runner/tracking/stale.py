@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +101,6 @@ def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
             log.warning("run %s of this config was left RUNNING by a dead process (pid %s): marked KILLED",
                         found.info.run_id, found.data.tags["runner.pid"])
     return closed
-
-
-def sweep_status(jobs: Iterable[str]) -> str:
-    """A sweep parent's closing status from its jobs' statuses: KILLED if one was killed, else FAILED if one failed,
-    else FINISHED (skipped jobs count for nothing)."""
-    statuses = set(jobs)
-    return "KILLED" if "KILLED" in statuses else "FAILED" if "FAILED" in statuses else "FINISHED"
 
 
 def close_dead_sweep(client: Any, parent: str) -> str | None:
