@@ -73,8 +73,11 @@ class TFDS(DatasetOptions):
     def _json(self, path: Path) -> dict[str, Any]:
         """A description file TFDS wrote, or a DataError naming it when it is not JSON (truncated, overwritten)."""
         try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError
+            found = json.loads(path.read_text())
+            if not isinstance(found, dict):  # valid JSON, but not the object TFDS writes (`[]`, `null`)
+                raise ValueError(f"a JSON {type(found).__name__}, not an object")
+            return found
+        except (OSError, ValueError) as e:  # ValueError: JSONDecodeError, UnicodeDecodeError, not an object
             raise DataError(f"{path} cannot be read as JSON ({e}); the prepared {self.dataset} is damaged: "
                             + PREPARE.format(name=self.dataset.partition(":")[0])) from None
 

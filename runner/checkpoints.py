@@ -54,9 +54,10 @@ class CheckpointInUse(CheckpointError):
 def _read_json(path: Path) -> dict:
     """A small JSON file beside the checkpoints; missing or unreadable: empty."""
     try:
-        return json.loads(path.read_text())
+        found = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
+    return found if isinstance(found, dict) else {}  # valid JSON of another shape: as unreadable
 
 
 def claim(folder: Path, run_id: str, live_pid: Callable[[str], str | None]) -> None:

@@ -111,11 +111,12 @@ def data_dir(prepared, tmp_path):
     return copy, copy / "tiny_images" / "1.0.0"
 
 
+@pytest.mark.parametrize("damage", ["truncated", "not an object"])
 @pytest.mark.parametrize("name", ["dataset_info.json", "features.json"])
-def test_a_truncated_tfds_description_is_one_line_naming_the_file(data_dir, name):
+def test_a_truncated_tfds_description_is_one_line_naming_the_file(data_dir, name, damage):
     root, version = data_dir
     text = (version / name).read_text()
-    (version / name).write_text(text[: len(text) // 2])
+    (version / name).write_text(text[: len(text) // 2] if damage == "truncated" else "[]")
     with pytest.raises(ConfigError) as err:
         validate(compose(*TFDS, f"data.data_dir={root}"))
     one_line_naming(err.value, f"{version / name} cannot be read as JSON", "tfds build tiny_images")
