@@ -34,6 +34,7 @@ def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = 
     from runner.runtime import devices as devices_mod
 
     # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
+    devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
     if log_placement:
         import tensorflow as tf

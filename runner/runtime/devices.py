@@ -145,6 +145,19 @@ def onednn() -> str:
 _BF16_ISA = ("avx512_bf16", "amx_bf16")
 
 
+def float16_kernels(precision: str) -> None:
+    """oneDNN's kernels off for mixed_float16, before TensorFlow starts (unless TF_ENABLE_ONEDNN_OPTS is set).
+
+    oneDNN is TensorFlow's CPU kernel library; its float16 filter gradient (Conv2DBackpropFilter) ran 570x slower than
+    float32's (8.7 s against 15 ms for (128, 26, 26, 32) -> 64 filters; Intel Xeon family 6 model 207 with
+    avx512_fp16 and AMX, TensorFlow 2.21): the smoke CNN's float16 step took 449 ms with oneDNN, 32 ms without.
+    Only CPU kernels change (a GPU's are not oneDNN's); a process whose TensorFlow already started keeps its kernels,
+    and `precision_warning` says so.
+    """
+    if precision == "mixed_float16" and "tensorflow" not in sys.modules:
+        os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+
 def fuse_ops(precision: str, devices: Devices) -> None:
     """TensorFlow's op fusion (grappler's remapper: MatMul + BiasAdd + ReLU as one kernel) off for float16 on CPUs,
     on (its default) otherwise; set at every run's start, as the setting is process-wide.
@@ -177,6 +190,8 @@ def precision_warning(precision: str, devices: Devices, cpu: str) -> str | None:
         return (
             f"train.precision=mixed_float16 on CPU devices ({cpu}): float16 is for GPUs; this runs, slower than "
             "float32, to try a GPU config here; train.precision=float32 is the fast choice on a CPU"
+            + ("; oneDNN is on (TensorFlow started before this run): its float16 convolution gradients are 100x "
+               "slower, a fresh process runs without them" if onednn() == "on" else "")
         )
     if precision != "mixed_bfloat16" or devices.kind != "CPU" or any(isa in cpu for isa in _BF16_ISA):
         return None
