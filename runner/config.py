@@ -79,7 +79,7 @@ class TrainConf:
     loss_scale_period: int = 2000  # mixed_float16: finite steps in a row after which the loss scale doubles
     measure_input: bool = True  # after training, time the input pipeline alone and flag input-bound runs
     probe_peak: bool = True  # measure the device's matmul peak once per machine (cached) to log MFU
-    probe_floor: bool = False  # after training, time the step's unavoidable work (runner/measure/floor.py): step_time_over_floor
+    probe_floor: bool = False  # after training, time a lower bound of the step (runner/measure/floor.py): step_time_over_floor
     predict: bool = True  # after training, log the cost model's prediction for this combination (runner/predict/)
     profile: bool = False  # trace the first timed call with TensorFlow's profiler; log op time (spans) per op kind
     intra_op_threads: int = -1  # threads per op; -1 auto: cores / devices on simulated CPU devices, else TF's default

@@ -292,6 +292,11 @@ def test_floors_rows_take_medians_over_rounds_and_judge_each_model():
         "(runner / keras)",
         "- FAIL MFU <= 100% in every run: 2 of 3 hold; highest 104.0% (mlp/default)",
     ]
+    from runner.bench.floors import above_floor
+
+    assert above_floor([("x1", [1.02, 0.97, 1.1]), ("mirrored x2", [0.9, 0.95, 1.01])]) == (
+        "- FAIL every step >= its floor (median step / floor >= 1.0): 1 of 2 hold; lowest 0.95x (mirrored x2)")
+    assert above_floor([("x1", [1.02, 0.97, 1.1])]).startswith("- PASS")
     del runs[1]["mfu"]  # left out by the run (above 1 even after a re-probe): not shown to hold
     _, figures = _row(setting, runs, fits)
     assert targets([(setting, figures)])[-1] == "- FAIL MFU <= 100% in every run: 2 of 3 hold; highest 52.0% " \
@@ -302,11 +307,15 @@ def test_floors_rows_take_medians_over_rounds_and_judge_each_model():
 def test_floors_benchmark_runs_each_model_and_keras_in_rounds(tmp_path):
     out = tmp_path / "floors.md"
     proc = subprocess.run([sys.executable, "-m", "runner.bench", "floors", "--models", "mlp", "--rounds", "1",
-                           "--steps", "100", "--steps-per-call", "25", "--tracking-uri", f"sqlite:///{tmp_path}/m.db",
-                           "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
+                           "--gpus", "1,2", "--steps", "100", "--steps-per-call", "25", "--tracking-uri",
+                           f"sqlite:///{tmp_path}/m.db", "--out", str(out)], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = markdown_rows(out.read_text())
+    row, *multi = markdown_rows(out.read_text())
     assert row["model"] == "mlp/default" and float(row["step / floor"]) > 0.5
+    assert [(r["job"], r["devices"]) for r in multi] == [("runner mirrored / split", "2"),
+                                                         ("runner parameter_server / per_tower", "2")]
+    assert all(float(r["step / floor"]) > 0.5 and float(r["floor: update ms"]) > 0 for r in multi)
+    assert "every step >= its floor (median step / floor >= 1.0): " in out.read_text()  # 3 jobs judged
     assert float(row["runner / keras (per round)"]) > 0 and float(row["MFU"].rstrip("%")) > 0
     assert "MFU <= 100% in every run: 1 of 1 hold" in out.read_text()
 

@@ -174,11 +174,17 @@ def test_a_target_never_reached_is_recorded_as_such(tf_devices, store):
 
 
 def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_devices, store):
-    """runner/measure/floor.py: forward and backward at the run's batch plus the optimizer's memory traffic, on this device."""
+    """runner/measure/floor.py: the towers' forward and backward passes at the run's batch, then the update of the
+    first layer's weights (the one no strategy can overlap) at the device set's bandwidth."""
+    from runner.models.cnn import CNN
     from runner.models.mlp import MLP
     from runner.measure import floor
 
     model = MLP(variant="default").build()
+    assert floor.first_layer_weights(model) == 784 * 512 + 512  # the first Dense; the other two overlap backward
+    assert floor.first_layer_weights(CNN(variant="default").build()) == 3 * 3 * 32 + 32  # the first convolution
+    one, two = (floor.bandwidth_bytes_per_second([f"/device:CPU:{i}" for i in range(n)], 16) for n in (1, 2))
+    assert two > 0.5 * one  # two devices copying at once move at least about what one moves alone
     small, large = (floor.forward_backward_seconds(model, b, "/device:CPU:0") for b in (16, 512))
     assert 0 < small < large  # the work grows with the batch
     parts = floor.floor_step_ms([model], 128, "adam", ["/device:CPU:0"])

@@ -80,12 +80,14 @@ def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     from runner.config import compose, validate
     from runner.errors import ConfigError
 
+    first = (floor_settings if args.command == "floors" else settings)(args)[0]
+    strategies = ["mirrored"] if args.command == "floors" else args.strategies
     for n in args.gpus:
-        strategy = "single" if n == 1 else next((s for s in args.strategies if s != "single"), None)
+        strategy = "single" if n == 1 else next((s for s in strategies if s != "single"), None)
         if strategy is None:
             continue
         try:
-            validate(compose([*settings(args)[0].overrides(), f"gpus={n}", f"strategy={strategy}"]))
+            validate(compose([*first.overrides(), f"gpus={n}", f"strategy={strategy}"]))
         except ConfigError as e:
             parser.error(f"--gpus {n}: {e}")
 
@@ -106,9 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         parsed.add_argument("--batch", type=_positive, default=128)
         parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
         parsed.add_argument("--tracking-uri", default=None)
-    fl = sub.add_parser("floors", help="each built-in model's one-device step vs its floor, MFU and Keras fit, in rounds")
+    fl = sub.add_parser("floors", help="each built-in model's step vs its floor at 1, 2, 4 devices, MFU and Keras fit, in rounds")
     fl.add_argument("--models", "--model", dest="models", type=_names, default=built_in())
     fl.add_argument("--rounds", type=_positive, default=3, help="rounds over every model's runner and Keras jobs")
+    fl.add_argument("--gpus", type=_ints, default=[1, 2, 4],
+                    help="device counts (above 1: mirrored/split and parameter_server/per_tower on simulated devices)")
     fl.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model)")
     fl.add_argument("--steps-per-call", type=_positive, default=None,
                     help="steps per compiled call (default: per model)")
@@ -148,7 +152,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.command == "predicted":
         return predicted(args)
     _check_steps(parser, args)
-    if args.command in ("grid", "strategies"):
+    if args.command in ("grid", "strategies", "floors"):
         _check_grid(parser, args)
     if args.command == "floors":
         return floors(args)

@@ -1,8 +1,10 @@
-"""`floors`: each built-in model's one-device step beside its floor, its MFU and plain Keras fit, in rounds.
+"""`floors`: each built-in model's step beside its floor at 1, 2 and 4 devices, its MFU and plain Keras fit, in rounds.
 
-Every round runs, for each model, the runner on one device and Keras fit, each in a fresh process, so that a slow
-spell of the host hits every model and both sides alike; rows show medians over the rounds and their range. The
-runner / Keras ratio is taken within each round (the two jobs ran back to back) before its median.
+Every round runs, for each model, the runner on one device, Keras fit, and the runner on each `--gpus` count
+(mirrored / split, and parameter_server / per_tower: the data-parallel extremes), each in a fresh process, so that a
+slow spell of the host hits every model and job alike; rows show medians over the rounds and their range. The
+runner / Keras ratio is taken within each round (the two jobs ran back to back) before its median. The floor is a
+lower bound (runner/measure/floor.py): a median step / floor below 1.0 fails, as would a measurement beating a limit.
 """
 
 from __future__ import annotations
@@ -17,6 +19,13 @@ from runner.models import MODELS, variants
 
 MFU_LIMIT = 1.0  # above it the peak is wrong, not the machine
 JOBS = (Job("single", 1, "runner single", "single", "split"), Job("keras", 1, "keras fit"))
+# On N devices: the one-copy, all-reduce strategy and the one-copy-on-the-host one, each with its own default pipeline
+MULTI = (("mirrored", "split"), ("parameter_server", "per_tower"))
+
+
+def multi_jobs(gpus: list[int]) -> list[Job]:
+    """The runner's jobs on each device count above 1."""
+    return [Job("runner", n, f"runner {s} / {p}", s, p) for n in gpus if n > 1 for s, p in MULTI]
 
 
 def built_in() -> list[str]:
@@ -63,24 +72,38 @@ def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dic
     return "| " + " | ".join(cells) + " |", figures
 
 
+def _multi_row(setting: Setting, job: Job, runs: list[dict]) -> tuple[str, list[float]]:
+    """One runner job's row on N devices and its step / floor per round."""
+    ok = [m for m in runs if "images_per_sec" in m]
+    get = lambda key: [m[key] for m in ok if key in m]  # noqa: E731
+    cells = [setting.name, job.label, str(job.gpus), _median_range(get("images_per_sec"), ",.0f"),
+             _median_range(get("step_time_ms"), ".2f"), _median_range(get("floor_compute_ms"), ".2f"),
+             _median_range(get("floor_update_ms"), ".3f"), _median_range(get("step_time_over_floor"), ".2f")]
+    errors = [m["error"] for m in runs if "error" in m]
+    if errors:
+        cells[0] += f" ({len(errors)} failed: {errors[0][:60].replace('|', '/')})"
+    return "| " + " | ".join(cells) + " |", get("step_time_over_floor")
+
+
 def floors(args: argparse.Namespace) -> int:
     """Each built-in model's one-device step against its floor and Keras fit, in `args.rounds` rounds."""
     from runner.tracking import ensure_experiment, resolve_uri
 
     uri, experiment = resolve_uri(args.tracking_uri), "bench_floors"
     ensure_experiment(uri, experiment)
-    todo = floor_settings(args)
-    progress, t0 = Progress(len(todo) * len(JOBS) * args.rounds), time.perf_counter()
-    runs: dict[tuple[Setting, Job], list[dict]] = {(s, j): [] for s in todo for j in JOBS}
+    todo, jobs = floor_settings(args), [*JOBS, *multi_jobs(args.gpus)]
+    progress, t0 = Progress(len(todo) * len(jobs) * args.rounds), time.perf_counter()
+    runs: dict[tuple[Setting, Job], list[dict]] = {(s, j): [] for s in todo for j in jobs}
     for _ in range(args.rounds):
         for setting in todo:
-            for job in JOBS:
+            for job in jobs:
                 runs[setting, job].append(run_one(setting, job, uri, experiment, progress))
     out: list[str] = []
     emit(out, [
-        f"## Each model's one-device step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
-        f"Runner single (split pipeline) and Keras fit on one device, each in a fresh process, every model in every "
-        f"round; optimizer {args.optimizer}, data {args.data}; {len(todo) * len(JOBS) * args.rounds} jobs in "
+        f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
+        f"Runner single (split pipeline) and Keras fit on one device, then the runner on {_counts(args.gpus)} devices, "
+        f"each in a fresh process, every model and job in every round; optimizer {args.optimizer}, data {args.data}; "
+        f"{len(todo) * len(jobs) * args.rounds} jobs in "
         f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
         "| model | global batch | runner images/s | keras fit images/s | runner / keras (per round) | step ms "
         "| floor: forward + backward ms | floor: update ms | step / floor | MFU | peak GFLOP/s |",
@@ -90,11 +113,31 @@ def floors(args: argparse.Namespace) -> int:
         line, figures = _row(setting, runs[setting, JOBS[0]], runs[setting, JOBS[1]])
         emit(out, [line])
         judged.append((setting, figures))
-    emit(out, ["", *targets(judged)])
+    above = [(f"{s.name} runner single x1", f["step_over_floor"]) for s, f in judged]
+    if multi := multi_jobs(args.gpus):
+        emit(out, ["", "| model | job | devices | images/s | step ms | floor: forward + backward ms "
+                   "| floor: update ms | step / floor |", "|---|---|---|---|---|---|---|---|"])
+        for setting in todo:
+            for job in multi:
+                line, ratios = _multi_row(setting, job, runs[setting, job])
+                emit(out, [line])
+                above.append((f"{setting.name} {job.where}", ratios))
+    emit(out, ["", *targets(judged), above_floor(above)])
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")
     return 1 if any("error" in m for ms in runs.values() for m in ms) else 0
+
+
+def _counts(gpus: list[int]) -> str:
+    return ", ".join(str(n) for n in gpus if n > 1) or "no other"
+
+
+def above_floor(rows: list[tuple[str, list[float]]]) -> str:
+    """The floor is a lower bound: every job's median step / floor over the rounds at least 1.0."""
+    items = [(where, statistics.median(ratios) if ratios else None) for where, ratios in rows]
+    return check("every step >= its floor (median step / floor >= 1.0)", items, lambda v: v >= 1.0, "lowest",
+                 lambda v: f"{v:.2f}x")
 
 
 def targets(judged: list[tuple[Setting, dict[str, list[float | None]]]]) -> list[str]:

@@ -1,16 +1,25 @@
-"""A speed limit for the model's own shapes: the training step reduced to the work it cannot avoid.
+"""A lower bound of the training step's time for the model's own shapes: the work no step can avoid or overlap.
 
 MFU compares a run with the device's peak on one large matrix product, which a batch-128 MLP's small matrices can
 never reach. The floor compares it with what its own work costs here, measured in the same process on the same
-device: the forward and backward pass of the model at the run's global batch (every matmul and convolution at its
-exact shape, timed alone: no input pipeline, no optimizer, no cross-device traffic; one pass after the other, as
-training's steps must run, since each step's forward reads the weights the previous step wrote), plus one optimizer
-update's memory traffic (the weights, their gradient and the optimizer's slots, each read and the changed ones
-written) at the memory bandwidth measured by copying a large tensor. `train.probe_floor=true` measures it after
-training and logs `floor_step_ms` and `step_time_over_floor` (the run's step time over the floor; 1.0 is the limit,
-give or take the update overlapping the backward pass, which the floor adds in full). With N towers the passes are
-the N towers' at their per-tower batch, all at once on their own devices: what they can do at best on this device
-set, whether the devices share one processor (simulated ones) or each has its own.
+devices, counting only what every step of every strategy must do, one part after the other:
+- the towers' forward and backward passes at the run's per-tower batch, all towers at once on their own devices,
+  every matmul and convolution at its exact shape (no input pipeline, no optimizer, no cross-device traffic), one
+  step's passes after the other's, as training's must run (each step's forward reads the weights the previous step
+  wrote);
+- the update of the first layer's weights: the last gradient the backward pass produces and the first weights the
+  next forward reads, so no strategy can overlap it with compute. Counted as memory traffic (weights, gradient and
+  the optimizer's slots read, the changed ones written) at the bandwidth of the whole device set copying at once
+  (a sharded update's best case: every device its share). The other layers' updates can overlap the backward pass
+  and are not counted.
+`train.probe_floor=true` measures it after training and logs `floor_step_ms` and `step_time_over_floor` (at least
+1.0, give or take the spread of repeated runs; how far above it is what the step does beyond its unavoidable work).
+
+Why the update is the first layer's at the set's bandwidth: the floor used to add every weight's update at one
+device's bandwidth; on N simulated devices sharing the cores a device has 1/N of the threads, so the update term
+doubled at 2 devices (MLP: 0.97 -> 1.69 ms of a 3.4 ms step) while the step's towers update on all cores at once,
+and the measured step came out at 0.72-0.93x its "floor" (BENCHMARKS.md of 2026-11-25; reproduced on Intel Xeon
+family 6 model 207: mirrored x2 0.93, parameter_server/per_tower x2 0.90).
 """
 
 from __future__ import annotations
@@ -80,26 +89,38 @@ def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int
     return median_seconds(lambda: float(passes(steps)), repeats) / calls
 
 
-def bandwidth_bytes_per_second(device: str, megabytes: int = 64) -> float:
-    """Memory bandwidth of `device`: bytes read plus written per second copying a large tensor."""
+def bandwidth_bytes_per_second(devices: list[str], megabytes: int = 64) -> float:
+    """Memory bandwidth of the device set: bytes read plus written per second, every device copying a large tensor
+    of its own at once (on simulated devices each has only its share of the cores' threads)."""
     import tensorflow as tf
 
-    with tf.device(device):
-        source = tf.Variable(tf.zeros((megabytes << 18,)))  # megabytes of float32
-        target = tf.Variable(tf.zeros((megabytes << 18,)))
+    pairs = []
+    for device in devices:
+        with tf.device(device):
+            pairs.append((tf.Variable(tf.zeros((megabytes << 18,))), tf.Variable(tf.zeros((megabytes << 18,)))))
 
     @tf.function
     def copy() -> None:
-        target.assign(source * 1.0001)
+        for device, (source, target) in zip(devices, pairs):
+            with tf.device(device):
+                target.assign(source * 1.0001)
 
-    return 2 * (megabytes << 20) / median_seconds(lambda: copy())
+    return 2 * len(devices) * (megabytes << 20) / median_seconds(lambda: copy())
+
+
+def first_layer_weights(model: Any) -> int:
+    """Weights of the first layer that has trainable ones: the last gradient of the backward pass, the first weights
+    of the next forward pass."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):  # every nested layer, in build order
+        if layer.trainable_variables and not list(layer._flatten_layers(include_self=False, recursive=False)):
+            return sum(int(v.shape.num_elements()) for v in layer.trainable_variables)
+    return 0
 
 
 def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str]) -> dict[str, float]:
     """The floor of one training step in ms and its parts: the towers `models[i]` on `devices[i]` at `batch`
-    images each, all at once, plus one optimizer update."""
+    examples each, all at once, then the update of the first layer's weights (see the module's docstring)."""
     compute = towers_seconds(models, batch, devices)
-    weights = sum(int(v.shape.num_elements()) for v in models[0].trainable_variables)
-    traffic = TOUCHED[optimizer] * 4 * weights / bandwidth_bytes_per_second(devices[0])
+    traffic = TOUCHED[optimizer] * 4 * first_layer_weights(models[0]) / bandwidth_bytes_per_second(devices)
     return {"floor_step_ms": 1000 * (compute + traffic), "floor_compute_ms": 1000 * compute,
             "floor_update_ms": 1000 * traffic}
