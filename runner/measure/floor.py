@@ -6,7 +6,7 @@ devices, counting only what every step of every strategy must do, one part after
 - the towers' forward and backward passes at the run's per-tower batch, all towers at once on their own devices,
   every matmul and convolution at its exact shape (no input pipeline, no optimizer, no cross-device traffic), one
   step's passes after the other's, as training's must run (each step's forward reads the weights the previous step
-  wrote);
+  wrote); the fastest of 7 timed calls of 10 steps, since a slow spell of the host only ever adds time;
 - the update of the first layer's weights: the last gradient the backward pass produces and the first weights the
   next forward reads, so no strategy can overlap it with compute. Counted as memory traffic (weights, gradient and
   the optimizer's slots read, the changed ones written) at the bandwidth of the whole device set copying at once
@@ -19,7 +19,12 @@ Why the update is the first layer's at the set's bandwidth: the floor used to ad
 device's bandwidth; on N simulated devices sharing the cores a device has 1/N of the threads, so the update term
 doubled at 2 devices (MLP: 0.97 -> 1.69 ms of a 3.4 ms step) while the step's towers update on all cores at once,
 and the measured step came out at 0.72-0.93x its "floor" (BENCHMARKS.md of 2026-11-25; reproduced on Intel Xeon
-family 6 model 207: mirrored x2 0.93, parameter_server/per_tower x2 0.90).
+family 6 model 207: mirrored x2 0.93, parameter_server/per_tower x2 0.90). Why the fastest repeat of the passes:
+with the median, the convolutional models' steps at 2 and 4 simulated devices still measured 0.83-0.97x it (bench
+floors, 3 rounds, same host): timed side by side in one process (the step's compiled loop and the passes, 6
+interleaved rounds of 10 steps), NIN's parameter_server x2 step took 151 ms (median; fastest 127) and its passes
+alone 168 ms (fastest 140); this host's speed moves by a fifth within seconds, and the step's median over a whole
+run and the passes' median over a second are not the same sample of it.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from typing import Any
 TOUCHED = {"adam": 3 + 4, "momentum": 3 + 2, "rmsprop": 3 + 2, "sgd": 3}
 
 
-def median_seconds(fn: Any, repeats: int = 5) -> float:
-    """Median seconds of `fn()` after two warm-up calls (tracing, first allocations)."""
+def median_seconds(fn: Any, repeats: int = 5, statistic: Any = statistics.median) -> float:
+    """Median (or `statistic`: min for the fastest) seconds of `fn()` after two warm-up calls (tracing, first
+    allocations)."""
     fn()
     fn()
     times = []
@@ -43,7 +49,7 @@ def median_seconds(fn: Any, repeats: int = 5) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistic(times)
 
 
 def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 10) -> float:
@@ -52,11 +58,12 @@ def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 1
 
 
 def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5,
-                   call_seconds: float | None = None) -> float:
+                   call_seconds: float | None = None, fastest: bool = False) -> float:
     """Seconds per step of forward and backward passes of every tower at once: `models[i]` on `batch` images on
     `devices[i]`, as the towers of a data-parallel step run (what N towers on shared cores do to each other shows).
     `call_seconds`: instead of `calls` steps per timed call, as many (3 to 20) as make a call last about that long,
-    so that a call's own cost is noise beside its steps."""
+    so that a call's own cost is noise beside its steps. `fastest`: the fastest repeat, not the median (a floor:
+    a slow spell of the host only ever adds time)."""
     import keras
     import tensorflow as tf
 
@@ -86,7 +93,7 @@ def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int
         once = median_seconds(lambda: float(passes(tf.constant(1))), 1)
         calls = max(3, min(20, math.ceil(call_seconds / max(once, 1e-6))))
     steps = tf.constant(calls)
-    return median_seconds(lambda: float(passes(steps)), repeats) / calls
+    return median_seconds(lambda: float(passes(steps)), repeats, min if fastest else statistics.median) / calls
 
 
 def bandwidth_bytes_per_second(devices: list[str], megabytes: int = 64) -> float:
@@ -120,7 +127,7 @@ def first_layer_weights(model: Any) -> int:
 def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str]) -> dict[str, float]:
     """The floor of one training step in ms and its parts: the towers `models[i]` on `devices[i]` at `batch`
     examples each, all at once, then the update of the first layer's weights (see the module's docstring)."""
-    compute = towers_seconds(models, batch, devices)
+    compute = towers_seconds(models, batch, devices, repeats=7, fastest=True)
     traffic = TOUCHED[optimizer] * 4 * first_layer_weights(models[0]) / bandwidth_bytes_per_second(devices)
     return {"floor_step_ms": 1000 * (compute + traffic), "floor_compute_ms": 1000 * compute,
             "floor_update_ms": 1000 * traffic}
