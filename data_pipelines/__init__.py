@@ -14,6 +14,7 @@ share.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
@@ -30,23 +31,61 @@ class DataError(UserError):
 
 @dataclass(frozen=True)
 class Spec:
-    """What one example is: an image of `shape` (height, width, channels) stored as `dtype`, and its class.
+    """The task contract: what one example is, what is learned from it, and how a run counts its throughput.
 
-    Models are built for it and every stage after the data reads shapes from it. Stored uint8 images are scaled to
-    float32 in [0, 1] when batched; stored float32 images are used as they are.
+    - The input: `shape` stored as `dtype`. An image (height, width, channels) of "uint8" (scaled to float32 in
+      [0, 1] when batched) or "float32" (as is); or a sequence (length,) of "int32" token ids below `vocabulary`.
+    - The target: "class", one of `classes` per example, labels (b,); or "next_token", one of `classes` (the
+      vocabulary) at every input position, labels (b, length): a language model.
+    - The loss is sparse categorical cross-entropy on the model's logits, averaged over the target's positions
+      (`runner.strategies.common.per_example_loss`); the metrics are that loss and the accuracy (per position for
+      "next_token"); the throughput unit is images for images, tokens for "next_token", examples otherwise.
+
+    Datasets declare it without TensorFlow, validation carries it in the plan, models are built for it, and every
+    later stage reads shapes and units from it.
     """
 
-    shape: tuple[int, int, int]
+    shape: tuple[int, ...]
     classes: int
-    dtype: str = "uint8"  # "uint8" (scaled by 1/255) or "float32"
+    dtype: str = "uint8"  # "uint8" images (scaled by 1/255), "float32" images (as is), "int32" token ids
+    target: str = "class"  # "class" (b,) or "next_token" (b, length)
+    vocabulary: int = 0  # token ids are below it (0: the input is not token ids)
 
     def __str__(self) -> str:
-        return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {self.classes} classes"
+        if self.dtype != "int32":
+            return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {self.classes} classes"
+        what = "the next token at each position" if self.target == "next_token" else f"{self.classes} classes"
+        return f"sequences of {self.shape[0]} token ids below {self.vocabulary}, {what}"
 
     @property
-    def image_bytes(self) -> int:
-        """Bytes of one image as a model takes it (float32)."""
-        return 4 * self.shape[0] * self.shape[1] * self.shape[2]
+    def unit(self) -> str:
+        """What a run's throughput counts: images, tokens or examples (`<unit>_per_sec`)."""
+        return "tokens" if self.target == "next_token" else "examples" if self.dtype == "int32" else "images"
+
+    @property
+    def rate_key(self) -> str:
+        """The metric a run's throughput is logged as: images_per_sec, tokens_per_sec or examples_per_sec."""
+        return f"{self.unit}_per_sec"
+
+    @property
+    def units_per_example(self) -> int:
+        """Units in one example: its tokens for a language model, else 1."""
+        return self.shape[0] if self.unit == "tokens" else 1
+
+    @property
+    def labels_shape(self) -> tuple[int, ...]:
+        """One example's labels: () for a class, (length,) for the next token at every position."""
+        return self.shape[:1] if self.target == "next_token" else ()
+
+    @property
+    def outputs_shape(self) -> tuple[int, ...]:
+        """One example's logits, as the model must give them."""
+        return (*self.labels_shape, self.classes)
+
+    @property
+    def input_bytes(self) -> int:
+        """Bytes of one example's input as a model takes it (float32 images, int32 ids: 4 bytes a value)."""
+        return 4 * math.prod(self.shape)
 
 
 MNIST = Spec((28, 28, 1), 10)  # the default data's examples
@@ -55,6 +94,8 @@ MNIST = Spec((28, 28, 1), 10)  # the default data's examples
 IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d in v),
                      "[height, width, channels] of positive integers")
 IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_SHAPE[1]}, or null")
+TARGETS = ("class", "next_token")
+UNITS = ("images", "tokens", "examples")  # what a run's throughput counts (Spec.unit)
 
 
 @runtime_checkable
@@ -74,7 +115,8 @@ class Batches(Protocol):
     """A feed made by a pipeline: `next()` is called inside the compiled loop, once per step."""
 
     def next(self) -> list[tuple[Any, Any]]:
-        """One (images (b, H, W, C) float32, labels (b,) int32) pair per tower, b = global batch / towers."""
+        """One (inputs (b, *spec.shape), labels (b, *spec.labels_shape) int32) pair per tower, b = global batch /
+        towers; inputs are float32 images or int32 token ids (`Spec`)."""
 
 
 @runtime_checkable

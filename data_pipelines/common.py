@@ -149,7 +149,7 @@ class Indexed:
             return tf.gather(self.x, i), tf.gather(self.y, i)
         x, y = tf.numpy_function(lambda j: (read_rows(self.x, j), self.y[j]), [i], (tf.as_dtype(self.x.dtype), tf.int32))
         x.set_shape((None, *self.x.shape[1:]))
-        y.set_shape((None,))
+        y.set_shape((None, *self.y.shape[1:]))
         return x, y
 
     def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
@@ -193,9 +193,13 @@ def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
 
 
 def to_float(x, y, spec: Spec = MNIST):
-    """Stored images (b, ...) -> float32 (b, H, W, C): uint8 scaled to [0, 1], float32 as is; labels unchanged."""
+    """Stored examples -> what the model takes (`Spec`): images (b, ...) -> float32 (b, H, W, C), uint8 scaled to
+    [0, 1] and float32 as is; token ids -> int32 (b, length); labels -> int32 (b, *spec.labels_shape)."""
     import tensorflow as tf
 
+    if spec.dtype == "int32":
+        return tf.reshape(tf.cast(x, tf.int32), (-1, *spec.shape)), tf.reshape(tf.cast(y, tf.int32),
+                                                                               (-1, *spec.labels_shape))
     x = tf.reshape(tf.cast(x, tf.float32), (-1, *spec.shape))
     return (x / 255.0 if spec.dtype == "uint8" else x), y
 

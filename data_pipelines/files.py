@@ -1,8 +1,10 @@
-"""Dataset `files`: the user's own images from a folder, in one of two layouts (`data.format`, `auto` tells them apart):
+"""Dataset `files`: the user's own examples from a folder, in one of two layouts (`data.format`, `auto` tells them apart):
 
 - `npy`: `x_train.npy`, `y_train.npy`, `x_test.npy`, `y_test.npy` (keras.datasets' names): images (n, H, W, C) or
-  (n, H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), integer labels (n,) or (n, 1). The images are
-  memory-mapped, never read whole, so they may be larger than memory; the spec comes from the arrays' headers.
+  (n, H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), or token ids (n, length) of an integer dtype
+  (a text classifier's sequences: ids below `data.vocabulary_size`, else below the largest id + 1); integer labels
+  (n,) or (n, 1). The inputs are memory-mapped, never read whole (token ids are scanned once for their largest),
+  so they may be larger than memory; the spec comes from the arrays' headers.
 - `tfrecord`: TFRecord shards `train-*` and `validation-*` of tf.train.Examples with `image/encoded` (JPEG or PNG)
   and `image/class/label`, the layout tf_cnn_benchmarks and TensorFlow's image models read. Each image is decoded
   and resized to `data.shape`; `data.classes` says how many labels there are (`data.label_offset` is subtracted:
@@ -42,12 +44,14 @@ class Files(DatasetOptions):
     shape: list[int] | None = None  # tfrecord: [height, width, channels] each image is resized to
     classes: int | None = None  # null: npy, the largest training label + 1; tfrecord: required
     label_offset: int = 0  # subtracted from every stored label (1 for ImageNet records counting from 1)
+    vocabulary_size: int | None = None  # token ids: how many ids the model's embedding has (null: largest id + 1)
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
         "shape": IMAGE_SHAPE_OR_NULL,
         "classes": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
         "label_offset": (non_negative, "0 or a positive integer"),
+        "vocabulary_size": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
     }
 
     def describe(self) -> str:
@@ -107,10 +111,12 @@ class Files(DatasetOptions):
             raise DataError(f"data.shape={self.shape} resizes TFRecord images; the npy layout in {self.path} is used "
                             "at its stored size: leave data.shape out, or store the arrays at the size you want")
         x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
-        if x_train.dtype.name not in DTYPES or x_train.ndim not in (3, 4):
+        tokens = x_train.dtype.kind in "iu" and x_train.ndim == 2
+        if not tokens and (x_train.dtype.name not in DTYPES or x_train.ndim not in (3, 4)):
             raise DataError(f"{self.path}/x_train.npy holds {x_train.dtype} {x_train.shape}; data=files takes uint8 "
-                            "or float32 images (n, height, width, channels) or (n, height, width)")
-        shape = x_train.shape[1:] if x_train.ndim == 4 else (*x_train.shape[1:], 1)
+                            "or float32 images (n, height, width, channels) or (n, height, width), or integer token "
+                            "ids (n, length)")
+        shape = x_train.shape[1:] if x_train.ndim in (2, 4) else (*x_train.shape[1:], 1)
         for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
             if len(x) != len(y) or x.shape[1:] != x_train.shape[1:] or y.shape[1:] not in ((), (1,)):
                 raise DataError(f"{self.path}: x_{split}.npy {x.shape} and y_{split}.npy {y.shape} do not match "
@@ -121,7 +127,20 @@ class Files(DatasetOptions):
             if not x.flags.c_contiguous:
                 raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by rows; "
                                 "save it with np.save(path, np.ascontiguousarray(x))")
-        return Spec(tuple(int(d) for d in shape), self._classes(y_train, y_test), x_train.dtype.name)
+        classes = self._classes(y_train, y_test)
+        if tokens:
+            return Spec((int(shape[0]),), classes, "int32", "class", self._vocabulary(x_train, x_test))
+        return Spec(tuple(int(d) for d in shape), classes, x_train.dtype.name)
+
+    def _vocabulary(self, x_train: np.ndarray, x_test: np.ndarray) -> int:
+        """data.vocabulary_size, checked against both splits' ids; else the largest id + 1 (one pass over each)."""
+        vocabulary = self.vocabulary_size or int(max(x_train.max(initial=0), x_test.max(initial=0))) + 1
+        for x, split in ((x_train, "train"), (x_test, "test")):
+            low, high = (int(x.min()), int(x.max())) if x.size else (0, 0)
+            if low < 0 or high >= vocabulary:
+                raise DataError(f"{self.path}/x_{split}.npy has token ids from {low} to {high}; "
+                                f"data.vocabulary_size={vocabulary} needs them from 0 to {vocabulary - 1}")
+        return max(vocabulary, 2)
 
     def _classes(self, y_train: np.ndarray, y_test: np.ndarray) -> int:
         """data.classes, checked against both splits' labels; else the largest training label + 1."""

@@ -1,4 +1,6 @@
-"""Synthetic data: random uint8 images of any shape (MNIST's by default) and random labels.
+"""Synthetic data: random uint8 images of any shape (MNIST's by default) and random labels; or, with
+`data.task=next_token`, token sequences of any length and vocabulary with structure a language model learns
+(`text.synthetic_stream`: words of a fixed random dictionary).
 
 Useful for throughput studies (an ImageNet-like `data.shape=[224,224,3] data.classes=1000`), smoke tests and
 pipeline checks without any download; it imports only numpy so it is safe to import before TensorFlow.
@@ -8,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 
@@ -64,23 +66,41 @@ class Synthetic(DatasetOptions):
     test_limit: int = 10000  # number of synthetic test examples
     shape: list[int] = field(default_factory=lambda: list(MNIST.shape))  # [height, width, channels]
     classes: int = MNIST.classes
+    task: Literal["image", "next_token"] = "image"  # next_token: token sequences for a language model
+    sequence_length: int = 64  # next_token: tokens per example (train_limit, test_limit: examples)
+    vocabulary_size: int = 256  # next_token: ids from 0 to vocabulary_size - 1
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
         "shape": IMAGE_SHAPE,
         "classes": (lambda v: v >= 2, "an integer of at least 2"),
+        "sequence_length": (positive, "a positive integer"),
+        "vocabulary_size": (lambda v: v >= 2, "an integer of at least 2"),
     }
 
     def spec(self) -> Spec:
+        if self.task == "next_token":
+            v = self.vocabulary_size
+            return Spec((self.sequence_length,), v, "int32", "next_token", v)
         return Spec(tuple(self.shape), self.classes)
 
     def in_memory_bytes(self) -> int:
-        """Bytes the generated images take (validation refuses what this machine cannot hold)."""
+        """Bytes the generated examples take (validation refuses what this machine cannot hold)."""
+        if self.task == "next_token":
+            return (self.train_limit + self.test_limit + 1) * self.sequence_length
         return (self.train_limit + self.test_limit) * int(np.prod(self.shape))
 
     def load(self, seed: int) -> Any:
         """Random arrays of the configured sizes and shape, the same for the same seed."""
         from runner.data_pipelines.common import Arrays
+
+        if self.task == "next_token":
+            from runner.data_pipelines.text import Stream, synthetic_stream
+
+            length = self.sequence_length
+            train = synthetic_stream(self.train_limit + length, self.vocabulary_size, seed)
+            test = synthetic_stream(self.test_limit * length + 1, self.vocabulary_size, seed, split=1)
+            return Stream(train, test, self.spec(), seed, synthetic=True)
 
         spec = self.spec()
         # MNIST's shape keeps its (n, 28, 28) arrays, so the default run's examples are the ones it always had.

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import keras
 
 log = logging.getLogger(__name__)
-SPEC_ARGUMENTS = ("input_shape", "classes")  # what a model function is given from the data's spec
+SPEC_ARGUMENTS = ("input_shape", "classes", "vocabulary_size", "sequence_length")  # given from the data's spec
 # keras.applications' `weights`: every run starts from its seed's weights (the same in every strategy); pretrained ones
 # would be downloaded as the model is built, after the run opened (and fail there on a machine without internet).
 UNTRAINED: Rule = (lambda v: v is None, "null: models train from the seed's initial weights; pretrained weights "
@@ -70,7 +70,8 @@ class ModelOptions:
     target_accuracy: ClassVar[float | None] = None
 
     def check(self, spec: Spec) -> None:
-        """Any spec: a model that cannot tell before it is built is checked once built (strategies.common)."""
+        """The built-in image models take images of any size (the convolutional ones: `too_small`)."""
+        self.images_only(spec)
 
     def layers_with_weights(self) -> int | None:
         return None
@@ -78,8 +79,15 @@ class ModelOptions:
     def activations_per_example(self, spec: Spec) -> int | None:
         return None
 
+    def images_only(self, spec: Spec) -> None:
+        """Refuse a task whose examples are not images (token ids)."""
+        if spec.unit != "images":
+            raise ConfigError(f"model={self.name} takes images, the data gives {spec}; for token ids use model=gpt "
+                              "(a language model) or your own model (model._target_)")
+
     def too_small(self, spec: Spec, smallest: int) -> None:
         """Refuse images whose height or width is below `smallest` (what the model's layers need)."""
+        self.images_only(spec)
         if min(spec.shape[:2]) < smallest:
             raise ConfigError(
                 f"model={self.name} takes images of at least {smallest}x{smallest}, the data gives {spec}; "
@@ -99,6 +107,9 @@ class FunctionModel(ModelOptions):
     target: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
 
+    def check(self, spec: Spec) -> None:
+        """Any task: a function's model is checked against the data once built (strategies.common.build_model)."""
+
     def build(self, spec: Spec = MNIST) -> keras.Model:
         from runner.registry import locate
 
@@ -107,13 +118,16 @@ class FunctionModel(ModelOptions):
 
 
 def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
-    """The spec's `input_shape` and `classes` for those `fn` takes; `classifier_activation=None` where it takes
+    """The spec's `input_shape` and `classes` (token ids: also `vocabulary_size` and `sequence_length`) for those
+    `fn` takes; `classifier_activation=None` where it takes
     that (a keras.applications constructor ends in softmax by default; the runner trains on logits); and
     `include_preprocessing=False` where it takes that (EfficientNetV2, ConvNeXt and MobileNetV3 rescale 0-255 pixels
     by default; the runner's images are in [0, 1]); the model's own keyword arguments may set it again."""
     parameters = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     given = {"input_shape": tuple(spec.shape), "classes": spec.classes}
+    if spec.dtype == "int32":  # token ids: keras_hub's names for what the data says
+        given.update(vocabulary_size=spec.vocabulary, sequence_length=spec.shape[0])
     out = {k: v for k, v in given.items() if k in parameters or takes_any}
     if "classifier_activation" in parameters:
         out["classifier_activation"] = None
@@ -142,7 +156,8 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
     if "variant" in kwargs and "variant" not in parameters:
         log.warning("model %s takes no variant: model.variant=%s ignored", target, kwargs.pop("variant"))
     try:
-        inspect.signature(fn).bind(**spec_arguments(fn, MNIST), **kwargs)
+        supplied = {**spec_arguments(fn, MNIST), **{k: None for k in SPEC_ARGUMENTS[2:] if k in parameters}}
+        inspect.signature(fn).bind(**supplied, **kwargs)  # whatever the data, its arguments are supplied
     except TypeError as e:
         raise ConfigError(f"model._target_={target!r} does not take these options: {e}") from None
     return FunctionModel(name=str(rest.get("name") or fn.__name__), target=target, kwargs=kwargs)

@@ -42,7 +42,7 @@ CONF_DIR = Path(str(importlib.resources.files("runner.conf")))
 COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "strategy": STRATEGIES, "data": DATASETS}
 PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)
-OptimizerName = Literal["adam", "sgd", "momentum", "rmsprop"]  # built by runner.optimizers.make
+OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop"]  # built by runner.optimizers.make
 MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 
 
@@ -56,11 +56,16 @@ class TrainConf:
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # the rule when the global batch changes (x global/ref)
     lr_reference_batch: int = 128  # the global batch `learning_rate` was tuned for
     lr_warmup_steps: int = 0  # linear warm-up to the effective rate over this many steps
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # after warm-up; cosine: down to min_learning_rate at the last step
+    min_learning_rate: float = 0.0  # lr_schedule=cosine: the rate at the last step (nanoGPT: learning_rate / 10)
     epochs: float | None = 5  # used when `steps` is null
     steps: int | None = None  # total optimizer steps; overrides epochs
     steps_per_call: int = 50  # steps per compiled tf.function call (fewer Python round trips)
     warmup_calls: int = 1  # compiled calls excluded from timing (tracing, first allocations)
-    optimizer: OptimizerName = "adam"  # momentum: SGD with momentum 0.9
+    optimizer: OptimizerName = "adam"  # momentum: SGD with momentum 0.9; adamw: Adam with decoupled weight decay
+    beta2: float = 0.999  # adam, adamw: the second moment's decay (Keras' default; nanoGPT's recipe: 0.99)
+    weight_decay: float = 0.0  # adamw: decoupled decay of the weights of 2 or more dimensions (not norms, biases)
+    clip_norm: float | None = None  # scale the averaged gradients down to this global norm when above it (null: off)
     fused_optimizer: bool = True  # adam, momentum: one TensorFlow kernel per variable update (false: Keras' own ops)
     reuse_freed_memory: bool = True  # glibc: keep freed tensors in the heap (tf.data generator iterators switch it off)
     learning_rate: float = 1e-3  # before the batch rule (lr_scaling) and warm-up
@@ -100,6 +105,10 @@ class TrainConf:
         "steps_per_call": (positive, "a positive integer"),
         "warmup_calls": (non_negative, "0 or a positive integer"),
         "learning_rate": (lambda v: 0 < v < math.inf, "a positive finite number"),
+        "min_learning_rate": (lambda v: 0 <= v < math.inf, "0 or a positive finite number"),
+        "beta2": (lambda v: 0 < v < 1, "a number between 0 and 1"),
+        "weight_decay": (lambda v: 0 <= v < math.inf, "0 or a positive finite number"),
+        "clip_norm": (lambda v: v is None or 0 < v < math.inf, "a positive finite number or null"),
         "eval_every": (non_negative, "0 (end only) or a positive number of steps"),
         "checkpoint_every": (non_negative, "0 (no checkpoints) or a positive number of steps"),
         "target_accuracy": (lambda v: v is None or v == MODEL_TARGET or 0 < v <= 1,
@@ -314,6 +323,7 @@ def validate(cfg: DictConfig) -> Plan:
     strategy, gpus = parts["strategy"], values["gpus"]
     strategy.check(gpus, parts["model"], values["train"]["jit_compile"])
     _check_precision(strategy, values["train"]["precision"])
+    _check_optimizer(values["train"])
     cluster = strategy.cluster()
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
@@ -330,6 +340,19 @@ def validate(cfg: DictConfig) -> Plan:
                 config_hash(resolved))
 
 
+def _check_optimizer(train: dict[str, Any]) -> None:
+    """Settings that only one optimizer or schedule reads are refused elsewhere, not silently ignored."""
+    if train["weight_decay"] and train["optimizer"] != "adamw":
+        raise ConfigError(f"train.weight_decay={train['weight_decay']} applies to train.optimizer=adamw only, "
+                          f"not {train['optimizer']}; set train.optimizer=adamw or train.weight_decay=0")
+    if train["lr_schedule"] == "cosine" and not train["steps"]:
+        raise ConfigError("train.lr_schedule=cosine decays to train.min_learning_rate at the last step: it needs "
+                          "train.steps (not train.epochs)")
+    if train["min_learning_rate"] > train["learning_rate"]:
+        raise ConfigError(f"train.min_learning_rate={train['min_learning_rate']} is above train.learning_rate="
+                          f"{train['learning_rate']}; use a value from 0 to it")
+
+
 def _spec(data: Dataset) -> Spec:
     """The data's example spec; data that cannot say it (a missing path, an unprepared dataset) is a config error."""
     try:
@@ -343,7 +366,7 @@ def memory_estimate(train: dict[str, Any], model: Any, spec: Spec, towers: int) 
     (the one being made, the prefetched, the step's); each tower keeps its batch's layer outputs for the backward
     pass and computes as many gradients (x2). Weights are left out; a model that cannot say its activations counts
     as none (the estimate is a floor, meant to refuse the impossible, not to fit tightly)."""
-    inputs = 3 * train["global_batch_size"] * spec.image_bytes
+    inputs = 3 * train["global_batch_size"] * spec.input_bytes
     per_example = model.activations_per_example(spec) or 0
     return inputs, 2 * towers * train["per_device_batch_size"] * per_example * 4
 

@@ -23,6 +23,7 @@ from runner.runtime.devices import Devices  # no TensorFlow import: devices.setu
 from runner.runtime.output import OutputFolder
 
 if TYPE_CHECKING:
+    from runner.data_pipelines import Spec
     from runner.data_pipelines.common import Data, Examples
     from runner.strategies import Strategy
 
@@ -71,6 +72,8 @@ def training_for(plan: Plan) -> Any:
         cluster=plan.cluster,
         loss_scaling=LossScaling(plan.train.loss_scale, plan.train.loss_scale_period) if float16 else None,
         spec=plan.spec,
+        clip_norm=plan.train.clip_norm,
+        weight_decay=plan.train.weight_decay,
     )
 
 
@@ -117,15 +120,16 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     evals = _evaluations(plan, strategy, data, steps, run)
     hooks = _hooks(plan, checkpointer, strategy, run)
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
-    result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks, plan.data.describe())
+    result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks, plan.data.describe(),
+                       (plan.spec.unit, plan.spec.units_per_example))
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
     _check_moving_state(plan, strategy, run)
     if plan.train.target_accuracy:
         run.tags({"target.reached": str("time_to_accuracy_seconds" in result).lower()})
-    if "images_per_sec" not in result:
-        why = train.untimed(plan.train, steps)
+    if plan.spec.rate_key not in result:
+        why = train.untimed(plan.train, steps, plan.spec.unit)
         log.warning(why)
-        run.tags({"images_per_sec.missing": why})
+        run.tags({f"{plan.spec.rate_key}.missing": why})
     result.update(_after_training(plan, strategy, examples, result, run, devices))
     hardware = _hardware_figures(plan, devices, run)  # after training: not in the time to the first step
     hardware["optimizer_state_bytes_per_device"] = float(max(optimizer_state_bytes(strategy).values(), default=0))
@@ -133,7 +137,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
     # may re-probe the peak: before `hardware` is logged
-    result.update(_utilisation(result, hardware, devices, plan.train.precision, run))
+    result.update(_utilisation(result, hardware, devices, plan.train.precision, run, plan.spec))
     result.update(hardware)  # summary figures, logged once at the final step with the others
     digest = weights_digest(strategy.weights())
     log.info("final weights sha256 %s", digest)
@@ -184,7 +188,8 @@ def _evaluations(plan: Plan, strategy: Any, data: Data, steps: int, run: trackin
 def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
     """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec."""
     for context, size in (("train", data.train_size), ("test", data.test_size)):
-        profile = {"examples": size, "image_shape": list(data.spec.shape), "classes": data.spec.classes,
+        shape = "image_shape" if data.spec.unit == "images" else "example_shape"
+        profile = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
                    "dtype": data.spec.dtype, "synthetic": data.synthetic}
         run.dataset(plan.data.name, data.digest(context), plan.data.describe(), profile, context)
 
@@ -380,18 +385,20 @@ def _mfu_basis(devices: Devices, precision: str) -> str:
     return f"{devices.count} x the {dtype} peak of one {devices.kind}"
 
 
-def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str, run: tracking.Recorder) -> dict:
+def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str, run: tracking.Recorder,
+                 spec: Spec) -> dict:
     """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak.
 
     A run that achieves more than the peak shows the peak was measured low (on another host under the same name, or
     at a busy moment): it is probed again (`hardware["peak_gflops"]` updated). Still beaten, MFU is left out and
     the run's `mfu.missing` tag says why (the FLOP count is above the multiplications done, e.g. by Winograd
     convolutions), rather than logging a ratio above 1."""
-    if "images_per_sec" not in result or "flops_per_example" not in hardware:
+    if spec.rate_key not in result or "flops_per_example" not in hardware:
         return {}
     from runner.measure import flops
 
-    achieved = result["images_per_sec"] * hardware["flops_per_example"] / 1e9
+    examples = result[spec.rate_key] / spec.units_per_example  # per second
+    achieved = examples * hardware["flops_per_example"] / 1e9
     out = {"achieved_gflops": achieved}
     physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
     if "peak_gflops" in hardware and achieved > hardware["peak_gflops"] * physical:
@@ -403,7 +410,7 @@ def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str,
             hardware["peak_gflops"] = peak
     if "peak_gflops" not in hardware:
         return out
-    value = flops.mfu(result["images_per_sec"], hardware["flops_per_example"], hardware["peak_gflops"], physical)
+    value = flops.mfu(examples, hardware["flops_per_example"], hardware["peak_gflops"], physical)
     if value <= 1:
         return {**out, "mfu": value}
     why = (f"achieved {achieved:.0f} GFLOP/s is above the re-probed peak of {hardware['peak_gflops'] * physical:.0f}: "
@@ -420,7 +427,8 @@ def run(cfg: DictConfig) -> dict:
         cfg: a config composed by Hydra (from the CLI or the compose API).
 
     Returns:
-        The final metrics (test_accuracy, images_per_sec, ...) plus `run_id`.
+        The final metrics (test_accuracy, <unit>_per_sec: images, tokens or examples, ...) plus `run_id` and
+        `unit` (what the throughput counts).
 
     Raises:
         ConfigError: the config is invalid (raised before anything is built or logged).
@@ -457,4 +465,5 @@ def run(cfg: DictConfig) -> dict:
     result["run_id"] = mlrun.run_id
     result["experiment_id"] = mlrun.experiment_id
     result["tracking_uri"] = uri
+    result["unit"] = plan.spec.unit  # what its throughput counts (images, tokens, examples)
     return result

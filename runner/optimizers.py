@@ -80,17 +80,29 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
         return {"rate": self.rate, "steps": self.steps}
 
 
-def make(name: str, learning_rate: Any, fused: bool) -> keras.optimizers.Optimizer:
+def make(name: str, learning_rate: Any, fused: bool, beta2: float = 0.999,
+         weight_decay: float = 0.0) -> keras.optimizers.Optimizer:
     """The optimizer `name` (one of `runner.config.OptimizerName`); fused kernels for adam and momentum when `fused`.
 
     Plain SGD and RMSprop stay Keras' own: SGD's update is already one op, and TensorFlow's RMSProp kernel needs a
-    momentum slot Keras' RMSprop does not have.
+    momentum slot Keras' RMSprop does not have. AdamW is Keras' (decoupled decay before Adam's update). Gradient
+    clipping is not the optimizer's: Keras clips what it is given, which under MirroredStrategy is one replica's part
+    before its own all-reduce, and a shard's or a stage's part elsewhere (runner.strategies.common.clip).
     """
     adam = FusedAdam if fused else keras.optimizers.Adam
     momentum = FusedMomentum if fused else keras.optimizers.SGD
     return {
-        "adam": lambda: adam(learning_rate),
+        "adam": lambda: adam(learning_rate, beta_2=beta2),
+        "adamw": lambda: keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, beta_2=beta2),
         "sgd": lambda: keras.optimizers.SGD(learning_rate),
         "momentum": lambda: momentum(learning_rate, momentum=0.9),
         "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate),
     }[name]()
+
+
+def cosine(rate: float, warmup_steps: int, total_steps: int, min_rate: float) -> Any:
+    """Linear warm-up from 0 to `rate` over `warmup_steps`, then a cosine down to `min_rate` at `total_steps`
+    (nanoGPT's `get_lr`, with Keras' schedule)."""
+    return keras.optimizers.schedules.CosineDecay(
+        0.0 if warmup_steps else rate, max(1, total_steps - warmup_steps), alpha=min_rate / rate,
+        warmup_target=rate if warmup_steps else None, warmup_steps=warmup_steps)

@@ -75,15 +75,16 @@ class Timer:
             self.steps.append(n)
             self.seconds.append(dt)
 
-    def summary(self, global_batch: int) -> dict[str, float]:
-        """images/s (mean and standard error over timed calls) and step time, or {} if nothing was timed."""
+    def summary(self, per_step: int, unit: str = "images") -> dict[str, float]:
+        """`unit`/s (mean and standard error over timed calls; `per_step` units a step) and step time, or {} if
+        nothing was timed."""
         if not self.seconds:
             return {}
-        rates = np.array(self.steps) * global_batch / np.array(self.seconds)  # images/s per call
+        rates = np.array(self.steps) * per_step / np.array(self.seconds)  # units/s per call
         stderr = rates.std(ddof=1) / math.sqrt(len(rates)) if len(rates) > 1 else 0.0
         return {
-            "images_per_sec": float(sum(self.steps) * global_batch / sum(self.seconds)),
-            "images_per_sec_stderr": float(stderr),
+            f"{unit}_per_sec": float(sum(self.steps) * per_step / sum(self.seconds)),
+            f"{unit}_per_sec_stderr": float(stderr),
             "step_time_ms": float(1000 * sum(self.seconds) / sum(self.steps)),
             "timed_steps": float(sum(self.steps)),
         }
@@ -93,8 +94,9 @@ class Progress:
     """tqdm's bar on an interactive terminal (steps, loss, images/s, elapsed, time left); elsewhere a log line about
     every 10% with the same figures, so that log files stay readable."""
 
-    def __init__(self, total: int, start: int = 0):
+    def __init__(self, total: int, start: int = 0, unit: str = "images"):
         self.total, self.start, self.t0, self.next_log = total, start, time.monotonic(), 0.0
+        self.unit = {"images": "img", "tokens": "tok", "examples": "ex"}[unit]
         self.bar = None
         if sys.stderr.isatty():
             import shutil
@@ -106,15 +108,15 @@ class Progress:
 
     def update(self, step: int, loss: float, rate: float) -> None:
         if self.bar is not None:
-            self.bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} img/s", refresh=False)
+            self.bar.set_postfix_str(f"loss {loss:.4f}, {rate:,.0f} {self.unit}/s", refresh=False)
             self.bar.update(step - self.bar.n)
             if step >= self.total:
                 self.bar.close()
         elif step >= self.next_log or step >= self.total:
             elapsed = time.monotonic() - self.t0
             left = elapsed / max(step - self.start, 1) * (self.total - step)
-            log.info("step %d/%d loss %.4f %.0f img/s, %s elapsed, %s left", step, self.total, loss, rate,
-                     _clock(elapsed), _clock(left))
+            log.info("step %d/%d loss %.4f %.0f %s/s, %s elapsed, %s left", step, self.total, loss, rate,
+                     self.unit, _clock(elapsed), _clock(left))
             self.next_log = step + self.total / 10
 
 
@@ -250,9 +252,9 @@ def steps_to_time(train: TrainConf) -> int:
     return max(3, train.warmup_calls + 1) * train.steps_per_call - train.steps_per_call
 
 
-def untimed(train: TrainConf, steps: int) -> str:
+def untimed(train: TrainConf, steps: int, unit: str = "images") -> str:
     """Why a run of `steps` steps timed nothing, and what would: the one line a too-short run logs."""
-    return (f"images/s not measured: {steps} steps leave no full call after warm-up (train.warmup_calls="
+    return (f"{unit}/s not measured: {steps} steps leave no full call after warm-up (train.warmup_calls="
             f"{train.warmup_calls}, train.steps_per_call={train.steps_per_call}); timing needs train.steps >= "
             f"{steps_to_time(train)}")
 
@@ -306,9 +308,10 @@ def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
 
 
 def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, start: int, record: Record,
-               hooks: list[Hook]) -> _Calls:
+               hooks: list[Hook], unit: tuple[str, int]) -> _Calls:
     """Call the compiled loop until `steps`, logging each call, evaluating on schedule, and telling the hooks."""
-    done, progress = _Calls(Timer(train.warmup_calls, train.steps_per_call), start), Progress(steps, start)
+    done = _Calls(Timer(train.warmup_calls, train.steps_per_call), start)
+    progress = Progress(steps, start, unit[0])
     t0 = time.perf_counter()
     with signals.at_call_boundaries():  # Ctrl-C or SIGTERM: stop after the running call, its step saved
         while done.step < steps:
@@ -316,8 +319,8 @@ def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, star
             seconds = _one_call(loop, done, n, hooks)
             done.first_step_at = done.first_step_at or time.time()
             done.step += n
-            rate = n * train.global_batch_size / seconds
-            record({"train_loss": done.loss, "call_images_per_sec": rate}, done.step)
+            rate = n * train.global_batch_size * unit[1] / seconds
+            record({"train_loss": done.loss, f"call_{unit[0]}_per_sec": rate}, done.step)
             progress.update(done.step, done.loss, rate)
             for hook in hooks:
                 hook.after(done.step, n, seconds, last=done.step >= steps)
@@ -332,7 +335,7 @@ def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, star
 
 
 def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps: int, record: Record, start: int = 0,
-        hooks: list[Hook] | None = None, source: str = "the data") -> dict:
+        hooks: list[Hook] | None = None, source: str = "the data", unit: tuple[str, int] = ("images", 1)) -> dict:
     """Train from step `start` to `steps`, evaluate, and return the summary metrics.
 
     Args:
@@ -345,17 +348,18 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
         start: steps already done (restored from a checkpoint); the feed skips their batches.
         hooks: called around and after every compiled call (checkpoints, profiler, allocator).
         source: where the examples come from (the dataset's description), named when one cannot be read.
+        unit: what the throughput counts and how many of it an example holds (`Spec.unit`, `units_per_example`).
 
     Returns:
         train_loss, test_loss, test_accuracy, train_seconds (evaluation excluded), eval_seconds, steps,
-        resumed_from_step, seconds_to_first_step, images_per_sec (± stderr), step_time_ms, timed_steps, with a target
+        resumed_from_step, seconds_to_first_step, <unit>_per_sec (± stderr), step_time_ms, timed_steps, with a target
         target_accuracy and, once reached, time_to_accuracy_seconds and steps_to_accuracy, and the hooks' figures.
     """
     hooks = hooks or []
     with data_errors(source):
         if start:
             fast_forward(strategy, batches, start)
-        done = _run_calls(strategy.train_loop(batches), evals, train, steps, start, record, hooks)
+        done = _run_calls(strategy.train_loop(batches), evals, train, steps, start, record, hooks, unit)
         final = evals.final(done.step, done.train_seconds)
     return {
         "train_loss": done.loss,
@@ -365,6 +369,7 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
         "resumed_from_step": float(start),
         # start-up, data, tracing and one step:
         "seconds_to_first_step": (done.first_step_at or time.time()) - runner.STARTED_AT,
-        **done.timer.summary(train.global_batch_size),
+        **done.timer.summary(train.global_batch_size * unit[1], unit[0]),
         **{k: v for hook in hooks for k, v in hook.figures().items()},
     }
+

@@ -86,7 +86,7 @@ ROWS = {
     "gpus-not-int": Bad(["gpus=abc"], ["gpus", "'abc'", "Integer"]),
     "epochs-not-number": Bad(["train.epochs=many"], ["train.epochs", "'many'", "Float"]),
     "unknown-key": Bad(["train.foo=1"], ["train.foo", "+train.foo=1"]),
-    "unknown-optimizer": Bad(["train.optimizer=lion"], ["train.optimizer='lion'", "adam, sgd, momentum, rmsprop"]),
+    "unknown-optimizer": Bad(["train.optimizer=lion"], ["train.optimizer='lion'", "adam, adamw, sgd, momentum, rmsprop"]),
     # zero or negative sizes
     "batch-zero": Bad(["train.global_batch_size=0"], ["train.global_batch_size=0", "a positive integer"]),
     "gpus-negative": Bad(["gpus=-2"], ["gpus=-2", f"from 0 to {MAX_DEVICES}"]),

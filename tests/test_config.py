@@ -25,8 +25,12 @@ def test_every_group_option_composes_and_validates(group, option, tmp_path):
         overrides += ["data.dataset=tiny_images", f"data.data_dir={describe_prepared(tmp_path)}"]
     if group == "strategy" and option != "single":
         overrides.append("gpus=2")
-    if group == "model":  # 32x32x3: images every model takes (keras.applications' need at least 32x32)
+    if group == "model" and option != "gpt":  # 32x32x3: images every image model takes (keras.applications: 32x32)
         overrides += ["data=synthetic", "data.shape=[32,32,3]"]
+    if (group, option) == ("model", "gpt"):  # a language model: token ids labelled with the next token
+        overrides.append("data=shakespeare")
+    if (group, option) == ("data", "shakespeare"):
+        overrides.append("model=gpt")
     if option == "multi_worker":  # its cluster: two workers, this process the first
         overrides.append("strategy.workers=[127.0.0.1:2222,127.0.0.1:2223]")
     cfg = validate(compose(*overrides)).cfg
@@ -64,7 +68,7 @@ BAD = [
     (["gpus=abc"], ["gpus", "abc"]),
     (["train.global_batch_size=0"], ["train.global_batch_size", "0", "positive"]),
     (["train.learning_rate=-0.1"], ["train.learning_rate", "-0.1"]),
-    (["train.optimizer=adamw"], ["train.optimizer", "adamw", "adam, sgd"]),
+    (["train.optimizer=lamb"], ["train.optimizer", "lamb", "adam, adamw, sgd"]),
     (["model.variant=huge"], ["model.variant", "huge", "tiny"]),
     (["model.name=resnet"], ["model.name", "resnet", ", ".join(COMPONENTS["model"].names())]),
     (["strategy=mirrored", "gpus=3"], ["global_batch_size=128", "3", "multiple of 3"]),

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 from conftest import cli_env, run_cli, runs
 
+from runner.data_pipelines import MNIST
+
 
 @pytest.fixture
 def flops(tf_devices):
@@ -299,12 +301,12 @@ def test_a_run_that_beats_the_peak_has_it_probed_again(monkeypatch):
 
     monkeypatch.setattr(peak_module, "cpu_peak", fresh(200.0))
     hardware = {"flops_per_example": 1e7, "peak_gflops": 50.0}  # a stale, low peak
-    out = experiment._utilisation(result, hardware, devices, "float32", recorder)
+    out = experiment._utilisation(result, hardware, devices, "float32", recorder, MNIST)
     assert out["mfu"] == pytest.approx(0.5) and hardware["peak_gflops"] == 200.0 and not tags
     assert probes == [("float32", True)]
     monkeypatch.setattr(peak_module, "cpu_peak", fresh(80.0))  # re-probed, still beaten
     hardware = {"flops_per_example": 1e7, "peak_gflops": 50.0}
-    out = experiment._utilisation(result, hardware, devices, "float32", recorder)
+    out = experiment._utilisation(result, hardware, devices, "float32", recorder, MNIST)
     assert "mfu" not in out and hardware["peak_gflops"] == 80.0 and "Winograd" in tags["mfu.missing"]
 
 

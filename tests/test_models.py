@@ -1,5 +1,5 @@
-"""Every model variant builds for the data's spec (MNIST's and others) and maps its images to one logit per class;
-the named architectures are as documented."""
+"""Every model variant builds for the data's spec (MNIST's and others; token ids for the GPT) and maps its inputs
+to one logit per class (per position); the named architectures are as documented."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from runner.data_pipelines import MNIST, Spec
 from runner.models import MODELS, Model, variants
 
 CIFAR = Spec((32, 32, 3), 100)  # another shape, channel count and class count
+TEXT = Spec((16,), 20, "int32", "next_token", 20)  # token ids, the next token at every position (model=gpt)
 
 
 def every_variant() -> list:
@@ -20,12 +21,15 @@ def every_variant() -> list:
 
 
 def smallest_spec(model) -> Spec:
-    """MNIST's spec where the model takes it, else CIFAR's (keras.applications need 32x32)."""
-    try:
-        model.check(MNIST)
-        return MNIST
-    except ConfigError:
-        return CIFAR
+    """MNIST's spec where the model takes it, else CIFAR's (keras.applications need 32x32), else token ids."""
+    for spec in (MNIST, CIFAR):
+        try:
+            model.check(spec)
+            return spec
+        except ConfigError:
+            pass
+    model.check(TEXT)
+    return TEXT
 
 
 def counted() -> list:
@@ -37,8 +41,9 @@ def counted() -> list:
 def test_variant_builds_and_gives_logits(tf_devices, model):
     assert isinstance(model, Model)
     spec = smallest_spec(model)
-    out = model.build(spec)(np.zeros((3, *spec.shape), np.float32), training=False)
-    assert tuple(out.shape) == (3, spec.classes)
+    out = model.build(spec)(np.zeros((3, *spec.shape), np.int32 if spec.dtype == "int32" else np.float32),
+                            training=False)
+    assert tuple(out.shape) == (3, *spec.outputs_shape)  # one logit per class (per position for token ids)
 
 
 @pytest.mark.parametrize("model", counted(), ids=str)

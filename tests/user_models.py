@@ -16,3 +16,14 @@ def resnet(input_shape=(28, 28, 1), classes: int = 10, filters: int = 8):
     y = layers.BatchNormalization()(layers.Conv2D(filters, 3, padding="same")(y))
     x = layers.GlobalAveragePooling2D()(layers.ReLU()(layers.Add()([x, y])))  # (b, filters)
     return keras.Model(inputs, layers.Dense(classes)(x), name="resnet")  # (b, classes) logits
+
+
+def text_classifier(vocabulary_size: int, sequence_length: int, classes: int, channels: int = 16):
+    """A user's text classifier as keras_hub names its arguments: token ids (b, length) -> (b, classes) logits,
+    through an embedding, mean pooling over the positions and a Dense layer."""
+    import keras
+
+    ids = keras.Input((sequence_length,), dtype="int32")
+    x = keras.layers.Embedding(vocabulary_size, channels)(ids)  # (b, t, c)
+    x = keras.layers.GlobalAveragePooling1D()(x)  # (b, c)
+    return keras.Model(ids, keras.layers.Dense(classes)(x), name="text_classifier")

@@ -49,7 +49,8 @@ def main(cfg: DictConfig) -> Any:
     except UserError as e:
         # Exiting here, inside the job, keeps Hydra from adding its own "Error executing job" line.
         _report(e)
-    rate = f"{result['images_per_sec']:,.0f} images/s" if "images_per_sec" in result else "images/s not measured"
+    unit = result["unit"]
+    rate = f"{result[f'{unit}_per_sec']:,.0f} {unit}/s" if f"{unit}_per_sec" in result else f"{unit}/s not measured"
     if "time_to_accuracy_seconds" in result:
         rate += (f"  target {result['target_accuracy']:.2f} reached in {result['time_to_accuracy_seconds']:.1f} s "
                  f"({result['steps_to_accuracy']:.0f} steps)")
@@ -59,9 +60,13 @@ def main(cfg: DictConfig) -> Any:
         from runner.tracking import ui
 
         print(ui.where_to_look(result["tracking_uri"], result["experiment_id"]))
+    if unit == "tokens":  # a language model: its held-out loss first, in nats per token
+        scores = (f"validation loss {result['test_loss']:.4f} nats/token  next-token accuracy "
+                  f"{result['test_accuracy']:.4f}")
+    else:
+        scores = f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}"
     print(
-        f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}  "
-        f"{rate}  ({result['steps']:.0f} steps, "
+        f"{scores}  {rate}  ({result['steps']:.0f} steps, "
         f"{result['wall_seconds']:.1f} s)  "
         + (f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)")
     )

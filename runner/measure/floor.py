@@ -34,9 +34,11 @@ import statistics
 import time
 from typing import Any
 
+from runner.losses import cross_entropy
+
 # Arrays an update touches per weight (read + written), by optimizer: weight and gradient read, weight written,
 # and each slot read and written (adam: m and v; momentum: the velocity; rmsprop: the mean square; sgd: none).
-TOUCHED = {"adam": 3 + 4, "momentum": 3 + 2, "rmsprop": 3 + 2, "sgd": 3}
+TOUCHED = {"adam": 3 + 4, "adamw": 3 + 4, "momentum": 3 + 2, "rmsprop": 3 + 2, "sgd": 3}
 
 
 def median_seconds(fn: Any, repeats: int = 5, statistic: Any = statistics.median) -> float:
@@ -57,6 +59,17 @@ def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 1
     return towers_seconds([model], batch, [device], calls)
 
 
+def random_batch(model: Any, batch: int) -> tuple[Any, Any]:
+    """Random inputs of `model`'s shape and dtype (float images in [0, 1); token ids 0 and 1, which any vocabulary
+    has) and random labels in its classes, (b, *positions) as its outputs have them."""
+    import tensorflow as tf
+
+    shape, dtype = (batch, *model.input_shape[1:]), model.inputs[0].dtype
+    x = tf.random.uniform(shape, maxval=2, dtype=tf.int32) if "int" in str(dtype) else tf.random.uniform(shape)
+    y = tf.random.uniform((batch, *model.output_shape[1:-1]), maxval=model.output_shape[-1], dtype=tf.int32)
+    return x, y
+
+
 def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5,
                    call_seconds: float | None = None, fastest: bool = False) -> float:
     """Seconds per step of forward and backward passes of every tower at once: `models[i]` on `batch` images on
@@ -64,19 +77,17 @@ def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int
     `call_seconds`: instead of `calls` steps per timed call, as many (3 to 20) as make a call last about that long,
     so that a call's own cost is noise beside its steps. `fastest`: the fastest repeat, not the median (a floor:
     a slow spell of the host only ever adds time)."""
-    import keras
     import tensorflow as tf
 
     feeds = []
     for model, device in zip(models, devices):
         with tf.device(device):
-            feeds.append((tf.random.uniform((batch, *model.input_shape[1:])),  # (b, H, W, C)
-                          tf.random.uniform((batch,), maxval=model.output_shape[-1], dtype=tf.int32)))  # (b,)
+            feeds.append(random_batch(model, batch))
 
     def tower(model: Any, device: str, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.device(device), tf.GradientTape() as tape:
-            logits = tf.cast(model(x, training=True), tf.float32)  # (b, classes)
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            logits = tf.cast(model(x, training=True), tf.float32)  # (b, *positions, classes)
+            loss = tf.reduce_mean(cross_entropy(y, logits))
         grads = tape.gradient(loss, model.trainable_variables)
         return tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])  # every gradient is needed
 

@@ -5,7 +5,8 @@ Conventions (shared by every function here):
 - A FLOP is one floating-point add or multiply, so a multiply-accumulate counts 2.
 - The analytic count (`training_flops_per_example`) counts only the multiply-accumulates of the layers with weights
   (Dense and Conv1D/2D/3D): forward `2 * kernel size * output positions` per layer (Dense: `2*in*out`; Conv2D:
-  `2*kh*kw*cin*cout*out_h*out_w`). Bias adds, activations, pooling, dropout, the loss and the optimizer are left
+  `2*kh*kw*cin*cout*out_h*out_w`); self-attention: its four projections and its two (t, t) products; an embedding
+  lookup and LayerNormalization: none (a tied output layer counts its own matmul). Bias adds, activations, pooling, dropout, the loss and the optimizer are left
   out: together they are under 2% of the total for every model of this project (see the profiler comparison).
 - A training step is forward + backward, the backward being 2x forward for each weighted layer (gradient with
   respect to its input and with respect to its weights), except that the first weighted layer's input gradient is
@@ -60,6 +61,12 @@ def _forward_flops(layer: Any) -> float:
 
     if not layer.trainable_weights:  # Flatten, pooling, Dropout (its seed state is not trainable), ...
         return 0.0
+    if hasattr(layer, "forward_flops_per_example"):  # a layer that counts itself (models/gpt.py's tied embedding)
+        return float(layer.forward_flops_per_example())
+    if isinstance(layer, (keras.layers.Embedding, keras.layers.LayerNormalization)):
+        return 0.0  # a lookup; an element-wise scale and shift (left out, as bias adds are)
+    if isinstance(layer, keras.layers.MultiHeadAttention):
+        return _attention_flops(layer)
     if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
         # Refuse rather than count 0: a silently low count would inflate nobody's MFU but deflate it unnoticed.
         raise ValueError(f"no FLOP formula for layer {layer.name} ({type(layer).__name__}); "
@@ -67,6 +74,16 @@ def _forward_flops(layer: Any) -> float:
     # The kernel is (in, out) for Dense and (k..., cin / groups, cout) for convolutions: every entry is one
     # multiply-accumulate per output position, whatever the padding, stride or groups.
     return 2.0 * math.prod(layer.kernel.shape) * _output_positions(layer)
+
+
+def _attention_flops(layer: Any) -> float:
+    """Self-attention over t positions: the query, key, value and output projections (2 x kernel size each per
+    position) and the two (t, t) products, scores Q K^T and weights x V (2 t t x heads x key_dim each; a causal mask
+    does not skip them). Keras' MultiHeadAttention keeps its projections as EinsumDense sublayers."""
+    t = math.prod(tuple(layer.output.shape)[1:-1])  # query positions (self-attention: keys too)
+    projections = (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense)
+    width = layer._num_heads * layer._key_dim
+    return sum(2.0 * math.prod(d.kernel.shape) * t for d in projections) + 2 * 2.0 * t * t * width
 
 
 def forward_flops_per_example(model: Any) -> float:
@@ -100,10 +117,15 @@ def training_flops_per_example(model: Any) -> float:
     Raises:
         ValueError: a layer with trainable weights has no formula here, or the model is not built.
     """
-    forwards = [f for f in (_forward_flops(layer) for layer in _leaf_layers(model)) if f]
-    if not forwards:
+    import keras
+
+    weighted = [layer for layer in _leaf_layers(model) if layer.trainable_weights]
+    if not weighted:
         return 0.0
-    return 3.0 * sum(forwards) - forwards[0]
+    forwards = [_forward_flops(layer) for layer in weighted]
+    # An embedding first: its lookup has no input gradient to skip (and a tied output layer's matmul does need its)
+    first = 0.0 if isinstance(weighted[0], keras.layers.Embedding) else forwards[0]
+    return 3.0 * sum(forwards) - first
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ import contextlib
 import logging
 from typing import Any, Iterator
 
+from runner.losses import cross_entropy
+
 
 def _gradient_graph(model: Any, batch: int, training: bool) -> Any:
     """The traced step (loss gradients, or logits if not `training`) as a pruned tf.Graph with static shapes.
@@ -24,7 +26,6 @@ def _gradient_graph(model: Any, batch: int, training: bool) -> Any:
     a strategy put them, are only read for their shapes. The graph is pruned to what the outputs need, as TF
     prunes a function body before running it (that drops the first conv's unused input gradient).
     """
-    import keras
     import tensorflow as tf
 
     def specs(variables: list) -> list:
@@ -34,11 +35,11 @@ def _gradient_graph(model: Any, batch: int, training: bool) -> Any:
         with tf.GradientTape() as tape:
             tape.watch(weights)
             logits, _ = model.stateless_call(weights, states, x, training=training)
-            loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+            loss = tf.reduce_mean(cross_entropy(y, logits))
         return [loss, *tape.gradient(loss, weights)] if training else [logits]
 
-    x_spec = tf.TensorSpec((batch, *model.input_shape[1:]), tf.float32)
-    y_spec = tf.TensorSpec((batch,), tf.int32)
+    x_spec = tf.TensorSpec((batch, *model.input_shape[1:]), model.inputs[0].dtype)  # images or token ids
+    y_spec = tf.TensorSpec((batch, *model.output_shape[1:-1]), tf.int32)  # a class, or one per position
     func = tf.function(step).get_concrete_function(
         x_spec, y_spec, specs(model.trainable_variables), specs(model.non_trainable_variables)
     )

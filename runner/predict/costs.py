@@ -65,7 +65,11 @@ def combination(plan: Any) -> str:
 
 
 def check_covered(plan: Any) -> None:
-    """Raise ConfigError when the plan's strategy has no cost model: before anything is measured for it."""
+    """Raise ConfigError when the plan's strategy or task has no cost model: before anything is measured for it."""
+    if plan.spec.unit != "images":
+        from runner.errors import ConfigError
+
+        raise ConfigError(f"the cost model predicts images/s of image classifiers; {plan.spec} is not covered yet")
     plan.strategy.traffic(plan.local_towers, 0, 0)
 
 

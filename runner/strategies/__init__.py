@@ -52,6 +52,7 @@ class Training:
         cluster: the multi-worker cluster, or None.
         loss_scaling: dynamic loss scaling settings (train.precision=mixed_float16), or None.
         spec: the data's examples (input shape, classes) the model is built for.
+        clip_norm, weight_decay: train.clip_norm and (adamw) train.weight_decay.
     """
 
     model: Model
@@ -63,6 +64,8 @@ class Training:
     cluster: Cluster | None = None
     loss_scaling: LossScaling | None = None
     spec: Spec = MNIST
+    clip_norm: float | None = None  # the averaged gradients' global norm is scaled down to this (common.clip)
+    weight_decay: float = 0.0  # adamw's decay: what sharded_update applies to its slices itself
 
 
 @runtime_checkable

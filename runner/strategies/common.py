@@ -38,12 +38,24 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
                           f"{type(built).__name__}), not a keras.Model; it must return one mapping "
                           "(batch, *input_shape) images to (batch, classes) logits")
     inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
-    if inputs != tuple(spec.shape) or outputs != (spec.classes,):
+    if inputs != tuple(spec.shape) or outputs != spec.outputs_shape:
         raise ConfigError(
-            f"model={model.name} maps {inputs} images to {outputs} outputs, the data gives {spec}; build it from the "
-            "input_shape and classes arguments the runner passes to a model function"
+            f"model={model.name} maps {inputs} inputs to {outputs} outputs, the data gives {spec} (outputs "
+            f"{spec.outputs_shape}); build it from the arguments the runner passes to a model function "
+            f"({', '.join(spec_argument_names(spec))})"
         )
+    dtype = str(getattr(built.inputs[0], "dtype", "float32"))
+    if (spec.dtype == "int32") != ("int" in dtype):
+        raise ConfigError(f"model={model.name} takes {dtype} inputs, the data gives {spec}; "
+                          f"{'an integer Input for token ids' if spec.dtype == 'int32' else 'a float Input for images'}")
     return built
+
+
+def spec_argument_names(spec: Spec) -> tuple[str, ...]:
+    """What a model function is given from the data (runner.models.spec_arguments)."""
+    from runner.models import spec_arguments
+
+    return tuple(spec_arguments(lambda **kw: None, spec))
 
 
 def _builder(model: Model) -> str:
@@ -69,37 +81,59 @@ def effective_learning_rate(train_cfg: Any) -> float:
 
 
 def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimizer:
-    """Create the configured optimizer (rate after the batch rule and warm-up) and its slot variables now.
+    """Create the configured optimizer (rate after the batch rule, warm-up and schedule) and its slot variables now.
 
     Slots are built eagerly because a compiled loop must not create variables on its first step (under
-    tf.distribute that fails with "You must feed a value for placeholder tensor").
+    tf.distribute that fails with "You must feed a value for placeholder tensor"). AdamW decays only weights of two
+    or more dimensions (matmuls, convolutions, embeddings), as nanoGPT does: not norms' scales, not biases.
     """
     from runner import optimizers
 
     rate = effective_learning_rate(train_cfg)
-    lr = optimizers.WarmUp(rate, train_cfg.lr_warmup_steps) if train_cfg.lr_warmup_steps else rate
-    optimizer = optimizers.make(train_cfg.optimizer, lr, train_cfg.fused_optimizer)
+    if train_cfg.lr_schedule == "cosine":  # validation guarantees train.steps
+        lr = optimizers.cosine(rate, train_cfg.lr_warmup_steps, train_cfg.steps, train_cfg.min_learning_rate)
+    else:
+        lr = optimizers.WarmUp(rate, train_cfg.lr_warmup_steps) if train_cfg.lr_warmup_steps else rate
+    optimizer = optimizers.make(train_cfg.optimizer, lr, train_cfg.fused_optimizer, train_cfg.beta2,
+                                train_cfg.weight_decay)
+    if train_cfg.optimizer == "adamw":
+        optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
     optimizer.build(variables)
     return optimizer
 
 
+def clip(grads: list[tf.Tensor], clip_norm: float | None) -> list[tf.Tensor]:
+    """The step's averaged gradients of every variable scaled down to `clip_norm` when their global norm is above it
+    (nanoGPT's `clip_grad_norm_`, Keras' `global_clipnorm`); as they are when `clip_norm` is None. Every strategy
+    calls it where it holds the whole step's averaged gradients, wherever they live (shards, stages, replicas)."""
+    return grads if not clip_norm else tf.clip_by_global_norm(grads, clip_norm)[0]
+
+
 def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """Cross-entropy per example (b,) and the logits (b, classes), both float32 whatever the compute precision."""
+    """The task's loss (`Spec`): cross-entropy per example (b,), averaged over its positions where it has labels at
+    every position (b, length); and the logits (b, *labels, classes). Both float32 whatever the compute precision.
+    The loss is `runner.losses.cross_entropy`, which model_parallel's step, the floor and the FLOP count call too."""
+    from runner.losses import cross_entropy
+
     logits = tf.cast(model(x, training=training), tf.float32)  # a no-op in float32; keeps the loss out of bfloat16
-    return keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True), logits
+    return cross_entropy(y, logits), logits
 
 
 def make_evaluate(model: keras.Model, device: str, spec: Spec):
-    """A function dataset -> (mean loss, accuracy) over every example of `dataset` (float32 (b, *spec.shape)
-    images), computed on `device`."""
+    """A function dataset -> (mean loss, accuracy) over every example of `dataset` ((b, *spec.shape) inputs:
+    float32 images or int32 token ids), computed on `device`; the accuracy is per position where the labels are."""
+    inputs = tf.TensorSpec((None, *spec.shape), tf.int32 if spec.dtype == "int32" else tf.float32)
 
     # One trace for every batch size (the last test batch is usually smaller).
-    @tf.function(input_signature=[tf.TensorSpec((None, *spec.shape), tf.float32), tf.TensorSpec((None,), tf.int32)])
+    @tf.function(input_signature=[inputs, tf.TensorSpec((None, *spec.labels_shape), tf.int32)])
     def batch_sums(x, y):
         with tf.device(device):
             loss, logits = per_example_loss(model, x, y, training=False)
             correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
-            return tf.reduce_sum(loss), correct, tf.cast(tf.size(y), tf.float32)
+            examples = tf.cast(tf.shape(y)[0], tf.float32)
+            if spec.labels_shape:  # each example's share of correct positions
+                correct = correct / tf.cast(tf.size(y), tf.float32) * examples
+            return tf.reduce_sum(loss), correct, examples
 
     def evaluate(dataset) -> tuple[float, float]:
         loss = correct = count = 0.0
@@ -148,7 +182,7 @@ def maybe_jit(fn, jit_compile: bool):
 
 def touch(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     """A near-free use of a batch that still forces it to be produced (for timing the input pipeline alone)."""
-    return x[0, 0, 0, 0] + tf.cast(y[0], tf.float32)
+    return tf.cast(tf.reshape(x, [-1])[0], tf.float32) + tf.cast(tf.reshape(y, [-1])[0], tf.float32)
 
 
 def drain_loop(next_batches):

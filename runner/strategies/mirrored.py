@@ -1,7 +1,9 @@
 """Strategy `mirrored`: tf.distribute.MirroredStrategy, trained by the runner's own compiled loop.
 
-Each replica computes gradients on its share of the global batch; the Keras optimizer all-reduces (sums) them
-across replicas inside `apply_gradients`, which is why the loss is scaled by the global batch size.
+Each replica computes gradients on its share of the global batch (its loss divided by the global batch size); the
+runner all-reduces (sums) them across replicas, clips the sum where `train.clip_norm` says, and the Keras optimizer
+applies it on every replica (Keras' own all-reduce inside `apply_gradients`, which would come after its clipping of
+one replica's part, is switched off).
 
 Input (`strategy.input`): `towers`, the default, feeds replica i from tower i of the pipeline's own feed, made
 inside the compiled loop as for `replicated`; `distribute` goes through tf.distribute's input API (per-device
@@ -19,7 +21,7 @@ from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
-    make_evaluate, moving_state, per_example_loss, steps_loop, synchronize_batch_norm, touch,
+    clip, make_evaluate, moving_state, per_example_loss, steps_loop, synchronize_batch_norm, touch,
 )
 
 if TYPE_CHECKING:
@@ -135,6 +137,11 @@ class Replicas(Strategy):
         with self.strategy.scope():
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables)
+        # Keras sums the replicas' gradients inside apply_gradients, after clipping each replica's part; the runner
+        # sums them itself before it clips (common.clip), so Keras' own sum is switched off (its TensorFlow
+        # backend's `_all_reduce_sum_gradients`: a private method; were it renamed, every step would apply N times
+        # the gradient, which tests/test_strategies.py and tests/test_text.py would see).
+        self.optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars
         if sync_batch_norm:
             synchronize_batch_norm(self.model)
         # Outside the scope: one plain copy per process, read by every replica and changed in cross-replica context.
@@ -163,8 +170,13 @@ class Replicas(Strategy):
                 average_over_replicas(moving_state(model))
             return loss, tape.gradient(scaled, variables)
 
+        clip_norm = self.training.clip_norm
+
         def replica_apply(grads: list[tf.Tensor]) -> None:
-            optimizer.apply_gradients(zip(scale.unscale(grads), variables))  # all-reduces (sums) the gradients
+            # The runner's own all-reduce (Keras', switched off in __init__, would come after Keras clips this
+            # replica's part): sum, clip the sum, apply.
+            summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, scale.unscale(grads))
+            optimizer.apply_gradients(zip(clip(summed, clip_norm), variables))
 
         def all_finite(grads: Any) -> tf.Tensor:
             """Whether every replica's gradients are finite (all processes' replicas, for multi_worker)."""

@@ -33,9 +33,10 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 import numpy as np
 
 from runner.errors import ConfigError
+from runner.losses import cross_entropy
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
-from runner.strategies.common import copies_of_moving_state, drain_loop, make_evaluate, steps_loop
+from runner.strategies.common import clip, copies_of_moving_state, drain_loop, make_evaluate, steps_loop
 
 if TYPE_CHECKING:
     import keras
@@ -291,7 +292,7 @@ def forward(cells: list[Cell], x: tf.Tensor, training: bool, tapes: list | None 
 
 
 def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_logits: tf.Tensor,
-                       scale: LossScale | NoLossScale) -> None:
+                       scale: LossScale | NoLossScale, clip_norm: float | None = None) -> None:
     """Backpropagate `d_logits` (b, 10) through the cells in reverse, each on its own device, and update them.
 
     A cell's gradients are final once its own tape has run (each variable belongs to one cell), so without loss
@@ -313,9 +314,12 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
             upstream[i].append(d_in)
 
     def apply() -> None:
+        # clipping needs every cell's gradients (their global norm): with it, no update starts before the last one
+        clipped = clip(scale.unscale([g for _, d_vars in updates for g in d_vars]), clip_norm)
         for cell, d_vars in updates:
+            mine, clipped = clipped[:len(d_vars)], clipped[len(d_vars):]
             with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
-                cell.optimizer.apply_gradients(zip(scale.unscale(d_vars), cell.trainable_variables))
+                cell.optimizer.apply_gradients(zip(mine, cell.trainable_variables))
 
     scale.apply_if_finite(lambda: loss_scale.all_finite([g for _, d_vars in updates for g in d_vars]), apply)
 
@@ -365,10 +369,10 @@ class SplitModel(Strategy):
                 with tf.GradientTape() as tape:
                     tape.watch(outs[-1])
                     logits = tf.cast(outs[-1], tf.float32)  # the loss in float32 under train.precision=mixed_bfloat16
-                    loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+                    loss = tf.reduce_mean(cross_entropy(y, logits))
                     scaled = self.loss_scale.scaled(loss)  # recorded on the tape
                 d_logits = tape.gradient(scaled, outs[-1])  # (G, 10)
-            backward_and_apply(cells, tapes, outs, d_logits, self.loss_scale)
+            backward_and_apply(cells, tapes, outs, d_logits, self.loss_scale, self.training.clip_norm)
             return loss
 
         return steps_loop(step, self.loss_scale.patience)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
-    average_moving_state, copies_of_moving_state, drain_loop, make_evaluate, per_example_loss, steps_loop,
+    average_moving_state, clip, copies_of_moving_state, drain_loop, make_evaluate, per_example_loss, steps_loop,
 )
 
 if TYPE_CHECKING:
@@ -145,7 +145,7 @@ class Towers(Strategy):
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
         """Every copy's optimizer applies the (unscaled) averaged gradients on its own device."""
-        mean_grads = self.loss_scale.unscale(mean_grads)
+        mean_grads = clip(self.loss_scale.unscale(mean_grads), self.training.clip_norm)
         for home, model, optimizer in zip(self.homes, self.models, self.optimizers):
             with tf.device(home):
                 optimizer.apply_gradients(zip(mean_grads, model.trainable_variables))

@@ -32,9 +32,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, StrategyBase, Traffic, Training, loss_scale
-from runner.strategies.common import make_evaluate, steps_loop
+from runner.strategies.common import clip, make_evaluate, steps_loop
 from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, tower_gradients
 
 if TYPE_CHECKING:
@@ -113,7 +115,9 @@ class ShardedTowers(Towers):
             with tf.device(device):
                 shard = keras.Variable(flat[j * self.slice:(j + 1) * self.slice], name=f"shard{j}_of_{n}")
                 self.shards.append(shard)
-                self.optimizers.append(training.optimizer_fn([shard]))
+                self.optimizers.append(training.optimizer_fn([shard]))  # adamw: a 1-D shard is not decayed by it
+        # adamw's decay, applied here to the values of slice j that belong to weights of 2 or more dimensions
+        self.decayed = [self._mask(j, [len(v.shape) >= 2 for v in variables]) for j in range(n)]
         self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
         self.evaluate = make_evaluate(self.models[0], devices[0], training.spec)
 
@@ -140,10 +144,15 @@ class ShardedTowers(Towers):
         return steps_loop(step, self.loss_scale.patience)
 
     def _update(self, averaged: list[tf.Tensor]) -> None:
-        """Device j applies its averaged slice to its shard; then every copy gathers the updated slices."""
-        for device, grad, shard, optimizer in zip(self.devices, averaged, self.shards, self.optimizers):
+        """Device j applies its averaged slice to its shard; then every copy gathers the updated slices. Clipping
+        scales every slice by the global norm of all of them; adamw's decay comes first, as Keras' AdamW does it."""
+        grads = clip(self.loss_scale.unscale(averaged), self.training.clip_norm)  # the padding adds nothing
+        for j, (device, grad, shard, optimizer) in enumerate(zip(self.devices, grads, self.shards, self.optimizers)):
             with tf.device(device):
-                optimizer.apply_gradients([(self.loss_scale.unscale([grad])[0], shard)])
+                if self.training.weight_decay:
+                    rate = tf.cast(optimizer.learning_rate, shard.dtype)  # at this step, before it counts the step
+                    shard.assign_sub(shard.value * self.decayed[j] * (rate * self.training.weight_decay))
+                optimizer.apply_gradients([(grad, shard)])
         for device, model in zip(self.devices, self.models):
             with tf.device(device):  # all-gather: each variable of this copy from the slices that hold it
                 self._gather(model)
@@ -154,6 +163,12 @@ class ShardedTowers(Towers):
         short = self.slice - sum(b - a for _, a, b in self.pieces[j])
         parts += [tf.zeros([short], grads[0].dtype)] if short else []
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+
+    def _mask(self, j: int, flags: list[bool]) -> tf.Tensor:
+        """Slice j (P/N,) of a per-variable flag: 1.0 where its value belongs to a variable whose flag is set."""
+        parts = [np.full(b - a, float(flags[v]), np.float32) for v, a, b in self.pieces[j]]
+        parts.append(np.zeros(self.slice - sum(len(p) for p in parts), np.float32))
+        return tf.constant(np.concatenate(parts))
 
     def _gather(self, model: Any) -> None:
         """Write the updated slices into a model copy's variables."""

