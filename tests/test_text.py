@@ -4,8 +4,6 @@ under every data-parallel strategy and pipeline at the strategy level (as tests/
 from __future__ import annotations
 
 import gzip
-import io
-import tarfile
 
 import numpy as np
 import pytest
