@@ -104,6 +104,21 @@ def test_two_workers_keep_one_set_of_batch_norm_statistics(tmp_path):
     assert row["tags.batch_norm.copies_equal"] == "true" and "all-reduced" in row["tags.batch_norm"]
 
 
+@pytest.mark.slow  # two fresh workers training the GPT, ~40 s
+def test_two_workers_train_the_gpt_with_its_recipe_to_the_same_weights(tmp_path):
+    """nanoGPT's recipe across two workers: AdamW, the cosine schedule and clipping of the summed gradients (the
+    runner's own all-reduce); both workers end bit-identical and the chief logs tokens/s and the validation loss."""
+    import math
+
+    outputs, _ = _two_workers(tmp_path, "model=gpt", "data=shakespeare", "data.sequence_length=32",
+                              "data.test_limit=64", "train.steps=20", "train.lr_warmup_steps=2")
+    digests = {re.search(r"final weights sha256 ([0-9a-f]{16})", out + err).group(1) for out, err in outputs}
+    assert len(digests) == 1
+    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.model"] == "gpt" and row["params.train.clip_norm"] == "1.0"
+    assert row["metrics.tokens_per_sec"] > 0 and row["metrics.test_loss"] < math.log(84)
+
+
 @pytest.mark.parametrize(
     "tf_config,message",
     [
