@@ -129,10 +129,10 @@ def bandwidth_bytes_per_second(devices: list[str], megabytes: int = 64) -> float
 def first_layer_weights(model: Any) -> int:
     """Weights of the first layer that has trainable ones: the last gradient of the backward pass, the first weights
     of the next forward pass."""
-    for layer in model._flatten_layers(include_self=False, recursive=True):  # every nested layer, in build order
-        if layer.trainable_variables and not list(layer._flatten_layers(include_self=False, recursive=False)):
-            return sum(int(v.shape.num_elements()) for v in layer.trainable_variables)
-    return 0
+    from runner.measure.flops import leaf_layers
+
+    first = next((layer for layer in leaf_layers(model) if layer.trainable_variables), None)
+    return sum(int(v.shape.num_elements()) for v in first.trainable_variables) if first else 0
 
 
 def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str]) -> dict[str, float]:

@@ -32,11 +32,11 @@ from runner.errors import one_line
 log = logging.getLogger(__name__)
 
 
-def _leaf_layers(model: Any) -> Iterator[Any]:
+def leaf_layers(model: Any) -> Iterator[Any]:
     """Every non-container layer of `model`, in order (nested models are walked into)."""
     for layer in model.layers:
         if hasattr(layer, "layers"):  # a nested keras.Model
-            yield from _leaf_layers(layer)
+            yield from leaf_layers(layer)
         else:
             yield layer
 
@@ -98,7 +98,7 @@ def forward_flops_per_example(model: Any) -> float:
     Raises:
         ValueError: a layer with trainable weights has no formula here, or the model is not built.
     """
-    return sum(_forward_flops(layer) for layer in _leaf_layers(model))
+    return sum(_forward_flops(layer) for layer in leaf_layers(model))
 
 
 def training_flops_per_example(model: Any) -> float:
@@ -119,7 +119,7 @@ def training_flops_per_example(model: Any) -> float:
     """
     import keras
 
-    weighted = [layer for layer in _leaf_layers(model) if layer.trainable_weights]
+    weighted = [layer for layer in leaf_layers(model) if layer.trainable_weights]
     if not weighted:
         return 0.0
     forwards = [_forward_flops(layer) for layer in weighted]
