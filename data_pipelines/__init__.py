@@ -52,15 +52,20 @@ class Spec:
     vocabulary: int = 0  # token ids are below it (0: the input is not token ids)
 
     def __str__(self) -> str:
-        if self.dtype != "int32":
+        if not self.token_ids:
             return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {self.classes} classes"
         what = "the next token at each position" if self.target == "next_token" else f"{self.classes} classes"
         return f"sequences of {self.shape[0]} token ids below {self.vocabulary}, {what}"
 
     @property
+    def token_ids(self) -> bool:
+        """Whether an example is a sequence of token ids (else an image)."""
+        return self.dtype == "int32"
+
+    @property
     def unit(self) -> str:
         """What a run's throughput counts: images, tokens or examples (`<unit>_per_sec`)."""
-        return "tokens" if self.target == "next_token" else "examples" if self.dtype == "int32" else "images"
+        return "tokens" if self.target == "next_token" else "examples" if self.token_ids else "images"
 
     @property
     def rate_key(self) -> str:

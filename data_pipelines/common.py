@@ -197,7 +197,7 @@ def to_float(x, y, spec: Spec = MNIST):
     [0, 1] and float32 as is; token ids -> int32 (b, length); labels -> int32 (b, *spec.labels_shape)."""
     import tensorflow as tf
 
-    if spec.dtype == "int32":
+    if spec.token_ids:
         return tf.reshape(tf.cast(x, tf.int32), (-1, *spec.shape)), tf.reshape(tf.cast(y, tf.int32),
                                                                                (-1, *spec.labels_shape))
     x = tf.reshape(tf.cast(x, tf.float32), (-1, *spec.shape))

@@ -134,9 +134,10 @@ class Files(DatasetOptions):
 
     def _vocabulary(self, x_train: np.ndarray, x_test: np.ndarray) -> int:
         """data.vocabulary_size, checked against both splits' ids; else the largest id + 1 (one pass over each)."""
-        vocabulary = self.vocabulary_size or int(max(x_train.max(initial=0), x_test.max(initial=0))) + 1
-        for x, split in ((x_train, "train"), (x_test, "test")):
-            low, high = (int(x.min()), int(x.max())) if x.size else (0, 0)
+        ranges = {split: (int(x.min()), int(x.max())) if x.size else (0, 0)
+                  for x, split in ((x_train, "train"), (x_test, "test"))}  # each file's range found once
+        vocabulary = self.vocabulary_size or max(high for _, high in ranges.values()) + 1
+        for split, (low, high) in ranges.items():
             if low < 0 or high >= vocabulary:
                 raise DataError(f"{self.path}/x_{split}.npy has token ids from {low} to {high}; "
                                 f"data.vocabulary_size={vocabulary} needs them from 0 to {vocabulary - 1}")

@@ -97,8 +97,8 @@ def split_by_position(ids: np.ndarray, validation: float, length: int, source: s
 
 def synthetic_stream(tokens: int, vocabulary: int, seed: int, split: int = 0, words: int | None = None) -> np.ndarray:
     """`tokens` ids below `vocabulary` with structure a model can learn: a fixed dictionary of `words` (default:
-    vocabulary / 2, at least 8) random words of 2 to 8 ids, drawn at random one after the other. Within a word every id follows from the ones before
-    it; a word's first id is a guess among the dictionary's: the loss a model can reach is far below log(vocabulary)
+    vocabulary / 2, at least 8) random words of 2 to 8 ids, drawn at random one after the other. Within a word every
+    id follows from the ones before it; a word's first id is a guess among the dictionary's: the loss a model can reach is far below log(vocabulary)
     (uniform noise), and the same for every strategy given the same seed. `split` draws another text (0: training,
     1: validation) from the same dictionary."""
     words = words or max(8, vocabulary // 2)  # 300 steps of gpt/tiny at 50 ids: 512 words 3.76 nats, 25 words 2.01

@@ -126,7 +126,7 @@ def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
     parameters = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     given = {"input_shape": tuple(spec.shape), "classes": spec.classes}
-    if spec.dtype == "int32":  # token ids: keras_hub's names for what the data says
+    if spec.token_ids:  # token ids: keras_hub's names for what the data says
         given.update(vocabulary_size=spec.vocabulary, sequence_length=spec.shape[0])
     out = {k: v for k, v in given.items() if k in parameters or takes_any}
     if "classifier_activation" in parameters:

@@ -45,9 +45,9 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
             f"({', '.join(spec_argument_names(spec))})"
         )
     dtype = str(getattr(built.inputs[0], "dtype", "float32"))
-    if (spec.dtype == "int32") != ("int" in dtype):
+    if spec.token_ids != ("int" in dtype):
         raise ConfigError(f"model={model.name} takes {dtype} inputs, the data gives {spec}; "
-                          f"{'an integer Input for token ids' if spec.dtype == 'int32' else 'a float Input for images'}")
+                          f"{'an integer Input for token ids' if spec.token_ids else 'a float Input for images'}")
     return built
 
 
@@ -122,7 +122,7 @@ def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: b
 def make_evaluate(model: keras.Model, device: str, spec: Spec):
     """A function dataset -> (mean loss, accuracy) over every example of `dataset` ((b, *spec.shape) inputs:
     float32 images or int32 token ids), computed on `device`; the accuracy is per position where the labels are."""
-    inputs = tf.TensorSpec((None, *spec.shape), tf.int32 if spec.dtype == "int32" else tf.float32)
+    inputs = tf.TensorSpec((None, *spec.shape), tf.int32 if spec.token_ids else tf.float32)
 
     # One trace for every batch size (the last test batch is usually smaller).
     @tf.function(input_signature=[inputs, tf.TensorSpec((None, *spec.labels_shape), tf.int32)])
