@@ -55,6 +55,27 @@ def reversible_embedding(vocabulary: int, channels: int, init: Any, positions: i
     return ReversibleEmbedding(vocabulary, channels, embeddings_initializer=init, name="token_embedding")
 
 
+def position_embedding(context: int, channels: int, init: Any) -> Any:
+    """A layer adding a learned (context, channels) table to its input: (b, t, channels) -> the same shape.
+
+    A layer of its own so that the table is a trainable weight of the model: `Embedding(context)` called on
+    `keras.ops.arange(context)` while building a functional model computes once, eagerly, and leaves a constant.
+    """
+    import keras
+
+    class PositionEmbedding(keras.layers.Layer):
+        def build(self, input_shape: tuple) -> None:
+            self.embeddings = self.add_weight(shape=(context, channels), initializer=init, name="embeddings")
+
+        def call(self, x: Any) -> Any:
+            return x + keras.ops.cast(self.embeddings, x.dtype)  # (b, t, c) + (t, c)
+
+        def forward_flops_per_example(self) -> float:
+            return 0.0  # an element-wise add, left out of FLOP counts as bias adds are
+
+    return PositionEmbedding(name="position_embedding")
+
+
 def block(x: Any, heads: int, channels: int, dropout: float, init: Any, residual_init: Any, i: int) -> Any:
     """One pre-norm block: x + attention(norm(x)), then x + mlp(norm(x)); (b, t, channels) in and out."""
     import keras
@@ -81,8 +102,7 @@ def build_gpt(variant: Variant, vocabulary: int, context: int, name: str = "") -
     residual_init = keras.initializers.RandomNormal(stddev=0.02 / math.sqrt(2 * layers))
     ids = keras.Input((context,), dtype="int32", name="tokens")  # (b, t)
     embedding = reversible_embedding(vocabulary, channels, init, context)
-    positions = keras.layers.Embedding(context, channels, embeddings_initializer=init, name="position_embedding")
-    x = embedding(ids) + positions(keras.ops.arange(context))  # (b, t, c) + (t, c)
+    x = position_embedding(context, channels, init)(embedding(ids))  # (b, t, c)
     x = keras.layers.Dropout(dropout)(x)
     for i in range(layers):
         x = block(x, heads, channels, dropout, init, residual_init, i)
