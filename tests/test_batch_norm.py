@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import compose
 
-from runner.config import ConfigError, validate
+from runner.config import validate
 from runner.data_pipelines import PIPELINES
 from runner.experiment import run
 from runner.strategies import STRATEGIES
@@ -26,7 +26,7 @@ def _devices(strategy: str) -> str:
 
 
 def _extra(strategy: str) -> list[str]:
-    # model_parallel cuts a Sequential model into stages; a model with residual adds trains as two towers
+    # model_parallel as two towers here (its stages: test_stages_cut_a_resnet_between_its_residual_blocks)
     return ["strategy.split=two_tower"] if strategy == "model_parallel" else []
 
 
@@ -70,10 +70,22 @@ def test_synchronized_batch_statistics_reproduce_one_device_and_per_tower_ones_d
     assert np.max(np.abs(per_tower - single) / single) > 1e-5  # measured: 8e-5
 
 
-def test_stages_refuses_a_model_with_branches_in_one_line(tf_devices):
+def test_stages_cut_a_resnet_between_its_residual_blocks(tf_devices):
+    """A skip connection keeps two tensors alive inside its block, so no cut falls inside: the block (its two
+    convolutions, their batch normalization, the add) is in one stage, and the stages compute the model's logits."""
+    import keras
+    import tensorflow as tf
+
     from runner.strategies.common import build_model
-    from runner.strategies.model_parallel import stage_cells
+    from runner.strategies.model_parallel import forward, stage_cells
 
     plan = validate(compose(*SHORT, *RESNET, *CIFAR_LIKE))
-    with pytest.raises(ConfigError, match="strategy.split=stages cuts a Sequential model.*use strategy.split=two_tower"):
-        stage_cells(build_model(plan.model, plan.spec, 0), ("/device:CPU:0", "/device:CPU:1"))
+    model = build_model(plan.model, plan.spec, 0)
+    cells = stage_cells(model, ("/device:CPU:0", "/device:CPU:1"))
+    stage_of = {layer.name: i for i, cell in enumerate(cells) for layer in cell.layers[0].layers}
+    add = next(i for i, layer in enumerate(model.layers) if isinstance(layer, keras.layers.Add))
+    block = [layer.name for layer in model.layers[2:add + 1]]  # after the input and the stem convolution
+    assert len(block) == 6 and len({stage_of[name] for name in block}) == 1, (block, stage_of)
+    assert set(stage_of.values()) == {0, 1}
+    x = tf.random.uniform((4, *plan.spec.shape)) * 255
+    np.testing.assert_allclose(forward(cells, x, training=False)[-1], model(x, training=False), rtol=1e-5, atol=1e-6)

@@ -1,12 +1,13 @@
 """Strategy `model_parallel`: one model split across the devices, fed one global batch per step (no data parallelism).
 
-`strategy.split` chooses how the model is cut (`auto`: `width` for the MLP, `stages` for the CNN and NIN):
+`strategy.split` chooses how the model is cut (`auto`: `width` for the MLP, `stages` for the others):
 
 - `width` (MLP only; Chainer's model-parallel MNIST example): every hidden Dense layer's units are split across
   the N devices (device i holds the kernel columns and bias entries of its units). Each device gathers (concats)
   the previous layer's partial activations, so every device sees the full layer output: one sync point per layer.
-- `stages`: the model's layers, in order, are cut into N consecutive stages, stage i on device i; activations move
-  from device to device. The cuts balance the stages' multiply-adds (see `_stage_cuts`).
+- `stages`: the model is cut into N consecutive stages, stage i on device i, where one tensor carries everything
+  onward (between a Sequential's layers, between a residual network's or a Transformer's blocks: `segments`);
+  activations move from device to device. The cuts balance the stages' multiply-adds (see `_stage_cuts`).
 - `two_tower` (Chainer's NIN example): N full copies of the model, copy i on device i with seed `train.seed + i`,
   their logits summed. This is a *different model* from `single` (an ensemble trained jointly), so its losses are
   not comparable with the other strategies'.
@@ -116,6 +117,8 @@ class Cell:
         layers: Keras layers (or whole models) owned by this cell, built under `device`.
         inputs: indices of the earlier cells whose outputs it reads; INPUT is the image batch.
         merge: how several inputs become one tensor (concat for width's gathers, sum for two_tower's logits).
+        owned: the trainable variables it updates (`owned_variables`), with `optimizer`.
+        label: what `describe` lists for it (default: its layers' names).
     """
 
     name: str
@@ -124,6 +127,8 @@ class Cell:
     inputs: tuple[int, ...]
     merge: Callable[[list[tf.Tensor]], tf.Tensor] = _concat
     optimizer: Any = field(default=None, repr=False)
+    owned: list = field(default_factory=list, repr=False)
+    label: str = ""
 
     def __call__(self, ins: list[tf.Tensor], training: bool) -> tf.Tensor:
         h = self.merge(ins)  # copies from the other devices land here, under the caller's tf.device(self.device)
@@ -164,8 +169,8 @@ def _shapes(model: keras.Model) -> list[tuple]:
     return shapes
 
 
-def _has_weights(layer: keras.layers.Layer) -> bool:
-    return bool(layer.trainable_weights)
+def _has_weights(layer: keras.layers.Layer | keras.Operation) -> bool:
+    return bool(getattr(layer, "trainable_weights", None))  # an op of a functional graph (`x + h`) has none
 
 
 def _groups(model: keras.Model) -> list[list[int]]:
@@ -177,6 +182,56 @@ def _groups(model: keras.Model) -> list[list[int]]:
             groups.append([])
         groups[-1].append(i)
     return groups
+
+
+@dataclass
+class Segment:
+    """The graph's nodes between two cut tensors (`begin` in, `end` out), in order, and their multiply-adds."""
+
+    begin: Any
+    end: Any
+    nodes: list
+    cost: float
+
+    @property
+    def weighted(self) -> bool:
+        return any(_has_weights(n.operation) for n in self.nodes)
+
+
+def segments(model: keras.Model) -> list[Segment]:
+    """A one-input, one-output model (Sequential or functional) as a chain of segments cut where a single tensor
+    carries everything onward: between a Sequential's layers, and on a residual network's stream between its
+    blocks (a block's skip connection keeps two tensors alive inside it, so no cut falls there).
+
+    A segment's cost is its weighted layers' parameters x output positions (a conv's kernel times its output
+    pixels, a Dense's kernel per row): compute, not parameter count, sets how long a stage takes.
+    """
+    graph = keras.Model(model.inputs, model.outputs)  # a functional view (a Sequential's graph too)
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise ConfigError(f"strategy.split=stages cuts a model with one input and one output; {model.name} has "
+                          f"{len(graph.inputs)} and {len(graph.outputs)}; use strategy.split=two_tower")
+    # Keras keeps a functional graph's nodes by depth from the outputs (its one record of their order)
+    nodes = [n for depth in sorted(graph._nodes_by_depth, reverse=True) for n in graph._nodes_by_depth[depth]]
+    last_use = {id(t): i for i, n in enumerate(nodes) for t in n.input_tensors}
+    out, begin, live, chain = graph.outputs[0], graph.inputs[0], {}, []
+    pending: list = []
+    for i, node in enumerate(nodes[1:], start=1):  # nodes[0]: the input
+        pending.append(node)
+        live.update({id(t): t for t in node.outputs})
+        live = {k: t for k, t in live.items() if last_use.get(k, -1) > i or t is out}
+        if len(live) == 1:  # everything onward reads this one tensor: a cut
+            (end,) = live.values()
+            chain.append(Segment(begin, end, pending, sum(_cost(n) for n in pending)))
+            begin, pending = end, []
+    return chain
+
+
+def _cost(node: Any) -> float:
+    """Multiply-adds per example of one node: its layer's parameters x its output positions (0 without weights)."""
+    layer = node.operation
+    if isinstance(layer, keras.layers.Embedding) and "int" in node.input_tensors[0].dtype:
+        return 0.0  # a lookup of rows (a tied embedding's second use, as the output layer, is a matmul)
+    return layer.count_params() * float(np.prod(node.outputs[0].shape[1:-1])) if _has_weights(layer) else 0.0
 
 
 def _stage_cuts(costs: list[float], n: int) -> tuple[int, ...]:
@@ -198,32 +253,49 @@ def _stage_cuts(costs: list[float], n: int) -> tuple[int, ...]:
 
 
 def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
-    """`stages`: consecutive groups of layers, stage i on devices[i], weights copied from `model`.
+    """`stages`: consecutive segments of the model (see `segments`), stage i on devices[i], weights copied.
 
-    Balanced by multiply-adds per example (parameters x output positions: a conv's cost is its kernel size times
-    its output pixels, a dense layer's its kernel size), since compute, not parameter count, sets how long each
-    stage takes; cuts fall only before weighted layers, so every stage has weights to train.
+    Balanced by multiply-adds per example; cuts fall only before a segment with weights, so every stage has
+    weights to train. A layer used in two stages (a language model's token embedding, tied to its output layer) is
+    one copy, on the device of the first stage that uses it; the later stage reads it from there, and its gradient
+    goes back there to be summed with the first stage's (see `owned_variables`).
     """
-    if not isinstance(model, keras.Sequential):
-        raise ConfigError(
-            f"strategy.split=stages cuts a Sequential model's layers in order and {model.name} is a "
-            f"{type(model).__name__} (branches, such as residual adds, have no single cut); "
-            "use strategy.split=two_tower"
-        )
-    groups, shapes = _groups(model), _shapes(model)
+    chain = segments(model)
+    groups: list[list[Segment]] = [[]]
+    for seg in chain:  # a group starts at each weighted segment; unweighted ones join the group before them
+        if seg.weighted and any(g.weighted for g in groups[-1]):
+            groups.append([])
+        groups[-1].append(seg)
     if len(groups) < len(devices):
         raise ConfigError(
-            f"split=stages needs at least {len(devices)} layers with weights, {model.name} has {len(groups)}"
+            f"split=stages needs at least {len(devices)} layers with weights, {model.name} has {len(groups)} "
+            "where a cut can fall (between blocks, not inside a skip connection)"
         )
-    costs = [sum(model.layers[i].count_params() * int(np.prod(shapes[i + 1][1:-1])) for i in g) for g in groups]
-    bounds = (0, *_stage_cuts(costs, len(devices)), len(groups))
+    bounds = (0, *_stage_cuts([sum(seg.cost for seg in g) for g in groups], len(devices)), len(groups))
+    clones: dict[int, keras.layers.Layer] = {}  # original layer id -> its one copy
     cells = []
     for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        idx = [i for g in groups[a:b] for i in g]
+        stage = keras.Model(groups[a][0].begin, groups[b - 1][-1].end, name=f"stage{s}")
         with tf.device(devices[s]), keras.name_scope(f"stage{s}"):
-            layers = [_clone(model.layers[i], shapes[i]) for i in idx]
-        cells.append(Cell(f"stage{s}", devices[s], layers, (INPUT if s == 0 else s - 1,)))
+            copy = keras.models.clone_model(stage, clone_function=functools.partial(_copy_once, clones))
+        for original, clone in zip(stage.variables, copy.variables, strict=True):
+            clone.assign(original)  # the reference weights (a Dropout's seed state too: the same masks)
+        cells.append(Cell(f"stage{s}", devices[s], [copy], (INPUT if s == 0 else s - 1,), label=_names(copy, cells)))
     return cells
+
+
+def _names(stage: keras.Model, earlier: list[Cell]) -> str:
+    """A stage's layers by name; one an earlier stage holds (a tied embedding) says so."""
+    held = {id(layer) for cell in earlier for model in cell.layers for layer in model.layers}
+    return ", ".join(f"{layer.name} (tied: {earlier[0].name}'s copy)" if id(layer) in held else layer.name
+                     for layer in stage.layers if not isinstance(layer, keras.layers.InputLayer))
+
+
+def _copy_once(clones: dict[int, Any], layer: keras.layers.Layer) -> keras.layers.Layer:
+    """A fresh copy of `layer` (same config and name), made once: a layer used in two stages is one copy."""
+    if id(layer) not in clones:
+        clones[id(layer)] = layer.__class__.from_config(layer.get_config())
+    return clones[id(layer)]
 
 
 def width_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
@@ -291,27 +363,53 @@ def forward(cells: list[Cell], x: tf.Tensor, training: bool, tapes: list | None 
     return outs
 
 
+def owned_variables(cells: list[Cell]) -> list[list]:
+    """Each cell's trainable variables that no earlier cell holds: a variable read by several cells (a tied
+    embedding) is updated once, by the first, where it lives."""
+    seen: set[int] = set()
+    owned = []
+    for cell in cells:
+        owned.append([v for v in cell.trainable_variables if id(v) not in seen])
+        seen.update(id(v) for v in owned[-1])
+    return owned
+
+
+def _total(gradients: list) -> Any:
+    """One variable's gradient from the cells that read it: a tied embedding's sparse rows from the lookup plus
+    the output layer's dense (vocabulary, channels) matrix, added into that dense matrix (it is one either way)."""
+    gradients = [g for g in gradients if g is not None]
+    if len(gradients) == 1:
+        return gradients[0]
+    return tf.add_n([tf.convert_to_tensor(g) for g in gradients])
+
+
 def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_logits: tf.Tensor,
                        scale: LossScale | NoLossScale, clip_norm: float | None = None) -> None:
-    """Backpropagate `d_logits` (b, 10) through the cells in reverse, each on its own device, and update them.
+    """Backpropagate `d_logits` (b, ..., classes) through the cells in reverse, each on its own device, and update
+    them.
 
-    A cell's gradients are final once its own tape has run (each variable belongs to one cell), so without loss
-    scaling the graph runs its update as soon as they exist. Under mixed_float16 every update waits for one
-    decision on all the cells' gradients, so no cell applies a step another skips.
+    A cell's gradients are final once the last cell reading its variables has run its tape, so without loss scaling
+    the graph runs its update as soon as they exist. Under mixed_float16 every update waits for one decision on all
+    the cells' gradients, so no cell applies a step another skips.
     """
     upstream: list[list[tf.Tensor]] = [[] for _ in cells]
     upstream[-1].append(d_logits)
-    updates: list[tuple[Cell, list[tf.Tensor]]] = []
+    gradients: dict[int, list] = {}  # variable id -> its gradients from every cell that reads it
     for k in reversed(range(len(cells))):
         cell, (tape, watched) = cells[k], tapes[k]
         variables = cell.trainable_variables
         with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
             d_out = tf.add_n(upstream[k])  # consumers' contributions, reduced here: width's reduce-scatter
             d_vars, d_ins = tape.gradient(outs[k], [variables, watched], output_gradients=d_out)
-        if variables:
-            updates.append((cell, d_vars))
+        for v, g in zip(variables, d_vars, strict=True):
+            gradients.setdefault(id(v), []).append(g)
         for i, d_in in zip([i for i in cell.inputs if i != INPUT], d_ins, strict=True):
             upstream[i].append(d_in)
+    updates: list[tuple[Cell, list[tf.Tensor]]] = []
+    for cell in reversed(cells):
+        if cell.owned:
+            with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
+                updates.append((cell, [_total(gradients[id(v)]) for v in cell.owned]))
 
     def apply() -> None:
         # clipping needs every cell's gradients (their global norm): with it, no update starts before the last one
@@ -319,7 +417,7 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
         for cell, d_vars in updates:
             mine, clipped = clipped[:len(d_vars)], clipped[len(d_vars):]
             with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
-                cell.optimizer.apply_gradients(zip(mine, cell.trainable_variables))
+                cell.optimizer.apply_gradients(zip(mine, cell.owned))
 
     scale.apply_if_finite(lambda: loss_scale.all_finite([g for _, d_vars in updates for g in d_vars]), apply)
 
@@ -330,10 +428,11 @@ class SplitModel(Strategy):
     def __init__(self, split: str, devices: Devices, training: Training):
         self.split, self.devices, self.training = split, devices, training
         self.cells = self._build_cells(devices.names)
-        for cell in self.cells:
-            if cell.trainable_variables:
+        for cell, owned in zip(self.cells, owned_variables(self.cells), strict=True):
+            cell.owned = owned
+            if owned:
                 with tf.device(cell.device), keras.name_scope(cell.name):
-                    cell.optimizer = training.optimizer_fn(cell.trainable_variables)
+                    cell.optimizer = training.optimizer_fn(owned)
         self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
         # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
         self.evaluate = make_evaluate(self, devices.names[0], training.spec)
@@ -384,7 +483,8 @@ class SplitModel(Strategy):
     def describe(self) -> dict[str, str]:
         """The split and which layers each device holds (for tags)."""
         where = "; ".join(
-            f"{c.name}@{c.device}: {', '.join(layer.name for layer in c.layers) or 'sum of logits'}" for c in self.cells
+            f"{c.name}@{c.device}: {c.label or ', '.join(layer.name for layer in c.layers) or 'sum of logits'}"
+            for c in self.cells
         )
         return {"placement": f"model_parallel split={self.split}: {where}", "strategy.split": self.split}
 
@@ -399,8 +499,8 @@ class SplitModel(Strategy):
         return [copies for c in self.cells for layer in c.layers for copies in copies_of_moving_state([layer])]
 
     def weights(self) -> list:
-        """The trained weights of every cell, in cell order."""
-        return [v for c in self.cells for v in c.trainable_variables]
+        """The trained weights of every cell, in cell order (a tied one once)."""
+        return [v for c in self.cells for v in c.owned]
 
     def variable_devices(self) -> dict[str, str]:
         """Variable path -> the device it lives on, for every variable of every cell (trainable or not)."""
