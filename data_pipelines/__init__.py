@@ -29,6 +29,10 @@ class DataError(UserError):
     """A dataset's data is missing or invalid; the message is one line saying what and how to fix it."""
 
 
+# What a run's throughput counts (`<unit>_per_sec`): Spec.unit is one of them.
+UNITS = ("images", "tokens", "examples")
+
+
 @dataclass(frozen=True)
 class Spec:
     """The task contract: what one example is, what is learned from it, and how a run counts its throughput.
@@ -63,7 +67,7 @@ class Spec:
         return self.dtype == "int32"
 
     @property
-    def unit(self) -> str:
+    def unit(self) -> str:  # one of UNITS
         """What a run's throughput counts: images, tokens or examples (`<unit>_per_sec`)."""
         return "tokens" if self.target == "next_token" else "examples" if self.token_ids else "images"
 

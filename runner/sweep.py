@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from runner import tracking
+from runner.data_pipelines import UNITS
 from runner.runtime import signals
 from runner.tracking.redact import redact
 
@@ -263,14 +264,15 @@ class SweepCallback(Callback):
 
 
 def _summarise_on_parent(client: Any, parent: str) -> None:
-    """Give the parent's row in the runs table something to say: the best images/s and test accuracy of its jobs,
-    the fastest time to accuracy, and the models, pipelines, strategies and device counts they covered."""
+    """Give the parent's row in the runs table something to say: the best images/s (tokens/s, examples/s) and test
+    accuracy of its jobs, the fastest time to accuracy, and the models, pipelines, strategies and device counts they
+    covered."""
     from mlflow.entities import Metric, RunTag
 
     experiment = client.get_run(parent).info.experiment_id
     jobs = [r for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
             if r.info.status == "FINISHED"]
-    figures = {"images_per_sec": max, "test_accuracy": max, "time_to_accuracy_seconds": min}
+    figures = {**{f"{unit}_per_sec": max for unit in UNITS}, "test_accuracy": max, "time_to_accuracy_seconds": min}
     now = int(time.time() * 1000)
     metrics = [Metric(key, pick(values), now, 0) for key, pick in figures.items()
                if (values := [r.data.metrics[key] for r in jobs if key in r.data.metrics])]

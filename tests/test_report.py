@@ -73,7 +73,7 @@ def test_weak_scaling_and_the_host_cpu_are_other_work_than_strong_scaling_on_the
             Run("mlp", "split", "single", 1, 9_000, 10.0, 0.95, 0.2, math.nan, 0.9, host_only=True)]
     (v,) = decide(runs)
     assert v.best.name == "replicated/split x2 (weak)" and v.runner_up.name == "replicated/split x2"
-    assert v.best.median("images_per_sec") == 60_000 and v.spread is None  # no two runs did the same work
+    assert v.best.median("rate") == 60_000 and v.spread is None  # no two runs did the same work
     assert one_device(runs) is runs[1]  # the device, not the host CPU
     assert "single/split x1 on the host CPU" in {c.name for c in _combinations(runs)}
 
@@ -116,11 +116,11 @@ def store(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
 
-    def job(experiment, strategy, devices, ips, parent=None):
-        tags = {"model": "mlp", "pipeline": "split", "strategy": strategy, "devices.count": str(devices),
+    def job(experiment, strategy, devices, ips, parent=None, model="mlp", unit="images"):
+        tags = {"model": model, "pipeline": "split", "strategy": strategy, "devices.count": str(devices),
                 "devices.kind": "CPU", **({"mlflow.parentRunId": parent} if parent else {})}
         rid = client.create_run(experiment, tags=tags).info.run_id
-        for key, value in {"images_per_sec": ips, "images_per_sec_stderr": 5.0, "test_accuracy": 0.9,
+        for key, value in {f"{unit}_per_sec": ips, f"{unit}_per_sec_stderr": 5.0, "test_accuracy": 0.9,
                            "test_loss": 0.3, "train_seconds": 3.0, "target_accuracy": 0.8}.items():
             client.log_metric(rid, key, value)
         client.set_terminated(rid)
@@ -134,7 +134,21 @@ def store(tmp_path):
     job(beta, "single", 1, 900, parent)
     job(beta, "replicated", 2, 1700, parent)
     client.set_terminated(parent)
+    text = client.create_experiment("text")  # a language model's runs: tokens/s, no images/s
+    job(text, "single", 1, 12_000, model="gpt", unit="tokens")
+    job(text, "mirrored", 2, 19_000, model="gpt", unit="tokens")
     return uri, parent
+
+
+def test_a_language_models_report_compares_tokens_per_second(tmp_path, store, capsys):
+    from runner.cli.report import main
+
+    uri, _ = store
+    assert main(["--tracking-uri", uri, "--experiment", "text", "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "| tokens/s | ± stderr |" in out and "| 19,000 | 5 |" in out and "| 1.58 |" in out  # the speedup
+    (line,) = [line for line in out.splitlines() if line.startswith("verdict:")]
+    assert "fastest mirrored/split x2 (19,000 tokens/s)" in line and "1.58x 1 device" in line
 
 
 def _report(tmp_path, uri, *args):
@@ -168,7 +182,7 @@ def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store):
     uri, _ = store
     proc = _report(tmp_path, uri, "--experiment", "gamma")
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: no experiment 'gamma' in {uri}; experiments: alpha, beta"
+    assert proc.stderr.strip() == f"error: no experiment 'gamma' in {uri}; experiments: alpha, beta, text"
 
 
 @pytest.mark.parametrize("args, said", [

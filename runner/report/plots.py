@@ -1,7 +1,8 @@
 """The report's pictures, readable at the size MLflow previews them (labels and legends >= 9 pt):
 
-- `scaling.png`: images/s (left) and speedup (right) against device count, one line per pipeline x strategy, with
-  the ideal linear line drawn; with a single device count, a sorted horizontal bar chart of images/s instead.
+- `scaling.png`: images/s (or tokens/s, examples/s: what the data counts) (left) and speedup (right) against device
+  count, one line per pipeline x strategy, with the ideal linear line drawn; with a single device count, a sorted
+  horizontal bar chart of the throughput instead.
 - `time_to_accuracy.png`: test accuracy against training seconds, one curve per combination (its accuracy checks and
   final evaluation), the target as a horizontal line, a star where the target was confirmed on the full test set.
 - `accuracy.png`: final test accuracy per combination as dots on an axis zoomed to the data, values printed.
@@ -12,6 +13,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any
+
+from runner.report import verdict
 
 FONT = 10  # points, for labels, ticks and legends
 
@@ -33,7 +36,7 @@ def _label(row: Any) -> str:
 def scaling(rows: list[Any], path: Path) -> None:
     """Throughput and speedup against devices, or a bar chart when there is one device count."""
     plt = _pyplot()
-    done = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.images_per_sec)]
+    done = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.rate)]
     if len({r.devices for r in done}) < 2:
         return _bars(plt, done, path)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
@@ -43,16 +46,16 @@ def scaling(rows: list[Any], path: Path) -> None:
     counts = sorted({r.devices for r in done})
     for label, rs in sorted(groups.items()):
         rs.sort(key=lambda r: r.devices)
-        xs, ys = [r.devices for r in rs], [r.images_per_sec for r in rs]
+        xs, ys = [r.devices for r in rs], [r.rate for r in rs]
         (line,) = left.plot(xs, ys, "o-", label=label)
         speedups = [(r.devices, r.speedup) for r in rs if not math.isnan(r.speedup)]
         if speedups:
             right.plot(*zip(*speedups), "o-", color=line.get_color(), label=label)
-    one = [r.images_per_sec for r in done if r.devices == 1]
+    one = [r.rate for r in done if r.devices == 1]
     if one:  # ideal: the best 1-device rate times the devices
         left.plot(counts, [max(one) * n for n in counts], "k--", alpha=0.6, label="ideal (linear)")
     right.plot(counts, counts, "k--", alpha=0.6, label="ideal (linear)")
-    left.set(xlabel="devices", ylabel="images/s", title="Throughput")
+    left.set(xlabel="devices", ylabel=f"{verdict.units(done)}/s", title="Throughput")
     right.set(xlabel="devices", ylabel="speedup over 1 device", title="Speedup")
     for ax in (left, right):
         ax.set_xticks(counts)
@@ -62,13 +65,13 @@ def scaling(rows: list[Any], path: Path) -> None:
 
 
 def _bars(plt: Any, done: list[Any], path: Path) -> None:
-    done = sorted(done, key=lambda r: r.images_per_sec)
+    done = sorted(done, key=lambda r: r.rate)
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
     labels = [f"{_label(r)} x{r.devices}" for r in done]
-    bars = ax.barh(labels, [r.images_per_sec for r in done], color="tab:blue")
-    ax.bar_label(bars, labels=[f"{r.images_per_sec:,.0f}" for r in done], padding=3)
-    ax.set(xlabel="images/s", title="Throughput (one device count: no scaling curve)")
-    ax.set_xlim(0, max([r.images_per_sec for r in done], default=1) * 1.2)
+    bars = ax.barh(labels, [r.rate for r in done], color="tab:blue")
+    ax.bar_label(bars, labels=[f"{r.rate:,.0f}" for r in done], padding=3)
+    ax.set(xlabel=f"{verdict.units(done)}/s", title="Throughput (one device count: no scaling curve)")
+    ax.set_xlim(0, max([r.rate for r in done], default=1) * 1.2)
     _save(plt, fig, path)
 
 

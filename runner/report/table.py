@@ -4,9 +4,9 @@
     runner report --experiment NAME [--latest-sweep | --parent RUN_ID] [--filter "tags.model = 'mlp'"]
 
 The first line says what was chosen. The table has one row per run: model, pipeline, strategy, devices, scaling
-mode, images/s ± standard error, speedup and efficiency against the 1-device run of the same model, pipeline,
-strategy and scaling mode (else of the model under `single`), time to the target accuracy, test accuracy, whether it
-learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/report/verdict.py) and
+mode, images/s (or tokens/s, examples/s: what the data counts) ± standard error, speedup and efficiency against the
+1-device run of the same model, pipeline, strategy and scaling mode (else of the model under `single`), time to the
+target accuracy, test accuracy, whether it learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/report/verdict.py) and
 the plots (runner/report/plots.py). With a sweep's parent run, table and plots are also logged as artifacts of that parent.
 
 A run whose process is gone from this host without ending it (SIGKILL, power loss) shows as `DEAD (last wrote 3 min
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import tracking
+from runner.data_pipelines import UNITS
 from runner.report import plots, prediction, verdict
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Row:
     devices: int
     kind: str
     simulated: bool
-    images_per_sec: float
+    rate: float  # throughput in `unit`/s
     stderr: float
     accuracy: float
     wall_seconds: float
@@ -61,6 +62,7 @@ class Row:
     efficiency: float = math.nan
     same: bool | None = None  # learns the same as the model's 1-device run
     predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
+    unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
 
     @property
     def device_label(self) -> str:
@@ -73,15 +75,16 @@ def _row(run: Any, status: str | None = None) -> Row:
     """A run as a row; `status` shown instead of the stored one (a dead run's)."""
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
+    unit = next((u for u in UNITS if f"{u}_per_sec" in m or f"{u}_per_sec.missing" in tags), "images")
     return Row(
         run.info.run_id, f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
         tags.get("pipeline", "?"), tags.get("strategy", "?"), int(tags.get("devices.count", 0)),
-        tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true", m.get("images_per_sec", math.nan),
-        m.get("images_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan), m.get("wall_seconds", math.nan),
+        tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true", m.get(f"{unit}_per_sec", math.nan),
+        m.get(f"{unit}_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan), m.get("wall_seconds", math.nan),
         status or run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
         m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
         m.get("time_to_accuracy_seconds", math.nan), m.get("target_accuracy", math.nan),
-        predicted=m.get("predicted_images_per_sec", math.nan),
+        predicted=m.get("predicted_images_per_sec", math.nan), unit=unit,
     )
 
 
@@ -180,12 +183,13 @@ def _baseline(row: Row, finished: list[Row]) -> Row | None:
 
 
 def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Tolerance()) -> list[Row]:
-    """Speedup = images/s over the baseline's; efficiency = speedup / devices; learns the same as 1 device."""
-    finished = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.images_per_sec)]
+    """Speedup = images/s (tokens/s, ...) over the baseline's; efficiency = speedup / devices; learns the same as
+    1 device."""
+    finished = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.rate)]
     for row in rows:
         base = _baseline(row, finished)
         if base is not None and row.status == "FINISHED" and row.devices:
-            row.speedup = row.images_per_sec / base.images_per_sec
+            row.speedup = row.rate / base.rate
             row.efficiency = row.speedup / row.devices
         reference = verdict.one_device(verdict.runs_from([r for r in finished if r.model == row.model]))
         if reference is not None and row.status == "FINISHED":
@@ -199,12 +203,12 @@ def _fmt(value: float, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """The comparison as a Markdown table, with a footnote where speedups are missing."""
-    head = ("| model | pipeline | strategy | devices | scaling | images/s | ± stderr | predicted images/s | speedup "
-            "| efficiency | time to acc. (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 16 + "|")
+    head = (f"| model | pipeline | strategy | devices | scaling | {verdict.units(rows)}/s | ± stderr | predicted images/s "
+            "| speedup | efficiency | time to acc. (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 16 + "|")
     same = {True: "yes", False: "no", None: "-"}
     lines = [
         f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
-        f"| {_fmt(r.images_per_sec, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.predicted, ',.0f')} "
+        f"| {_fmt(r.rate, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.predicted, ',.0f')} "
         f"| {_fmt(r.speedup, '.2f')} "
         f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} "
         f"| {same[r.same]} | {_fmt(r.mfu, '.1%')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
@@ -275,12 +279,12 @@ def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
 
 
 def compact(rows: list[Row]) -> str:
-    """One line per job, the figures a sweep's end shows: combination, images/s (and the predicted where runs logged
-    one), time to accuracy, accuracy, status."""
+    """One line per job, the figures a sweep's end shows: combination, images/s or the data's unit (and the
+    predicted where runs logged one), time to accuracy, accuracy, status."""
     predicted = any(not math.isnan(r.predicted) for r in rows)
-    head = ("| model | combination | images/s | " + ("predicted images/s | " if predicted else "")
+    head = (f"| model | combination | {verdict.units(rows)}/s | " + ("predicted images/s | " if predicted else "")
             + "time to acc. (s) | test acc | status |\n" + "|---" * (7 if predicted else 6) + "|")
-    lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.images_per_sec, ',.0f')} "
+    lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.rate, ',.0f')} "
              + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
              + f"| {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} | {r.status} |" for r in rows]
     return "\n".join([head, *lines])
@@ -291,9 +295,9 @@ def prediction_lines(rows: list[Row]) -> list[str]:
     (runner/report/prediction.py)."""
     groups: dict[str, list[tuple[str, float, float]]] = {}
     for r in rows:
-        if r.status == "FINISHED" and not math.isnan(r.predicted) and not math.isnan(r.images_per_sec):
+        if r.status == "FINISHED" and not math.isnan(r.predicted) and not math.isnan(r.rate):
             key = f"{r.model} x{r.devices}"
-            groups.setdefault(key, []).append((f"{r.strategy}/{r.pipeline}", r.predicted, r.images_per_sec))
+            groups.setdefault(key, []).append((f"{r.strategy}/{r.pipeline}", r.predicted, r.rate))
     return prediction.group_lines(dict(sorted(groups.items())))
 
 

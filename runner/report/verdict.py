@@ -2,7 +2,7 @@
 table of runs, as one `verdict:` line per model.
 
 Fastest means: lowest time to the target accuracy (training seconds, evaluation excluded) among the combinations
-that reached it; where none did, highest throughput (images/s), and the line says so. A combination is a pipeline,
+that reached it; where none did, highest throughput (images/s, or tokens/s or examples/s as the data counts), and the line says so. A combination is a pipeline,
 strategy and device count; several runs of one combination (repeats) are combined by their median and give its
 spread. The margin over the runner-up counts as real only when it exceeds how much a whole run moves from one
 start to the next: the two combinations' ranges must not overlap where both were repeated; otherwise the margin must
@@ -39,7 +39,7 @@ class Run:
     pipeline: str
     strategy: str
     devices: int
-    images_per_sec: float = math.nan
+    rate: float = math.nan  # throughput in `unit`/s
     stderr: float = math.nan
     accuracy: float = math.nan
     loss: float = math.nan
@@ -48,6 +48,7 @@ class Run:
     status: str = "FINISHED"
     scaling: str = "strong"
     host_only: bool = False  # gpus=0: the host CPU, not one of the devices
+    unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
 
     @property
     def combination(self) -> str:
@@ -127,10 +128,10 @@ def _beyond_noise(best: Combination, other: Combination, key: str, spread: Sprea
     """Whether best's advantage on `key` exceeds the noise; None when the noise is unknown."""
     a, b = best.values(key), other.values(key)
     if len(a) > 1 and len(b) > 1:  # both repeated: the ranges must not overlap
-        return min(a) > max(b) if key == "images_per_sec" else max(a) < min(b)
+        return min(a) > max(b) if key == "rate" else max(a) < min(b)
     if spread is None:
         return None
-    faster, slower = (best, other) if key == "images_per_sec" else (other, best)
+    faster, slower = (best, other) if key == "rate" else (other, best)
     return faster.median(key) / slower.median(key) - 1 > spread.relative
 
 
@@ -153,10 +154,10 @@ class Verdict:
 
     def line(self) -> str:
         """The `verdict:` line."""
-        key = "time_to_accuracy" if self.basis == "time to accuracy" else "images_per_sec"
+        key = "time_to_accuracy" if self.basis == "time to accuracy" else "rate"
         value = self.best.median(key)
         figure = f"{value:.1f} s to {self.target:.0%} test accuracy" if key == "time_to_accuracy" else \
-            f"{value:,.0f} images/s"
+            f"{value:,.0f} {self.best.runs[0].unit}/s"
         parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
         if self.basis == "throughput":
             parts[0] += ", by throughput: " + (f"no run reached {self.target:.0%} test accuracy"
@@ -175,9 +176,9 @@ class Verdict:
 
 
 def _speed(c: Combination, basis: str) -> float:
-    """Larger is faster: images/s, or 1 / time to accuracy."""
+    """Larger is faster: images/s (tokens/s, examples/s), or 1 / time to accuracy."""
     if basis == "throughput":
-        return c.median("images_per_sec")
+        return c.median("rate")
     return 1.0 / c.median("time_to_accuracy")
 
 
@@ -202,7 +203,7 @@ def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]
 def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run], combos: list[Combination],
              reached: int, tolerance: Tolerance) -> Verdict:
     best, runner_up = ranked[0], ranked[1] if len(ranked) > 1 else None
-    key = "time_to_accuracy" if basis == "time to accuracy" else "images_per_sec"
+    key = "time_to_accuracy" if basis == "time to accuracy" else "rate"
     base = one_device(mine)
     base_combo = next((c for c in combos if base is not None and c.name == base.combination), None)
     over_base = (_speed(best, basis) / _speed(base_combo, basis)
@@ -219,7 +220,12 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
     )
 
 
+def units(rows: Iterable[Any]) -> str:
+    """What the rows' (or runs') throughput counts: `images`, `tokens`, or `images, tokens` for a mix of models."""
+    return ", ".join(sorted({r.unit for r in rows})) or "images"
+
+
 def runs_from(rows: Iterable[Any]) -> list[Run]:
     """Verdict runs from report rows (anything with the same field names)."""
-    return [Run(r.model, r.pipeline, r.strategy, r.devices, r.images_per_sec, r.stderr, r.accuracy, r.loss,
-                r.time_to_accuracy, r.target, r.status, r.scaling, r.host_only) for r in rows]
+    return [Run(r.model, r.pipeline, r.strategy, r.devices, r.rate, r.stderr, r.accuracy, r.loss,
+                r.time_to_accuracy, r.target, r.status, r.scaling, r.host_only, r.unit) for r in rows]
