@@ -50,6 +50,19 @@ def test_keras_baseline_times_plain_fit(tmp_path):
     assert figures["optimizer"] == "SGD"  # Keras' own optimizer of the name given
 
 
+def test_keras_baseline_fits_the_gpt_with_its_recipe_and_counts_tokens(tmp_path):
+    """The GPT's recipe (AdamW, clipping at 1.0, from conf/model/gpt.yaml) reaches Keras fit; its rate is tokens/s:
+    batch x context per step."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "runner.bench.keras_baseline", "--model", "gpt", "--variant", "tiny", "--data",
+         "shakespeare", "--steps", "40", "--chunk", "10", "--batch", "8", "--optimizer", "adamw",
+         "--override=data.sequence_length=16"], capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert figures["optimizer"] == "AdamW" and figures["clip_norm"] == 1.0 and "images_per_sec" not in figures
+    assert figures["tokens_per_sec"] == pytest.approx(8 * 16 * 1e3 / figures["step_time_ms"], rel=1e-6)
+
+
 USER_MODEL = ["+model._target_=user_models.resnet", "model.name=resnet", "data.shape=[32,32,3]",
               "data.train_limit=1024", "data.test_limit=128"]  # tests/user_models.py, batch norm, 32x32x3
 
@@ -230,12 +243,12 @@ def test_settings_benchmark_puts_each_value_beside_its_default(tmp_path):
 def test_repeats_combine_into_the_median_row_with_its_range():
     from runner.bench import grid, jobs
 
-    runs = [{"images_per_sec": r, "images_per_sec_stderr": 9.0, "timed_steps": 50.0, "peak_rss_mb": rss,
+    runs = [{"rate": r, "rate_stderr": 9.0, "timed_steps": 50.0, "peak_rss_mb": rss,
              "seconds_to_first_step": t} for r, rss, t in [(300.0, 900.0, 5.0), (100.0, 950.0, 7.0), (200.0, 920.0, 6.0)]]
     row = jobs.combine(runs)
-    assert row["images_per_sec"] == 200.0
+    assert row["rate"] == 200.0
     assert row["seconds_to_first_step"] == 6.0 and row["peak_rss_mb"] == 950.0 and row["repeats"] == 3
-    assert row["images_per_sec_runs"] == [300.0, 100.0, 200.0]  # each round's, in order: the retest's halves
+    assert row["rate_runs"] == [300.0, 100.0, 200.0]  # each round's, in order: the retest's halves
     assert jobs.combine([runs[0], {"error": "boom"}]) == {"error": "boom"}  # a failed repeat fails the row
     assert jobs.combine(runs[:1]) is runs[0]
     setting = jobs.Setting("mlp", "tiny", 60, 10, 128, "mnist")
@@ -252,13 +265,13 @@ def test_sharded_update_targets_compare_rows_of_the_same_pipeline_and_devices():
     from runner.bench.grid import sharded_update_targets
     from runner.bench.jobs import Job, Setting, Table
 
-    single = {"images_per_sec": 100.0, "optimizer_state_bytes_per_device": 4000.0, "step_time_over_floor": 1.12}
+    single = {"rate": 100.0, "optimizer_state_bytes_per_device": 4000.0, "step_time_over_floor": 1.12}
     rows = [(Job("single", 1, "runner single"), single),
-            (Job("runner", 4, "r", "replicated", "split"), {"images_per_sec": 80.0}),
-            (Job("runner", 4, "s", "sharded_update", "split"), {"images_per_sec": 88.0,
+            (Job("runner", 4, "r", "replicated", "split"), {"rate": 80.0}),
+            (Job("runner", 4, "s", "sharded_update", "split"), {"rate": 88.0,
                                                                  "optimizer_state_bytes_per_device": 1008.0}),
-            (Job("runner", 4, "r", "replicated", "sharded"), {"images_per_sec": 90.0}),
-            (Job("runner", 4, "s", "sharded_update", "sharded"), {"images_per_sec": 81.0,
+            (Job("runner", 4, "r", "replicated", "sharded"), {"rate": 90.0}),
+            (Job("runner", 4, "s", "sharded_update", "sharded"), {"rate": 81.0,
                                                                    "optimizer_state_bytes_per_device": 1000.0})]
     lines = sharded_update_targets(Table(Setting("mlp", "default", 600, 50, 128, "mnist"), "now", rows))
     assert lines == [
@@ -275,10 +288,10 @@ def test_floors_rows_take_medians_over_rounds_and_judge_each_model():
     from runner.bench.floors import _row, targets
     from runner.bench.jobs import Setting
 
-    runs = [{"images_per_sec": r, "step_time_ms": 1e3 * 128 / r, "floor_compute_ms": 3.0, "floor_update_ms": 0.5,
+    runs = [{"rate": r, "step_time_ms": 1e3 * 128 / r, "floor_compute_ms": 3.0, "floor_update_ms": 0.5,
              "step_time_over_floor": f, "mfu": u, "peak_gflops": 224.0}
             for r, f, u in [(36000.0, 1.02, 0.52), (30000.0, 1.22, 1.04), (35000.0, 1.05, 0.50)]]
-    fits = [{"images_per_sec": 24000.0}, {"images_per_sec": 15000.0}, {"error": "killed"}]
+    fits = [{"rate": 24000.0}, {"rate": 15000.0}, {"error": "killed"}]
     setting = Setting("mlp", "default", 600, 50, 128, "mnist")
     line, figures = _row(setting, runs, fits)
     cells = [c.strip() for c in line.strip("|").split("|")]
@@ -348,11 +361,11 @@ def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
     from runner.bench.jobs import Job, Setting, Table
 
     def row(rate, predicted, low, high):
-        return {"images_per_sec": rate, "images_per_sec_runs": [low, high], "repeats": 2,
+        return {"rate": rate, "rate_runs": [low, high], "repeats": 2,
                 "timed_steps": 50.0, "predicted_images_per_sec": predicted}
 
-    rows = [(Job("single", 1, "runner single", "single", "split"), {"images_per_sec": 100.0, "timed_steps": 50.0,
-                                                                     "images_per_sec_stderr": 1.0}),
+    rows = [(Job("single", 1, "runner single", "single", "split"), {"rate": 100.0, "timed_steps": 50.0,
+                                                                     "rate_stderr": 1.0}),
             (Job("runner", 2, "r", "replicated", "split"), row(120.0, 110.0, 115.0, 125.0)),
             (Job("runner", 2, "p", "parameter_server", "split"), row(80.0, 90.0, 78.0, 82.0))]
     table = Table(Setting("mlp", "default", 600, 50, 128, "mnist"), "now", rows, repeats=2)

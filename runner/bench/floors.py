@@ -54,15 +54,14 @@ def _median_range(values: list[float], fmt: str) -> str:
 
 def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dict[str, list[float | None]]]:
     """One model's markdown row and the per-round figures its targets are judged on."""
-    ok = [m for m in runs if "images_per_sec" in m]
+    ok = [m for m in runs if "rate" in m]
     get = lambda key, ms=ok: [m[key] for m in ms if key in m]  # noqa: E731
-    ratios = [r["images_per_sec"] / k["images_per_sec"] for r, k in zip(runs, fits)
-              if "images_per_sec" in r and "images_per_sec" in k]
+    ratios = [r["rate"] / k["rate"] for r, k in zip(runs, fits) if "rate" in r and "rate" in k]
     # a finished run without MFU (left out above 1, or no peak) does not show it held: None, judged as failing
     figures = {"step_over_floor": get("step_time_over_floor"), "mfu": [m.get("mfu") for m in ok], "vs_keras": ratios}
     errors = [m["error"] for m in [*runs, *fits] if "error" in m]
-    cells = [setting.name, str(setting.batch), _median_range(get("images_per_sec"), ",.0f"),
-             _median_range(get("images_per_sec", [k for k in fits if "images_per_sec" in k]), ",.0f"),
+    cells = [setting.name, str(setting.batch), _median_range(get("rate"), ",.0f"),
+             _median_range(get("rate", [k for k in fits if "rate" in k]), ",.0f"),
              _median_range(ratios, ".2f"), _median_range(get("step_time_ms"), ".2f"),
              _median_range(get("floor_compute_ms"), ".2f"), _median_range(get("floor_update_ms"), ".2f"),
              _median_range(figures["step_over_floor"], ".2f"), _median_range(get("mfu"), ".1%"),
@@ -74,9 +73,9 @@ def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dic
 
 def _multi_row(setting: Setting, job: Job, runs: list[dict]) -> tuple[str, list[float]]:
     """One runner job's row on N devices and its step / floor per round."""
-    ok = [m for m in runs if "images_per_sec" in m]
+    ok = [m for m in runs if "rate" in m]
     get = lambda key: [m[key] for m in ok if key in m]  # noqa: E731
-    cells = [setting.name, job.label, str(job.gpus), _median_range(get("images_per_sec"), ",.0f"),
+    cells = [setting.name, job.label, str(job.gpus), _median_range(get("rate"), ",.0f"),
              _median_range(get("step_time_ms"), ".2f"), _median_range(get("floor_compute_ms"), ".2f"),
              _median_range(get("floor_update_ms"), ".3f"), _median_range(get("step_time_over_floor"), ".2f")]
     errors = [m["error"] for m in runs if "error" in m]
@@ -99,13 +98,14 @@ def floors(args: argparse.Namespace) -> int:
             for job in jobs:
                 runs[setting, job].append(run_one(setting, job, uri, experiment, progress))
     out: list[str] = []
+    unit = next((m["unit"] for done in runs.values() for m in done if "unit" in m), "images")  # the data's
     emit(out, [
         f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
         f"Runner single (split pipeline) and Keras fit on one device, then the runner on {_counts(args.gpus)} devices, "
         f"each in a fresh process, every model and job in every round; optimizer {args.optimizer}, data {args.data}; "
         f"{len(todo) * len(jobs) * args.rounds} jobs in "
         f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
-        "| model | global batch | runner images/s | keras fit images/s | runner / keras (per round) | step ms "
+        f"| model | global batch | runner {unit}/s | keras fit {unit}/s | runner / keras (per round) | step ms "
         "| floor: forward + backward ms | floor: update ms | step / floor | MFU | peak GFLOP/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|"])
     judged = []
@@ -115,7 +115,7 @@ def floors(args: argparse.Namespace) -> int:
         judged.append((setting, figures))
     above = [(f"{s.name} runner single x1", f["step_over_floor"]) for s, f in judged]
     if multi := multi_jobs(args.gpus):
-        emit(out, ["", "| model | job | devices | images/s | step ms | floor: forward + backward ms "
+        emit(out, ["", f"| model | job | devices | {unit}/s | step ms | floor: forward + backward ms "
                    "| floor: update ms | step / floor |", "|---|---|---|---|---|---|---|---|"])
         for setting in todo:
             for job in multi:

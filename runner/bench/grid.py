@@ -60,9 +60,9 @@ def format_row(job: Job, m: dict, table: Table) -> str:
     """One table row; a failed job shows its error, a job timed over fewer than 20 steps is flagged."""
     if "error" in m:
         return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * (len(COLUMNS) - 3)
-    ips, steps = m["images_per_sec"], int(m.get("timed_steps", 0))
-    runs = m.get("images_per_sec_runs")
-    spread = f"({min(runs):,.0f}-{max(runs):,.0f})" if runs else f"± {m['images_per_sec_stderr']:,.0f}"
+    ips, steps = m["rate"], int(m.get("timed_steps", 0))
+    runs = m.get("rate_runs")
+    spread = f"({min(runs):,.0f}-{max(runs):,.0f})" if runs else f"± {m['rate_stderr']:,.0f}"
     predicted = f"{m['predicted_images_per_sec']:,.0f}" if "predicted_images_per_sec" in m else "-"
     cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}", predicted,
              f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
@@ -83,17 +83,18 @@ def format_row(job: Job, m: dict, table: Table) -> str:
 def format_table(table: Table) -> list[str]:
     """The header naming the setting, the two bases of the ratios, and the rows."""
     s, single, keras = table.setting, table.rate("single"), table.rate("keras")
-    columns = list(COLUMNS)
+    columns, unit = list(COLUMNS), table.unit
+    columns[2] = f"{unit}/s ± stderr"
     if table.repeats > 1:
-        columns[2] = f"images/s, median (lowest-highest) of {table.repeats} runs"
+        columns[2] = f"{unit}/s, median (lowest-highest) of {table.repeats} runs"
     each = (f" Each row is the median of {table.repeats} runs of its job, run in {table.repeats} rounds over all "
             "the jobs." if table.repeats > 1 else "")
     return [
         f"## {s.name}: global batch {s.batch}, {s.steps} steps ({s.steps_per_call} per call, the first call "
         f"untimed), data {s.data}, optimizer {s.optimizer}, {table.date}",
         "",
-        f"x runner single: over {single or 0:,.0f} images/s (the mean of the two runner single rows); "
-        f"x keras fit: over {keras or 0:,.0f} images/s. {len(table.rows)} jobs in {table.seconds:.0f} s.{each}",
+        f"x runner single: over {single or 0:,.0f} {unit}/s (the mean of the two runner single rows); "
+        f"x keras fit: over {keras or 0:,.0f} {unit}/s. {len(table.rows)} jobs in {table.seconds:.0f} s.{each}",
         "",
         "| " + " | ".join(columns) + " |",
         "|" + "---|" * len(columns),
@@ -118,7 +119,7 @@ def check(name: str, items: list[tuple[str, float | None]], holds: Callable[[flo
 
 
 def _ratio_or_none(m: dict, base: float | None) -> float | None:
-    return m["images_per_sec"] / base if base and "images_per_sec" in m else None
+    return m["rate"] / base if base and "rate" in m else None
 
 
 def predict_rows(table: Table) -> None:
@@ -142,7 +143,7 @@ def prediction_lines(table: Table) -> list[str]:
     groups: dict[str, list[tuple[str, float, float]]] = {}
     for job, m in sorted(table.rows, key=lambda row: row[0].gpus):
         if job.kind == "runner" and "predicted_images_per_sec" in m:
-            rates = m.get("images_per_sec_runs", [m["images_per_sec"]])
+            rates = m.get("rate_runs", [m["rate"]])
             groups.setdefault(f"{table.setting.name} x{job.gpus}", []).extend(
                 (f"{job.strategy}/{job.pipeline}", m["predicted_images_per_sec"], r) for r in rates)
     return [f"- {text}" for text in prediction.group_lines(groups)]
@@ -176,8 +177,8 @@ def sharded_update_targets(table: Table) -> list[str]:
     for (strategy, pipeline, n), m in rows.items():
         other = rows.get(("replicated", pipeline, n), {})
         if strategy == "sharded_update":
-            both = "images_per_sec" in m and "images_per_sec" in other
-            versus.append((f"{pipeline} x{n}", m["images_per_sec"] / other["images_per_sec"] if both else None))
+            both = "rate" in m and "rate" in other
+            versus.append((f"{pipeline} x{n}", m["rate"] / other["rate"] if both else None))
             per_device = m.get(key)
             shares.append((f"{pipeline} x{n}", per_device * n / state if per_device and state else None))
     floors = [("runner single", m.get("step_time_over_floor")) for m in single]

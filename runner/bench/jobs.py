@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from runner.data_pipelines import UNITS
+
 MIN_TIMED_STEPS = 20
 NO_TIMED_STEPS = "no timed steps: raise --steps to a few times --steps-per-call"  # a finished job's row without a rate
 # (model, variant) -> (steps, steps per call) when --steps is not given: about 10-20 s of training on one device
@@ -21,8 +23,18 @@ DEFAULT_STEPS = {
     ("mlp", "tiny"): (300, 25), ("mlp", "default"): (600, 50), ("mlp", "chainer"): (600, 50),
     ("cnn", "tiny"): (300, 25), ("cnn", "default"): (120, 10), ("cnn", "paper"): (60, 5),
     ("nin", "tiny"): (300, 25), ("nin", "default"): (60, 5), ("nin", "paper"): (40, 4),
-    ("lenet", "default"): (120, 10),
+    ("lenet", "default"): (120, 10), ("gpt", "tiny"): (300, 25), ("gpt", "default"): (300, 25),
 }
+
+
+def with_rate(metrics: dict) -> dict:
+    """A job's figures with its throughput under one name whatever the data counts: `rate` and `rate_stderr` from
+    `<unit>_per_sec` (images, tokens or examples), and `unit`; as they are when it timed nothing."""
+    unit = next((u for u in UNITS if f"{u}_per_sec" in metrics), None)
+    if unit is None:
+        return metrics
+    return {**metrics, "rate": metrics[f"{unit}_per_sec"], "rate_stderr": metrics.get(f"{unit}_per_sec_stderr", 0.0),
+            "unit": unit}
 
 
 def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
@@ -36,7 +48,7 @@ def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
     if proc.returncode != 0 or not match:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
-    return dict(MlflowClient(uri).get_run(match.group(1)).data.metrics)
+    return with_rate(dict(MlflowClient(uri).get_run(match.group(1)).data.metrics))
 
 
 @dataclass(frozen=True)
@@ -98,7 +110,7 @@ def keras_job(setting: Setting, gpus: int, mirrored: bool) -> dict:
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return with_rate(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 @dataclass(frozen=True)
@@ -127,9 +139,15 @@ class Table:
     repeats: int = 1
 
     def rate(self, kind: str) -> float | None:
-        """Mean images/s of the rows of one kind (single: the runner's single device), None if none succeeded."""
-        rates = [m["images_per_sec"] for job, m in self.rows if job.kind == kind and "images_per_sec" in m]
+        """Mean rate (images/s, tokens/s, ...) of the rows of one kind (single: the runner's single device), None if
+        none succeeded."""
+        rates = [m["rate"] for job, m in self.rows if job.kind == kind and "rate" in m]
         return sum(rates) / len(rates) if rates else None
+
+    @property
+    def unit(self) -> str:
+        """What the rows' rates count (images, tokens, examples: the data's unit)."""
+        return next((m["unit"] for _, m in self.rows if "unit" in m), "images")
 
 
 class Progress:
@@ -144,7 +162,7 @@ class Progress:
         self.done += 1
         elapsed = time.perf_counter() - self.start
         left = elapsed / self.done * (self.total - self.done)
-        rate = f"{metrics['images_per_sec']:,.0f} images/s" if "images_per_sec" in metrics else "FAILED"
+        rate = f"{metrics['rate']:,.0f} {metrics['unit']}/s" if "rate" in metrics else "FAILED"
         print(f"[{self.done}/{self.total}] {what}: {rate} ({time.perf_counter() - t0:.1f} s; "
               f"{elapsed / 60:.1f} min elapsed, ~{left / 60:.0f} min left)", file=sys.stderr, flush=True)
         return metrics
@@ -158,20 +176,20 @@ def run_one(setting: Setting, job: Job, uri: str, experiment: str, progress: Pro
         overrides = [f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}"]
         run = lambda: run_job([*overrides, *setting.overrides()], uri, experiment)  # noqa: E731
     metrics = progress.run(f"{setting.name} {job.where}", run)
-    if "error" not in metrics and "images_per_sec" not in metrics:
+    if "error" not in metrics and "rate" not in metrics:
         metrics = {"error": NO_TIMED_STEPS}
     return metrics
 
 
 def combine(runs: list[dict]) -> dict:
-    """One row from a job's repeats: the median of each figure (peak RSS: the highest), images/s with each round's
-    (`images_per_sec_runs`, in order) and their count; a failed repeat fails the row. One run is its own row."""
+    """One row from a job's repeats: the median of each figure (peak RSS: the highest), the rate with each round's
+    (`rate_runs`, in order) and their count; a failed repeat fails the row. One run is its own row."""
     failed = [m for m in runs if "error" in m]
     if failed or len(runs) == 1:
         return (failed or runs)[0]
     numeric = [k for k in runs[0] if isinstance(runs[0][k], (int, float)) and all(k in m for m in runs)]
     out = {k: statistics.median(m[k] for m in runs) for k in numeric}
-    out.update(images_per_sec_runs=[m["images_per_sec"] for m in runs], repeats=len(runs))
+    out.update(rate_runs=[m["rate"] for m in runs], repeats=len(runs), unit=runs[0].get("unit", "images"))
     if "peak_rss_mb" in out:
         out["peak_rss_mb"] = max(m["peak_rss_mb"] for m in runs)
     return out

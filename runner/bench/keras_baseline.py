@@ -4,10 +4,12 @@
         [--optimizer adam|sgd|momentum|rmsprop] [--override KEY=VALUE ...]
 
 Same model and data (the runner's config composed with the same overrides, the model built for the data's spec by
-the runner's `build_model`), same optimizer (Keras' own update, as the runner's `train.fused_optimizer=false`),
-learning rate (after the runner's batch rule) and precision, same global batch and the same host pipeline as the runner's `split` pipeline; Keras' defaults
-otherwise. Fit runs `steps` steps as epochs of `--chunk` steps; the first epoch (tracing, warm-up) is excluded and
-images/s is the mean ± standard error over the other epochs. Prints one JSON line, with the job overhead (process
+the runner's `build_model`), same optimizer (the runner's `build_optimizer` with Keras' own update, as
+`train.fused_optimizer=false`: learning rate after the batch rule, warm-up and schedule, beta2, weight decay; the
+runner's `train.clip_norm` as Keras' `global_clipnorm`) and precision, same global batch and the same host pipeline as
+the runner's `split` pipeline; Keras' defaults otherwise. Fit runs `steps` steps as epochs of `--chunk` steps; the
+first epoch (tracing, warm-up) is excluded and the rate (images/s, or tokens/s, examples/s: the data's unit) is the
+mean ± standard error over the other epochs. Prints one JSON line, with the job overhead (process
 start to the end of the first step, as the runner's `seconds_to_first_step`), the peak RSS and the optimizer used.
 """
 
@@ -18,6 +20,8 @@ import json
 import sys
 import time
 import typing
+
+from omegaconf import OmegaConf
 
 from runner.data_pipelines import DATASETS
 from runner.data_pipelines.split import Split
@@ -90,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import tensorflow as tf
 
-    from runner import optimizers
     from runner.measure.hooks import peak_rss_mb
-    from runner.strategies.common import build_model, effective_learning_rate
+    from runner.strategies.common import build_model, build_optimizer
     from runner.train import Timer
 
     keras.mixed_precision.set_dtype_policy(plan.train.precision)
@@ -102,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         scope = tf.device(devices.names[0])
     with scope:
         model = build_model(plan.model, plan.spec, 0)
-        model.compile(optimizer=optimizers.make(plan.train.optimizer, effective_learning_rate(plan.train), fused=False),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        optimizer = build_optimizer(OmegaConf.merge(plan.train, {"fused_optimizer": False}), model.trainable_variables)
+        optimizer.global_clipnorm = plan.train.clip_norm  # Keras clips the gradients it applies (None: not at all)
+        model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     timer = EpochTimer()
     model.fit(_dataset(data, batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
               verbose=0, callbacks=[timer.cb])
@@ -111,8 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     for seconds in timer.seconds:
         timed.add(args.chunk, seconds)
     print(json.dumps({
-        **timed.summary(batch), "devices": devices.count, "simulated": devices.simulated,
+        **timed.summary(batch * plan.spec.units_per_example, plan.spec.unit), "devices": devices.count, "simulated": devices.simulated,
         "mirrored": args.mirrored, "optimizer": type(model.optimizer).__name__,
+        "clip_norm": model.optimizer.global_clipnorm,
         "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT, "peak_rss_mb": peak_rss_mb(),
     }))
     return 0

@@ -16,7 +16,7 @@ def _row(pipeline: str, strategy: str, gpus: int, m: dict) -> str:
     ratio = m["input_batches_per_sec"] / m["step_batches_per_sec"]
     return (
         f"| {pipeline} | {strategy} | {gpus} | {m['input_batches_per_sec']:,.0f} | {m['step_batches_per_sec']:,.0f} "
-        f"| {ratio:.1f}x | {'yes' if m['input_bound'] else 'no'} | {m['images_per_sec']:,.0f} |"
+        f"| {ratio:.1f}x | {'yes' if m['input_bound'] else 'no'} | {m['rate']:,.0f} |"
     )
 
 

@@ -74,13 +74,13 @@ def speed_settings(args: argparse.Namespace) -> int:
             steps = [f"train.steps={args.steps}"] if args.steps else []
             m = run_job([*job, *extra, *steps, "train.checkpoint_every=0", f"data.test_limit={args.test_limit}"],
                         uri, experiment)
-            if "error" in m or "images_per_sec" not in m:
+            if "error" in m or "rate" not in m:
                 failed = True
                 emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', NO_TIMED_STEPS)[:80]} | | |"])
                 continue
-            base = m["images_per_sec"] if i == 0 else base
-            rate = f"{m['images_per_sec']:,.0f} ± {m['images_per_sec_stderr']:,.0f}"
-            ratio = f"{m['images_per_sec'] / base:.2f}" if base else "-"
+            base = m["rate"] if i == 0 else base
+            rate = f"{m['rate']:,.0f} ± {m['rate_stderr']:,.0f}"
+            ratio = f"{m['rate'] / base:.2f}" if base else "-"
             emit(out, [f"| {what} | {where} | `{label}` | {rate} | {ratio} "
                        f"| {m['test_accuracy']:.4f} |"])
     if args.out:
