@@ -113,8 +113,8 @@ def choose_top(sweep_dir: str, overrides: list[str], k: int) -> list[str]:
     combos = {combination_key(c): c for c in expand(overrides)}
     order = ranked(predict_elsewhere(list(combos.values())))
     keep = {combination_key(o.overrides) for o in order[:k] if o.prediction}
-    others = {combination_key(o.overrides): (f"predicted {o.prediction.images_per_sec:,.0f} images/s, not in the top "
-                                             f"{k}" if o.prediction else f"not predicted ({o.error})")
+    others = {combination_key(o.overrides): (f"predicted {o.prediction.rate:,.0f} {o.prediction.unit}/s, not "
+                                             f"in the top {k}" if o.prediction else f"not predicted ({o.error})")
               for o in order if combination_key(o.overrides) not in keep}
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     Path(sweep_dir, CHOSEN_FILE).write_text(json.dumps({"run": sorted(keep), "skip": others}, indent=2))

@@ -362,7 +362,7 @@ def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
 
     def row(rate, predicted, low, high):
         return {"rate": rate, "rate_runs": [low, high], "repeats": 2,
-                "timed_steps": 50.0, "predicted_images_per_sec": predicted}
+                "timed_steps": 50.0, "predicted_rate": predicted}
 
     rows = [(Job("single", 1, "runner single", "single", "split"), {"rate": 100.0, "timed_steps": 50.0,
                                                                      "rate_stderr": 1.0}),

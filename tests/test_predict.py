@@ -48,6 +48,16 @@ TOWERS = {"seconds": 0.004, "weight_bytes": 2_000_000, "variables": 6, "update_b
           "copy_bytes_per_s_all": 1e10}
 
 
+def test_a_language_models_prediction_counts_tokens():
+    """The same terms; the rate is the global batch's tokens (sequences x context) per predicted step."""
+    plan = validate(compose("model=gpt", "data=shakespeare", "model.variant=tiny", "data.sequence_length=32",
+                            "strategy=mirrored", "gpus=2"))
+    p = predict(plan, MACHINE, TOWERS, {"seconds": 0.0005})
+    assert p.unit == "tokens" and p.rate == pytest.approx(plan.train.global_batch_size * 32 / p.step_seconds)
+    assert set(p.metrics()) >= {"predicted_tokens_per_sec", "predicted_step_ms"}
+    assert "predicted_images_per_sec" not in p.metrics()
+
+
 def test_terms_price_the_traffic_with_the_calibrations():
     plan = validate(compose("model=mlp", "strategy=replicated", "gpus=4", "train.optimizer=sgd"))
     p = predict(plan, MACHINE, TOWERS, {"seconds": 0.0005})
@@ -57,14 +67,14 @@ def test_terms_price_the_traffic_with_the_calibrations():
     assert p.terms["update"] == pytest.approx(4 * TOUCHED["sgd"] * 2_000_000 / 3e10)  # 4 copies on 4 devices at once
     assert p.terms["reduce"] == pytest.approx(7 * 2_000_000 / 5e10 + 6 * 2_000_000 / 1e9 + traffic.messages * 1e-5)
     assert p.terms["ops"] == pytest.approx(traffic.ops * 2e-6)
-    assert p.images_per_sec == pytest.approx(128 / sum(p.terms.values()))
+    assert p.rate == pytest.approx(128 / sum(p.terms.values()))
     assert p.dominant == f"reduce {p.terms['reduce'] / p.step_seconds:.0%}"  # the slow sends: the largest term
     assert p.combination == "mlp/default replicated/split x4"
     server = predict(validate(compose("model=mlp", "strategy=parameter_server", "gpus=4", "train.optimizer=sgd")),
                      MACHINE, TOWERS, {"seconds": 0.0005})
     assert server.terms["update"] == pytest.approx(TOUCHED["sgd"] * 2_000_000 / 1e10)  # one copy on one device
     assert server.terms["reduce"] == pytest.approx(7 * 2_000_000 / 2e10 + 8 * 2_000_000 / 1e9 + 8 * 6 * 1e-5)
-    assert server.metrics()["predicted_images_per_sec"] == server.images_per_sec
+    assert server.metrics()["predicted_images_per_sec"] == server.rate
     sharded = predict(validate(compose("model=mlp", "strategy=sharded_update", "gpus=4", "train.optimizer=sgd")),
                       MACHINE, TOWERS, {"seconds": 0.0005})  # sums at the warm rate on 4, slices at the copy rate
     assert sharded.terms["reduce"] == pytest.approx(7 * 2e6 / 5e10 + 24 * 2e6 / 1e10 + 6 * 2e6 / 1e9 + 24 * 1e-5)

@@ -63,7 +63,7 @@ def format_row(job: Job, m: dict, table: Table) -> str:
     ips, steps = m["rate"], int(m.get("timed_steps", 0))
     runs = m.get("rate_runs")
     spread = f"({min(runs):,.0f}-{max(runs):,.0f})" if runs else f"± {m['rate_stderr']:,.0f}"
-    predicted = f"{m['predicted_images_per_sec']:,.0f}" if "predicted_images_per_sec" in m else "-"
+    predicted = f"{m['predicted_rate']:,.0f}" if "predicted_rate" in m else "-"
     cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}", predicted,
              f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
              _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras")),
@@ -84,7 +84,7 @@ def format_table(table: Table) -> list[str]:
     """The header naming the setting, the two bases of the ratios, and the rows."""
     s, single, keras = table.setting, table.rate("single"), table.rate("keras")
     columns, unit = list(COLUMNS), table.unit
-    columns[2] = f"{unit}/s ± stderr"
+    columns[2:4] = f"{unit}/s ± stderr", f"predicted {unit}/s"
     if table.repeats > 1:
         columns[2] = f"{unit}/s, median (lowest-highest) of {table.repeats} runs"
     each = (f" Each row is the median of {table.repeats} runs of its job, run in {table.repeats} rounds over all "
@@ -132,7 +132,7 @@ def predict_rows(table: Table) -> None:
               for job, _ in rows]
     for (_, m), outcome in zip(rows, predict_all(combos)):
         if outcome.prediction is not None:
-            m["predicted_images_per_sec"] = outcome.prediction.images_per_sec
+            m["predicted_rate"] = outcome.prediction.rate
 
 
 def prediction_lines(table: Table) -> list[str]:
@@ -142,10 +142,10 @@ def prediction_lines(table: Table) -> list[str]:
 
     groups: dict[str, list[tuple[str, float, float]]] = {}
     for job, m in sorted(table.rows, key=lambda row: row[0].gpus):
-        if job.kind == "runner" and "predicted_images_per_sec" in m:
+        if job.kind == "runner" and "predicted_rate" in m:
             rates = m.get("rate_runs", [m["rate"]])
             groups.setdefault(f"{table.setting.name} x{job.gpus}", []).extend(
-                (f"{job.strategy}/{job.pipeline}", m["predicted_images_per_sec"], r) for r in rates)
+                (f"{job.strategy}/{job.pipeline}", m["predicted_rate"], r) for r in rates)
     return [f"- {text}" for text in prediction.group_lines(groups)]
 
 

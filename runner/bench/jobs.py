@@ -33,8 +33,11 @@ def with_rate(metrics: dict) -> dict:
     unit = next((u for u in UNITS if f"{u}_per_sec" in metrics), None)
     if unit is None:
         return metrics
-    return {**metrics, "rate": metrics[f"{unit}_per_sec"], "rate_stderr": metrics.get(f"{unit}_per_sec_stderr", 0.0),
-            "unit": unit}
+    out = {**metrics, "rate": metrics[f"{unit}_per_sec"], "rate_stderr": metrics.get(f"{unit}_per_sec_stderr", 0.0),
+           "unit": unit}
+    if f"predicted_{unit}_per_sec" in metrics:  # a run's own prediction (the grid's jobs turn train.predict off)
+        out["predicted_rate"] = metrics[f"predicted_{unit}_per_sec"]
+    return out
 
 
 def run_job(overrides: list[str], uri: str, experiment: str) -> dict:

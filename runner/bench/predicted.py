@@ -54,7 +54,7 @@ def predicted(args: argparse.Namespace) -> int:
         if o.prediction is not None:
             model, combo = o.label.split(" ", 1)
             group = f"{model} x{combo.rsplit(' x', 1)[1]}"
-            groups.setdefault(group, []).append((combo.rsplit(" x", 1)[0], o.prediction.images_per_sec, rate))
+            groups.setdefault(group, []).append((combo.rsplit(" x", 1)[0], o.prediction.rate, rate))
     out: list[str] = []
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
                f"{len(measured)} runs, {len(commands)} combinations, predicted in {time.perf_counter() - t0:.0f} s "

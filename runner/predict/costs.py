@@ -36,14 +36,17 @@ class Prediction:
     combination: str
     global_batch: int
     terms: dict[str, float]
+    unit: str = "images"  # what the rate counts (data_pipelines.Spec.unit)
+    units_per_example: int = 1  # a language model's tokens per sequence
 
     @property
     def step_seconds(self) -> float:
         return sum(self.terms.values())
 
     @property
-    def images_per_sec(self) -> float:
-        return self.global_batch / self.step_seconds
+    def rate(self) -> float:
+        """Predicted `unit`/s: images/s, or tokens/s, examples/s."""
+        return self.global_batch * self.units_per_example / self.step_seconds
 
     @property
     def dominant(self) -> str:
@@ -52,8 +55,8 @@ class Prediction:
         return f"{name} {self.terms[name] / self.step_seconds:.0%}"
 
     def metrics(self) -> dict[str, float]:
-        """What a run logs: the predicted rate and each term in ms per step."""
-        return {"predicted_images_per_sec": self.images_per_sec, "predicted_step_ms": 1e3 * self.step_seconds,
+        """What a run logs: the predicted rate (`predicted_<unit>_per_sec`) and each term in ms per step."""
+        return {f"predicted_{self.unit}_per_sec": self.rate, "predicted_step_ms": 1e3 * self.step_seconds,
                 **{f"predicted_{name}_ms": 1e3 * value for name, value in self.terms.items()}}
 
 
@@ -65,11 +68,7 @@ def combination(plan: Any) -> str:
 
 
 def check_covered(plan: Any) -> None:
-    """Raise ConfigError when the plan's strategy or task has no cost model: before anything is measured for it."""
-    if plan.spec.unit != "images":
-        from runner.errors import ConfigError
-
-        raise ConfigError(f"the cost model predicts images/s of image classifiers; {plan.spec} is not covered yet")
+    """Raise ConfigError when the plan's strategy has no cost model: before anything is measured for it."""
     plan.strategy.traffic(plan.local_towers, 0, 0)
 
 
@@ -93,4 +92,5 @@ def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: di
         "ops": traffic.ops * float(machine["op_seconds"]),
         "input": float(feed["seconds"]),
     }
-    return Prediction(combination(plan), plan.train.global_batch_size, terms)
+    return Prediction(combination(plan), plan.train.global_batch_size, terms, plan.spec.unit,
+                      plan.spec.units_per_example)

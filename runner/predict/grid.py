@@ -165,7 +165,7 @@ def _priced(plan: Any, entries: dict[str, dict]) -> Prediction:
 
 def ranked(outcomes: list[Outcome]) -> list[Outcome]:
     """Predicted combinations fastest first, then the others in their given order."""
-    priced = sorted((o for o in outcomes if o.prediction), key=lambda o: -o.prediction.images_per_sec)
+    priced = sorted((o for o in outcomes if o.prediction), key=lambda o: -o.prediction.rate)
     return priced + [o for o in outcomes if not o.prediction]
 
 
@@ -173,14 +173,15 @@ def table(outcomes: list[Outcome]) -> list[str]:
     """The markdown table and the line naming the predicted fastest (and what ties with it)."""
     from runner.predict.costs import TERMS
 
-    lines = ["| combination | predicted images/s | step ms | dominant term | "
+    unit = next((o.prediction.unit for o in outcomes if o.prediction), "images")
+    lines = [f"| combination | predicted {unit}/s | step ms | dominant term | "
              + " | ".join(f"{t} ms" for t in TERMS) + " |", "|" + "---|" * (4 + len(TERMS))]
     for o in ranked(outcomes):
         if o.prediction is None:
             lines.append(f"| {o.label} | not predicted: {o.error} |" + " |" * (2 + len(TERMS)))
             continue
         p = o.prediction
-        lines.append(f"| {o.label} | {p.images_per_sec:,.0f} | {1e3 * p.step_seconds:.2f} | {p.dominant} | "
+        lines.append(f"| {o.label} | {p.rate:,.0f} | {1e3 * p.step_seconds:.2f} | {p.dominant} | "
                      + " | ".join(f"{1e3 * p.terms[t]:.2f}" for t in TERMS) + " |")
     return lines + ["", fastest_line(outcomes)]
 
@@ -190,9 +191,9 @@ def fastest_line(outcomes: list[Outcome]) -> str:
     priced = [o for o in ranked(outcomes) if o.prediction]
     if not priced:
         return "predicted fastest: none (no combination could be predicted)"
-    best = priced[0].prediction.images_per_sec
-    ties = [o.label for o in priced[1:] if o.prediction.images_per_sec >= (1 - TIE) * best]
-    text = f"predicted fastest: {priced[0].label} ({best:,.0f} images/s)"
+    best = priced[0].prediction.rate
+    ties = [o.label for o in priced[1:] if o.prediction.rate >= (1 - TIE) * best]
+    text = f"predicted fastest: {priced[0].label} ({best:,.0f} {priced[0].prediction.unit}/s)"
     return text + (f"; within {TIE:.0%} of it (a tie for this model): {', '.join(ties)}" if ties else "")
 
 

@@ -84,7 +84,7 @@ def _row(run: Any, status: str | None = None) -> Row:
         status or run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
         m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
         m.get("time_to_accuracy_seconds", math.nan), m.get("target_accuracy", math.nan),
-        predicted=m.get("predicted_images_per_sec", math.nan), unit=unit,
+        predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit,
     )
 
 
@@ -203,7 +203,8 @@ def _fmt(value: float, spec: str) -> str:
 
 def table(rows: list[Row]) -> str:
     """The comparison as a Markdown table, with a footnote where speedups are missing."""
-    head = (f"| model | pipeline | strategy | devices | scaling | {verdict.units(rows)}/s | ± stderr | predicted images/s "
+    unit = verdict.units(rows)
+    head = (f"| model | pipeline | strategy | devices | scaling | {unit}/s | ± stderr | predicted {unit}/s "
             "| speedup | efficiency | time to acc. (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 16 + "|")
     same = {True: "yes", False: "no", None: "-"}
     lines = [
@@ -282,7 +283,8 @@ def compact(rows: list[Row]) -> str:
     """One line per job, the figures a sweep's end shows: combination, images/s or the data's unit (and the
     predicted where runs logged one), time to accuracy, accuracy, status."""
     predicted = any(not math.isnan(r.predicted) for r in rows)
-    head = (f"| model | combination | {verdict.units(rows)}/s | " + ("predicted images/s | " if predicted else "")
+    unit = verdict.units(rows)
+    head = (f"| model | combination | {unit}/s | " + (f"predicted {unit}/s | " if predicted else "")
             + "time to acc. (s) | test acc | status |\n" + "|---" * (7 if predicted else 6) + "|")
     lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.rate, ',.0f')} "
              + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
