@@ -74,6 +74,8 @@ class TrainConf:
     # The test accuracy the run is timed to (time_to_accuracy_seconds); -1: the model's own on MNIST (mlp 0.98, cnn,
     # nin and lenet 0.99), none on other data; null: none.
     target_accuracy: float | None = -1.0
+    # The test (validation) loss the run is timed to instead (time_to_loss_seconds): a language model's; null: none.
+    target_loss: float | None = None
     check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
     check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
     jit_compile: bool = False  # XLA-compile the training step's compute (strategy=single)
@@ -113,6 +115,7 @@ class TrainConf:
         "checkpoint_every": (non_negative, "0 (no checkpoints) or a positive number of steps"),
         "target_accuracy": (lambda v: v is None or v == MODEL_TARGET or 0 < v <= 1,
                             f"a test accuracy in (0, 1], {MODEL_TARGET:g} (the model's own) or null (none)"),
+        "target_loss": (lambda v: v is None or 0 < v < math.inf, "a positive finite test loss or null (none)"),
         "check_every": (non_negative, "0 (about 20 checks per run) or a positive number of steps"),
         "check_examples": (positive, "a positive number of test examples"),
         "loss_scale": (lambda v: 1 <= v < math.inf, "a finite number from 1 (2**15 is Keras' start)"),
@@ -327,9 +330,7 @@ def validate(cfg: DictConfig) -> Plan:
     cluster = strategy.cluster()
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
-    if values["train"]["target_accuracy"] == MODEL_TARGET:  # a model's own target is an MNIST accuracy
-        own = getattr(parts["model"], "target_accuracy", None)
-        values["train"]["target_accuracy"] = own if parts["data"].name == "mnist" else None
+    _resolve_target(values["train"], parts)
     spec = _spec(parts["data"])  # first: data that cannot say what it is cannot say how much of it there is
     parts["pipeline"].check(towers, parts["data"].train_examples())
     parts["model"].check(spec)
@@ -338,6 +339,18 @@ def validate(cfg: DictConfig) -> Plan:
     OmegaConf.set_readonly(resolved, True)
     return Plan(resolved, parts["model"], parts["pipeline"], strategy, parts["data"], spec, towers, cluster,
                 config_hash(resolved))
+
+
+def _resolve_target(train: dict, parts: dict) -> None:
+    """One target: train.target_loss, or train.target_accuracy (-1: the model's own, which is an MNIST accuracy)."""
+    if train["target_loss"] is not None:
+        if train["target_accuracy"] not in (None, MODEL_TARGET):
+            raise ConfigError(f"train.target_accuracy={train['target_accuracy']} and train.target_loss="
+                              f"{train['target_loss']} are two targets; a run is timed to one: set the other to null")
+        train["target_accuracy"] = None
+    elif train["target_accuracy"] == MODEL_TARGET:
+        own = getattr(parts["model"], "target_accuracy", None)
+        train["target_accuracy"] = own if parts["data"].name == "mnist" else None
 
 
 def _check_optimizer(train: dict[str, Any]) -> None:

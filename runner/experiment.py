@@ -124,8 +124,8 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
                        (plan.spec.unit, plan.spec.units_per_example))
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
     _check_moving_state(plan, strategy, run)
-    if plan.train.target_accuracy:
-        run.tags({"target.reached": str("time_to_accuracy_seconds" in result).lower()})
+    if target := train.target_of(plan.train):
+        run.tags({"target.reached": str(target.keys[1] in result).lower()})
     if plan.spec.rate_key not in result:
         why = train.untimed(plan.train, steps, plan.spec.unit)
         log.warning(why)
@@ -180,7 +180,7 @@ def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Str
 def _evaluations(plan: Plan, strategy: Any, data: Data, steps: int, run: tracking.Recorder) -> train.Evaluations:
     """The test set, its first `train.check_examples` examples for the accuracy checks, and the target."""
     return train.Evaluations(
-        strategy, data.test(), data.test(plan.train.check_examples), run.metrics, plan.train.target_accuracy,
+        strategy, data.test(), data.test(plan.train.check_examples), run.metrics, train.target_of(plan.train),
         plan.train.eval_every, train.check_cadence(plan.train, steps),
     )
 

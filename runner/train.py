@@ -177,18 +177,45 @@ def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
     return loss, seconds
 
 
+@dataclass(frozen=True)
+class Target:
+    """What a run is timed to: a test accuracy at or over `value` (`metric` accuracy: an image classifier's), or a
+    test loss at or under it (`metric` loss: a language model's validation loss in nats per token)."""
+
+    metric: str  # "accuracy" or "loss"
+    value: float
+
+    def met(self, loss: float, accuracy: float) -> bool:
+        return accuracy >= self.value if self.metric == "accuracy" else loss <= self.value
+
+    @property
+    def keys(self) -> tuple[str, str, str]:
+        """The run's metric names: the target, the training seconds and the steps to it."""
+        return f"target_{self.metric}", f"time_to_{self.metric}_seconds", f"steps_to_{self.metric}"
+
+    def __str__(self) -> str:
+        return f"test {self.metric} {self.value:.4g}"
+
+
+def target_of(train: TrainConf) -> Target | None:
+    """The run's target: train.target_loss, else train.target_accuracy (validation allows one of them), else None."""
+    if train.target_loss is not None:
+        return Target("loss", float(train.target_loss))
+    return Target("accuracy", float(train.target_accuracy)) if train.target_accuracy else None
+
+
 @dataclass
 class Evaluations:
     """Evaluation during training, timed apart from it: the full test set every `eval_every` steps and at the end,
-    and accuracy checks toward `target` (time to accuracy, as MLPerf's time-to-train and DAWNBench's
-    time-to-accuracy): every `check_every` steps the `checks` subset is evaluated, and a check at or over the target
+    and checks toward `target` (time to accuracy, or to a loss, as MLPerf's time-to-train and DAWNBench's
+    time-to-accuracy): every `check_every` steps the `checks` subset is evaluated, and a check that meets the target
     is confirmed on the full test set, whose crossing fixes the step and the training seconds.
 
     Attributes:
         strategy: gives evaluate(dataset) -> (loss, accuracy).
         full: the test set; checks: its first examples (cheap enough to run often).
         record: logs (metrics, step).
-        target: the test accuracy to time the run to; None: no checks.
+        target: the test accuracy or loss to time the run to (`Target`); None: no checks.
         eval_every, check_every: steps between full evaluations / checks (0: none).
         seconds: spent evaluating so far (not training time).
         reached: (step, training seconds) when the full test set first reached the target.
@@ -198,7 +225,7 @@ class Evaluations:
     full: Any
     checks: Any
     record: Record
-    target: float | None = None
+    target: Target | None = None
     eval_every: int = 0
     check_every: int = 0
     seconds: float = 0.0
@@ -210,19 +237,20 @@ class Evaluations:
         if not last and crossed(step, n, self.eval_every):
             self._full(step, train_seconds)
         elif not last and self.target and not self.reached and crossed(step, n, self.check_every):
-            _, accuracy = self.strategy.evaluate(self.checks)
-            self.record({"check_accuracy": accuracy, "check_train_seconds": train_seconds}, step)
-            if accuracy >= self.target:
+            loss, accuracy = self.strategy.evaluate(self.checks)
+            self.record({f"check_{self.target.metric}": loss if self.target.metric == "loss" else accuracy,
+                         "check_train_seconds": train_seconds}, step)
+            if self.target.met(loss, accuracy):
                 self._full(step, train_seconds)
         self.seconds += time.perf_counter() - t0
 
     def _full(self, step: int, train_seconds: float) -> tuple[float, float]:
         loss, accuracy = self.strategy.evaluate(self.full)
         self.record({"test_loss": loss, "test_accuracy": accuracy}, step)
-        if self.target and not self.reached and accuracy >= self.target:
+        if self.target and not self.reached and self.target.met(loss, accuracy):
             self.reached = (step, train_seconds)
-            log.info("test accuracy %.4f reached the target %.4f at step %d after %.1f s of training", accuracy,
-                     self.target, step, train_seconds)
+            log.info("test loss %.4f, accuracy %.4f reached the target %s at step %d after %.1f s of training", loss,
+                     accuracy, self.target, step, train_seconds)
         return loss, accuracy
 
     def final(self, step: int, train_seconds: float) -> dict[str, float]:
@@ -232,9 +260,10 @@ class Evaluations:
         self.seconds += time.perf_counter() - t0
         out = {"test_loss": loss, "test_accuracy": accuracy, "eval_seconds": self.seconds}
         if self.target:
-            out["target_accuracy"] = self.target
-        if self.reached:
-            out.update(steps_to_accuracy=float(self.reached[0]), time_to_accuracy_seconds=self.reached[1])
+            target, seconds, steps = self.target.keys
+            out[target] = self.target.value
+            if self.reached:
+                out.update({steps: float(self.reached[0]), seconds: self.reached[1]})
         return out
 
 
@@ -353,7 +382,8 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
     Returns:
         train_loss, test_loss, test_accuracy, train_seconds (evaluation excluded), eval_seconds, steps,
         resumed_from_step, seconds_to_first_step, <unit>_per_sec (± stderr), step_time_ms, timed_steps, with a target
-        target_accuracy and, once reached, time_to_accuracy_seconds and steps_to_accuracy, and the hooks' figures.
+        target_accuracy (target_loss) and, once reached, time_to_accuracy_seconds and steps_to_accuracy
+        (time_to_loss_seconds, steps_to_loss), and the hooks' figures.
     """
     hooks = hooks or []
     with data_errors(source):

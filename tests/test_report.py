@@ -19,7 +19,7 @@ def test_the_fastest_to_the_target_wins_even_with_fewer_images_per_second():
     runs = [run("single", 1, ips=1000, tta=20.0), run("mirrored", 2, ips=1800, tta=16.0),
             run("replicated", 2, ips=1900, tta=10.0)]
     (v,) = decide(runs)
-    assert (v.basis, v.best.name, v.runner_up.name) == ("time to accuracy", "replicated/split x2", "mirrored/split x2")
+    assert (v.basis, v.best.name, v.runner_up.name) == ("time to target", "replicated/split x2", "mirrored/split x2")
     assert v.over_runner_up == pytest.approx(1.6) and v.over_one_device == pytest.approx(2.0)
     assert v.beyond_noise is None and "noise unknown" in v.line()  # single runs: time has no measured noise
     assert v.line().startswith("verdict: mlp: fastest replicated/split x2 (10.0 s to 90% test accuracy)")
@@ -82,9 +82,9 @@ def test_repeats_are_combined_by_their_median_and_judged_by_their_ranges():
     runs = [run("mirrored", 2, tta=t) for t in (10.0, 11.0, 12.0)] + [run("replicated", 2, tta=t)
                                                                        for t in (11.5, 13.0, 14.0)]
     (v,) = decide(runs)
-    assert v.best.name == "mirrored/split x2" and v.best.median("time_to_accuracy") == 11.0
+    assert v.best.name == "mirrored/split x2" and v.best.median("time_to_target") == 11.0
     assert v.beyond_noise is False  # ranges 10-12 and 11.5-14 overlap
-    runs[3].time_to_accuracy = 12.5
+    runs[3].time_to_target = 12.5
     assert decide(runs)[0].beyond_noise is True  # 10-12 against 12.5-14
 
 
@@ -204,7 +204,7 @@ def test_every_option_has_help():
 
 def test_the_time_to_accuracy_plot_stars_only_the_confirmed_targets(monkeypatch, tmp_path):
     """A curve of checks on a slice can touch the target line while the full test set did not confirm it: only the
-    confirmed point (the run's time_to_accuracy) gets a star."""
+    confirmed point (the run's time to the target) gets a star."""
     from types import SimpleNamespace
 
     from runner.report import plots
@@ -212,9 +212,9 @@ def test_the_time_to_accuracy_plot_stars_only_the_confirmed_targets(monkeypatch,
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig))
     rows = [SimpleNamespace(run_id="a", model="mlp", strategy="replicated", pipeline="split", devices=2, target=0.98,
-                            time_to_accuracy=5.7),
+                            time_to_target=5.7, target_metric="accuracy"),
             SimpleNamespace(run_id="b", model="mlp", strategy="mirrored", pipeline="split", devices=2, target=0.98,
-                            time_to_accuracy=math.nan)]
+                            time_to_target=math.nan, target_metric="accuracy")]
     curves = {"a": [(1, 0.9), (5.7, 0.981)], "b": [(1, 0.88), (7, 0.9801), (9, 0.979)]}  # b touches, unconfirmed
     plots.time_to_accuracy(rows, curves, tmp_path / "t.png")
     stars = [line for line in drawn[0].axes[0].lines if line.get_marker() == "*" and len(line.get_xdata())]

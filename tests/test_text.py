@@ -167,14 +167,34 @@ def test_the_gpt_learns_the_same_under_every_strategy_and_pipeline(tf_devices, s
     assert losses[-1] < losses[0]
 
 
-def test_a_text_run_prints_its_validation_loss_and_tokens_per_second(tmp_path):
-    proc = run_cli("debug=smoke", *TEXT, "strategy=mirrored", "gpus=2", cwd=tmp_path)
+def test_a_text_run_prints_its_validation_loss_and_tokens_per_second_and_is_timed_to_a_loss(tmp_path, capsys):
+    """The run is timed to a validation loss just under a uniform guess (ln 84 = 4.43 nats); the report's time
+    column, its plot and the verdict read that target."""
+    from runner.cli.report import main as report
+
+    proc = run_cli("debug=smoke", *TEXT, "strategy=mirrored", "gpus=2", "train.target_loss=4.4",
+                   "train.check_every=10", "train.check_examples=64", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     last = proc.stdout.strip().splitlines()[-1]
     assert last.startswith("validation loss ") and " nats/token  next-token accuracy " in last and "tokens/s" in last
-    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert "target loss 4.40 reached in " in last
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    row = runs(uri, "smoke").iloc[0]
     assert row["status"] == "FINISHED" and row["metrics.tokens_per_sec"] > 0 and "metrics.images_per_sec" not in row
     assert row["metrics.test_loss"] < np.log(84)  # below a uniform guess over the 84 characters
+    assert row["tags.target.reached"] == "true" and row["metrics.target_loss"] == 4.4
+    assert 0 < row["metrics.time_to_loss_seconds"] <= row["metrics.train_seconds"]
+    assert "metrics.target_accuracy" not in row and "metrics.check_loss" in row
+    assert report(["--tracking-uri", uri, "--experiment", "smoke", "--out", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    (verdict,) = [line for line in out.splitlines() if line.startswith("verdict:")]
+    assert "s to test loss 4.4)" in verdict and "| time to loss (s) |" in out
+
+
+def test_a_run_has_one_target():
+    with pytest.raises(ConfigError, match="train.target_accuracy=0.5 and train.target_loss=2.0 are two targets"):
+        validate(compose(*TEXT, "train.target_accuracy=0.5", "train.target_loss=2.0"))
+    assert validate(compose(*TEXT, "train.target_loss=2.0")).train.target_accuracy is None
 
 
 def _token_files(folder, n=2048, length=16, vocabulary=50):

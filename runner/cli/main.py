@@ -51,11 +51,12 @@ def main(cfg: DictConfig) -> Any:
         _report(e)
     unit = result["unit"]
     rate = f"{result[f'{unit}_per_sec']:,.0f} {unit}/s" if f"{unit}_per_sec" in result else f"{unit}/s not measured"
-    if "time_to_accuracy_seconds" in result:
-        rate += (f"  target {result['target_accuracy']:.2f} reached in {result['time_to_accuracy_seconds']:.1f} s "
-                 f"({result['steps_to_accuracy']:.0f} steps)")
-    elif "target_accuracy" in result:
-        rate += f"  target {result['target_accuracy']:.2f} not reached"
+    for metric, said in (("accuracy", ""), ("loss", "loss ")):  # an accuracy target's line as it always was
+        if f"time_to_{metric}_seconds" in result:
+            rate += (f"  target {said}{result[f'target_{metric}']:.2f} reached in "
+                     f"{result[f'time_to_{metric}_seconds']:.1f} s ({result[f'steps_to_{metric}']:.0f} steps)")
+        elif f"target_{metric}" in result:
+            rate += f"  target {said}{result[f'target_{metric}']:.2f} not reached"
     if result["run_id"]:
         from runner.tracking import ui
 

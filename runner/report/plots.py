@@ -3,8 +3,9 @@
 - `scaling.png`: images/s (or tokens/s, examples/s: what the data counts) (left) and speedup (right) against device
   count, one line per pipeline x strategy, with the ideal linear line drawn; with a single device count, a sorted
   horizontal bar chart of the throughput instead.
-- `time_to_accuracy.png`: test accuracy against training seconds, one curve per combination (its accuracy checks and
-  final evaluation), the target as a horizontal line, a star where the target was confirmed on the full test set.
+- `time_to_accuracy.png`: test accuracy (test loss where runs were timed to a loss) against training seconds, one
+  curve per combination (its checks and final evaluation), the target as a horizontal line, a star where the target
+  was confirmed on the full test set.
 - `accuracy.png`: final test accuracy per combination as dots on an axis zoomed to the data, values printed.
 """
 
@@ -76,7 +77,8 @@ def _bars(plt: Any, done: list[Any], path: Path) -> None:
 
 
 def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
-    """Accuracy against training seconds per run (`curves`: run id -> [(seconds, accuracy), ...])."""
+    """Accuracy against training seconds per run (`curves`: run id -> [(seconds, accuracy), ...]); test loss where
+    the runs were timed to a loss (a language model's train.target_loss)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     stars = 0
@@ -84,21 +86,23 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
         points = sorted(curves.get(r.run_id, []))
         if points:
             (line,) = ax.plot(*zip(*points), "o-", markersize=3, label=f"{_label(r)} x{r.devices}")
-            if not math.isnan(r.time_to_accuracy):  # a check on the slice touching the line is not a confirmation
-                ax.plot([r.time_to_accuracy], [r.target], "*", markersize=15, color=line.get_color(),
+            if not math.isnan(r.time_to_target):  # a check on the slice touching the line is not a confirmation
+                ax.plot([r.time_to_target], [r.target], "*", markersize=15, color=line.get_color(),
                         markeredgecolor="k", label="_nolegend_")
                 stars += 1
     if stars:  # one legend entry for every star, in no run's colour
         ax.plot([], [], "*", markersize=12, color="w", markeredgecolor="k",
                 label="target confirmed on the full test set")
+    loss = any(r.target_metric == "loss" for r in rows)
     targets = {r.target for r in rows if not math.isnan(r.target)}
     for target in targets:
-        ax.axhline(target, color="k", linestyle="--", alpha=0.6, label=f"target {target:.0%}")
-    ax.set(xlabel="training seconds (evaluation excluded)", ylabel="test accuracy",
-           title="Time to accuracy")
+        ax.axhline(target, color="k", linestyle="--", alpha=0.6,
+                   label=f"target {target:.4g}" if loss else f"target {target:.0%}")
+    ax.set(xlabel="training seconds (evaluation excluded)", ylabel="test loss" if loss else "test accuracy",
+           title="Time to a test loss" if loss else "Time to accuracy")
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend(loc="lower right")
+        ax.legend(loc="upper right" if loss else "lower right")
     _save(plt, fig, path)
 
 

@@ -56,13 +56,14 @@ class Row:
     achieved_gflops: float = math.nan
     mfu: float = math.nan
     loss: float = math.nan
-    time_to_accuracy: float = math.nan
+    time_to_target: float = math.nan  # training seconds to the target accuracy or loss
     target: float = math.nan
     speedup: float = math.nan
     efficiency: float = math.nan
     same: bool | None = None  # learns the same as the model's 1-device run
     predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
+    target_metric: str = "accuracy"  # a test accuracy or (a language model's) loss: train.target_accuracy / _loss
 
     @property
     def device_label(self) -> str:
@@ -76,6 +77,7 @@ def _row(run: Any, status: str | None = None) -> Row:
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
     unit = next((u for u in UNITS if f"{u}_per_sec" in m or f"{u}_per_sec.missing" in tags), "images")
+    metric = "loss" if "target_loss" in m else "accuracy"  # what the run was timed to (train.target_loss or _accuracy)
     return Row(
         run.info.run_id, f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
         tags.get("pipeline", "?"), tags.get("strategy", "?"), int(tags.get("devices.count", 0)),
@@ -83,8 +85,8 @@ def _row(run: Any, status: str | None = None) -> Row:
         m.get(f"{unit}_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan), m.get("wall_seconds", math.nan),
         status or run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
         m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
-        m.get("time_to_accuracy_seconds", math.nan), m.get("target_accuracy", math.nan),
-        predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit,
+        m.get(f"time_to_{metric}_seconds", math.nan), m.get(f"target_{metric}", math.nan),
+        predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric,
     )
 
 
@@ -197,6 +199,13 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
     return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices))
 
 
+def _time_to(rows: list[Row]) -> str:
+    """The time column's name: `time to acc.` (as image tables always said), `time to loss` or `time to target`."""
+    metrics = {r.target_metric for r in rows} or {"accuracy"}
+    return {frozenset({"accuracy"}): "time to acc.", frozenset({"loss"}): "time to loss"}.get(frozenset(metrics),
+                                                                                               "time to target")
+
+
 def _fmt(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
 
@@ -205,34 +214,36 @@ def table(rows: list[Row]) -> str:
     """The comparison as a Markdown table, with a footnote where speedups are missing."""
     unit = verdict.units(rows)
     head = (f"| model | pipeline | strategy | devices | scaling | {unit}/s | ± stderr | predicted {unit}/s "
-            "| speedup | efficiency | time to acc. (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 16 + "|")
+            f"| speedup | efficiency | {_time_to(rows)} (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 16 + "|")
     same = {True: "yes", False: "no", None: "-"}
     lines = [
         f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
         f"| {_fmt(r.rate, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.predicted, ',.0f')} "
         f"| {_fmt(r.speedup, '.2f')} "
-        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} "
+        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_target, '.1f')} | {_fmt(r.accuracy, '.4f')} "
         f"| {same[r.same]} | {_fmt(r.mfu, '.1%')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
         for r in rows
     ]
     notes = []
     if any(math.isnan(r.speedup) and r.status == "FINISHED" for r in rows):
         notes.append("speedup/efficiency `-`: no 1-device run of that model, pipeline and strategy (or of `single`)")
-    if any(math.isnan(r.time_to_accuracy) and r.status == "FINISHED" for r in rows):
-        notes.append("time to accuracy `-`: the run did not reach its target (or had none)")
+    if any(math.isnan(r.time_to_target) and r.status == "FINISHED" for r in rows):
+        notes.append(f"{_time_to(rows)} `-`: the run did not reach its target (or had none)")
     return "\n".join([head, *lines, *(f"\n{n}" for n in notes)])
 
 
 def curves(client: Any, rows: list[Row]) -> dict[str, list[tuple[float, float]]]:
-    """Each run's accuracy against training seconds: its checks, then its final evaluation."""
+    """Each run's accuracy (or loss, for a loss target) against training seconds: its checks, then its final
+    evaluation."""
     out = {}
     for r in rows:
         seconds = {m.step: m.value for m in client.get_metric_history(r.run_id, "check_train_seconds")}
-        accuracy = {m.step: m.value for m in client.get_metric_history(r.run_id, "check_accuracy")}
-        points = [(seconds[s], accuracy[s]) for s in sorted(seconds) if s in accuracy]
+        value = {m.step: m.value for m in client.get_metric_history(r.run_id, f"check_{r.target_metric}")}
+        points = [(seconds[s], value[s]) for s in sorted(seconds) if s in value]
         run = client.get_run(r.run_id).data.metrics
-        if "train_seconds" in run and not math.isnan(r.accuracy):
-            points.append((run["train_seconds"], r.accuracy))
+        final = r.loss if r.target_metric == "loss" else r.accuracy
+        if "train_seconds" in run and not math.isnan(final):
+            points.append((run["train_seconds"], final))
         out[r.run_id] = points
     return out
 
@@ -285,10 +296,10 @@ def compact(rows: list[Row]) -> str:
     predicted = any(not math.isnan(r.predicted) for r in rows)
     unit = verdict.units(rows)
     head = (f"| model | combination | {unit}/s | " + (f"predicted {unit}/s | " if predicted else "")
-            + "time to acc. (s) | test acc | status |\n" + "|---" * (7 if predicted else 6) + "|")
+            + f"{_time_to(rows)} (s) | test acc | status |\n" + "|---" * (7 if predicted else 6) + "|")
     lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.rate, ',.0f')} "
              + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
-             + f"| {_fmt(r.time_to_accuracy, '.1f')} | {_fmt(r.accuracy, '.4f')} | {r.status} |" for r in rows]
+             + f"| {_fmt(r.time_to_target, '.1f')} | {_fmt(r.accuracy, '.4f')} | {r.status} |" for r in rows]
     return "\n".join([head, *lines])
 
 

@@ -1,9 +1,10 @@
 """The answer to "which pipeline and strategy is fastest on my devices, and does it still learn the same?", from a
 table of runs, as one `verdict:` line per model.
 
-Fastest means: lowest time to the target accuracy (training seconds, evaluation excluded) among the combinations
-that reached it; where none did, highest throughput (images/s, or tokens/s or examples/s as the data counts), and the line says so. A combination is a pipeline,
-strategy and device count; several runs of one combination (repeats) are combined by their median and give its
+Fastest means: lowest time to the target (a test accuracy, or a language model's test loss; training seconds,
+evaluation excluded) among the combinations that reached it; where none did, highest throughput (images/s, or
+tokens/s or examples/s as the data counts), and the line says so. A combination is a pipeline, strategy and device
+count; several runs of one combination (repeats) are combined by their median and give its
 spread. The margin over the runner-up counts as real only when it exceeds how much a whole run moves from one
 start to the next: the two combinations' ranges must not overlap where both were repeated; otherwise the margin must
 exceed the run-to-run spread measured in the same table, from the repeats of any combination or from the 1-device
@@ -43,12 +44,13 @@ class Run:
     stderr: float = math.nan
     accuracy: float = math.nan
     loss: float = math.nan
-    time_to_accuracy: float = math.nan  # NaN: the target was not reached (or none was set)
+    time_to_target: float = math.nan  # NaN: the target was not reached (or none was set)
     target: float = math.nan
     status: str = "FINISHED"
     scaling: str = "strong"
     host_only: bool = False  # gpus=0: the host CPU, not one of the devices
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
+    target_metric: str = "accuracy"  # what `target` is: a test accuracy (reached at or over) or loss (at or under)
 
     @property
     def combination(self) -> str:
@@ -140,7 +142,7 @@ class Verdict:
     """The fastest combination of one model, and what supports the claim."""
 
     model: str
-    basis: str  # "time to accuracy" or "throughput"
+    basis: str  # "time to target" or "throughput"
     best: Combination
     runner_up: Combination | None
     over_runner_up: float | None  # how many times faster than the runner-up
@@ -154,14 +156,16 @@ class Verdict:
 
     def line(self) -> str:
         """The `verdict:` line."""
-        key = "time_to_accuracy" if self.basis == "time to accuracy" else "rate"
+        key = "time_to_target" if self.basis == "time to target" else "rate"
         value = self.best.median(key)
-        figure = f"{value:.1f} s to {self.target:.0%} test accuracy" if key == "time_to_accuracy" else \
+        metric = self.best.runs[0].target_metric
+        target = f"{self.target:.0%} test accuracy" if metric == "accuracy" else f"test loss {self.target:.4g}"
+        figure = f"{value:.1f} s to {target}" if key == "time_to_target" else \
             f"{value:,.0f} {self.best.runs[0].unit}/s"
         parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
         if self.basis == "throughput":
-            parts[0] += ", by throughput: " + (f"no run reached {self.target:.0%} test accuracy"
-                                                if not math.isnan(self.target) else "no target accuracy was set")
+            parts[0] += ", by throughput: " + (f"no run reached {target}" if not math.isnan(self.target) else
+                                                f"no target {metric} was set")
         if self.runner_up is not None and self.over_runner_up is not None:
             parts.append(f"{self.over_runner_up:.2f}x {self.runner_up.name}")
             noise = {True: "beyond the noise", False: "within the noise",
@@ -176,10 +180,10 @@ class Verdict:
 
 
 def _speed(c: Combination, basis: str) -> float:
-    """Larger is faster: images/s (tokens/s, examples/s), or 1 / time to accuracy."""
+    """Larger is faster: images/s (tokens/s, examples/s), or 1 / time to the target."""
     if basis == "throughput":
         return c.median("rate")
-    return 1.0 / c.median("time_to_accuracy")
+    return 1.0 / c.median("time_to_target")
 
 
 def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]:
@@ -190,8 +194,8 @@ def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]
         combos = sorted(_combinations(mine), key=lambda c: c.name)
         if not combos:
             continue
-        reached = [c for c in combos if c.values("time_to_accuracy")]
-        basis = "time to accuracy" if reached else "throughput"
+        reached = [c for c in combos if c.values("time_to_target")]
+        basis = "time to target" if reached else "throughput"
         ranked = sorted([c for c in (reached or combos) if not math.isnan(_speed(c, basis))],
                         key=lambda c: -_speed(c, basis))
         if not ranked:
@@ -203,7 +207,7 @@ def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]
 def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run], combos: list[Combination],
              reached: int, tolerance: Tolerance) -> Verdict:
     best, runner_up = ranked[0], ranked[1] if len(ranked) > 1 else None
-    key = "time_to_accuracy" if basis == "time to accuracy" else "rate"
+    key = "time_to_target" if basis == "time to target" else "rate"
     base = one_device(mine)
     base_combo = next((c for c in combos if base is not None and c.name == base.combination), None)
     over_base = (_speed(best, basis) / _speed(base_combo, basis)
@@ -228,4 +232,5 @@ def units(rows: Iterable[Any]) -> str:
 def runs_from(rows: Iterable[Any]) -> list[Run]:
     """Verdict runs from report rows (anything with the same field names)."""
     return [Run(r.model, r.pipeline, r.strategy, r.devices, r.rate, r.stderr, r.accuracy, r.loss,
-                r.time_to_accuracy, r.target, r.status, r.scaling, r.host_only, r.unit) for r in rows]
+                r.time_to_target, r.target, r.status, r.scaling, r.host_only, r.unit, r.target_metric)
+            for r in rows]
