@@ -111,11 +111,12 @@ def test_batch_not_divisible_by_towers_fails_at_config_time():
         validate(compose("strategy=replicated", "pipeline=sharded", "gpus=3", "train.global_batch_size=100"))
 
 
-@pytest.mark.parametrize("model", ["cnn", "nin"])
-def test_split_and_per_tower_train_conv_models_to_the_same_accuracy(tf_devices, store, model):
-    # Both hand tower i the same examples each step, so with the same seed the runs agree exactly. (`sharded` gives
-    # tower i examples i, i+N, ...: the same global batch when unshuffled, so MLP losses match exactly — see
-    # test_strategies — but Dropout masks then fall on other examples, and shuffled its order differs.)
+@pytest.mark.parametrize("model", ["mlp", "cnn", "nin"])
+def test_split_and_per_tower_train_the_same_model(tf_devices, store, model):
+    # Both hand tower i the same examples each step, so with the same seed the runs agree exactly: the same losses,
+    # the same test accuracy (the slow suite's 2-epoch comparison of the pipelines leaves per_tower to this).
+    # (`sharded` gives tower i examples i, i+N, ...: the same global batch when unshuffled, so MLP losses match
+    # exactly — see test_strategies — but Dropout masks then fall on other examples, and shuffled its order differs.)
     from runner.experiment import run
 
     results = [
@@ -124,8 +125,8 @@ def test_split_and_per_tower_train_conv_models_to_the_same_accuracy(tf_devices, 
         for p in ("split", "per_tower")
     ]
     assert results[0]["test_accuracy"] > 0.2
-    assert results[0]["test_accuracy"] == pytest.approx(results[1]["test_accuracy"], abs=0.005)
-    assert results[0]["train_loss"] == pytest.approx(results[1]["train_loss"], rel=1e-4)
+    assert [(r["test_accuracy"], r["test_loss"], r["train_loss"]) for r in results[1:]] == \
+        [(results[0]["test_accuracy"], results[0]["test_loss"], results[0]["train_loss"])]
 
 
 def test_an_in_memory_test_set_keeps_its_float_batches_only_when_small(tf_devices, monkeypatch):

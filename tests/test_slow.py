@@ -29,13 +29,14 @@ CONVERGED = ["debug=smoke", "data.train_limit=null", "data.test_limit=null", "tr
 def test_every_pipeline_trains_a_model_to_the_same_accuracy(tf_devices, store, model):
     from runner.experiment import run
 
-    for pipeline in ("split", "per_tower", "sharded"):  # in this process, on 2 of its simulated devices
+    # per_tower hands every tower split's examples in split's order: the same model, exactly (its losses and accuracy
+    # equal split's: tests/test_pipelines.py, every model); sharded's strides give other batches.
+    for pipeline in ("split", "sharded"):  # in this process, on 2 of its simulated devices
         run(compose(*CONVERGED, f"model={model}", f"pipeline={pipeline}", f"mlflow.tracking_uri={store}"))
     df = runs(store, "smoke")
     assert set(df["status"]) == {"FINISHED"}
     accuracy = dict(zip(df["params.pipeline.name"], df["metrics.test_accuracy"]))
-    assert sorted(accuracy) == ["per_tower", "sharded", "split"]
-    assert accuracy["split"] == accuracy["per_tower"]  # the same examples in the same order: the same model
+    assert sorted(accuracy) == ["sharded", "split"]
     # At most 0.5 points: 50 of the 10,000 test examples, counted in examples (0.945 - 0.940 > 0.005 in floats).
     assert round((max(accuracy.values()) - min(accuracy.values())) * 10_000) <= 50, accuracy
 
