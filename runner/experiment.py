@@ -213,8 +213,13 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
                     devices: Devices) -> dict:
     """Figures taken once training is over: peak memory, the input pipeline alone, the profile's table, the floor."""
     figures: dict[str, Any] = {"peak_rss_mb": hooks.peak_rss_mb()}
-    if plan.train.probe_floor and "step_time_ms" in result:
-        from runner.measure import floor
+    from runner.measure import floor
+
+    skipped = floor.not_a_bound(devices.simulated, devices.kind, devices.count)
+    if plan.train.probe_floor and "step_time_ms" in result and skipped:
+        log.info("floor %s", skipped)
+        run.tags({"floor": skipped})
+    elif plan.train.probe_floor and "step_time_ms" in result:
         from runner.strategies.common import tower_models
 
         log.info("measuring the step's floor (train.probe_floor): the towers' passes and one update alone, a few "

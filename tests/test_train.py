@@ -195,6 +195,22 @@ def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_device
     assert result["step_time_over_floor"] > 0.5  # a step can hardly beat its own work by much
 
 
+def test_no_floor_is_claimed_on_more_simulated_devices_than_cores(tf_devices, store, monkeypatch):
+    """There the towers' passes timed alone take longer than the step (runner/measure/floor.py): the run says why it
+    logs no floor instead of logging one its step beats."""
+    import mlflow
+
+    from runner.measure import floor
+
+    assert floor.not_a_bound(True, "CPU", 4, cores=2) and floor.not_a_bound(True, "CPU", 2, cores=2) is None
+    assert floor.not_a_bound(True, "GPU", 4, cores=2) is None and floor.not_a_bound(False, "CPU", 1, cores=1) is None
+    monkeypatch.setattr(floor.os, "cpu_count", lambda: 1)  # 2 simulated devices on a 1-core host
+    result = _smoke(store, "train.probe_floor=true", "strategy=mirrored", "gpus=2")
+    assert "floor_step_ms" not in result and "step_time_over_floor" not in result
+    tag = mlflow.MlflowClient(store).get_run(result["run_id"]).data.tags["floor"]
+    assert tag.startswith("not measured: on 2 simulated CPU devices sharing 1 core the towers' passes timed alone")
+
+
 def test_a_run_logs_its_predicted_rate_and_terms(tf_devices, store, tmp_path, monkeypatch):
     """train.predict=true: the cost model's prediction for the run's own combination, calibrated in its process."""
     from runner.predict import calibrate

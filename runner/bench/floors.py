@@ -114,6 +114,7 @@ def floors(args: argparse.Namespace) -> int:
         emit(out, [line])
         judged.append((setting, figures))
     above = [(f"{s.name} runner single x1", f["step_over_floor"]) for s, f in judged]
+    unbounded: dict[int, str] = {}  # devices -> why the floor was not measured there
     if multi := multi_jobs(args.gpus):
         emit(out, ["", f"| model | job | devices | {unit}/s | step ms | floor: forward + backward ms "
                    "| floor: update ms | step / floor |", "|---|---|---|---|---|---|---|---|"])
@@ -121,8 +122,13 @@ def floors(args: argparse.Namespace) -> int:
             for job in multi:
                 line, ratios = _multi_row(setting, job, runs[setting, job])
                 emit(out, [line])
-                above.append((f"{setting.name} {job.where}", ratios))
-    emit(out, ["", *targets(judged), above_floor(above)])
+                skipped = {m.get("floor") for m in runs[setting, job]} - {None}
+                if skipped:  # the run said why it measured no floor on these devices
+                    unbounded.setdefault(job.gpus, skipped.pop())
+                else:
+                    above.append((f"{setting.name} {job.where}", ratios))
+    emit(out, ["", *targets(judged), above_floor(above),
+               *(f"- n/a floors at x{n}: {why}" for n, why in sorted(unbounded.items()))])
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")

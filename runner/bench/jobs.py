@@ -41,7 +41,8 @@ def with_rate(metrics: dict) -> dict:
 
 
 def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
-    """Run one job in a fresh process; return its final MLflow metrics, or {'error': ...} if it failed."""
+    """Run one job in a fresh process; return its final MLflow metrics (and `floor`: why it measured no floor, if
+    it says), or {'error': ...} if it failed."""
     from mlflow.tracking import MlflowClient
 
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -51,7 +52,8 @@ def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
     if proc.returncode != 0 or not match:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
-    return with_rate(dict(MlflowClient(uri).get_run(match.group(1)).data.metrics))
+    data = MlflowClient(uri).get_run(match.group(1)).data
+    return with_rate({**data.metrics, **({"floor": data.tags["floor"]} if "floor" in data.tags else {})})
 
 
 @dataclass(frozen=True)
