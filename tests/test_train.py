@@ -195,14 +195,14 @@ def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_device
     assert result["step_time_over_floor"] > 0.5  # a step can hardly beat its own work by much
 
 
-def test_no_floor_is_claimed_on_more_simulated_devices_than_cores(tf_devices, store, monkeypatch):
-    """There the towers' passes timed alone take longer than the step (runner/measure/floor.py): the run says why it
+def test_no_floor_is_claimed_on_simulated_devices(tf_devices, store, monkeypatch):
+    """There the towers' passes timed alone do not bound the step (runner/measure/floor.py): the run says why it
     logs no floor instead of logging one its step beats."""
     import mlflow
 
     from runner.measure import floor
 
-    assert floor.not_a_bound(True, "CPU", 4, cores=2) and floor.not_a_bound(True, "CPU", 2, cores=2) is None
+    assert floor.not_a_bound(True, "CPU", 4, cores=2) and floor.not_a_bound(True, "CPU", 2, cores=8)
     assert floor.not_a_bound(True, "GPU", 4, cores=2) is None and floor.not_a_bound(False, "CPU", 1, cores=1) is None
     monkeypatch.setattr(floor.os, "cpu_count", lambda: 1)  # 2 simulated devices on a 1-core host
     result = _smoke(store, "train.probe_floor=true", "strategy=mirrored", "gpus=2")
