@@ -73,6 +73,8 @@ def test_the_spec_says_token_ids_the_next_token_and_tokens_per_second():
     (["data=shakespeare", "+model._target_=user_models.resnet"], ["cannot be built for sequences of 64 token ids"]),
     (["model=gpt", "data=shakespeare", "train.lr_schedule=cosine", "train.steps=null"], ["needs", "train.steps"]),
     (["model=gpt", "data=shakespeare", "train.optimizer=adam"], ["train.weight_decay=0.1", "adamw"]),
+    (["data=shakespeare", "+model._target_=user_models.fixed_vocabulary_classifier"],  # no next-token outputs
+     ["maps (64,) inputs to (84,) outputs", "(64, 84)"]),
 ])
 def test_a_model_that_does_not_fit_the_task_is_one_line(overrides, words):
     with pytest.raises(ConfigError) as e:
@@ -230,6 +232,16 @@ def test_token_ids_beyond_the_vocabulary_are_one_line(tmp_path):
         validate(compose("data=files", f"data.path={folder}", "data.vocabulary_size=20",
                          "+model._target_=user_models.text_classifier"))
     assert "x_train.npy has token ids from 0 to 49; data.vocabulary_size=20" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_embedding_without_a_row_for_every_token_id_is_one_line(tf_devices, tmp_path):
+    from runner.strategies.common import build_model
+
+    plan = validate(compose("data=files", f"data.path={_token_files(tmp_path / 'tokens', vocabulary=50)}",
+                            "+model._target_=user_models.fixed_vocabulary_classifier", "model.name=mine"))
+    with pytest.raises(ConfigError) as e:
+        build_model(plan.model, plan.spec, 0)
+    assert str(e.value).startswith("model=mine's embedding words has 30 rows and the data's token ids go up to 49")
 
 
 def test_synthetic_token_sequences_have_structure_a_model_learns(tf_devices, store):

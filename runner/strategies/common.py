@@ -48,7 +48,26 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
     if spec.token_ids != ("int" in dtype):
         raise ConfigError(f"model={model.name} takes {dtype} inputs, the data gives {spec}; "
                           f"{'an integer Input for token ids' if spec.token_ids else 'a float Input for images'}")
+    _check_vocabulary(model.name, built, spec)
     return built
+
+
+def _check_vocabulary(name: str, built: keras.Model, spec: Spec) -> None:
+    """An embedding that looks up the data's token ids must have a row for each: an id past its rows reads nothing
+    on a GPU (zeros) and fails mid-run on a CPU."""
+    from runner.errors import ConfigError
+
+    if not spec.token_ids:
+        return
+    for layer in built.layers:
+        reads_ids = any(node.input_tensors and node.input_tensors[0] is built.inputs[0]
+                        for node in layer._inbound_nodes)  # called on the model's input (a tied output layer too)
+        if isinstance(layer, keras.layers.Embedding) and reads_ids and layer.input_dim < spec.vocabulary:
+            raise ConfigError(
+                f"model={name}'s embedding {layer.name} has {layer.input_dim} rows and the data's token ids go up to "
+                f"{spec.vocabulary - 1} (vocabulary {spec.vocabulary}); build it with vocabulary_size rows, which "
+                "the runner passes to a model function"
+            )
 
 
 def spec_argument_names(spec: Spec) -> tuple[str, ...]:
