@@ -1,14 +1,17 @@
 """Dataset `files`: the user's own examples from a folder, in one of two layouts (`data.format`, `auto` tells them apart):
 
-- `npy`: `x_train.npy`, `y_train.npy`, `x_test.npy`, `y_test.npy` (keras.datasets' names): images (n, H, W, C) or
-  (n, H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), or token ids (n, length) of an integer dtype
-  (a text classifier's sequences: ids below `data.vocabulary_size`, else below the largest id + 1); integer labels
-  (n,) or (n, 1). The inputs are memory-mapped, never read whole (token ids are scanned once for their largest),
-  so they may be larger than memory; the spec comes from the arrays' headers.
+- `npy`: `x_train.npy`, `y_train.npy`, `x_test.npy`, `y_test.npy` (keras.datasets' names): images (n, H, W, C) or (n,
+  H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), or token ids (n, length) of an integer dtype (a text
+  classifier's sequences: ids below `data.vocabulary_size`, else below the largest id + 1); integer labels (n,) or (n,
+  1). Token ids without `y_*.npy` train a language model on the sequences themselves: each row's first length - 1 ids,
+  each labelled with the next. The inputs are memory-mapped, never read whole (token ids are scanned once for their
+  largest), so they may be larger than memory; the spec comes from the arrays' headers.
 - `tfrecord`: TFRecord shards `train-*` and `validation-*` of tf.train.Examples with `image/encoded` (JPEG or PNG)
   and `image/class/label`, the layout tf_cnn_benchmarks and TensorFlow's image models read. Each image is decoded
   and resized to `data.shape`; `data.classes` says how many labels there are (`data.label_offset` is subtracted:
-  1 for ImageNet records that count from 1). `pipeline=sharded` gives each tower its own files.
+  1 for ImageNet records that count from 1). `pipeline=sharded` gives each tower its own files. Or records of token
+  ids: `input_ids`, `data.sequence_length` int64s each, ids below `data.vocabulary_size` (which says they are
+  tokens), with `label` for a text classifier (`data.classes`), or without, a language model on the ids.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Files(DatasetOptions):
     classes: int | None = None  # null: npy, the largest training label + 1; tfrecord: required
     label_offset: int = 0  # subtracted from every stored label (1 for ImageNet records counting from 1)
     vocabulary_size: int | None = None  # token ids: how many ids the model's embedding has (null: largest id + 1)
+    sequence_length: int | None = None  # tfrecord token ids: ids per record (its input_ids)
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
@@ -52,6 +56,7 @@ class Files(DatasetOptions):
         "classes": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
         "label_offset": (non_negative, "0 or a positive integer"),
         "vocabulary_size": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
+        "sequence_length": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
     }
 
     def describe(self) -> str:
@@ -82,6 +87,11 @@ class Files(DatasetOptions):
 
     def load(self, seed: int) -> Any:
         """The arrays, memory-mapped and cut to the limits; or the TFRecord shards (`seed` is unused)."""
+        if self._format() == "npy" and self._unlabelled_tokens():
+            from runner.data_pipelines.text import SequenceFiles
+
+            return SequenceFiles(self._array("x_train")[: self.train_limit], None,
+                                 self._array("x_test")[: self.test_limit], None, synthetic=False, spec=self._npy_spec())
         if self._format() == "npy":
             from runner.data_pipelines.common import Arrays
 
@@ -89,12 +99,13 @@ class Files(DatasetOptions):
             return Arrays(x_train[: self.train_limit], labels(y_train[: self.train_limit]),
                           x_test[: self.test_limit], labels(y_test[: self.test_limit]),
                           synthetic=False, spec=self._npy_spec())
-        from runner.data_pipelines.records import RecordData, decoder
+        from runner.data_pipelines.records import RecordData, decoder, token_decoder
 
         train, test = (self._shards(split) for split in SHARDS)
         spec = self._tfrecord_spec()
-        return RecordData(train, test, spec, partial(decoder, spec, self.label_offset), self.train_limit,
-                          self.test_limit)
+        decode = partial(token_decoder, spec, self.sequence_length) if spec.token_ids else \
+            partial(decoder, spec, self.label_offset)
+        return RecordData(train, test, spec, decode, self.train_limit, self.test_limit)
 
     def _array(self, name: str) -> np.ndarray:
         path = self._folder() / f"{name}.npy"
@@ -106,10 +117,38 @@ class Files(DatasetOptions):
         except ValueError as e:
             raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
 
+    def _unlabelled_tokens(self) -> bool:
+        """Token sequences without y_train.npy and y_test.npy: a language model's data (both or neither)."""
+        labelled = [(self._folder() / f"{y}.npy").is_file() for y in ("y_train", "y_test")]
+        x = self._array("x_train")
+        if not any(labelled) and x.dtype.kind in "iu" and x.ndim == 2:
+            return True
+        if not all(labelled):
+            missing = [f"{y}.npy" for y, has in zip(("y_train", "y_test"), labelled) if not has]
+            raise DataError(f"data.path={self.path} has no {' or '.join(missing)}: labels for both splits (a "
+                            "classifier), or for neither (token ids (n, length): a language model on them)")
+        return False
+
+    def _sequences_spec(self) -> Spec:
+        """A language model on the token files: inputs (length - 1,), labels each position's next id."""
+        x_train, x_test = self._array("x_train"), self._array("x_test")
+        if x_test.dtype.kind not in "iu" or x_test.shape[1:] != x_train.shape[1:] or x_train.shape[1] < 2:
+            raise DataError(f"{self.path}: x_train.npy {x_train.dtype} {x_train.shape} and x_test.npy {x_test.dtype} "
+                            f"{x_test.shape}: a language model's token files are integer ids (n, length), the same "
+                            "length in both, at least 2")
+        for x, split in ((x_train, "train"), (x_test, "test")):
+            if not x.flags.c_contiguous:
+                raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by "
+                                "rows; save it with np.save(path, np.ascontiguousarray(x))")
+        vocabulary = self._vocabulary(x_train, x_test)
+        return Spec((int(x_train.shape[1]) - 1,), vocabulary, "int32", "next_token", vocabulary)
+
     def _npy_spec(self) -> Spec:
         if self.shape is not None:
             raise DataError(f"data.shape={self.shape} resizes TFRecord images; the npy layout in {self.path} is used "
                             "at its stored size: leave data.shape out, or store the arrays at the size you want")
+        if self._unlabelled_tokens():
+            return self._sequences_spec()
         x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
         tokens = x_train.dtype.kind in "iu" and x_train.ndim == 2
         if not tokens and (x_train.dtype.name not in DTYPES or x_train.ndim not in (3, 4)):
@@ -166,9 +205,20 @@ class Files(DatasetOptions):
         from runner.data_pipelines.records import check_framing
 
         self._shards("train")
-        if self.shape is None or self.classes is None:
+        tokens = self.vocabulary_size is not None and self.shape is None
+        if tokens and self.sequence_length is None:
+            raise DataError(f"data=files with TFRecord shards of token ids in {self.path} (data.vocabulary_size="
+                            f"{self.vocabulary_size}) needs data.sequence_length: how many ids each record's input_ids "
+                            "holds")
+        if not tokens and (self.shape is None or self.classes is None):
             raise DataError(f"data=files with TFRecord shards in {self.path} needs data.shape=[height,width,channels] "
-                            "(each image is resized to it) and data.classes (how many labels)")
+                            "(each image is resized to it) and data.classes (how many labels); or, for token ids, "
+                            "data.vocabulary_size and data.sequence_length")
         for split in SHARDS:
             check_framing(self._shards(split))
-        return Spec(tuple(self.shape), self.classes)
+        if not tokens:
+            return Spec(tuple(self.shape), self.classes)
+        vocabulary, length = self.vocabulary_size, self.sequence_length
+        if self.classes:  # a text classifier: a record's ids and its label
+            return Spec((length,), self.classes, "int32", "class", vocabulary)
+        return Spec((length - 1,), vocabulary, "int32", "next_token", vocabulary)  # a language model on the ids

@@ -17,10 +17,12 @@ from functools import cached_property
 from typing import Any, Callable
 
 from runner.data_pipelines import DataError, Spec
-from runner.data_pipelines.common import autotune, eval_batches, finish
+from runner.data_pipelines.common import autotune, eval_batches, finish, to_float
 
 IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"  # tf_cnn_benchmarks' and TF's ImageNet records
 BAD_LABEL = "label out of range"  # the decoder's assertion message, which training turns into one DataError line
+TOKENS_KEY = "input_ids"  # a token record's ids (keras_hub's and BERT's name); its class, if any, under "label"
+BAD_TOKEN = "token id out of range"  # likewise, for an id outside the vocabulary
 
 
 HEADER = 12  # a record's header: its data's length (uint64, little-endian) and the length's masked CRC-32C (uint32)
@@ -106,20 +108,52 @@ def files_digest(files: tuple[str, ...]) -> str:
     return digest.hexdigest()[:8]
 
 
-Decoder = Callable[[Any], tuple[Any, Any]]  # serialized record -> (image float32 (H, W, C) in 0..255, label int32 ())
+# serialized record -> (image float32 (H, W, C) in 0..255, label int32 ()), or (ids int32 (length,), label)
+Decoder = Callable[[Any], tuple[Any, Any]]
+
+
+def checked_label(label: Any, spec: Spec) -> Any:
+    """The label as int32, a label outside 0..classes-1 stopping training (BAD_LABEL) instead of being trained on."""
+    import tensorflow as tf
+
+    label = tf.cast(label, tf.int32)
+    in_range = tf.logical_and(label >= 0, label < spec.classes)
+    with tf.control_dependencies([tf.debugging.Assert(in_range, [BAD_LABEL, label], name="label_in_range")]):
+        return tf.identity(label)
 
 
 def checked(image: Any, label: Any, spec: Spec) -> tuple[Any, Any]:
-    """An image resized to spec's height and width (a no-op copy where it has them) as float32, and its label, with
-    a label outside 0..classes-1 stopping training (BAD_LABEL) instead of being trained on."""
+    """An image resized to spec's height and width (a no-op copy where it has them) as float32, and its checked
+    label."""
     import tensorflow as tf
 
     image = tf.image.resize(image, spec.shape[:2])  # float32 (H, W, C)
     image.set_shape(spec.shape)
-    label = tf.cast(label, tf.int32)
-    in_range = tf.logical_and(label >= 0, label < spec.classes)
-    with tf.control_dependencies([tf.debugging.Assert(in_range, [BAD_LABEL, label], name="label_in_range")]):
-        return image, tf.identity(label)
+    return image, checked_label(label, spec)
+
+
+def token_decoder(spec: Spec, length: int) -> Decoder:
+    """A tf.train.Example of `length` int64 token ids (TOKENS_KEY) -> a text classifier's (ids (length,), its
+    checked `label`), or a language model's (ids[:-1], ids[1:]: each position's next id); an id outside the
+    vocabulary stops training (BAD_TOKEN) instead of being looked up."""
+    import tensorflow as tf
+
+    classify = spec.target == "class"
+    features = {TOKENS_KEY: tf.io.FixedLenFeature([length], tf.int64)}
+    if classify:
+        features["label"] = tf.io.FixedLenFeature([], tf.int64)
+
+    def decode(record):
+        example = tf.io.parse_single_example(record, features)
+        ids = example[TOKENS_KEY]  # (length,) int64
+        bad = tf.logical_or(ids < 0, ids >= spec.vocabulary)
+        first = tf.gather(ids, tf.argmax(tf.cast(bad, tf.int32)))  # the first id out of range (if any)
+        with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [BAD_TOKEN, first],
+                                                          name="token_in_range")]):
+            ids = tf.cast(ids, tf.int32)
+        return (ids, checked_label(example["label"], spec)) if classify else (ids[:-1], ids[1:])
+
+    return decode
 
 
 def decoder(spec: Spec, label_offset: int) -> Decoder:
@@ -139,7 +173,7 @@ def decoder(spec: Spec, label_offset: int) -> Decoder:
 
 @dataclass(frozen=True)
 class Records:
-    """TFRecord shards of encoded images as training or test examples (the `Examples` contract)."""
+    """TFRecord shards of encoded images (or of token ids) as training or test examples (the `Examples` contract)."""
 
     files: tuple[str, ...]
     spec: Spec
@@ -175,7 +209,8 @@ class Records:
         return bool(self.buffer) and self.by_file() and not self.limit
 
     def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
-        """A tf.data.Dataset of (float32 (batch, H, W, C) in [0, 1], int32 (batch,)), prefetched on the host."""
+        """A tf.data.Dataset of (float32 (batch, H, W, C) in [0, 1], int32 (batch,)), or of token ids (batch,
+        length) and their labels, prefetched on the host."""
         import tensorflow as tf
 
         files = tf.data.Dataset.from_tensor_slices(list(self.own_files()))
@@ -193,8 +228,8 @@ class Records:
         if self.endless:
             ds = ds.repeat()
         ds = ds.map(self.decoder(), num_parallel_calls=parallel)
-        scaled = ds.batch(batch, drop_remainder=drop_remainder).map(lambda x, y: (x / 255.0, y))
-        return finish(scaled, opts)
+        ready = ds.batch(batch, drop_remainder=drop_remainder).map(lambda x, y: to_float(x, y, self.spec))
+        return finish(ready, opts)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from runner.data_pipelines import DataError, Spec
-from runner.data_pipelines.common import Indexed, array_digest, eval_dataset
+from runner.data_pipelines.common import Arrays, Indexed, array_digest, eval_batches, eval_dataset, read_rows
 
 
 def characters(text: str, vocabulary: str) -> np.ndarray:
@@ -84,6 +84,42 @@ class Stream:
     def digest(self, split: str) -> str:
         ids = self.train_ids if split == "train" else self.test_ids
         return array_digest(ids, np.zeros(0))
+
+
+@dataclass(frozen=True)
+class Sequences(Indexed):
+    """Indexed examples whose `x` holds token sequences (n, length + 1), in memory or memory-mapped: example i is
+    row i's first `length` ids, its labels the row's last `length` (each position's next token); `y` is unused."""
+
+    def take(self, i: Any) -> tuple[Any, Any]:
+        import tensorflow as tf
+
+        if isinstance(self.x, np.memmap):  # one pread per row, as Indexed reads a memory-mapped file
+            rows = tf.numpy_function(lambda j: read_rows(self.x, j), [i], tf.as_dtype(self.x.dtype))
+            rows.set_shape((None, *self.x.shape[1:]))
+        else:
+            rows = tf.gather(self.x, i)  # (b, length + 1)
+        return rows[:, :-1], rows[:, 1:]
+
+
+@dataclass(frozen=True)
+class SequenceFiles(Arrays):
+    """A user's token sequences (n, length + 1) without labels (`y_train`, `y_test` None), as a language model trains
+    on them: every row is an example, each of its positions labelled with the next id."""
+
+    def _examples(self, x: np.ndarray) -> Sequences:
+        import tensorflow as tf
+
+        return Sequences(x, None, tf.data.Dataset.range(len(x)), self.spec)
+
+    def train(self) -> Sequences:
+        return self._examples(self.x_train)
+
+    def test(self, limit: int | None = None) -> Any:
+        return eval_batches(self._examples(self.x_test[:limit]))
+
+    def digest(self, split: str) -> str:
+        return array_digest(self.x_train if split == "train" else self.x_test, np.zeros(0))
 
 
 def split_by_position(ids: np.ndarray, validation: float, length: int, source: str) -> tuple[np.ndarray, np.ndarray]:

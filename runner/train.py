@@ -138,13 +138,17 @@ def _bad_data(e: Exception, source: str) -> Exception | None:
     import re
 
     from runner.data_pipelines import DataError
-    from runner.data_pipelines.records import BAD_LABEL
+    from runner.data_pipelines.records import BAD_LABEL, BAD_TOKEN
     from runner.errors import one_line
 
     found = re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e))
     if found is not None:
         return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
                          "set data.classes or data.label_offset to match the files")
+    found = re.search(rf"{BAD_TOKEN}\W+\[?(-?\d+)", str(e))
+    if found is not None:
+        return DataError(f"{source} has token id {found.group(1)}, outside 0 to data.vocabulary_size - 1; set "
+                         "data.vocabulary_size to the model's vocabulary, or fix the files")
     if FROM_INPUT in str(e):
         return DataError(f"an example of {source} cannot be read: {one_line(e).rstrip('.')}; fix the files, or leave "
                          "out the one holding it")

@@ -76,7 +76,7 @@ def test_the_spec_says_token_ids_the_next_token_and_tokens_per_second():
     (["data=shakespeare", "+model._target_=user_models.fixed_vocabulary_classifier"],  # no next-token outputs
      ["maps (64,) inputs to (84,) outputs", "(64, 84)"]),
 ])
-def test_a_model_that_does_not_fit_the_task_is_one_line(overrides, words):
+def test_a_model_that_does_not_fit_the_task_is_one_line(tf_devices, overrides, words):
     with pytest.raises(ConfigError) as e:
         plan = validate(compose(*overrides))
         from runner.strategies.common import build_model  # the model is checked against the task once built
@@ -232,6 +232,72 @@ def test_token_ids_beyond_the_vocabulary_are_one_line(tmp_path):
         validate(compose("data=files", f"data.path={folder}", "data.vocabulary_size=20",
                          "+model._target_=user_models.text_classifier"))
     assert "x_train.npy has token ids from 0 to 49; data.vocabulary_size=20" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_language_model_trains_on_token_files_without_labels(tf_devices, tmp_path, store):
+    """x_train.npy and x_test.npy of token ids (n, length) and no y_*.npy: each row's first length - 1 ids, each
+    labelled with the next; rows counting up from a random start (mod 40), which the GPT learns under mirrored."""
+    from runner.experiment import run
+
+    rng, folder = np.random.default_rng(0), tmp_path / "lm"
+    folder.mkdir()
+    for split, n in (("train", 4096), ("test", 256)):
+        np.save(folder / f"x_{split}.npy", ((rng.integers(0, 40, (n, 1)) + np.arange(17)) % 40).astype(np.int32))
+    plan = validate(compose("data=files", f"data.path={folder}", "model=gpt"))
+    assert plan.spec == Spec((16,), 40, "int32", "next_token", 40)
+    result = run(compose("debug=smoke", "data=files", f"data.path={folder}", "model=gpt", "model.variant=tiny",
+                         "strategy=mirrored", "gpus=2", "train.steps=100", "train.lr_warmup_steps=10",
+                         "train.learning_rate=0.01", f"mlflow.tracking_uri={store}"))
+    assert result["unit"] == "tokens" and result["test_loss"] < 0.5 * np.log(40)
+    (folder / "y_test.npy").write_bytes((folder / "x_test.npy").read_bytes())  # labels for one split only
+    with pytest.raises(ConfigError, match="has no y_train.npy: labels for both splits"):
+        validate(compose("data=files", f"data.path={folder}", "model=gpt"))
+
+
+def _token_records(folder, rows: np.ndarray, labels: np.ndarray | None = None, files: int = 2):
+    """TFRecord shards train-* and validation-* of tf.train.Examples with `input_ids` (and `label`): the rows split
+    3:1 between train and validation, each split over `files` files."""
+    import tensorflow as tf
+
+    folder.mkdir()
+    cut = 3 * len(rows) // 4
+    for split, part in (("train", slice(0, cut)), ("validation", slice(cut, None))):
+        chunks = np.array_split(np.arange(len(rows))[part], files)
+        for k, chunk in enumerate(chunks):
+            with tf.io.TFRecordWriter(str(folder / f"{split}-{k:05d}-of-{files:05d}")) as writer:
+                for i in chunk:
+                    feature = {"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=rows[i]))}
+                    if labels is not None:
+                        feature["label"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[labels[i]]))
+                    writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    return folder
+
+
+def test_tfrecord_token_shards_train_a_language_model_and_a_classifier_by_file(tf_devices, tmp_path, store):
+    """Records of `input_ids` without labels: a language model on them (counting rows, as above); with `label`: a
+    text classifier; split by file across 2 towers (pipeline=sharded); an id past the vocabulary: one line."""
+    from runner.experiment import run
+
+    rng = np.random.default_rng(0)
+    rows = (rng.integers(0, 40, (2048, 1)) + np.arange(17)) % 40
+    lm = _token_records(tmp_path / "lm", rows)
+    common = ["debug=smoke", "data=files", "data.format=tfrecord", "data.vocabulary_size=40", "data.sequence_length=17",
+              "strategy=mirrored", "gpus=2", "pipeline=sharded", f"mlflow.tracking_uri={store}"]
+    assert validate(compose(*common, f"data.path={lm}", "model=gpt")).spec == Spec((16,), 40, "int32", "next_token", 40)
+    result = run(compose(*common, f"data.path={lm}", "model=gpt", "model.variant=tiny", "train.steps=100",
+                         "train.learning_rate=0.01", "train.lr_warmup_steps=10"))
+    assert result["unit"] == "tokens" and result["test_loss"] < 0.5 * np.log(40)
+    words = rng.integers(3, 40, (2048, 16))
+    words[:1024, :4], words[1024:, :4] = 1, 2  # the class is which id opens the sequence
+    order = rng.permutation(2048)
+    texts = _token_records(tmp_path / "texts", words[order], (np.arange(2048) < 1024).astype(int)[order])
+    result = run(compose(*common, f"data.path={texts}", "data.sequence_length=16", "data.classes=2",
+                         "+model._target_=user_models.text_classifier", "model.name=text_classifier",
+                         "train.steps=100", "train.learning_rate=0.01"))
+    assert result["unit"] == "examples" and result["test_accuracy"] > 0.9
+    bad = _token_records(tmp_path / "bad", np.where(rows == 39, 45, rows), files=1)  # ids up to 45
+    with pytest.raises(DataError, match="has token id 45, outside 0 to data.vocabulary_size - 1"):
+        run(compose(*common, f"data.path={bad}", "model=gpt", "model.variant=tiny", "train.steps=20"))
 
 
 def test_an_embedding_without_a_row_for_every_token_id_is_one_line(tf_devices, tmp_path):
