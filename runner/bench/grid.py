@@ -47,8 +47,8 @@ def plan(strategies: list[str], pipelines: list[str], gpus: list[int]) -> list[J
     return jobs + [Job("single", 1, "runner single (after the grid)", "single", "split")]
 
 
-COLUMNS = ("what", "devices", "images/s ± stderr", "predicted images/s", "timed steps", "x runner single", "x keras fit",
-           "step / floor", "MFU", "optimizer state / device (MB)", "pipeline alone (batches/s)", "pipeline / step",
+COLUMNS = ("what", "devices", "{unit}/s ± stderr", "predicted {unit}/s", "timed steps", "x runner single",
+           "x keras fit", "step / floor", "MFU", "optimizer state / device (MB)", "pipeline alone (batches/s)", "pipeline / step",
            "peak RSS (MB)", "overhead (s)")
 
 
@@ -83,8 +83,8 @@ def format_row(job: Job, m: dict, table: Table) -> str:
 def format_table(table: Table) -> list[str]:
     """The header naming the setting, the two bases of the ratios, and the rows."""
     s, single, keras = table.setting, table.rate("single"), table.rate("keras")
-    columns, unit = list(COLUMNS), table.unit
-    columns[2:4] = f"{unit}/s ± stderr", f"predicted {unit}/s"
+    unit = table.unit
+    columns = [c.format(unit=unit) for c in COLUMNS]  # images/s, tokens/s or examples/s: the data's unit
     if table.repeats > 1:
         columns[2] = f"{unit}/s, median (lowest-highest) of {table.repeats} runs"
     each = (f" Each row is the median of {table.repeats} runs of its job, run in {table.repeats} rounds over all "

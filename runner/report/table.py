@@ -201,9 +201,10 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
 
 def _time_to(rows: list[Row]) -> str:
     """The time column's name: `time to acc.` (as image tables always said), `time to loss` or `time to target`."""
-    metrics = {r.target_metric for r in rows} or {"accuracy"}
-    return {frozenset({"accuracy"}): "time to acc.", frozenset({"loss"}): "time to loss"}.get(frozenset(metrics),
-                                                                                               "time to target")
+    metrics = {r.target_metric for r in rows}
+    if metrics <= {"accuracy"}:
+        return "time to acc."
+    return "time to loss" if metrics == {"loss"} else "time to target"
 
 
 def _fmt(value: float, spec: str) -> str:
