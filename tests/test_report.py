@@ -137,6 +137,8 @@ def store(tmp_path):
     text = client.create_experiment("text")  # a language model's runs: tokens/s, no images/s
     job(text, "single", 1, 12_000, model="gpt", unit="tokens")
     job(text, "mirrored", 2, 19_000, model="gpt", unit="tokens")
+    failed = client.create_run(text, tags={"model": "gpt", "strategy": "replicated", "devices.count": "2"})
+    client.set_terminated(failed.info.run_id, "FAILED")  # refused before it timed anything: no rate, no unit
     return uri, parent
 
 

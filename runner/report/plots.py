@@ -102,7 +102,7 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
            title="Time to a test loss" if loss else "Time to accuracy")
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend(loc="upper right" if loss else "lower right")
+        ax.legend(loc="best" if loss else "lower right")  # loss curves fall toward the lower right
     _save(plt, fig, path)
 
 

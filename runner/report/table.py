@@ -201,7 +201,7 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
 
 def _time_to(rows: list[Row]) -> str:
     """The time column's name: `time to acc.` (as image tables always said), `time to loss` or `time to target`."""
-    metrics = {r.target_metric for r in rows}
+    metrics = {r.target_metric for r in rows if not math.isnan(r.target)}  # runs with a target say what it is
     if metrics <= {"accuracy"}:
         return "time to acc."
     return "time to loss" if metrics == {"loss"} else "time to target"

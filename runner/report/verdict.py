@@ -225,8 +225,9 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
 
 
 def units(rows: Iterable[Any]) -> str:
-    """What the rows' (or runs') throughput counts: `images`, `tokens`, or `images, tokens` for a mix of models."""
-    return ", ".join(sorted({r.unit for r in rows})) or "images"
+    """What the rows' (or runs') throughput counts: `images`, `tokens`, or `images, tokens` for a mix of models;
+    rows without a rate (a run that failed before it timed anything) say nothing."""
+    return ", ".join(sorted({r.unit for r in rows if not math.isnan(r.rate)})) or "images"
 
 
 def runs_from(rows: Iterable[Any]) -> list[Run]:
