@@ -33,6 +33,12 @@ class DataError(UserError):
 UNITS = ("images", "tokens", "examples")
 
 
+def rate_unit(names: Any) -> str | None:
+    """Which unit a run's figures count, from their names (`<unit>_per_sec`, or `<unit>_per_sec.missing` where it
+    timed nothing); None if none says."""
+    return next((u for u in UNITS if f"{u}_per_sec" in names or f"{u}_per_sec.missing" in names), None)
+
+
 @dataclass(frozen=True)
 class Spec:
     """The task contract: what one example is, what is learned from it, and how a run counts its throughput.
@@ -104,7 +110,6 @@ IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d
                      "[height, width, channels] of positive integers")
 IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_SHAPE[1]}, or null")
 TARGETS = ("class", "next_token")
-UNITS = ("images", "tokens", "examples")  # what a run's throughput counts (Spec.unit)
 
 
 @runtime_checkable

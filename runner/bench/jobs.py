@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from runner.data_pipelines import UNITS
+from runner.data_pipelines import rate_unit
 
 MIN_TIMED_STEPS = 20
 NO_TIMED_STEPS = "no timed steps: raise --steps to a few times --steps-per-call"  # a finished job's row without a rate
@@ -30,8 +30,8 @@ DEFAULT_STEPS = {
 def with_rate(metrics: dict) -> dict:
     """A job's figures with its throughput under one name whatever the data counts: `rate` and `rate_stderr` from
     `<unit>_per_sec` (images, tokens or examples), and `unit`; as they are when it timed nothing."""
-    unit = next((u for u in UNITS if f"{u}_per_sec" in metrics), None)
-    if unit is None:
+    unit = rate_unit(metrics)
+    if unit is None or f"{unit}_per_sec" not in metrics:
         return metrics
     out = {**metrics, "rate": metrics[f"{unit}_per_sec"], "rate_stderr": metrics.get(f"{unit}_per_sec_stderr", 0.0),
            "unit": unit}

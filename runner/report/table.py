@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import tracking
-from runner.data_pipelines import UNITS
+from runner.data_pipelines import rate_unit
 from runner.report import plots, prediction, verdict
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ def _row(run: Any, status: str | None = None) -> Row:
     """A run as a row; `status` shown instead of the stored one (a dead run's)."""
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
-    unit = next((u for u in UNITS if f"{u}_per_sec" in m or f"{u}_per_sec.missing" in tags), "images")
+    unit = rate_unit({**m, **tags}) or "images"
     metric = "loss" if "target_loss" in m else "accuracy"  # what the run was timed to (train.target_loss or _accuracy)
     return Row(
         run.info.run_id, f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
