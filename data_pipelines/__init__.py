@@ -40,16 +40,37 @@ def rate_unit(names: Any) -> str | None:
 
 
 @dataclass(frozen=True)
+class Feature:
+    """One named input of an example made of several (`Spec.features`): `shape` stored as `dtype`; where it holds
+    categorical ids ("int32"), column k's ids are below `vocabularies[k]` (one embedding table per column)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # "float32" values or "int32" ids
+    vocabularies: tuple[int, ...] = ()  # int32 ids: one vocabulary per column of the last axis
+
+    def __str__(self) -> str:
+        if not self.vocabularies:
+            return f"{self.name} {'x'.join(map(str, self.shape))} {self.dtype}"
+        return f"{self.name} {'x'.join(map(str, self.shape))} ids (vocabularies {min(self.vocabularies):,} to " \
+               f"{max(self.vocabularies):,})"
+
+
+@dataclass(frozen=True)
 class Spec:
     """The task contract: what one example is, what is learned from it, and how a run counts its throughput.
 
     - The input: `shape` stored as `dtype`. An image (height, width, channels) of "uint8" (scaled to float32 in
-      [0, 1] when batched) or "float32" (as is); or a sequence (length,) of "int32" token ids below `vocabulary`.
-    - The target: "class", one of `classes` per example, labels (b,); or "next_token", one of `classes` (the
-      vocabulary) at every input position, labels (b, length): a language model.
-    - The loss is sparse categorical cross-entropy on the model's logits, averaged over the target's positions
-      (`runner.strategies.common.per_example_loss`); the metrics are that loss and the accuracy (per position for
-      "next_token"); the throughput unit is images for images, tokens for "next_token", examples otherwise.
+      [0, 1] when batched) or "float32" (as is); or a sequence (length,) of "int32" token ids below `vocabulary`;
+      or named `features` (a recommender's dense values and categorical ids: `Feature`), given to the model as a
+      dict of tensors (b, *feature.shape) (then `shape` is () and `dtype` "features").
+    - The target: "class", one of `classes` per example, labels (b,); "next_token", one of `classes` (the
+      vocabulary) at every input position, labels (b, length): a language model; or "binary", labels (b,) in {0, 1}
+      and one logit (the log-odds of 1) per example: a click model.
+    - The loss is cross-entropy on the model's logits (`runner.losses.cross_entropy`: sparse categorical, averaged
+      over the target's positions; sigmoid for one logit); the metrics are that loss, the accuracy (per position
+      for "next_token"; logit > 0 for "binary") and for "binary" the AUC; the throughput unit is images for images,
+      tokens for "next_token", examples otherwise.
 
     Datasets declare it without TensorFlow, validation carries it in the plan, models are built for it, and every
     later stage reads shapes and units from it.
@@ -57,11 +78,15 @@ class Spec:
 
     shape: tuple[int, ...]
     classes: int
-    dtype: str = "uint8"  # "uint8" images (scaled by 1/255), "float32" images (as is), "int32" token ids
-    target: str = "class"  # "class" (b,) or "next_token" (b, length)
+    dtype: str = "uint8"  # "uint8" images (scaled by 1/255), "float32" images (as is), "int32" token ids, "features"
+    target: str = "class"  # "class" (b,), "next_token" (b, length) or "binary" (b,)
     vocabulary: int = 0  # token ids are below it (0: the input is not token ids)
+    features: tuple[Feature, ...] = ()  # named inputs (dtype "features")
 
     def __str__(self) -> str:
+        if self.features:
+            return f"examples of {', '.join(map(str, self.features))}, a binary label" if self.target == "binary" \
+                else f"examples of {', '.join(map(str, self.features))}, {self.classes} classes"
         if not self.token_ids:
             return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {self.classes} classes"
         what = "the next token at each position" if self.target == "next_token" else f"{self.classes} classes"
@@ -69,13 +94,15 @@ class Spec:
 
     @property
     def token_ids(self) -> bool:
-        """Whether an example is a sequence of token ids (else an image)."""
+        """Whether an example is a sequence of token ids (else an image or named features)."""
         return self.dtype == "int32"
 
     @property
     def unit(self) -> str:  # one of UNITS
         """What a run's throughput counts: images, tokens or examples (`<unit>_per_sec`)."""
-        return "tokens" if self.target == "next_token" else "examples" if self.token_ids else "images"
+        if self.target == "next_token":
+            return "tokens"
+        return "examples" if self.token_ids or self.features else "images"
 
     @property
     def rate_key(self) -> str:
@@ -89,17 +116,19 @@ class Spec:
 
     @property
     def labels_shape(self) -> tuple[int, ...]:
-        """One example's labels: () for a class, (length,) for the next token at every position."""
+        """One example's labels: () for a class or a binary label, (length,) for the next token at every position."""
         return self.shape[:1] if self.target == "next_token" else ()
 
     @property
     def outputs_shape(self) -> tuple[int, ...]:
-        """One example's logits, as the model must give them."""
-        return (*self.labels_shape, self.classes)
+        """One example's logits, as the model must give them: one for a binary label, else one per class."""
+        return (1,) if self.target == "binary" else (*self.labels_shape, self.classes)
 
     @property
     def input_bytes(self) -> int:
-        """Bytes of one example's input as a model takes it (float32 images, int32 ids: 4 bytes a value)."""
+        """Bytes of one example's input as a model takes it (float32 values, int32 ids: 4 bytes each)."""
+        if self.features:
+            return sum(4 * math.prod(f.shape) for f in self.features)
         return 4 * math.prod(self.shape)
 
 
@@ -109,7 +138,7 @@ MNIST = Spec((28, 28, 1), 10)  # the default data's examples
 IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d in v),
                      "[height, width, channels] of positive integers")
 IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_SHAPE[1]}, or null")
-TARGETS = ("class", "next_token")
+TARGETS = ("class", "next_token", "binary")
 
 
 @runtime_checkable
@@ -130,7 +159,7 @@ class Batches(Protocol):
 
     def next(self) -> list[tuple[Any, Any]]:
         """One (inputs (b, *spec.shape), labels (b, *spec.labels_shape) int32) pair per tower, b = global batch /
-        towers; inputs are float32 images or int32 token ids (`Spec`)."""
+        towers; inputs are float32 images, int32 token ids, or a dict of named features (`Spec`)."""
 
 
 @runtime_checkable

@@ -103,6 +103,28 @@ class Arrays:
         return array_digest(x, y)
 
 
+@dataclass(frozen=True)
+class Table(Arrays):
+    """Examples of named features (`Spec.features`): `x_train` and `x_test` are dicts of arrays (n, *feature.shape),
+    the labels (n,) int32."""
+
+    @property
+    def train_size(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def test_size(self) -> int:
+        return len(self.y_test)
+
+    def test(self, limit: int | None = None) -> Any:
+        return eval_dataset({k: v[:limit] for k, v in self.x_test.items()}, self.y_test[:limit], self.spec)
+
+    def digest(self, split: str) -> str:
+        x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
+        return array_digest(np.concatenate([np.ascontiguousarray(v).view(np.uint8).reshape(len(y), -1)
+                                            for _, v in sorted(x.items())], axis=1), y)
+
+
 def array_digest(x: np.ndarray, y: np.ndarray) -> str:
     """sha256 of the images' and labels' bytes (8 hex digits); of a memory-mapped array only its shape and first
     2**20 values, since reading it whole would pull the file into memory."""
@@ -124,7 +146,7 @@ class Indexed:
     batches/s of 128, MNIST, 2 cores), with the very same examples in the very same order for a given seed.
     """
 
-    x: Any  # (n, ...) images in their stored dtype: a tf.Tensor, or a memory-mapped numpy array
+    x: Any  # (n, ...) images in their stored dtype: a tf.Tensor, or a memory-mapped numpy array; or a dict of them
     y: Any  # (n,) int32 labels, likewise
     indices: Any  # tf.data.Dataset of int64 indices into x and y: all of them, a shard, shuffled...
     spec: Spec = field(default=MNIST)
@@ -145,8 +167,8 @@ class Indexed:
         """The stored images and labels at indices `i` (b,): one gather, or one numpy read of a memory-mapped file."""
         import tensorflow as tf
 
-        if not isinstance(self.x, np.memmap):
-            return tf.gather(self.x, i), tf.gather(self.y, i)
+        if not isinstance(self.x, np.memmap):  # a dict of named features: each gathered
+            return tf.nest.map_structure(lambda a: tf.gather(a, i), self.x), tf.gather(self.y, i)
         x, y = tf.numpy_function(lambda j: (read_rows(self.x, j), self.y[j]), [i], (tf.as_dtype(self.x.dtype), tf.int32))
         x.set_shape((None, *self.x.shape[1:]))
         y.set_shape((None, *self.y.shape[1:]))
@@ -189,14 +211,17 @@ def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
 
     if isinstance(x, np.memmap):
         return Indexed(x, np.asarray(y, np.int32), tf.data.Dataset.range(len(x)), spec)
-    return Indexed(tf.constant(x), tf.constant(y), tf.data.Dataset.range(len(x)), spec)
+    return Indexed(tf.nest.map_structure(tf.constant, x), tf.constant(y), tf.data.Dataset.range(len(y)), spec)
 
 
 def to_float(x, y, spec: Spec = MNIST):
     """Stored examples -> what the model takes (`Spec`): images (b, ...) -> float32 (b, H, W, C), uint8 scaled to
-    [0, 1] and float32 as is; token ids -> int32 (b, length); labels -> int32 (b, *spec.labels_shape)."""
+    [0, 1] and float32 as is; token ids -> int32 (b, length); named features -> a dict of each (b, *shape) in its
+    dtype; labels -> int32 (b, *spec.labels_shape)."""
     import tensorflow as tf
 
+    if spec.features:
+        return {f.name: tf.cast(x[f.name], f.dtype) for f in spec.features}, tf.cast(y, tf.int32)
     if spec.token_ids:
         return tf.reshape(tf.cast(x, tf.int32), (-1, *spec.shape)), tf.reshape(tf.cast(y, tf.int32),
                                                                                (-1, *spec.labels_shape))
@@ -252,6 +277,6 @@ def eval_dataset(x: np.ndarray, y: np.ndarray, spec: Spec = MNIST):
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(EVAL_BATCH)
     ds = ds.map(lambda xb, yb: to_float(xb, yb, spec), num_parallel_calls=tf.data.AUTOTUNE)
-    if 4 * x.size <= EVAL_CACHE_BYTES:  # float32 bytes
+    if spec.input_bytes * len(y) <= EVAL_CACHE_BYTES:  # float32 bytes
         ds = ds.cache()
     return ds.prefetch(tf.data.AUTOTUNE)

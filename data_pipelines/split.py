@@ -25,8 +25,10 @@ class Batches:
         """One batch per tower: `towers` pairs of ((global/towers, H, W, C) images, (global/towers,) labels)."""
         import tensorflow as tf
 
-        x, y = next(self._it)  # (G, H, W, C), (G,)
-        return list(zip(tf.split(x, self.towers), tf.split(y, self.towers)))
+        x, y = next(self._it)  # (G, H, W, C) (or a dict of named features (G, ...)), (G,)
+        parts = [tf.split(t, self.towers) for t in tf.nest.flatten(x)]  # each feature's N sub-batches
+        xs = [tf.nest.pack_sequence_as(x, [p[i] for p in parts]) for i in range(self.towers)]
+        return list(zip(xs, tf.split(y, self.towers)))
 
 
 @PIPELINES.register

@@ -56,6 +56,10 @@ class Model(Protocol):
         """Floats the layers compute per example of `spec` (their outputs; reshapes and dropout not counted), for
         validation's memory estimate; None: unknown."""
 
+    def table_bytes(self, spec: Spec) -> int | None:
+        """Bytes of its embedding tables for `spec` (float32 rows), for validation's memory check; None: unknown
+        or none."""
+
     @property
     def dense_only(self) -> bool:
         """Whether every layer with weights is Dense (`strategy.split=width` applies)."""
@@ -79,11 +83,14 @@ class ModelOptions:
     def activations_per_example(self, spec: Spec) -> int | None:
         return None
 
+    def table_bytes(self, spec: Spec) -> int | None:
+        return None
+
     def images_only(self, spec: Spec) -> None:
         """Refuse a task whose examples are not images (token ids)."""
         if spec.unit != "images":
             raise ConfigError(f"model={self.name} takes images, the data gives {spec}; for token ids use model=gpt "
-                              "(a language model) or your own model (model._target_)")
+                              "(a language model), for click logs model=dlrm, or your own model (model._target_)")
 
     def too_small(self, spec: Spec, smallest: int) -> None:
         """Refuse images whose height or width is below `smallest` (what the model's layers need)."""

@@ -42,7 +42,7 @@ CONF_DIR = Path(str(importlib.resources.files("runner.conf")))
 COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "strategy": STRATEGIES, "data": DATASETS}
 PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)
-OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop"]  # built by runner.optimizers.make
+OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop", "adagrad"]  # built by runner.optimizers.make
 MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 
 
@@ -62,7 +62,9 @@ class TrainConf:
     steps: int | None = None  # total optimizer steps; overrides epochs
     steps_per_call: int = 50  # steps per compiled tf.function call (fewer Python round trips)
     warmup_calls: int = 1  # compiled calls excluded from timing (tracing, first allocations)
-    optimizer: OptimizerName = "adam"  # momentum: SGD with momentum 0.9; adamw: Adam with decoupled weight decay
+    # momentum: SGD with momentum 0.9; adamw: Adam with decoupled weight decay; sgd and adagrad update an embedding
+    # table's looked-up rows only (adam, adamw, momentum and rmsprop update every row of it every step)
+    optimizer: OptimizerName = "adam"
     beta2: float = 0.999  # adam, adamw: the second moment's decay (Keras' default; nanoGPT's recipe: 0.99)
     weight_decay: float = 0.0  # adamw: decoupled decay of the weights of 2 or more dimensions (not norms, biases)
     clip_norm: float | None = None  # scale the averaged gradients down to this global norm when above it (null: off)
@@ -76,6 +78,8 @@ class TrainConf:
     target_accuracy: float | None = -1.0
     # The test (validation) loss the run is timed to instead (time_to_loss_seconds): a language model's; null: none.
     target_loss: float | None = None
+    # The test AUC the run is timed to instead (time_to_auc_seconds): a click model's (data with a binary label).
+    target_auc: float | None = None
     check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
     check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
     jit_compile: bool = False  # XLA-compile the training step's compute (strategy=single)
@@ -116,6 +120,7 @@ class TrainConf:
         "target_accuracy": (lambda v: v is None or v == MODEL_TARGET or 0 < v <= 1,
                             f"a test accuracy in (0, 1], {MODEL_TARGET:g} (the model's own) or null (none)"),
         "target_loss": (lambda v: v is None or 0 < v < math.inf, "a positive finite test loss or null (none)"),
+        "target_auc": (lambda v: v is None or 0.5 < v <= 1, "a test AUC in (0.5, 1] or null (none)"),
         "check_every": (non_negative, "0 (about 20 checks per run) or a positive number of steps"),
         "check_examples": (positive, "a positive number of test examples"),
         "loss_scale": (lambda v: 1 <= v < math.inf, "a finite number from 1 (2**15 is Keras' start)"),
@@ -330,10 +335,12 @@ def validate(cfg: DictConfig) -> Plan:
     cluster = strategy.cluster()
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
-    _resolve_target(values["train"], parts)
     spec = _spec(parts["data"])  # first: data that cannot say what it is cannot say how much of it there is
     parts["pipeline"].check(towers, parts["data"].train_examples())
     parts["model"].check(spec)
+    strategy.check_task(spec)
+    _resolve_target(values["train"], parts, spec)
+    _check_tables(values["train"], parts["model"], spec, strategy, gpus)
     _check_memory(values["train"], parts["model"], parts["data"], spec, towers)
     resolved = OmegaConf.create({**values, **{kind: _as_node(part, values[kind]) for kind, part in parts.items()}})
     OmegaConf.set_readonly(resolved, True)
@@ -341,12 +348,18 @@ def validate(cfg: DictConfig) -> Plan:
                 config_hash(resolved))
 
 
-def _resolve_target(train: dict, parts: dict) -> None:
-    """One target: train.target_loss, or train.target_accuracy (-1: the model's own, which is an MNIST accuracy)."""
-    if train["target_loss"] is not None:
-        if train["target_accuracy"] not in (None, MODEL_TARGET):
-            raise ConfigError(f"train.target_accuracy={train['target_accuracy']} and train.target_loss="
-                              f"{train['target_loss']} are two targets; a run is timed to one: set the other to null")
+def _resolve_target(train: dict, parts: dict, spec: Spec) -> None:
+    """One target: train.target_loss, train.target_auc (data with a binary label), or train.target_accuracy (-1: the
+    model's own, which is an MNIST accuracy)."""
+    given = [k for k in ("target_accuracy", "target_loss", "target_auc") if train[k] not in (None, MODEL_TARGET)]
+    if len(given) > 1:
+        raise ConfigError(f"train.{given[0]}={train[given[0]]} and train.{given[1]}={train[given[1]]} are two "
+                          "targets; a run is timed to one: set the other to null")
+    if train["target_auc"] is not None and spec.target != "binary":
+        raise ConfigError(f"train.target_auc={train['target_auc']}: an AUC needs data with a binary label, "
+                          f"data={parts['data'].name} gives {spec}; use train.target_accuracy or "
+                          "train.target_loss")
+    if train["target_loss"] is not None or train["target_auc"] is not None:
         train["target_accuracy"] = None
     elif train["target_accuracy"] == MODEL_TARGET:
         own = getattr(parts["model"], "target_accuracy", None)
@@ -382,6 +395,47 @@ def memory_estimate(train: dict[str, Any], model: Any, spec: Spec, towers: int) 
     inputs = 3 * train["global_batch_size"] * spec.input_bytes
     per_example = model.activations_per_example(spec) or 0
     return inputs, 2 * towers * train["per_device_batch_size"] * per_example * 4
+
+
+def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, gpus: int) -> None:
+    """Refuse embedding tables that do not fit: their weights and optimizer state, times the copies the strategy
+    keeps (on simulated devices every copy is in this host's memory), in one line with each strategy's need."""
+    from runner.measure.floor import SLOTS
+    from runner.runtime.devices import memory_bytes
+    from runner.strategies import STRATEGIES
+
+    table = model.table_bytes(spec)
+    if not table:
+        return
+    slots, gb = SLOTS[train["optimizer"]], 1 << 30
+
+    def need(s: Any) -> float:
+        weights, state = s.table_copies(gpus)
+        return table * (weights + slots * state)
+
+    available = memory_bytes()
+    if need(strategy) <= available:
+        return
+    fitting = [n for n in STRATEGIES.names() if STRATEGIES.get(n).takes(gpus) and
+               not _refuses(STRATEGIES.get(n)(), spec) and need(STRATEGIES.get(n)()) <= available]
+    each = ", ".join(f"{n} {need(STRATEGIES.get(n)()) / gb:,.1f}" for n in STRATEGIES.names()
+                     if STRATEGIES.get(n).takes(gpus) and not _refuses(STRATEGIES.get(n)(), spec))
+    raise ConfigError(
+        f"model={model.name}'s embedding tables are {table / gb:,.1f} GiB ({table:,} bytes) and train.optimizer="
+        f"{train['optimizer']} keeps {slots} slot(s) per weight: strategy={strategy.name} gpus={gpus} needs "
+        f"{need(strategy) / gb:,.1f} GiB, this machine has {available / gb:,.1f} GiB (GiB at gpus={gpus}: {each}); "
+        + (f"use strategy={' or '.join(fitting)}" if fitting else "use smaller tables (data.tables, "
+           "data.vocabulary_sizes) or a cluster")
+    )
+
+
+def _refuses(strategy: Any, spec: Spec) -> bool:
+    """Whether `strategy` refuses `spec`'s task (check_task)."""
+    try:
+        strategy.check_task(spec)
+    except ConfigError:
+        return True
+    return False
 
 
 def _check_memory(train: dict[str, Any], model: Any, data: Dataset, spec: Spec, towers: int) -> None:

@@ -191,6 +191,9 @@ def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
         shape = "image_shape" if data.spec.unit == "images" else "example_shape"
         profile = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
                    "dtype": data.spec.dtype, "synthetic": data.synthetic}
+        if data.spec.features:  # named features: each one's shape, dtype and vocabularies
+            profile.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
+            del profile[shape]
         run.dataset(plan.data.name, data.digest(context), plan.data.describe(), profile, context)
 
 

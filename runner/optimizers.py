@@ -67,6 +67,33 @@ class FusedMomentum(keras.optimizers.SGD):
         )
 
 
+def deduplicated(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
+    """A sparse gradient with one row per index, the rows of repeated indices summed (a batch that looks an id up
+    twice, or several towers' rows concatenated): what the dense gradient holds at those rows."""
+    indices, position = tf.unique(gradient.indices)
+    values = tf.math.unsorted_segment_sum(gradient.values, position, tf.shape(indices)[0])
+    return tf.IndexedSlices(values, indices, gradient.dense_shape)
+
+
+class SparseAdagrad(keras.optimizers.Adagrad):
+    """Adagrad applied by TensorFlow's kernels (accumulator += g^2; w -= lr g / (sqrt(accumulator) + epsilon)): a
+    dense gradient by `ResourceApplyAdagradV2`, a sparse one (an embedding table's looked-up rows) by
+    `ResourceSparseApplyAdagradV2` on those rows only, where Keras' own Adagrad would rewrite the whole table and its
+    accumulator every step. Both paths are the same formula (Keras' puts epsilon inside the square root)."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        dtype = variable.dtype
+        accumulator = _handle(self._accumulators[self._get_variable_index(variable)])
+        lr, epsilon = tf.cast(learning_rate, dtype), tf.cast(self.epsilon, dtype)
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = deduplicated(gradient)
+            tf.raw_ops.ResourceSparseApplyAdagradV2(var=_handle(variable), accum=accumulator, lr=lr, epsilon=epsilon,
+                                                    grad=tf.cast(gradient.values, dtype), indices=gradient.indices)
+        else:
+            tf.raw_ops.ResourceApplyAdagradV2(var=_handle(variable), accum=accumulator, lr=lr, epsilon=epsilon,
+                                              grad=tf.cast(gradient, dtype))
+
+
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up to `rate` over `steps` optimizer steps, then constant."""
 
@@ -84,7 +111,8 @@ def make(name: str, learning_rate: Any, fused: bool, beta2: float = 0.999,
          weight_decay: float = 0.0) -> keras.optimizers.Optimizer:
     """The optimizer `name` (one of `runner.config.OptimizerName`); fused kernels for adam and momentum when `fused`.
 
-    Plain SGD and RMSprop stay Keras' own: SGD's update is already one op, and TensorFlow's RMSProp kernel needs a
+    Adagrad is TensorFlow's kernel always (`SparseAdagrad`: sparse gradients update their rows only). Plain SGD and
+    RMSprop stay Keras' own: SGD's update is already one op (a scatter of the rows for a sparse gradient), and TensorFlow's RMSProp kernel needs a
     momentum slot Keras' RMSprop does not have. AdamW is Keras' (decoupled decay before Adam's update). Gradient
     clipping is not the optimizer's: Keras clips what it is given, which under MirroredStrategy is one replica's part
     before its own all-reduce, and a shard's or a stage's part elsewhere (runner.strategies.common.clip).
@@ -97,6 +125,7 @@ def make(name: str, learning_rate: Any, fused: bool, beta2: float = 0.999,
         "sgd": lambda: keras.optimizers.SGD(learning_rate),
         "momentum": lambda: momentum(learning_rate, momentum=0.9),
         "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate),
+        "adagrad": lambda: SparseAdagrad(learning_rate),
     }[name]()
 
 

@@ -183,14 +183,17 @@ def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class Target:
-    """What a run is timed to: a test accuracy at or over `value` (`metric` accuracy: an image classifier's), or a
-    test loss at or under it (`metric` loss: a language model's validation loss in nats per token)."""
+    """What a run is timed to: a test accuracy or AUC at or over `value` (`metric` accuracy: an image classifier's;
+    auc: a click model's), or a test loss at or under it (`metric` loss: a language model's validation loss in nats
+    per token)."""
 
-    metric: str  # "accuracy" or "loss"
+    metric: str  # "accuracy", "auc" or "loss"
     value: float
 
-    def met(self, loss: float, accuracy: float) -> bool:
-        return accuracy >= self.value if self.metric == "accuracy" else loss <= self.value
+    def met(self, scores: dict[str, float]) -> bool:
+        """Whether an evaluation's scores ({"loss", "accuracy"[, "auc"]}) reach the target."""
+        value = scores[self.metric]
+        return value <= self.value if self.metric == "loss" else value >= self.value
 
     @property
     def keys(self) -> tuple[str, str, str]:
@@ -202,9 +205,12 @@ class Target:
 
 
 def target_of(train: TrainConf) -> Target | None:
-    """The run's target: train.target_loss, else train.target_accuracy (validation allows one of them), else None."""
+    """The run's target: train.target_loss, train.target_auc or train.target_accuracy (validation allows one of
+    them), else None."""
     if train.target_loss is not None:
         return Target("loss", float(train.target_loss))
+    if train.target_auc is not None:
+        return Target("auc", float(train.target_auc))
     return Target("accuracy", float(train.target_accuracy)) if train.target_accuracy else None
 
 
@@ -216,7 +222,7 @@ class Evaluations:
     is confirmed on the full test set, whose crossing fixes the step and the training seconds.
 
     Attributes:
-        strategy: gives evaluate(dataset) -> (loss, accuracy).
+        strategy: gives evaluate(dataset) -> {"loss", "accuracy"[, "auc"]}.
         full: the test set; checks: its first examples (cheap enough to run often).
         record: logs (metrics, step).
         target: the test accuracy or loss to time the run to (`Target`); None: no checks.
@@ -241,28 +247,29 @@ class Evaluations:
         if not last and crossed(step, n, self.eval_every):
             self._full(step, train_seconds)
         elif not last and self.target and not self.reached and crossed(step, n, self.check_every):
-            loss, accuracy = self.strategy.evaluate(self.checks)
-            self.record({f"check_{self.target.metric}": loss if self.target.metric == "loss" else accuracy,
+            scores = self.strategy.evaluate(self.checks)
+            self.record({f"check_{self.target.metric}": scores[self.target.metric],
                          "check_train_seconds": train_seconds}, step)
-            if self.target.met(loss, accuracy):
+            if self.target.met(scores):
                 self._full(step, train_seconds)
         self.seconds += time.perf_counter() - t0
 
-    def _full(self, step: int, train_seconds: float) -> tuple[float, float]:
-        loss, accuracy = self.strategy.evaluate(self.full)
-        self.record({"test_loss": loss, "test_accuracy": accuracy}, step)
-        if self.target and not self.reached and self.target.met(loss, accuracy):
+    def _full(self, step: int, train_seconds: float) -> dict[str, float]:
+        """The full test set's scores, logged as test_<score>."""
+        scores = {f"test_{k}": v for k, v in self.strategy.evaluate(self.full).items()}
+        self.record(scores, step)
+        if self.target and not self.reached and self.target.met({k[5:]: v for k, v in scores.items()}):
             self.reached = (step, train_seconds)
-            log.info("test loss %.4f, accuracy %.4f reached the target %s at step %d after %.1f s of training", loss,
-                     accuracy, self.target, step, train_seconds)
-        return loss, accuracy
+            log.info("%s reached the target %s at step %d after %.1f s of training",
+                     ", ".join(f"{k[5:]} {v:.4f}" for k, v in scores.items()), self.target, step, train_seconds)
+        return scores
 
     def final(self, step: int, train_seconds: float) -> dict[str, float]:
         """The end-of-run evaluation, and the time-to-accuracy figures."""
         t0 = time.perf_counter()
-        loss, accuracy = self._full(step, train_seconds)
+        scores = self._full(step, train_seconds)
         self.seconds += time.perf_counter() - t0
-        out = {"test_loss": loss, "test_accuracy": accuracy, "eval_seconds": self.seconds}
+        out = {**scores, "eval_seconds": self.seconds}
         if self.target:
             target, seconds, steps = self.target.keys
             out[target] = self.target.value

@@ -182,8 +182,10 @@ def test_validation_imports_no_tensorflow_for_any_component(tmp_path):
 
     configs = [[f"strategy={s}", "gpus=2", *(["strategy.workers=[a:1,b:1]"] if s == "multi_worker" else [])]
                for s in STRATEGIES.names() if STRATEGIES.get(s).takes(2)]
-    configs += [[f"model={m}", "data=synthetic", "data.shape=[32,32,3]"] for m in MODELS.names() if m != "gpt"]
+    configs += [[f"model={m}", "data=synthetic", "data.shape=[32,32,3]"] for m in MODELS.names()
+                if m not in ("gpt", "dlrm")]
     configs += [["model=gpt", "data=shakespeare"], ["model=gpt", "data=synthetic", "data.task=next_token"]]
+    configs += [["model=dlrm", "data=clicks"], ["model=dlrm", "data=clicks", "strategy=sharded_update", "gpus=2"]]
     configs += [["data=files", f"data.path={write_npy(tmp_path / 'npy', sizes=(8, 4))}"],
                 ["data=tfds", "data.dataset=tiny_images", f"data.data_dir={describe_prepared(tmp_path / 'tfds')}"]]
     code = (f"import sys; from conftest import compose; from runner.config import validate; "

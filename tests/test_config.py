@@ -25,12 +25,13 @@ def test_every_group_option_composes_and_validates(group, option, tmp_path):
         overrides += ["data.dataset=tiny_images", f"data.data_dir={describe_prepared(tmp_path)}"]
     if group == "strategy" and option != "single":
         overrides.append("gpus=2")
-    if group == "model" and option != "gpt":  # 32x32x3: images every image model takes (keras.applications: 32x32)
+    # A language model and its text, a recommender and its click logs: each needs the other
+    partners = {("model", "gpt"): "data=shakespeare", ("data", "shakespeare"): "model=gpt",
+                ("model", "dlrm"): "data=clicks", ("data", "clicks"): "model=dlrm"}
+    if (group, option) in partners:
+        overrides.append(partners[group, option])
+    elif group == "model":  # 32x32x3: images every image model takes (keras.applications: 32x32)
         overrides += ["data=synthetic", "data.shape=[32,32,3]"]
-    if (group, option) == ("model", "gpt"):  # a language model: token ids labelled with the next token
-        overrides.append("data=shakespeare")
-    if (group, option) == ("data", "shakespeare"):
-        overrides.append("model=gpt")
     if option == "multi_worker":  # its cluster: two workers, this process the first
         overrides.append("strategy.workers=[127.0.0.1:2222,127.0.0.1:2223]")
     cfg = validate(compose(*overrides)).cfg

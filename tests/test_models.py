@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 
 from runner.config import ConfigError
-from runner.data_pipelines import MNIST, Spec
+from runner.data_pipelines import MNIST, Feature, Spec
 from runner.models import MODELS, Model, variants
 
 CIFAR = Spec((32, 32, 3), 100)  # another shape, channel count and class count
 TEXT = Spec((16,), 20, "int32", "next_token", 20)  # token ids, the next token at every position (model=gpt)
+CLICKS = Spec((), 2, "features", "binary", features=(  # named features, a binary label (model=dlrm)
+    Feature("dense", (13,), "float32"), Feature("categorical", (3,), "int32", (7, 11, 5))))
 
 
 def every_variant() -> list:
@@ -21,15 +23,23 @@ def every_variant() -> list:
 
 
 def smallest_spec(model) -> Spec:
-    """MNIST's spec where the model takes it, else CIFAR's (keras.applications need 32x32), else token ids."""
-    for spec in (MNIST, CIFAR):
+    """MNIST's spec where the model takes it, else CIFAR's (keras.applications need 32x32), else token ids, else
+    named features."""
+    for spec in (MNIST, CIFAR, TEXT):
         try:
             model.check(spec)
             return spec
         except ConfigError:
             pass
-    model.check(TEXT)
-    return TEXT
+    model.check(CLICKS)
+    return CLICKS
+
+
+def zeros(spec: Spec, n: int):
+    """n examples of `spec`'s inputs, all zeros: an array, or a dict of named features."""
+    if spec.features:
+        return {f.name: np.zeros((n, *f.shape), f.dtype) for f in spec.features}
+    return np.zeros((n, *spec.shape), np.int32 if spec.dtype == "int32" else np.float32)
 
 
 def counted() -> list:
@@ -41,9 +51,8 @@ def counted() -> list:
 def test_variant_builds_and_gives_logits(tf_devices, model):
     assert isinstance(model, Model)
     spec = smallest_spec(model)
-    out = model.build(spec)(np.zeros((3, *spec.shape), np.int32 if spec.dtype == "int32" else np.float32),
-                            training=False)
-    assert tuple(out.shape) == (3, *spec.outputs_shape)  # one logit per class (per position for token ids)
+    out = model.build(spec)(zeros(spec, 3), training=False)
+    assert tuple(out.shape) == (3, *spec.outputs_shape)  # one logit per class (per position; one for a click)
 
 
 @pytest.mark.parametrize("model", counted(), ids=str)

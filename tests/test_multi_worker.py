@@ -150,3 +150,32 @@ def test_cluster_keys_produce_tf_config_and_the_global_batch_spans_all_workers(m
     assert (spec.count, spec.name, spec.is_chief) == (4, "worker2", False)
     assert cfg.train.per_device_batch_size == 16  # smoke's global 64 over 4 workers
     assert '"index": 2' in spec.tf_config()
+
+
+@pytest.mark.slow  # two fresh workers and a single-device run of dlrm/tiny, ~45 s
+def test_two_workers_train_the_recommender_to_the_single_devices_losses(tmp_path):
+    """dlrm/tiny on unshuffled click logs: two workers (MultiWorkerMirroredStrategy's collectives carry the tables'
+    rows) log the loss of every step a single device logs for the same global batch (1e-4 relative)."""
+    import numpy as np
+    from mlflow import MlflowClient
+
+    from conftest import run_cli
+
+    clicks = ["model=dlrm", "data=clicks", "data.tables=tiny", "data.train_limit=4096", "data.test_limit=1000",
+              "pipeline.shuffle_buffer=0", "train.global_batch_size=64", "train.learning_rate=0.5", "train.steps=20",
+              "train.steps_per_call=1", "train.target_auc=null"]
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+    _two_workers(tmp_path / "two", *clicks)
+    single = run_cli("debug=smoke", *clicks, "strategy=single", cwd=tmp_path / "one")
+    assert single.returncode == 0, single.stderr[-2000:]
+
+    def losses(folder) -> np.ndarray:
+        row = runs(f"sqlite:///{folder / 'mlflow.db'}", "smoke").iloc[0]
+        assert row["status"] == "FINISHED" and row["metrics.examples_per_sec"] > 0 and row["metrics.test_auc"] > 0.5
+        history = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").get_metric_history(row["run_id"], "train_loss")
+        return np.array([m.value for m in sorted(history, key=lambda m: m.step)])
+
+    two, one = losses(tmp_path / "two"), losses(tmp_path / "one")
+    assert len(two) == len(one) >= 15
+    np.testing.assert_allclose(two, one, rtol=1e-4)

@@ -51,7 +51,7 @@ def main(cfg: DictConfig) -> Any:
         _report(e)
     unit = result["unit"]
     rate = f"{result[f'{unit}_per_sec']:,.0f} {unit}/s" if f"{unit}_per_sec" in result else f"{unit}/s not measured"
-    for metric, said in (("accuracy", ""), ("loss", "loss ")):  # an accuracy target's line as it always was
+    for metric, said in (("accuracy", ""), ("loss", "loss "), ("auc", "AUC ")):  # accuracy's line as it always was
         if f"time_to_{metric}_seconds" in result:
             rate += (f"  target {said}{result[f'target_{metric}']:.2f} reached in "
                      f"{result[f'time_to_{metric}_seconds']:.1f} s ({result[f'steps_to_{metric}']:.0f} steps)")
@@ -63,6 +63,9 @@ def main(cfg: DictConfig) -> Any:
         print(ui.where_to_look(result["tracking_uri"], result["experiment_id"]))
     if unit == "tokens":  # a language model: its held-out loss first, in nats per token
         scores = (f"validation loss {result['test_loss']:.4f} nats/token  next-token accuracy "
+                  f"{result['test_accuracy']:.4f}")
+    elif "test_auc" in result:  # a binary label: its AUC first, then the log loss (nats per example)
+        scores = (f"test AUC {result['test_auc']:.4f}  test log loss {result['test_loss']:.4f}  accuracy "
                   f"{result['test_accuracy']:.4f}")
     else:
         scores = f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}"

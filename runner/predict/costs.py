@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from runner.errors import ConfigError
 from runner.measure.floor import TOUCHED
 
 TERMS = ("towers", "update", "reduce", "ops", "input")
@@ -68,8 +69,12 @@ def combination(plan: Any) -> str:
 
 
 def check_covered(plan: Any) -> None:
-    """Raise ConfigError when the plan's strategy has no cost model: before anything is measured for it."""
+    """Raise ConfigError when the plan's strategy, or its model's kind, has no cost model: before anything is
+    measured for it."""
     plan.strategy.traffic(plan.local_towers, 0, 0)
+    if plan.spec.features:
+        raise ConfigError(f"the cost model prices dense weights; model={plan.model.name}'s embedding tables (rows "
+                          "looked up and moved per step) are not priced yet")
 
 
 def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: dict[str, Any]) -> Prediction:

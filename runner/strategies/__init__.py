@@ -153,6 +153,12 @@ class StrategyOptions(Protocol):
     def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
         """Raise ConfigError (one line) when this strategy cannot run with these devices, model or settings."""
 
+    def check_task(self, spec: Spec) -> None:
+        """Raise ConfigError (one line) when this strategy cannot train a model for `spec`'s examples."""
+
+    def table_copies(self, devices: int) -> tuple[float, float]:
+        """Copies of the embedding tables' weights and of their optimizer state on `devices` devices, summed."""
+
     def build(self, devices: Devices, training: Training) -> Strategy:
         """The strategy over `devices`, its model and optimizer built under its placement."""
 
@@ -197,6 +203,15 @@ class StrategyBase:
 
     def peer_wait(self) -> float | None:
         return None
+
+    def check_task(self, spec: Spec) -> None:
+        return None  # data parallelism takes any task: each tower runs the whole model
+
+    def table_copies(self, devices: int) -> tuple[float, float]:
+        """How many copies of the embedding tables' weights and of their optimizer state it keeps on `devices`
+        devices, summed over them (a copy per tower, by default)."""
+        n = self.towers(devices)
+        return n, n
 
     def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
         raise ConfigError(f"strategy={self.name} has no cost model (runner/predict/ covers the data-parallel "

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from runner.lazy import lazy
 
 if TYPE_CHECKING:
@@ -37,6 +39,9 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
         raise ConfigError(f"model={model.name}: {_builder(model)} returned {reprlib.repr(built)} (a "
                           f"{type(built).__name__}), not a keras.Model; it must return one mapping "
                           "(batch, *input_shape) images to (batch, classes) logits")
+    if spec.features:
+        _check_features(model.name, built, spec)
+        return built
     inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
     if inputs != tuple(spec.shape) or outputs != spec.outputs_shape:
         raise ConfigError(
@@ -50,6 +55,26 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
                           f"{'an integer Input for token ids' if spec.token_ids else 'a float Input for images'}")
     _check_vocabulary(model.name, built, spec)
     return built
+
+
+def _check_features(name: str, built: keras.Model, spec: Spec) -> None:
+    """A model of named features (`Spec.features`) has one Input per feature, named as it, of its shape and dtype,
+    and one logit per example (a binary label) or one per class."""
+    from runner.errors import ConfigError
+
+    inputs = {t.name: t for t in built.inputs}
+    want = {f.name: f for f in spec.features}
+    if set(inputs) != set(want):
+        raise ConfigError(f"model={name} takes inputs named {sorted(inputs)}, the data gives {spec} (inputs "
+                          f"{sorted(want)}); name each keras.Input as the feature it takes")
+    for feature in spec.features:
+        got = inputs[feature.name]
+        if tuple(got.shape[1:]) != feature.shape or ("int" in str(got.dtype)) != (feature.dtype == "int32"):
+            raise ConfigError(f"model={name}'s input {feature.name} is {tuple(got.shape[1:])} {got.dtype}, the data "
+                              f"gives {feature}")
+    if tuple(built.output_shape[1:]) != spec.outputs_shape:
+        raise ConfigError(f"model={name} gives {tuple(built.output_shape[1:])} outputs per example, the data needs "
+                          f"{spec.outputs_shape} ({spec})")
 
 
 def _check_vocabulary(name: str, built: keras.Model, spec: Spec) -> None:
@@ -125,7 +150,13 @@ def clip(grads: list[tf.Tensor], clip_norm: float | None) -> list[tf.Tensor]:
     """The step's averaged gradients of every variable scaled down to `clip_norm` when their global norm is above it
     (nanoGPT's `clip_grad_norm_`, Keras' `global_clipnorm`); as they are when `clip_norm` is None. Every strategy
     calls it where it holds the whole step's averaged gradients, wherever they live (shards, stages, replicas)."""
-    return grads if not clip_norm else tf.clip_by_global_norm(grads, clip_norm)[0]
+    if not clip_norm:
+        return grads
+    # A sparse gradient's repeated rows summed first: its norm is the dense gradient's (optimizers sum them too).
+    from runner.optimizers import deduplicated
+
+    grads = [deduplicated(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    return tf.clip_by_global_norm(grads, clip_norm)[0]
 
 
 def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
@@ -138,28 +169,45 @@ def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: b
     return cross_entropy(y, logits), logits
 
 
+def input_signature(spec: Spec) -> Any:
+    """A batch of `spec`'s inputs as a tf.function signature: float32 images, int32 token ids, or a dict of named
+    features (b, *shape) each in its dtype."""
+    if spec.features:
+        return {f.name: tf.TensorSpec((None, *f.shape), f.dtype) for f in spec.features}
+    return tf.TensorSpec((None, *spec.shape), tf.int32 if spec.token_ids else tf.float32)
+
+
 def make_evaluate(model: keras.Model, device: str, spec: Spec):
-    """A function dataset -> (mean loss, accuracy) over every example of `dataset` ((b, *spec.shape) inputs:
-    float32 images or int32 token ids), computed on `device`; the accuracy is per position where the labels are."""
-    inputs = tf.TensorSpec((None, *spec.shape), tf.int32 if spec.token_ids else tf.float32)
+    """A function dataset -> {"loss", "accuracy"[, "auc"]} over every example of `dataset` (inputs as
+    `input_signature(spec)`), computed on `device`: the mean loss; the accuracy (per position where the labels are;
+    logit > 0 for a binary label); for a binary label also the AUC, exact over the whole set (`losses.auc`)."""
+    from runner.losses import auc
+
+    binary = spec.target == "binary"
 
     # One trace for every batch size (the last test batch is usually smaller).
-    @tf.function(input_signature=[inputs, tf.TensorSpec((None, *spec.labels_shape), tf.int32)])
+    @tf.function(input_signature=[input_signature(spec), tf.TensorSpec((None, *spec.labels_shape), tf.int32)])
     def batch_sums(x, y):
         with tf.device(device):
             loss, logits = per_example_loss(model, x, y, training=False)
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=y.dtype), y), tf.float32))
+            guess = tf.cast(logits[:, 0] > 0, y.dtype) if binary else tf.argmax(logits, -1, output_type=y.dtype)
+            correct = tf.reduce_sum(tf.cast(tf.equal(guess, y), tf.float32))
             examples = tf.cast(tf.shape(y)[0], tf.float32)
             if spec.labels_shape:  # each example's share of correct positions
                 correct = correct / tf.cast(tf.size(y), tf.float32) * examples
-            return tf.reduce_sum(loss), correct, examples
+            return tf.reduce_sum(loss), correct, examples, logits[:, 0] if binary else examples
 
-    def evaluate(dataset) -> tuple[float, float]:
+    def evaluate(dataset) -> dict[str, float]:
         loss = correct = count = 0.0
+        labels, scores = [], []
         for x, y in dataset:
-            dl, dc, dn = batch_sums(x, y)
+            dl, dc, dn, logit = batch_sums(x, y)
             loss, correct, count = loss + float(dl), correct + float(dc), count + float(dn)
-        return loss / count, correct / count
+            if binary:
+                labels.append(y.numpy())
+                scores.append(logit.numpy())
+        out = {"loss": loss / count, "accuracy": correct / count}
+        return {**out, "auc": auc(np.concatenate(labels), np.concatenate(scores))} if binary else out
 
     return evaluate
 
@@ -201,7 +249,7 @@ def maybe_jit(fn, jit_compile: bool):
 
 def touch(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     """A near-free use of a batch that still forces it to be produced (for timing the input pipeline alone)."""
-    return tf.cast(tf.reshape(x, [-1])[0], tf.float32) + tf.cast(tf.reshape(y, [-1])[0], tf.float32)
+    return tf.add_n([tf.cast(tf.reshape(t, [-1])[0], tf.float32) for t in tf.nest.flatten((x, y))])
 
 
 def drain_loop(next_batches):
@@ -211,6 +259,13 @@ def drain_loop(next_batches):
         return tf.add_n([touch(x, y) for x, y in next_batches()])
 
     return steps_loop(step)
+
+
+def tables(model: Any) -> list:
+    """The model's embedding tables read by lookups only (plain keras.layers.Embedding, nested models too): their
+    gradients are the rows a batch looked up (tf.IndexedSlices), which strategies keep sparse. A subclass (the GPT's
+    tied table, also an output layer) has a dense gradient and is left out."""
+    return [layer.embeddings for layer in _layers(model) if type(layer) is keras.layers.Embedding]
 
 
 def moving_state(model: Any) -> list:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import keras
     import tensorflow as tf
 
+    from runner.data_pipelines import Spec
     from runner.models import Model
     from runner.runtime.devices import Devices
     from runner.strategies.loss_scale import LossScale, NoLossScale
@@ -79,6 +80,16 @@ class ModelParallel(StrategyBase):
         if self.split == "auto":
             return "width" if model.dense_only else "stages"
         return self.split
+
+    def check_task(self, spec: Spec) -> None:
+        """Every split cuts (or copies) a model of one input tensor; named features (a recommender's) are not."""
+        if spec.features:
+            raise ConfigError(
+                f"strategy=model_parallel splits a model of one input (images or token ids: Dense layers by width, a "
+                f"chain of layers into stages, or two towers); the data gives {spec}: named features, whose "
+                "embedding tables the data-parallel strategies keep sparse (single, mirrored, replicated, "
+                "parameter_server, sharded_update, multi_worker)"
+            )
 
     def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
         """The split must suit the model and the number of devices."""

@@ -41,12 +41,23 @@ def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str,
 
 
 def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
-    """Mean over towers of each variable's gradient; variable j is reduced on device j mod N to spread the work."""
+    """Mean over towers of each variable's gradient; variable j is reduced on device j mod N to spread the work. An
+    embedding table's sparse gradients (tf.IndexedSlices: the rows each tower looked up) stay sparse: the towers'
+    rows concatenated, divided by N (the optimizer sums repeated rows), never a dense table per tower."""
     out = []
     for j, grads in enumerate(zip(*per_tower)):
         with tf.device(devices[j % len(devices)]):
-            out.append(tf.add_n(list(grads)) / len(grads))
+            out.append(mean_of(list(grads)))
     return out
+
+
+def mean_of(grads: list[Any]) -> Any:
+    """The mean of N gradients of one variable: dense ones added, sparse ones (tf.IndexedSlices, all of them) rows
+    concatenated (n rows each -> N n rows) with their values divided by N."""
+    if not isinstance(grads[0], tf.IndexedSlices):
+        return tf.add_n(grads) / len(grads)
+    values = tf.concat([g.values for g in grads], 0) / len(grads)  # (N n, d)
+    return tf.IndexedSlices(values, tf.concat([g.indices for g in grads], 0), grads[0].dense_shape)
 
 
 TOWER_BATCH_NORM = ("batch statistics per tower (G/N examples); each copy's moving statistics set to their mean over "
@@ -84,6 +95,9 @@ class ParameterServer(StrategyBase):
     loss_scaling: ClassVar[bool] = True
     batch_norm: ClassVar[str] = ("batch statistics per tower (G/N examples); every tower updates the one copy's moving "
                                  "statistics in turn (N updates of the moving averages a step)")
+
+    def table_copies(self, devices: int) -> tuple[float, float]:
+        return 1, 1  # one copy, read by every tower
 
     def build(self, devices: Devices, training: Training) -> Towers:
         home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
@@ -130,12 +144,16 @@ class Towers(Strategy):
                 loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i], self.loss_scale)
                 losses.append(loss)
                 grads.append(g)
-            mean_grads = average(grads, self.devices)  # a non-finite tower gradient makes its mean non-finite
+            mean_grads = self._average(grads)  # a non-finite tower gradient makes its mean non-finite
             self._agree_on_moving_state()
             self.loss_scale.apply_if_finite(lambda: loss_scale.all_finite(mean_grads), lambda: self._apply(mean_grads))
             return tf.add_n(losses) / len(losses)
 
         return steps_loop(step, self.loss_scale.patience)
+
+    def _average(self, grads: list[list[tf.Tensor]]) -> list[tf.Tensor]:
+        """The towers' gradients averaged, variable j on device j mod N (`average`)."""
+        return average(grads, self.devices)
 
     def _agree_on_moving_state(self) -> None:
         """replicated: each copy's moving statistics (batch norm), updated by its own tower, set to the copies' mean;

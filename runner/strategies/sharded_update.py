@@ -18,6 +18,12 @@ model has, where slicing each variable would make N updates per variable (small 
 the CPU). The slices are read from and written to the variables they cover (`pieces`), without building the whole
 flat vector: measured on the default MLP at 4 devices, concatenating and splitting whole flat buffers cost more
 (2.9 ms/step) than the sharding saved on the update (1.8 ms/step).
+Embedding tables (`common.tables`: plain lookups, whose gradients are the rows a batch read) are not flattened,
+which would turn each tower's gradient into a dense table: device j owns rows j*R to (j+1)*R of every table (R =
+ceil(rows / N)) and their optimizer state. Each tower partitions its looked-up rows by owner and sends each owner
+its part (an all-to-all of rows); device j applies the rows it received to its rows, then writes the updated rows
+(and only those) into every model copy's table.
+
 The averaged gradient and the element-wise update are those of `replicated`, so with the same data the two train
 the same losses (tested: 20 unshuffled steps to 1e-4 relative at 2 and 4 devices, three optimizers); they are not
 bit-identical, since TensorFlow may compute a slice of a gradient by a smaller product, rounding differently in
@@ -36,8 +42,8 @@ import numpy as np
 
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, StrategyBase, Traffic, Training, loss_scale
-from runner.strategies.common import clip, make_evaluate, steps_loop
-from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, tower_gradients
+from runner.strategies.common import clip, make_evaluate, steps_loop, tables
+from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, mean_of, tower_gradients
 
 if TYPE_CHECKING:
     import keras
@@ -56,6 +62,9 @@ class ShardedUpdate(StrategyBase):
     name: str = "sharded_update"
     loss_scaling: ClassVar[bool] = True
     batch_norm: ClassVar[str] = TOWER_BATCH_NORM
+
+    def table_copies(self, devices: int) -> tuple[float, float]:
+        return max(devices, 1), 1  # a copy per tower to look rows up in; each row's optimizer state once
 
     def build(self, devices: Devices, training: Training) -> ShardedTowers:
         return ShardedTowers(list(devices.names), training)
@@ -105,19 +114,27 @@ class ShardedTowers(Towers):
             with tf.device(device):
                 self.models.append(training.model_fn(training.seed))
         variables = self.models[0].trainable_variables
-        self.sizes = [math.prod(v.shape) for v in variables]
+        table_ids = {id(t) for t in tables(self.models[0])}
+        self.table_index = [i for i, v in enumerate(variables) if id(v) in table_ids]  # row-sharded
+        self.flat_index = [i for i, v in enumerate(variables) if id(v) not in table_ids]  # flattened and sliced
+        flats = [variables[i] for i in self.flat_index]
+        self.sizes = [math.prod(v.shape) for v in flats]
         n, total = len(devices), sum(self.sizes)
         self.pieces, self.slice = pieces(self.sizes, n)
         self.padding = self.slice * n - total
-        flat = _flat([v.value for v in variables], self.padding)  # (P padded,)
-        self.shards, self.optimizers = [], []
+        flat = _flat([v.value for v in flats], self.padding)  # (P padded,)
+        self.rows = [math.ceil(variables[i].shape[0] / n) for i in self.table_index]  # R: rows each device owns
+        self.shards, self.table_shards, self.optimizers = [], [], []
         for j, device in enumerate(devices):
             with tf.device(device):
                 shard = keras.Variable(flat[j * self.slice:(j + 1) * self.slice], name=f"shard{j}_of_{n}")
+                owned = [keras.Variable(variables[i].value[j * r:(j + 1) * r], name=f"table{t}_rows{j}_of_{n}")
+                         for t, (i, r) in enumerate(zip(self.table_index, self.rows))]  # (R or fewer, d) each
                 self.shards.append(shard)
-                self.optimizers.append(training.optimizer_fn([shard]))  # adamw: a 1-D shard is not decayed by it
+                self.table_shards.append(owned)
+                self.optimizers.append(training.optimizer_fn([shard, *owned]))  # adamw: a 1-D shard is not decayed
         # adamw's decay, applied here to the values of slice j that belong to weights of 2 or more dimensions
-        self.decayed = [self._mask(j, [len(v.shape) >= 2 for v in variables]) for j in range(n)]
+        self.decayed = [self._mask(j, [len(v.shape) >= 2 for v in flats]) for j in range(n)]
         self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
         self.evaluate = make_evaluate(self.models[0], devices[0], training.spec)
 
@@ -126,17 +143,21 @@ class ShardedTowers(Towers):
         n = len(self.devices)
 
         def step() -> tf.Tensor:
-            losses, slices = [], []
+            losses, slices, rows = [], [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
                 loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale)
                 with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
-                    slices.append([self._slice(grads, j) for j in range(n)])  # each (P/N,)
+                    flats = [grads[k] for k in self.flat_index]
+                    slices.append([self._slice(flats, j) for j in range(n)])  # each (P/N,)
+                    rows.append([self._by_owner(grads[k], r, t) for t, (k, r) in
+                                 enumerate(zip(self.table_index, self.rows))])
                 losses.append(loss)
             self._agree_on_moving_state()
             averaged = []
             for j, device in enumerate(self.devices):
-                with tf.device(device):  # reduce-scatter: device j averages slice j
-                    averaged.append(tf.add_n([s[j] for s in slices]) / n)
+                with tf.device(device):  # reduce-scatter: device j averages slice j and the table rows it owns
+                    owned = [mean_of([tower[t][j] for tower in rows]) for t in range(len(self.table_index))]
+                    averaged.append([tf.add_n([s[j] for s in slices]) / n, *owned])
             # One decision for every shard (mixed_float16): a shard skipping a step its peers apply would split them.
             self.loss_scale.apply_if_finite(lambda: loss_scale.all_finite(averaged), lambda: self._update(averaged))
             return tf.add_n(losses) / len(losses)
@@ -146,16 +167,45 @@ class ShardedTowers(Towers):
     def _update(self, averaged: list[tf.Tensor]) -> None:
         """Device j applies its averaged slice to its shard; then every copy gathers the updated slices. Clipping
         scales every slice by the global norm of all of them; adamw's decay comes first, as Keras' AdamW does it."""
-        grads = clip(self.loss_scale.unscale(averaged), self.training.clip_norm)  # the padding adds nothing
-        for j, (device, grad, shard, optimizer) in enumerate(zip(self.devices, grads, self.shards, self.optimizers)):
+        grads = tf.nest.pack_sequence_as(averaged, clip(self.loss_scale.unscale(tf.nest.flatten(
+            averaged, expand_composites=False)), self.training.clip_norm))  # the padding adds nothing
+        for j, (device, grad, optimizer) in enumerate(zip(self.devices, grads, self.optimizers)):
+            mine = [self.shards[j], *self.table_shards[j]]
             with tf.device(device):
                 if self.training.weight_decay:
-                    rate = tf.cast(optimizer.learning_rate, shard.dtype)  # at this step, before it counts the step
-                    shard.assign_sub(shard.value * self.decayed[j] * (rate * self.training.weight_decay))
-                optimizer.apply_gradients([(grad, shard)])
+                    rate = tf.cast(optimizer.learning_rate, mine[0].dtype)  # at this step, before it counts the step
+                    for v, mask in zip(mine, [self.decayed[j], *[1.0] * len(self.table_shards[j])]):
+                        v.assign_sub(v.value * mask * (rate * self.training.weight_decay))
+                optimizer.apply_gradients(zip(grad, mine))
         for device, model in zip(self.devices, self.models):
             with tf.device(device):  # all-gather: each variable of this copy from the slices that hold it
                 self._gather(model)
+                self._gather_rows(model, [g[1:] for g in grads])
+
+    def _by_owner(self, grad: Any, rows: int, table: int) -> list[Any]:
+        """Table `table`'s gradient (tf.IndexedSlices of the rows a tower looked up) cut into N parts by owner
+        (device j: rows j R to (j + 1) R - 1), each with row numbers local to its owner's part: (k_j, d) values."""
+        n = len(self.devices)
+        if not isinstance(grad, tf.IndexedSlices):  # a table used beyond lookups: its dense rows
+            return [grad[j * rows:(j + 1) * rows] for j in range(n)]
+        owner = tf.cast(grad.indices // rows, tf.int32)
+        values, indices = tf.dynamic_partition(grad.values, owner, n), tf.dynamic_partition(grad.indices, owner, n)
+        return [tf.IndexedSlices(v, i - j * rows, tf.constant(tuple(self.table_shards[j][table].shape), tf.int64))
+                for j, (v, i) in enumerate(zip(values, indices))]
+
+    def _gather_rows(self, model: Any, grads: list[list[Any]]) -> None:
+        """Write each table's updated rows into a model copy: the rows some tower looked up, read from their owner's
+        part (a dense table gradient: the owner's whole part)."""
+        variables = model.trainable_variables
+        for t, (k, rows) in enumerate(zip(self.table_index, self.rows)):
+            for j, owned in enumerate(self.table_shards):
+                grad = grads[j][t]
+                if isinstance(grad, tf.IndexedSlices):
+                    local = tf.unique(grad.indices)[0]  # (u,) rows of part j that changed
+                    tf.raw_ops.ResourceScatterUpdate(resource=variables[k].value.handle, indices=local + j * rows,
+                                                     updates=tf.gather(owned[t].value, local))
+                else:
+                    variables[k].value[j * rows:j * rows + owned[t].shape[0]].assign(owned[t].value)
 
     def _slice(self, grads: list[tf.Tensor], j: int) -> tf.Tensor:
         """Slice j (P/N,) of the flattened gradients, read from the variables it covers."""
@@ -172,13 +222,14 @@ class ShardedTowers(Towers):
 
     def _gather(self, model: Any) -> None:
         """Write the updated slices into a model copy's variables."""
-        found: list[list[tf.Tensor]] = [[] for _ in model.trainable_variables]
+        flats = [model.trainable_variables[i] for i in self.flat_index]
+        found: list[list[tf.Tensor]] = [[] for _ in flats]
         for j, shard in enumerate(self.shards):
             offset = 0
             for v, a, b in self.pieces[j]:
                 found[v].append(shard.value[offset:offset + b - a])
                 offset += b - a
-        for variable, parts in zip(model.trainable_variables, found):
+        for variable, parts in zip(flats, found):
             value = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
             variable.assign(tf.reshape(value, variable.shape))
 
@@ -186,14 +237,15 @@ class ShardedTowers(Towers):
         """Every model copy (its non-trainable state too), every shard and its optimizer; names carry N."""
         n = len(self.devices)
         objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
-        objects.update({f"shard{j}_of_{n}": [s] for j, s in enumerate(self.shards)})
+        objects.update({f"shard{j}_of_{n}": [s, *self.table_shards[j]] for j, s in enumerate(self.shards)})
         objects.update(loss_scale.checkpointed(self.loss_scale))
         return {**objects, **{f"optimizer{j}_of_{n}": o for j, o in enumerate(self.optimizers)}}
 
     def variable_devices(self) -> dict[str, str]:
         """Every model copy's variables and every shard, with the device they live on."""
         out = super().variable_devices()
-        return {**out, **{s.path: s.value.device for s in self.shards}}
+        shards = [*self.shards, *(t for owned in self.table_shards for t in owned)]
+        return {**out, **{s.path: s.value.device for s in shards}}
 
     def describe(self) -> dict[str, str]:
         n = len(self.devices)

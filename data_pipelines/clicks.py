@@ -1,0 +1,153 @@
+"""Synthetic click logs in Criteo's layout: 13 dense features, 26 categorical ids, a click label a model can learn.
+
+No click log ships in a package registry, so this generates one with the shape of the Criteo Terabyte logs that
+TF Model Garden's DLRM and TensorFlow Recommenders train on: per example 13 dense values (log(1 + a count), as
+those pipelines feed them) and 26 categorical ids, each feature with its own vocabulary (`tables`: Criteo's sizes,
+capped) and power-law id frequencies (the rank-r id of a feature is drawn with probability ~ (r + 1)^-power, its id
+a fixed permutation of the rank, as hashing spreads them). The label is drawn from a hidden logistic model: a
+weight per dense feature, an effect per id (of the informative features), one pairwise interaction and a bias for a
+click rate near Criteo's 25%; a model that learns it well reaches an AUC near the hidden model's own (reported by
+`bayes_auc`), well above 0.5, and rare ids stay unlearnable as they are in real logs. Imports only numpy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from runner.data_pipelines import DATASETS, DatasetOptions, Feature, Spec
+from runner.registry import Rule
+
+# TF Model Garden's dlrm_criteo vocabulary sizes (official/recommendation/ranking/configs), feature C1 to C26.
+CRITEO_VOCABULARIES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
+                       11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
+DENSE_FEATURES = 13
+# data.tables -> the largest table's rows (Criteo's sizes capped there): tiny for tests, default for this machine
+# (2.3M rows in all), criteo as Model Garden's.
+CAPS = {"tiny": 100, "default": 250_000, "criteo": max(CRITEO_VOCABULARIES)}
+INFORMATIVE = 0.5  # the share of categorical features whose ids carry signal (the others are noise, as in Criteo)
+
+
+def vocabularies(tables: str) -> tuple[int, ...]:
+    """Each categorical feature's vocabulary for `data.tables`."""
+    return tuple(min(v, CAPS[tables]) for v in CRITEO_VOCABULARIES)
+
+
+def _mix(values: np.ndarray, salt: int) -> np.ndarray:
+    """A fixed pseudo-random uint64 for each value (splitmix64's finaliser): a hidden effect per id without a table."""
+    z = (values.astype(np.uint64) + np.uint64(salt) * np.uint64(0x9E3779B97F4A7C15)) & np.uint64(2**64 - 1)
+    with np.errstate(over="ignore"):
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _normal(values: np.ndarray, salt: int) -> np.ndarray:
+    """A fixed standard normal for each value (Box-Muller on two hashes)."""
+    u1 = (_mix(values, salt) >> np.uint64(11)).astype(np.float64) / 2**53 + 2**-54
+    u2 = (_mix(values, salt + 1) >> np.uint64(11)).astype(np.float64) / 2**53
+    return np.sqrt(-2 * np.log(u1)) * np.cos(2 * np.pi * u2)
+
+
+def _ranks(rng: np.random.Generator, n: int, vocabulary: int, power: float) -> np.ndarray:
+    """n ranks in [0, vocabulary) with P(r) ~ (r + 1)^-power (the inverse CDF of the continuous power law)."""
+    u = rng.random(n)
+    top = (vocabulary + 1.0) ** (1 - power)
+    return np.minimum((1 + u * (top - 1)) ** (1 / (1 - power)), vocabulary).astype(np.int64) - 1
+
+
+def _multiplier(vocabulary: int) -> int:
+    """A multiplier coprime with `vocabulary`: rank -> (rank * m + 7) mod vocabulary is a permutation of the ids."""
+    m = 2654435761 % max(vocabulary, 2) or 1
+    while math.gcd(m, vocabulary) != 1:
+        m += 1
+    return m
+
+
+@dataclass(frozen=True)
+class Hidden:
+    """The hidden model the labels are drawn from, fixed by the seed: the same for the training and test logs."""
+
+    vocabularies: tuple[int, ...]
+    seed: int
+    power: float
+
+    def draw(self, n: int, split: int) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """`n` examples of split `split` (0 train, 1 test): features {"dense" (n, 13) float32, "categorical" (n, 26)
+        int32}, labels (n,) int32 and the hidden logits (n,)."""
+        rng = np.random.default_rng([self.seed, split])
+        weights = np.random.default_rng([self.seed, 99])
+        counts = rng.lognormal(1.0, 1.5, (n, DENSE_FEATURES)).astype(np.int64)  # (n, 13) counts
+        dense = np.log1p(counts).astype(np.float32)
+        w_dense = weights.normal(0, 0.35, DENSE_FEATURES)
+        logit = (dense - 1.2) @ w_dense  # (n,)
+        ids = np.empty((n, len(self.vocabularies)), np.int32)
+        informative = weights.random(len(self.vocabularies)) < INFORMATIVE
+        effects = []
+        for k, vocabulary in enumerate(self.vocabularies):
+            rank = _ranks(rng, n, vocabulary, self.power)
+            ids[:, k] = (rank * _multiplier(vocabulary) + 7) % vocabulary
+            effects.append(_normal(rank * 64 + k, self.seed) if informative[k] else np.zeros(n))
+        logit += 0.6 * np.sum(effects, axis=0)
+        logit += 0.8 * effects[0] * effects[1] if informative[0] and informative[1] else 0.0  # one pair interacts
+        logit -= 1.6  # a click rate near Criteo's quarter
+        labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int32)
+        return {"dense": dense, "categorical": ids}, labels, logit
+
+
+@DATASETS.register
+@dataclass
+class Clicks(DatasetOptions):
+    """Synthetic click logs in Criteo's layout (module docstring); the same for the same seed.
+
+    Held in memory: 160 bytes per example (13 float32, 26 int32, the label).
+    """
+
+    name: str = "clicks"
+    train_limit: int = 1_000_000
+    test_limit: int = 100_000
+    tables: Literal["tiny", "default", "criteo"] = "default"  # Criteo's vocabularies capped: 100, 250,000, none
+    vocabulary_sizes: list[int] | None = field(default=None)  # one per categorical feature; null: data.tables'
+    power: float = 1.1  # an id's frequency ~ (its rank + 1)^-power
+
+    RULES: ClassVar[dict[str, Rule]] = {
+        **DatasetOptions.RULES,
+        "vocabulary_sizes": (lambda v: v is None or (len(v) > 0 and all(int(x) >= 1 for x in v)),
+                             "a list of positive table sizes, one per categorical feature, or null"),
+        "power": (lambda v: 1 < v <= 3, "a number in (1, 3]"),
+    }
+
+    def vocabularies(self) -> tuple[int, ...]:
+        return tuple(int(v) for v in self.vocabulary_sizes) if self.vocabulary_sizes else vocabularies(self.tables)
+
+    def spec(self) -> Spec:
+        v = self.vocabularies()
+        features = (Feature("dense", (DENSE_FEATURES,), "float32"), Feature("categorical", (len(v),), "int32", v))
+        return Spec((), 2, "features", "binary", features=features)
+
+    def in_memory_bytes(self) -> int:
+        """Bytes the generated examples take (validation refuses what this machine cannot hold)."""
+        return (self.train_limit + self.test_limit) * (4 * DENSE_FEATURES + 4 * len(self.vocabularies()) + 4)
+
+    def describe(self) -> str:
+        return f"data=clicks (synthetic, Criteo's layout, tables={self.tables})"
+
+    def load(self, seed: int) -> Any:
+        """The training and test logs, drawn from the seed's hidden model."""
+        from runner.data_pipelines.common import Table
+
+        hidden = Hidden(self.vocabularies(), seed, self.power)
+        x_train, y_train, _ = hidden.draw(self.train_limit, 0)
+        x_test, y_test, _ = hidden.draw(self.test_limit, 1)
+        return Table(x_train, y_train, x_test, y_test, synthetic=True, spec=self.spec())
+
+
+def bayes_auc(tables: str = "default", n: int = 100_000, seed: int = 0, power: float = 1.1) -> float:
+    """The AUC of the hidden model's own logits on `n` test examples: what no model can beat on average."""
+    from runner.losses import auc
+
+    _, labels, logits = Hidden(vocabularies(tables), seed, power).draw(n, 1)
+    return auc(labels, logits)

@@ -1,0 +1,147 @@
+"""Strategy `hybrid`: DLRM's own scheme: the embedding tables split across the devices, the rest data-parallel.
+
+Each embedding table (`common.tables`: plain lookups) exists once, on one device; the tables are dealt to the
+devices largest first, each to the device holding the fewest bytes so far (`deal`). Everything else (the MLPs) has a
+copy per device, as under `replicated`. Tower i looks its ids up in every table where the table lives (the lookup
+runs on the table's device), so its ids go to each table's device and the looked-up rows come back: DLRM's
+all-to-all of rows (Naumov et al. 2019, "Deep Learning Recommendation Model for Personalization and Recommendation
+Systems", section 4.2). Backward, each tower's row gradients go to the table's device, which concatenates the
+towers' rows and applies them to its table with its optimizer, whose state for the table lives there, once. The
+dense weights' gradients are averaged and every copy applies the mean, as `replicated`.
+
+Against `replicated` (a table copy per device, every copy updated with every tower's rows) and `sharded_update`
+(a table copy per device for lookups, each device updating a slice of the rows), a table is stored and updated
+once: N devices hold N times the tables a device can. With one device it is `replicated`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from runner.lazy import lazy
+from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies.common import make_evaluate, tables
+from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, average, mean_of
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+
+    from runner.runtime.devices import Devices
+else:
+    keras, tf = lazy("keras"), lazy("tensorflow")
+
+
+@STRATEGIES.register
+@dataclass
+class Hybrid(StrategyBase):
+    """Embedding tables one per device (dealt by size), the other weights replicated: DLRM's scheme."""
+
+    name: str = "hybrid"
+    loss_scaling: ClassVar[bool] = True
+    batch_norm: ClassVar[str] = TOWER_BATCH_NORM
+
+    def table_copies(self, devices: int) -> tuple[float, float]:
+        return 1, 1  # each table once, on its device
+
+    def build(self, devices: Devices, training: Training) -> HybridTowers:
+        return HybridTowers(list(devices.names), training)
+
+
+def deal(sizes: list[int], devices: int) -> list[int]:
+    """Each table's device (by index): the largest table first, each to the device holding the fewest bytes so far."""
+    held, owners = [0] * devices, [0] * len(sizes)
+    for t in sorted(range(len(sizes)), key=lambda t: -sizes[t]):
+        owners[t] = min(range(devices), key=lambda j: held[j])
+        held[owners[t]] += sizes[t]
+    return owners
+
+
+def share(models: list[Any], owners: list[int], devices: list[str]) -> list[Any]:
+    """One variable per table on its owner's device (the first copy's values), put in the place of every copy's own
+    table, whose lookups then run on that device. Returns the shared tables."""
+    layers = [[layer for layer in _embedding_layers(m)] for m in models]
+    shared = []
+    for t, owner in enumerate(owners):
+        device = devices[owner]
+        with tf.device(device):
+            table = keras.Variable(tf.identity(layers[0][t].embeddings.value), name=f"table{t}_on_{owner}")
+        for copy in layers:
+            _swap(copy[t], table, device)
+        shared.append(table)
+    return shared
+
+
+def _embedding_layers(model: Any) -> list[Any]:
+    found = {id(v) for v in tables(model)}
+    from runner.strategies.common import _layers
+
+    return [layer for layer in _layers(model) if getattr(layer, "embeddings", None) is not None and
+            id(layer.embeddings) in found]
+
+
+def _swap(layer: Any, table: Any, device: str) -> None:
+    """Make an Embedding layer look its ids up in `table`, on `device` (Keras 3: the layer's `_embeddings` and its
+    entry in the layer's tracked trainable variables; the lookup under the table's device)."""
+    own = layer._trainable_variables
+    own[own.index(layer._embeddings)] = table
+    object.__setattr__(layer, "_embeddings", table)  # past Keras' tracker: the layer is built and locked
+    lookup = layer.call
+
+    def call(inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        with tf.device(device):  # the gather next to its table: ids in, rows out, never the table
+            return lookup(inputs, *args, **kwargs)
+
+    object.__setattr__(layer, "call", call)
+
+
+class HybridTowers(Towers):
+    """Towers with a model copy per device whose tables are one shared variable each, on its owner's device."""
+
+    def __init__(self, devices: list[str], training: Training):
+        self.devices, self.training, self.replicated, self.homes = devices, training, True, devices
+        self.models = []
+        for device in devices:  # the same seed for every copy: identical initial weights
+            with tf.device(device):
+                self.models.append(training.model_fn(training.seed))
+        first = tables(self.models[0])
+        self.owners = deal([math.prod(t.shape) for t in first], len(devices))
+        self.shared = share(self.models, self.owners, devices)
+        position = {id(t): k for k, t in enumerate(self.shared)}
+        # variable index -> its table's owner (the index among the model's trainable variables, the same in each copy)
+        self.table_owner = {i: self.owners[position[id(v)]] for i, v in enumerate(self.models[0].trainable_variables)
+                            if id(v) in position}
+        self.optimizers = []
+        for j, (device, model) in enumerate(zip(devices, self.models)):
+            with tf.device(device):
+                self.optimizers.append(training.optimizer_fn(self._mine(j, model.trainable_variables)))
+        self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
+        self.evaluate = make_evaluate(self.models[0], devices[0], training.spec)
+
+    def _mine(self, j: int, items: list[Any]) -> list[Any]:
+        """What device j updates of a per-variable list: its copy's dense weights and the tables it owns."""
+        return [x for i, x in enumerate(items) if self.table_owner.get(i, j) == j]
+
+    def _average(self, grads: list[list[tf.Tensor]]) -> list[tf.Tensor]:
+        """Dense weights' gradients averaged as `replicated` does; each table's rows gathered on its owner."""
+        out = average(grads, self.devices)
+        for i, owner in self.table_owner.items():
+            with tf.device(self.devices[owner]):
+                out[i] = mean_of([g[i] for g in grads])
+        return out
+
+    def _apply(self, mean_grads: list[tf.Tensor]) -> None:
+        """Device j applies the mean gradients to its copy's dense weights and to the tables it owns."""
+        from runner.strategies.common import clip
+
+        mean_grads = clip(self.loss_scale.unscale(mean_grads), self.training.clip_norm)
+        for j, (device, model, optimizer) in enumerate(zip(self.devices, self.models, self.optimizers)):
+            with tf.device(device):
+                optimizer.apply_gradients(zip(self._mine(j, mean_grads), self._mine(j, model.trainable_variables)))
+
+    def describe(self) -> dict[str, str]:
+        held = ", ".join(f"{d}: {self.owners.count(j)}" for j, d in enumerate(self.devices))
+        return {"placement": f"each embedding table once (tables per device: {held}); the other weights copied on "
+                             f"{', '.join(self.devices)}"}

@@ -1,0 +1,202 @@
+"""Recommenders: named features in the task contract (data_pipelines.Spec), synthetic click logs in Criteo's layout,
+DLRM, and its embedding tables' sparse gradients under every data-parallel strategy (at the strategy level, as
+tests/test_text.py does the GPT)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from conftest import compose, run_cli, runs
+
+from runner.config import ConfigError, validate
+from runner.data_pipelines import clicks
+
+# Four tables of unusual sizes: an op of a table's shape in a step's graph is that table (or a copy of it).
+TABLES = (97, 101, 103, 107)
+CLICKS = ["model=dlrm", "data=clicks", "model.variant=tiny", f"data.vocabulary_sizes=[{','.join(map(str, TABLES))}]",
+          "data.train_limit=4096", "data.test_limit=1000"]
+DATA_PARALLEL = ["mirrored", "replicated", "parameter_server", "sharded_update", "hybrid"]
+
+
+def test_click_logs_have_criteos_layout_power_law_ids_and_a_learnable_label():
+    data = clicks.Clicks(tables="default", train_limit=20000, test_limit=20000).load(seed=0)
+    x, y = data.x_train, data.y_train
+    assert x["dense"].shape == (20000, 13) and x["dense"].dtype == np.float32 and (x["dense"] >= 0).all()
+    ids, vocabularies = x["categorical"], np.array(clicks.vocabularies("default"))
+    assert ids.shape == (20000, 26) and ids.dtype == np.int32 and (ids >= 0).all() and (ids < vocabularies).all()
+    assert set(np.unique(y)) == {0, 1} and 0.15 < y.mean() < 0.35  # near Criteo's click rate
+    _, counts = np.unique(ids[:, 0], return_counts=True)  # the 250,000-row table: a few ids take much of the traffic
+    assert np.sort(counts)[::-1][:10].sum() > 0.1 * len(ids) and len(counts) > 2000
+    assert clicks.bayes_auc("default", 20000) > 0.8  # what a model could learn
+    again = clicks.Clicks(tables="default", train_limit=20000, test_limit=20000).load(seed=0)
+    assert (again.x_train["categorical"] == ids).all() and data.digest("train") == again.digest("train")
+    assert data.digest("train") != clicks.Clicks(tables="default", train_limit=20000).load(seed=1).digest("train")
+
+
+def test_the_spec_says_named_features_a_binary_label_and_examples_per_second():
+    spec = validate(compose(*CLICKS)).spec
+    assert [f.name for f in spec.features] == ["dense", "categorical"] and spec.features[1].vocabularies == TABLES
+    assert spec.target == "binary" and spec.outputs_shape == (1,) and spec.labels_shape == ()
+    assert spec.unit == "examples" and spec.rate_key == "examples_per_sec" and spec.input_bytes == 4 * (13 + 4)
+
+
+def test_auc_is_the_share_of_positive_negative_pairs_ordered_right():
+    from runner.losses import auc
+
+    rng = np.random.default_rng(0)
+    labels, scores = rng.integers(0, 2, 300), rng.normal(size=300).round(1)  # rounded: ties count half
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    pairs = (pos[:, None] > neg[None, :]).mean() + 0.5 * (pos[:, None] == neg[None, :]).mean()
+    assert auc(labels, scores) == pytest.approx(pairs, abs=1e-12)
+    assert auc(labels, labels) == 1.0 and np.isnan(auc(np.ones(3), np.arange(3)))
+
+
+def test_adagrad_updates_the_rows_looked_up_as_the_dense_gradient_would(tf_devices):
+    """A sparse gradient with a row looked up twice, applied to its rows only, gives the weights and accumulator
+    the dense gradient gives (the repeated row's parts summed first)."""
+    import tensorflow as tf
+
+    from runner.optimizers import SparseAdagrad
+
+    values = tf.constant([[1.0, 2.0], [0.5, -1.0], [3.0, 0.0]])
+    sparse = tf.IndexedSlices(values, tf.constant([4, 1, 4]), tf.constant([6, 2]))
+    dense = tf.convert_to_tensor(sparse)
+    out = []
+    for grad in (sparse, dense):
+        table = tf.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+        optimizer = SparseAdagrad(0.1)
+        optimizer.build([table])
+        for _ in range(3):
+            optimizer.apply_gradients([(grad, table)])
+        out.append((table.numpy(), optimizer.variables[-1].numpy()))
+    np.testing.assert_allclose(out[0][0], out[1][0], rtol=1e-6)
+    np.testing.assert_allclose(out[0][1], out[1][1], rtol=1e-6)
+    assert (out[0][0][[0, 2, 3, 5]] == np.arange(12, dtype=np.float32).reshape(6, 2)[[0, 2, 3, 5]]).all()
+
+
+def _loop(*overrides: str):
+    """A compiled training loop of dlrm/tiny on unshuffled click logs, and its built strategy."""
+    from runner.experiment import build
+    from runner.tracking import NoRun
+
+    plan = validate(compose("debug=smoke", *CLICKS, "pipeline.shuffle_buffer=0", "train.global_batch_size=64",
+                            "train.learning_rate=0.5", *overrides))  # a rate at which the tables move the loss
+    built = build(plan, NoRun())
+    return built.strategy.train_loop(built.strategy.batches(plan.pipeline, built.examples, plan.train.seed)), \
+        built.strategy
+
+
+def _loss_history(*overrides: str, steps: int = 10):
+    import tensorflow as tf
+
+    loop, strategy = _loop(*overrides)
+    return np.array([float(loop(tf.constant(1))[0]) for _ in range(steps)]), strategy
+
+
+@pytest.fixture(scope="module")
+def single_losses(tf_devices):
+    return _loss_history("strategy=single")[0]
+
+
+@pytest.mark.parametrize("strategy,pipeline,gpus", [
+    *[(s, "split", 2) for s in DATA_PARALLEL],
+    ("mirrored", "per_tower", 2), ("mirrored", "sharded", 2), ("sharded_update", "sharded", 2),
+    ("sharded_update", "split", 4), ("hybrid", "split", 4), ("hybrid", "sharded", 2),
+])
+def test_dlrm_learns_the_same_under_every_strategy(tf_devices, single_losses, strategy, pipeline, gpus):
+    """Unshuffled, the same seed: the towers' shares are the single device's batch and the tables' rows are
+    updated from the same looked-up rows, so only float summation order differs (1e-4 relative). A strategy that
+    left the tables untrained or a copy stale differs by 1e-3 (tried: sharded_update without writing the updated
+    rows back into the copies)."""
+    losses, strategy_built = _loss_history(f"strategy={strategy}", f"pipeline={pipeline}", f"gpus={gpus}")
+    np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
+    assert losses[-1] < losses[0]
+    copies = getattr(strategy_built, "models", [getattr(strategy_built, "model", None)])
+    for table in range(len(TABLES)):  # every copy of every table holds the same (trained) rows
+        first = copies[0].get_layer(f"table{table}").embeddings.numpy()
+        for other in copies[1:]:
+            np.testing.assert_array_equal(other.get_layer(f"table{table}").embeddings.numpy(), first)
+
+
+def _table_shaped_ops(strategy: str, optimizer: str, gpus: int = 2) -> list[str]:
+    """The ops of a compiled training step (its loop and every function inside) whose output has the shape of an
+    embedding table, other than reading the table itself: a table made dense."""
+    import tensorflow as tf
+
+    from runner.experiment import build
+    from runner.tracking import NoRun
+
+    plan = validate(compose("debug=smoke", *CLICKS, f"strategy={strategy}", f"train.optimizer={optimizer}",
+                            *([f"gpus={gpus}"] if strategy != "single" else [])))
+    built = build(plan, NoRun())
+    loop = built.strategy.train_loop(built.strategy.batches(plan.pipeline, built.examples, plan.train.seed))
+    graph = loop.get_concrete_function(tf.TensorSpec([], tf.int32)).graph.as_graph_def(add_shapes=True)
+    nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
+    shapes = {(v, 8) for v in TABLES}
+    return [n.op for n in nodes if n.op not in ("ReadVariableOp", "Identity", "VarHandleOp") and any(
+        tuple(d.size for d in s.dim) in shapes for s in n.attr["_output_shapes"].list.shape)]
+
+
+@pytest.mark.parametrize("strategy", ["single", *DATA_PARALLEL])
+def test_no_strategy_makes_a_tables_gradient_dense(tf_devices, strategy):
+    """With adagrad (dlrm's default) every strategy moves and applies the rows looked up: no op of the step has a
+    table's shape. Adam's update is dense over the table in Keras (its moments decay every row every step): the
+    same probe sees it, so it would see a strategy that densified."""
+    assert _table_shaped_ops(strategy, "adagrad") == []
+    if strategy == "replicated":
+        assert {"Sub", "Mul", "Sqrt"} <= set(_table_shaped_ops(strategy, "adam"))
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["strategy=model_parallel", "gpus=2"], ["strategy=model_parallel splits a model of one input", "named features"]),
+    (["model=mlp"], ["model=mlp takes images", "model=dlrm"]),
+    (["data=mnist"], ["model=dlrm takes a dense float32 feature", "28x28x1 uint8 images"]),  # CLICKS' data keys not
+    (["train.target_accuracy=0.9", "train.target_auc=0.8"], ["are two targets"]),
+    (["data.vocabulary_sizes=[20000000,20000000]", "model.variant=default", "strategy=replicated", "gpus=4"],
+     ["embedding tables are 9.5 GiB (10,240,000,000 bytes)", "adagrad keeps 1 slot", "use strategy=hybrid or parameter_server"]),
+    (["data.vocabulary_sizes=null", "data.tables=criteo", "model.variant=criteo"], ["89.5 GiB", "use smaller tables"]),
+])
+def test_what_a_recommender_cannot_do_is_one_line(overrides, words):
+    base = CLICKS[:3] if "data=mnist" in overrides else CLICKS
+    with pytest.raises(ConfigError) as e:
+        validate(compose(*base, *overrides))
+    assert all(w in str(e.value) for w in words) and "\n" not in str(e.value), str(e.value)
+
+
+def test_a_click_model_run_prints_its_auc_and_examples_per_second_and_is_timed_to_an_auc(tmp_path):
+    proc = run_cli("debug=smoke", *CLICKS, "strategy=mirrored", "gpus=2", "train.steps=60", "train.target_auc=0.55",
+                   "train.check_every=10", "train.check_examples=500", "train.predict=true", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("test AUC ") and " test log loss " in last and "examples/s" in last, last
+    assert "target AUC 0.55 reached in " in last
+    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert row["status"] == "FINISHED" and row["metrics.examples_per_sec"] > 0 and row["metrics.test_auc"] > 0.55
+    assert row["tags.target.reached"] == "true" and 0 < row["metrics.time_to_auc_seconds"]
+    assert row["tags.predicted"].startswith("not predicted: the cost model prices dense weights")
+
+
+def test_hybrid_keeps_each_table_once_on_one_device_and_looks_rows_up_there(tf_devices):
+    """DLRM's scheme: a table lives on one device (the tables dealt so each device holds about the same bytes), every
+    tower's lookup in it runs there (ids in, rows out), and the dense weights have a copy per device."""
+    import tensorflow as tf
+
+    from runner.strategies.hybrid import deal
+
+    assert deal([100, 10, 60, 50], 2) == [0, 0, 1, 1] and deal([5, 5, 5], 3) == [0, 1, 2]
+    loop, built = _loop("strategy=hybrid", "gpus=2")
+    placed = [t.value.device[-5:] for t in built.shared]
+    assert len(placed) == len(TABLES) and placed == [f"CPU:{j}" for j in built.owners] and set(built.owners) == {0, 1}
+    for copy in built.models:  # every copy's table is the one shared variable
+        assert [layer.embeddings for layer in copy.layers if "table" in layer.name] == built.shared
+    dense = {k: d for k, d in built.variable_devices().items() if "bottom0/kernel" in k}
+    assert sorted(d[-5:] for d in dense.values()) == ["CPU:0", "CPU:1"]
+    graph = loop.get_concrete_function(tf.TensorSpec([], tf.int32)).graph.as_graph_def()
+    lookups = {}  # table -> the devices its lookups (GatherV2 in layer table<t> of either tower's copy) run on
+    for n in (n for f in graph.library.function for n in f.node_def if n.op == "GatherV2"):
+        layer = re.search(r"/table(\d+)(_\d+)?/GatherV2$", n.name)
+        if layer:
+            lookups.setdefault(int(layer.group(1)), []).append(n.device[-5:])
+    assert lookups == {t: [f"CPU:{j}"] * 2 for t, j in enumerate(built.owners)}  # two towers, each on the owner
