@@ -14,8 +14,9 @@ def cross_entropy(y: Any, logits: Any) -> Any:
     import keras
     import tensorflow as tf
 
-    if logits.shape[-1] == 1 and y.shape.rank == 1:  # one logit, the log-odds of label 1 (Spec target "binary")
-        return keras.losses.binary_crossentropy(tf.cast(y[:, None], logits.dtype), logits, from_logits=True)  # (b,)
+    if logits.shape[-1] == 1:  # one logit (b, 1), the log-odds of label 1 (Spec target "binary"); y (b,) or (b, 1)
+        labels = tf.reshape(tf.cast(y, logits.dtype), (-1, 1))
+        return keras.losses.binary_crossentropy(labels, logits, from_logits=True)  # (b,)
     loss = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)  # (b, *positions)
     if loss.shape.rank > 1:
         loss = tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank)))  # (b,)

@@ -135,15 +135,17 @@ def _table_shaped_ops(strategy: str, optimizer: str, gpus: int = 2) -> list[str]
     graph = loop.get_concrete_function(tf.TensorSpec([], tf.int32)).graph.as_graph_def(add_shapes=True)
     nodes = [*graph.node, *(n for f in graph.library.function for n in f.node_def)]
     shapes = {(v, 8) for v in TABLES}
-    return [n.op for n in nodes if n.op not in ("ReadVariableOp", "Identity", "VarHandleOp") and any(
+    return [n.op for n in nodes if any(
         tuple(d.size for d in s.dim) in shapes for s in n.attr["_output_shapes"].list.shape)]
 
 
 @pytest.mark.parametrize("strategy", ["single", *DATA_PARALLEL])
 def test_no_strategy_makes_a_tables_gradient_dense(tf_devices, strategy):
-    """With adagrad (dlrm's default) every strategy moves and applies the rows looked up: no op of the step has a
-    table's shape. Adam's update is dense over the table in Keras (its moments decay every row every step): the
-    same probe sees it, so it would see a strategy that densified."""
+    """With adagrad (dlrm's default) every strategy reads, moves and applies the rows looked up: no op of the step
+    has a table's shape, not even a read of the table (Keras' own lookup reads the whole table, which TensorFlow
+    copies every step once a sparse update has touched it: `common.read_rows_only`). Adam's update is dense over the
+    table in Keras (its moments decay every row every step): the same probe sees it, so it would see a strategy that
+    densified."""
     assert _table_shaped_ops(strategy, "adagrad") == []
     if strategy == "replicated":
         assert {"Sub", "Mul", "Sqrt"} <= set(_table_shaped_ops(strategy, "adam"))
@@ -194,9 +196,35 @@ def test_hybrid_keeps_each_table_once_on_one_device_and_looks_rows_up_there(tf_d
     dense = {k: d for k, d in built.variable_devices().items() if "bottom0/kernel" in k}
     assert sorted(d[-5:] for d in dense.values()) == ["CPU:0", "CPU:1"]
     graph = loop.get_concrete_function(tf.TensorSpec([], tf.int32)).graph.as_graph_def()
-    lookups = {}  # table -> the devices its lookups (GatherV2 in layer table<t> of either tower's copy) run on
-    for n in (n for f in graph.library.function for n in f.node_def if n.op == "GatherV2"):
-        layer = re.search(r"/table(\d+)(_\d+)?/GatherV2$", n.name)
+    lookups = {}  # table -> the devices its lookups (a gather in layer table<t> of either tower's copy) run on
+    for n in (n for f in graph.library.function for n in f.node_def if n.op in ("GatherV2", "ResourceGather")):
+        layer = re.search(r"/table(\d+)(_\d+)?/\w+$", n.name)
         if layer:
             lookups.setdefault(int(layer.group(1)), []).append(n.device[-5:])
     assert lookups == {t: [f"CPU:{j}"] * 2 for t, j in enumerate(built.owners)}  # two towers, each on the owner
+
+
+def test_lookups_read_rows_and_compute_what_keras_computes(tf_devices):
+    """build_model's Embedding layers read their rows in place (ResourceGather) and give Keras' own lookup's outputs
+    and gradient rows."""
+    import keras
+    import tensorflow as tf
+
+    from runner.models.dlrm import DLRM
+    from runner.strategies.common import build_model
+
+    spec = validate(compose(*CLICKS)).spec
+    ours = build_model(DLRM(variant="tiny"), spec, 0)
+    keras.utils.set_random_seed(0)
+    theirs = DLRM(variant="tiny").build(spec)
+    rng = np.random.default_rng(0)
+    x = {"dense": rng.random((16, 13), np.float32),
+         "categorical": np.stack([rng.integers(0, v, 16) for v in TABLES], 1).astype(np.int32)}
+    grads = []
+    for model in (ours, theirs):
+        with tf.GradientTape() as tape:
+            out = model(x)
+        grads.append(tape.gradient(out, model.get_layer("table2").embeddings.value))
+    np.testing.assert_array_equal(ours(x).numpy(), theirs(x).numpy())
+    np.testing.assert_array_equal(tf.convert_to_tensor(grads[0]).numpy(), tf.convert_to_tensor(grads[1]).numpy())
+    assert isinstance(grads[0], tf.IndexedSlices)

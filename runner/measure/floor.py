@@ -82,12 +82,17 @@ def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 1
 
 
 def random_batch(model: Any, batch: int) -> tuple[Any, Any]:
-    """Random inputs of `model`'s shape and dtype (float images in [0, 1); token ids 0 and 1, which any vocabulary
-    has) and random labels in its classes, (b, *positions) as its outputs have them."""
+    """Random inputs of `model`'s shapes and dtypes (float values in [0, 1); ids 0 and 1, which any vocabulary or
+    table has), a dict by name for a model of several named inputs, and random labels in its classes, (b,
+    *positions) as its outputs have them (a single logit: label 0)."""
     import tensorflow as tf
 
-    shape, dtype = (batch, *model.input_shape[1:]), model.inputs[0].dtype
-    x = tf.random.uniform(shape, maxval=2, dtype=tf.int32) if "int" in str(dtype) else tf.random.uniform(shape)
+    def one(t: Any) -> tf.Tensor:
+        shape = (batch, *t.shape[1:])
+        return tf.random.uniform(shape, maxval=2, dtype=tf.int32) if "int" in str(t.dtype) else \
+            tf.random.uniform(shape)
+
+    x = {t.name: one(t) for t in model.inputs} if len(model.inputs) > 1 else one(model.inputs[0])
     y = tf.random.uniform((batch, *model.output_shape[1:-1]), maxval=model.output_shape[-1], dtype=tf.int32)
     return x, y
 
@@ -111,7 +116,8 @@ def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int
             logits = tf.cast(model(x, training=True), tf.float32)  # (b, *positions, classes)
             loss = tf.reduce_mean(cross_entropy(y, logits))
         grads = tape.gradient(loss, model.trainable_variables)
-        return tf.add_n([tf.reduce_sum(g[..., :1]) for g in grads])  # every gradient is needed
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]  # a table's rows: its values
+        return tf.add_n([tf.reduce_sum(v[..., :1]) for v in values])  # every gradient is needed
 
     @tf.function(autograph=False)
     def passes(steps: tf.Tensor) -> tf.Tensor:  # one trace for any number of steps

@@ -78,7 +78,7 @@ def _bars(plt: Any, done: list[Any], path: Path) -> None:
 
 def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
     """Accuracy against training seconds per run (`curves`: run id -> [(seconds, accuracy), ...]); test loss where
-    the runs were timed to a loss (a language model's train.target_loss)."""
+    the runs were timed to a loss (a language model's train.target_loss), test AUC to an AUC (a click model's)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     stars = 0
@@ -93,13 +93,14 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
     if stars:  # one legend entry for every star, in no run's colour
         ax.plot([], [], "*", markersize=12, color="w", markeredgecolor="k",
                 label="target confirmed on the full test set")
-    loss = any(r.target_metric == "loss" for r in rows)
+    metric = next((m for m in ("loss", "auc") if any(r.target_metric == m for r in rows)), "accuracy")
+    loss, named = metric == "loss", {"loss": "test loss", "auc": "test AUC", "accuracy": "test accuracy"}[metric]
     targets = {r.target for r in rows if not math.isnan(r.target)}
     for target in targets:
         ax.axhline(target, color="k", linestyle="--", alpha=0.6,
-                   label=f"target {target:.4g}" if loss else f"target {target:.0%}")
-    ax.set(xlabel="training seconds (evaluation excluded)", ylabel="test loss" if loss else "test accuracy",
-           title="Time to a test loss" if loss else "Time to accuracy")
+                   label=f"target {target:.0%}" if metric == "accuracy" else f"target {target:.4g}")
+    ax.set(xlabel="training seconds (evaluation excluded)", ylabel=named,
+           title="Time to accuracy" if metric == "accuracy" else f"Time to a {named}")
     ax.grid(alpha=0.3)
     if ax.lines:
         ax.legend(loc="best" if loss else "lower right")  # loss curves fall toward the lower right

@@ -63,7 +63,7 @@ class Row:
     same: bool | None = None  # learns the same as the model's 1-device run
     predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
-    target_metric: str = "accuracy"  # a test accuracy or (a language model's) loss: train.target_accuracy / _loss
+    target_metric: str = "accuracy"  # accuracy, loss (a language model's) or auc (a click model's): train.target_*
 
     @property
     def device_label(self) -> str:
@@ -77,7 +77,7 @@ def _row(run: Any, status: str | None = None) -> Row:
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
     unit = rate_unit({**m, **tags}) or "images"
-    metric = "loss" if "target_loss" in m else "accuracy"  # what the run was timed to (train.target_loss or _accuracy)
+    metric = next((k for k in ("loss", "auc") if f"target_{k}" in m), "accuracy")  # what the run was timed to
     return Row(
         run.info.run_id, f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
         tags.get("pipeline", "?"), tags.get("strategy", "?"), int(tags.get("devices.count", 0)),
@@ -200,11 +200,13 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
 
 
 def _time_to(rows: list[Row]) -> str:
-    """The time column's name: `time to acc.` (as image tables always said), `time to loss` or `time to target`."""
+    """The time column's name: `time to acc.` (as image tables always said), `time to loss`, `time to AUC` or
+    `time to target`."""
     metrics = {r.target_metric for r in rows if not math.isnan(r.target)}  # runs with a target say what it is
     if metrics <= {"accuracy"}:
         return "time to acc."
-    return "time to loss" if metrics == {"loss"} else "time to target"
+    return {frozenset({"loss"}): "time to loss", frozenset({"auc"}): "time to AUC"}.get(frozenset(metrics),
+                                                                                       "time to target")
 
 
 def _fmt(value: float, spec: str) -> str:
@@ -242,7 +244,7 @@ def curves(client: Any, rows: list[Row]) -> dict[str, list[tuple[float, float]]]
         value = {m.step: m.value for m in client.get_metric_history(r.run_id, f"check_{r.target_metric}")}
         points = [(seconds[s], value[s]) for s in sorted(seconds) if s in value]
         run = client.get_run(r.run_id).data.metrics
-        final = r.loss if r.target_metric == "loss" else r.accuracy
+        final = run.get(f"test_{r.target_metric}", math.nan)
         if "train_seconds" in run and not math.isnan(final):
             points.append((run["train_seconds"], final))
         out[r.run_id] = points

@@ -50,7 +50,7 @@ class Run:
     scaling: str = "strong"
     host_only: bool = False  # gpus=0: the host CPU, not one of the devices
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
-    target_metric: str = "accuracy"  # what `target` is: a test accuracy (reached at or over) or loss (at or under)
+    target_metric: str = "accuracy"  # what `target` is: a test accuracy or AUC (at or over it) or loss (at or under)
 
     @property
     def combination(self) -> str:
@@ -159,7 +159,8 @@ class Verdict:
         key = "time_to_target" if self.basis == "time to target" else "rate"
         value = self.best.median(key)
         metric = self.best.runs[0].target_metric
-        target = f"{self.target:.0%} test accuracy" if metric == "accuracy" else f"test loss {self.target:.4g}"
+        target = f"{self.target:.0%} test accuracy" if metric == "accuracy" else \
+            f"test {'AUC' if metric == 'auc' else metric} {self.target:.4g}"
         figure = f"{value:.1f} s to {target}" if key == "time_to_target" else \
             f"{value:,.0f} {self.best.runs[0].unit}/s"
         parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
