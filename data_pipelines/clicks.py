@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, DatasetOptions, Feature, Spec
+from runner.data_pipelines import DATASETS, DataError, DatasetOptions, Feature, Spec
 from runner.registry import Rule
 
 # TF Model Garden's dlrm_criteo vocabulary sizes (official/recommendation/ranking/configs), feature C1 to C26.
@@ -151,3 +152,77 @@ def bayes_auc(tables: str = "default", n: int = 100_000, seed: int = 0, power: f
 
     _, labels, logits = Hidden(vocabularies(tables), seed, power).draw(n, 1)
     return auc(labels, logits)
+
+
+# Your own click logs: Criteo's tab-separated layout (`data=files data.format=criteo_tsv`).
+TSV = {"train": "train.tsv", "test": "test.tsv"}
+
+
+def tsv_spec(folder: Path, vocabularies: tuple[int, ...] | None) -> Spec:
+    """The spec of `folder`'s click logs from the first line of train.tsv (label, 13 dense counts, then one id per
+    categorical column) and the declared vocabularies, one per categorical column; no TensorFlow."""
+    path = folder / TSV["train"]
+    if not path.is_file():
+        raise DataError(f"data.path={folder}: data.format=criteo_tsv needs {TSV['train']} and {TSV['test']} there "
+                        f"(label, {DENSE_FEATURES} dense counts, then categorical ids, tab-separated)")
+    with open(path) as f:
+        columns = len(f.readline().rstrip("\n").split("\t")) - 1 - DENSE_FEATURES
+    if not vocabularies or len(vocabularies) != columns:
+        given = f"{len(vocabularies)} sizes" if vocabularies else "none"
+        raise DataError(f"{path} has {max(columns, 0)} categorical columns after the label and {DENSE_FEATURES} dense "
+                        f"counts, data.vocabulary_sizes gives {given}: give one table size per categorical column")
+    features = (Feature("dense", (DENSE_FEATURES,), "float32"), Feature("categorical", (columns,), "int32",
+                                                                          tuple(vocabularies)))
+    return Spec((), 2, "features", "binary", features=features)
+
+
+def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The first `limit` lines of a click log as features {"dense" (n, 13) float32 log(1 + count), "categorical" (n,
+    k) int32} and labels (n,) int32. An empty field is 0 (a missing count; id 0 of its table). Raises DataError (one
+    line naming the file and line) for a line of another length, a label other than 0 or 1, an id that is not an
+    integer or is outside its table."""
+    import pandas
+
+    import io
+    import itertools
+
+    vocabularies = np.array(spec.features[1].vocabularies)
+    width = 1 + DENSE_FEATURES + len(vocabularies)
+    with open(path, "rb") as f:
+        lines = list(itertools.islice(f, limit))
+    fields = np.array([line.count(b"\t") + 1 for line in lines])
+    if (wrong := np.flatnonzero(fields != width)).size:
+        raise DataError(f"{path} line {wrong[0] + 1} has {fields[wrong[0]]} tab-separated fields, the declared "
+                        f"spec {width} (label, {DENSE_FEATURES} dense, {len(vocabularies)} categorical: "
+                        "data.vocabulary_sizes)")
+    table = pandas.read_csv(io.BytesIO(b"".join(lines)), sep="\t", header=None, names=range(width), dtype=str,
+                            keep_default_na=False)
+    values = table.replace("", "0")
+    numbers = values.apply(pandas.to_numeric, errors="coerce")
+    bad = numbers.isna()
+    if bad.any().any():
+        line, column = np.argwhere(bad.to_numpy())[0]
+        raise DataError(f"{path} line {line + 1}: field {column + 1} is {values.iat[line, column]!r}, not an integer "
+                        "(categorical ids must be integers below their table's size: hash raw values into ids first)")
+    array = numbers.to_numpy(np.int64)  # (n, width)
+    y = array[:, 0]
+    if (wrong := np.flatnonzero((y != 0) & (y != 1))).size:
+        raise DataError(f"{path} line {wrong[0] + 1}: label {y[wrong[0]]} is not 0 or 1 (a click model's label)")
+    ids = array[:, 1 + DENSE_FEATURES:]
+    outside = (ids < 0) | (ids >= vocabularies)
+    if outside.any():
+        line, column = np.argwhere(outside)[0]
+        raise DataError(f"{path} line {line + 1}: categorical column {column + 1} has id {ids[line, column]}, outside "
+                        f"its table of {vocabularies[column]:,} rows (0 to {vocabularies[column] - 1:,}; "
+                        f"data.vocabulary_sizes[{column}])")
+    dense = np.log1p(np.maximum(array[:, 1:1 + DENSE_FEATURES], 0)).astype(np.float32)
+    return {"dense": dense, "categorical": ids.astype(np.int32)}, y.astype(np.int32)
+
+
+def load_tsv(folder: Path, spec: Spec, train_limit: int | None, test_limit: int | None) -> Any:
+    """The training and test logs of `folder` (train.tsv, test.tsv), checked line by line."""
+    from runner.data_pipelines.common import Table
+
+    x_train, y_train = read_tsv(folder / TSV["train"], spec, train_limit)
+    x_test, y_test = read_tsv(folder / TSV["test"], spec, test_limit)
+    return Table(x_train, y_train, x_test, y_test, synthetic=False, spec=spec)

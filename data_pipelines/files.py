@@ -6,6 +6,9 @@
   1). Token ids without `y_*.npy` train a language model on the sequences themselves: each row's first length - 1 ids,
   each labelled with the next. The inputs are memory-mapped, never read whole (token ids are scanned once for their
   largest), so they may be larger than memory; the spec comes from the arrays' headers.
+- `criteo_tsv`: click logs `train.tsv` and `test.tsv` in Criteo's tab-separated layout (a 0/1 label, 13 dense
+  counts, then one integer id per categorical column, below `data.vocabulary_sizes`, one per column; an empty field
+  is 0), read and checked line by line before TensorFlow starts (`clicks.read_tsv`): a click model's examples.
 - `tfrecord`: TFRecord shards `train-*` and `validation-*` of tf.train.Examples with `image/encoded` (JPEG or PNG)
   and `image/class/label`, the layout tf_cnn_benchmarks and TensorFlow's image models read. Each image is decoded
   and resized to `data.shape`; `data.classes` says how many labels there are (`data.label_offset` is subtracted:
@@ -43,12 +46,14 @@ class Files(DatasetOptions):
 
     name: str = "files"
     path: str = ""  # the folder holding the files
-    format: Literal["auto", "npy", "tfrecord"] = "auto"  # auto: npy if x_train.npy is there, else tfrecord
+    # auto: npy if x_train.npy is there, criteo_tsv if train.tsv is, else tfrecord
+    format: Literal["auto", "npy", "tfrecord", "criteo_tsv"] = "auto"
     shape: list[int] | None = None  # tfrecord: [height, width, channels] each image is resized to
     classes: int | None = None  # null: npy, the largest training label + 1; tfrecord: required
     label_offset: int = 0  # subtracted from every stored label (1 for ImageNet records counting from 1)
     vocabulary_size: int | None = None  # token ids: how many ids the model's embedding has (null: largest id + 1)
     sequence_length: int | None = None  # tfrecord token ids: ids per record (its input_ids)
+    vocabulary_sizes: list[int] | None = None  # criteo_tsv: each categorical column's table size
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
@@ -56,6 +61,8 @@ class Files(DatasetOptions):
         "classes": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
         "label_offset": (non_negative, "0 or a positive integer"),
         "vocabulary_size": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
+        "vocabulary_sizes": (lambda v: v is None or (len(v) > 0 and all(int(x) >= 1 for x in v)),
+                             "a list of positive table sizes, one per categorical column, or null"),
         "sequence_length": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
     }
 
@@ -73,10 +80,17 @@ class Files(DatasetOptions):
     def _format(self) -> str:
         if self.format != "auto":
             return self.format
-        return "npy" if (self._folder() / "x_train.npy").is_file() else "tfrecord"
+        folder = self._folder()
+        if (folder / "x_train.npy").is_file():
+            return "npy"
+        return "criteo_tsv" if (folder / "train.tsv").is_file() else "tfrecord"
 
     def spec(self) -> Spec:
         """From the arrays' headers (npy) or from data.shape and data.classes (tfrecord); no TensorFlow."""
+        if self._format() == "criteo_tsv":
+            from runner.data_pipelines.clicks import tsv_spec
+
+            return tsv_spec(self._folder(), tuple(self.vocabulary_sizes or ()))
         return self._npy_spec() if self._format() == "npy" else self._tfrecord_spec()
 
     def train_examples(self) -> int | None:
@@ -86,7 +100,12 @@ class Files(DatasetOptions):
         return min(n, self.train_limit) if self.train_limit else n
 
     def load(self, seed: int) -> Any:
-        """The arrays, memory-mapped and cut to the limits; or the TFRecord shards (`seed` is unused)."""
+        """The arrays, memory-mapped and cut to the limits; the click logs, read and checked; or the TFRecord shards
+        (`seed` is unused)."""
+        if self._format() == "criteo_tsv":
+            from runner.data_pipelines.clicks import load_tsv
+
+            return load_tsv(self._folder(), self.spec(), self.train_limit, self.test_limit)
         if self._format() == "npy" and self._unlabelled_tokens():
             from runner.data_pipelines.text import SequenceFiles
 

@@ -51,6 +51,23 @@ def _truncated_dir(tmp: Path, name: str) -> Path:
     return folder
 
 
+def _clicks_dir(tmp: Path, damage: str = "") -> None:
+    """A data.path folder `clicks` of click logs in Criteo's layout (label, 13 dense counts, 3 categorical ids below
+    50, 20 and 30), line 3 of train.tsv replaced by `damage` where given."""
+    folder = tmp / "clicks"
+    folder.mkdir()
+    good = "\t".join(["1", *["7"] * 13, "4", "5", "6"])
+    for name in ("train", "test"):
+        lines = [good] * 8
+        if damage and name == "train":
+            lines[2] = damage
+        (folder / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+
+
+CLICKS = ["model=dlrm", "data=files", "data.path={tmp}/clicks", "data.vocabulary_sizes=[50,20,30]"]
+COUNTS = "\t".join(["7"] * 13)
+
+
 def _deleted_experiment(db: Path, name: str) -> None:
     from mlflow import MlflowClient
 
@@ -74,6 +91,21 @@ class Bad:
 
 
 ROWS = {
+    # a user's click logs (data=files, Criteo's layout): found as they are read, before TensorFlow starts
+    "clicks-label": Bad(CLICKS, ["{tmp}/clicks/train.tsv line 3", "label 2 is not 0 or 1"],
+                        lambda t: _clicks_dir(t, f"2\t{COUNTS}\t4\t5\t6"), run_opened=True, before_tensorflow=True),
+    "clicks-id-outside-its-table": Bad(CLICKS, ["train.tsv line 3", "categorical column 2 has id 20",
+                                                "table of 20 rows", "data.vocabulary_sizes[1]"],
+                                       lambda t: _clicks_dir(t, f"0\t{COUNTS}\t4\t20\t6"), run_opened=True,
+                                       before_tensorflow=True),
+    "clicks-not-the-declared-spec": Bad([*CLICKS[:3], "data.vocabulary_sizes=[50,20]"],
+                                        ["has 3 categorical columns", "data.vocabulary_sizes gives 2 sizes"],
+                                        _clicks_dir),
+    "clicks-short-line": Bad(CLICKS, ["train.tsv line 3 has 15 tab-separated fields", "the declared spec 17"],
+                             lambda t: _clicks_dir(t, f"0\t{COUNTS}\t4"), run_opened=True, before_tensorflow=True),
+    "clicks-raw-hex-id": Bad(CLICKS, ["train.tsv line 3", "'68fd1e64', not an integer", "hash raw values"],
+                             lambda t: _clicks_dir(t, f"0\t{COUNTS}\t4\t68fd1e64\t6"), run_opened=True,
+                             before_tensorflow=True),
     # an unknown option in each config group, found before Hydra composes anything
     "group-model": Bad(["model=resnet"], ["model=resnet", _choices("model")]),
     "group-pipeline": Bad(["pipeline=fast"], ["pipeline=fast", _choices("pipeline")]),
