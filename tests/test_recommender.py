@@ -167,7 +167,7 @@ def test_what_a_recommender_cannot_do_is_one_line(overrides, words):
     assert all(w in str(e.value) for w in words) and "\n" not in str(e.value), str(e.value)
 
 
-def test_a_click_model_run_prints_its_auc_and_examples_per_second_and_is_timed_to_an_auc(tmp_path):
+def test_a_click_model_run_prints_its_auc_and_examples_per_second_and_is_timed_to_an_auc(tmp_path, capsys):
     proc = run_cli("debug=smoke", *CLICKS, "strategy=mirrored", "gpus=2", "train.steps=60", "train.target_auc=0.55",
                    "train.check_every=10", "train.check_examples=500", "train.predict=true", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -178,6 +178,15 @@ def test_a_click_model_run_prints_its_auc_and_examples_per_second_and_is_timed_t
     assert row["status"] == "FINISHED" and row["metrics.examples_per_sec"] > 0 and row["metrics.test_auc"] > 0.55
     assert row["tags.target.reached"] == "true" and 0 < row["metrics.time_to_auc_seconds"]
     assert row["tags.predicted"].startswith("not predicted: the cost model prices dense weights")
+    from conftest import markdown_rows
+
+    from runner.cli.report import main as report
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert report(["--tracking-uri", uri, "--experiment", "smoke", "--out", str(tmp_path / "report")]) == 0
+    (table,) = [r for r in markdown_rows(capsys.readouterr().out) if "test AUC" in r]  # the AUC, not an accuracy
+    assert float(table["test AUC"]) == pytest.approx(row["metrics.test_auc"], abs=1e-4)
+    assert float(table["time to AUC (s)"]) == pytest.approx(row["metrics.time_to_auc_seconds"], abs=0.05)
 
 
 def test_hybrid_keeps_each_table_once_on_one_device_and_looks_rows_up_there(tf_devices):

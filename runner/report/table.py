@@ -64,6 +64,7 @@ class Row:
     predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
     target_metric: str = "accuracy"  # accuracy, loss (a language model's) or auc (a click model's): train.target_*
+    auc: float = math.nan  # a click model's test AUC (data with a binary label)
 
     @property
     def device_label(self) -> str:
@@ -87,6 +88,7 @@ def _row(run: Any, status: str | None = None) -> Row:
         m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
         m.get(f"time_to_{metric}_seconds", math.nan), m.get(f"target_{metric}", math.nan),
         predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric,
+        auc=m.get("test_auc", math.nan),
     )
 
 
@@ -209,21 +211,28 @@ def _time_to(rows: list[Row]) -> str:
                                                                                        "time to target")
 
 
+def _score(rows: list[Row]) -> tuple[str, str]:
+    """The score column: (its name, the Row field): a click model's test AUC where the runs logged one, else the
+    test accuracy (as image and text tables always said)."""
+    return ("test AUC", "auc") if any(not math.isnan(r.auc) for r in rows) else ("test acc", "accuracy")
+
+
 def _fmt(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
 
 
 def table(rows: list[Row]) -> str:
     """The comparison as a Markdown table, with a footnote where speedups are missing."""
-    unit = verdict.units(rows)
+    unit, (score, field) = verdict.units(rows), _score(rows)
     head = (f"| model | pipeline | strategy | devices | scaling | {unit}/s | ± stderr | predicted {unit}/s "
-            f"| speedup | efficiency | {_time_to(rows)} (s) | test acc | learns same | MFU | wall s | status |\n" + "|---" * 16 + "|")
+            f"| speedup | efficiency | {_time_to(rows)} (s) | {score} | learns same | MFU | wall s | status |\n"
+            + "|---" * 16 + "|")
     same = {True: "yes", False: "no", None: "-"}
     lines = [
         f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
         f"| {_fmt(r.rate, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.predicted, ',.0f')} "
         f"| {_fmt(r.speedup, '.2f')} "
-        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_target, '.1f')} | {_fmt(r.accuracy, '.4f')} "
+        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_target, '.1f')} | {_fmt(getattr(r, field), '.4f')} "
         f"| {same[r.same]} | {_fmt(r.mfu, '.1%')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
         for r in rows
     ]
@@ -295,14 +304,14 @@ def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
 
 def compact(rows: list[Row]) -> str:
     """One line per job, the figures a sweep's end shows: combination, images/s or the data's unit (and the
-    predicted where runs logged one), time to accuracy, accuracy, status."""
+    predicted where runs logged one), time to the target, the test accuracy (a click model's: AUC), status."""
     predicted = any(not math.isnan(r.predicted) for r in rows)
-    unit = verdict.units(rows)
+    unit, (score, field) = verdict.units(rows), _score(rows)
     head = (f"| model | combination | {unit}/s | " + (f"predicted {unit}/s | " if predicted else "")
-            + f"{_time_to(rows)} (s) | test acc | status |\n" + "|---" * (7 if predicted else 6) + "|")
+            + f"{_time_to(rows)} (s) | {score} | status |\n" + "|---" * (7 if predicted else 6) + "|")
     lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.rate, ',.0f')} "
              + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
-             + f"| {_fmt(r.time_to_target, '.1f')} | {_fmt(r.accuracy, '.4f')} | {r.status} |" for r in rows]
+             + f"| {_fmt(r.time_to_target, '.1f')} | {_fmt(getattr(r, field), '.4f')} | {r.status} |" for r in rows]
     return "\n".join([head, *lines])
 
 
