@@ -120,6 +120,18 @@ def test_dlrm_learns_the_same_under_every_strategy(tf_devices, single_losses, st
             np.testing.assert_array_equal(other.get_layer(f"table{table}").embeddings.numpy(), first)
 
 
+def test_parameter_server_can_spread_the_tables_over_the_devices(tf_devices, single_losses):
+    """strategy.tables=spread: each table on one training device (dealt by size, as hybrid), its optimizer state
+    beside it, every tower reading the one copy; the same losses as one device."""
+    from runner.strategies.common import optimizer_state_bytes
+
+    losses, built = _loss_history("strategy=parameter_server", "strategy.tables=spread", "gpus=2")
+    np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
+    homes = {built.models[0].get_layer(f"table{t}").embeddings.value.device[-5:] for t in range(len(TABLES))}
+    assert homes == {"CPU:0", "CPU:1"} and "embedding tables on CPU:0, CPU:1" in built.describe()["placement"]
+    assert len(optimizer_state_bytes(built)) == 2  # the tables' slots beside them, on both devices
+
+
 def _table_shaped_ops(strategy: str, optimizer: str, gpus: int = 2) -> list[str]:
     """The ops of a compiled training step (its loop and every function inside) whose output has the shape of an
     embedding table, other than reading the table itself: a table made dense."""
@@ -157,7 +169,8 @@ def test_no_strategy_makes_a_tables_gradient_dense(tf_devices, strategy):
     (["data=mnist"], ["model=dlrm takes a dense float32 feature", "28x28x1 uint8 images"]),  # CLICKS' data keys not
     (["train.target_accuracy=0.9", "train.target_auc=0.8"], ["are two targets"]),
     (["data.vocabulary_sizes=[20000000,20000000]", "model.variant=default", "strategy=replicated", "gpus=4"],
-     ["embedding tables are 9.5 GiB (10,240,000,000 bytes)", "adagrad keeps 1 slot", "use strategy=hybrid or parameter_server"]),
+     ["embedding tables are 9.5 GiB (10,240,000,000 bytes)", "adagrad keeps 1 slot",
+      "use strategy=hybrid or parameter_server"]),
     (["data.vocabulary_sizes=null", "data.tables=criteo", "model.variant=criteo"], ["89.5 GiB", "use smaller tables"]),
 ])
 def test_what_a_recommender_cannot_do_is_one_line(overrides, words):

@@ -265,7 +265,7 @@ def tables(model: Any) -> list:
     """The model's embedding tables read by lookups only (plain keras.layers.Embedding, nested models too): their
     gradients are the rows a batch looked up (tf.IndexedSlices), which strategies keep sparse. A subclass (the GPT's
     tied table, also an output layer) has a dense gradient and is left out."""
-    return [layer.embeddings for layer in _layers(model) if type(layer) is keras.layers.Embedding]
+    return [layer.embeddings for layer in _table_layers(model)]
 
 
 def read_rows_only(model: keras.Model) -> keras.Model:
@@ -274,8 +274,8 @@ def read_rows_only(model: keras.Model) -> keras.Model:
     TensorFlow copies the whole table on every such read (a resource variable in copy-on-read mode). Profiled on
     dlrm/default: 104 of the 79 ms step (2 cores' op time) were those copies. `tf.gather` on the variable itself is
     TensorFlow's ResourceGather: the same rows, read in place. What the layer computes is unchanged."""
-    for layer in _layers(model):
-        if type(layer) is keras.layers.Embedding and not layer.lora_enabled and not layer.quantization_mode:
+    for layer in _table_layers(model):
+        if not layer.lora_enabled and not layer.quantization_mode:
             object.__setattr__(layer, "call", _row_lookup(layer))
     return model
 
@@ -291,6 +291,50 @@ def _row_lookup(layer: Any) -> Any:
         return tf.cast(table.sparse_read(ids), layer.compute_dtype)  # (..., d)
 
     return call
+
+
+def deal(sizes: list[int], devices: int) -> list[int]:
+    """Each table's device (by index): the largest table first, each to the device holding the fewest bytes so far."""
+    held, owners = [0] * devices, [0] * len(sizes)
+    for t in sorted(range(len(sizes)), key=lambda t: -sizes[t]):
+        owners[t] = min(range(devices), key=lambda j: held[j])
+        held[owners[t]] += sizes[t]
+    return owners
+
+
+def share(models: list[Any], owners: list[int], devices: list[str]) -> list[Any]:
+    """One variable per table on its owner's device (the first copy's values), put in the place of every copy's own
+    table, whose lookups then run on that device. Returns the shared tables."""
+    layers = [_table_layers(m) for m in models]
+    shared = []
+    for t, owner in enumerate(owners):
+        device = devices[owner]
+        with tf.device(device):
+            table = keras.Variable(tf.identity(layers[0][t].embeddings.value), name=f"table{t}_on_{owner}")
+        for copy in layers:
+            _swap(copy[t], table, device)
+        shared.append(table)
+    return shared
+
+
+def _table_layers(model: Any) -> list[Any]:
+    """The plain keras.layers.Embedding layers of `model`, nested models too (`tables`)."""
+    return [layer for layer in _layers(model) if type(layer) is keras.layers.Embedding]
+
+
+def _swap(layer: Any, table: Any, device: str) -> None:
+    """Make an Embedding layer look its ids up in `table`, on `device` (Keras 3: the layer's `_embeddings` and its
+    entry in the layer's tracked trainable variables; the lookup under the table's device)."""
+    own = layer._trainable_variables
+    own[own.index(layer._embeddings)] = table
+    object.__setattr__(layer, "_embeddings", table)  # past Keras' tracker: the layer is built and locked
+    lookup = layer.call
+
+    def call(inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        with tf.device(device):  # the gather next to its table: ids in, rows out, never the table
+            return lookup(inputs, *args, **kwargs)
+
+    object.__setattr__(layer, "call", call)
 
 
 def moving_state(model: Any) -> list:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
-from runner.strategies.common import make_evaluate, tables
+from runner.strategies.common import deal, make_evaluate, share, tables
 from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, average, mean_of
 
 if TYPE_CHECKING:
@@ -48,53 +48,6 @@ class Hybrid(StrategyBase):
 
     def build(self, devices: Devices, training: Training) -> HybridTowers:
         return HybridTowers(list(devices.names), training)
-
-
-def deal(sizes: list[int], devices: int) -> list[int]:
-    """Each table's device (by index): the largest table first, each to the device holding the fewest bytes so far."""
-    held, owners = [0] * devices, [0] * len(sizes)
-    for t in sorted(range(len(sizes)), key=lambda t: -sizes[t]):
-        owners[t] = min(range(devices), key=lambda j: held[j])
-        held[owners[t]] += sizes[t]
-    return owners
-
-
-def share(models: list[Any], owners: list[int], devices: list[str]) -> list[Any]:
-    """One variable per table on its owner's device (the first copy's values), put in the place of every copy's own
-    table, whose lookups then run on that device. Returns the shared tables."""
-    layers = [[layer for layer in _embedding_layers(m)] for m in models]
-    shared = []
-    for t, owner in enumerate(owners):
-        device = devices[owner]
-        with tf.device(device):
-            table = keras.Variable(tf.identity(layers[0][t].embeddings.value), name=f"table{t}_on_{owner}")
-        for copy in layers:
-            _swap(copy[t], table, device)
-        shared.append(table)
-    return shared
-
-
-def _embedding_layers(model: Any) -> list[Any]:
-    found = {id(v) for v in tables(model)}
-    from runner.strategies.common import _layers
-
-    return [layer for layer in _layers(model) if getattr(layer, "embeddings", None) is not None and
-            id(layer.embeddings) in found]
-
-
-def _swap(layer: Any, table: Any, device: str) -> None:
-    """Make an Embedding layer look its ids up in `table`, on `device` (Keras 3: the layer's `_embeddings` and its
-    entry in the layer's tracked trainable variables; the lookup under the table's device)."""
-    own = layer._trainable_variables
-    own[own.index(layer._embeddings)] = table
-    object.__setattr__(layer, "_embeddings", table)  # past Keras' tracker: the layer is built and locked
-    lookup = layer.call
-
-    def call(inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        with tf.device(device):  # the gather next to its table: ids in, rows out, never the table
-            return lookup(inputs, *args, **kwargs)
-
-    object.__setattr__(layer, "call", call)
 
 
 class HybridTowers(Towers):

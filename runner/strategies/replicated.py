@@ -12,13 +12,15 @@ tf_cnn_benchmarks' `variable_update` modes did. The two differ only in where the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
-    average_moving_state, clip, copies_of_moving_state, drain_loop, make_evaluate, per_example_loss, steps_loop,
+    average_moving_state, clip, copies_of_moving_state, deal, drain_loop, make_evaluate, per_example_loss, share,
+    steps_loop, tables,
 )
 
 if TYPE_CHECKING:
@@ -92,6 +94,8 @@ class ParameterServer(StrategyBase):
 
     name: str = "parameter_server"
     ps_device: Literal["cpu", "first_device"] = "cpu"  # the host CPU | the first training device
+    # Embedding tables: on ps_device with the rest | spread: each on one training device, dealt by size (as hybrid)
+    tables: Literal["ps_device", "spread"] = "ps_device"
     loss_scaling: ClassVar[bool] = True
     batch_norm: ClassVar[str] = ("batch statistics per tower (G/N examples); every tower updates the one copy's moving "
                                  "statistics in turn (N updates of the moving averages a step)")
@@ -101,7 +105,7 @@ class ParameterServer(StrategyBase):
 
     def build(self, devices: Devices, training: Training) -> Towers:
         home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
-        return Towers(list(devices.names), training, ps_device=home)
+        return Towers(list(devices.names), training, ps_device=home, spread_tables=self.tables == "spread")
 
     def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
         """Every tower's gradients go to the one copy (N sent), are summed and divided there, one update; every
@@ -115,7 +119,8 @@ class Towers(Strategy):
     """N in-graph towers, tower i on devices[i]; a model copy (with its optimizer) on every device (replicated:
     tower i uses its own device's copy), or one copy on `ps_device` that every tower reads."""
 
-    def __init__(self, devices: list[str], training: Training, ps_device: str | None = None):
+    def __init__(self, devices: list[str], training: Training, ps_device: str | None = None,
+                 spread_tables: bool = False):
         self.devices, self.training = devices, training
         self.replicated = ps_device is None
         self.homes = devices if ps_device is None else [ps_device]
@@ -123,6 +128,8 @@ class Towers(Strategy):
         for home in self.homes:  # the same seed for every copy: identical initial weights
             with tf.device(home):
                 model = training.model_fn(training.seed)
+                if spread_tables:  # parameter_server: each table on one device (hybrid's placement), read by all
+                    share([model], deal([math.prod(t.shape) for t in tables(model)], len(devices)), devices)
                 self.models.append(model)
                 self.optimizers.append(training.optimizer_fn(model.trainable_variables))
         self.loss_scale = loss_scale.make(training.loss_scaling, self.homes[0])
@@ -196,4 +203,6 @@ class Towers(Strategy):
         """Where the variables live (for tags and placement tests)."""
         if self.replicated:
             return {"placement": f"one copy per device on {', '.join(self.devices)}; towers on each"}
-        return {"placement": f"variables on {self.homes[0]}; towers on {', '.join(self.devices)}"}
+        homes = sorted({t.value.device.rsplit("device:", 1)[-1] for t in tables(self.models[0])})
+        where = f"; embedding tables on {', '.join(homes)}" if len(homes) > 1 else ""
+        return {"placement": f"variables on {self.homes[0]}{where}; towers on {', '.join(self.devices)}"}
