@@ -94,6 +94,13 @@ class SparseAdagrad(keras.optimizers.Adagrad):
                                               grad=tf.cast(gradient, dtype))
 
 
+def updates_rows_only(optimizer: Any) -> bool:
+    """Whether `optimizer` changes only the rows of a sparse gradient (an embedding table's looked-up rows): Adagrad
+    here (`SparseAdagrad`) and plain SGD (a scatter). Adam, AdamW, momentum and RMSprop move every row every step
+    (their slots decay), so whoever keeps a copy of the table must copy all of it."""
+    return isinstance(optimizer, SparseAdagrad) or (type(optimizer) is keras.optimizers.SGD and not optimizer.momentum)
+
+
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
     """Linear warm-up to `rate` over `steps` optimizer steps, then constant."""
 

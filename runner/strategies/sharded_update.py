@@ -195,12 +195,15 @@ class ShardedTowers(Towers):
 
     def _gather_rows(self, model: Any, grads: list[list[Any]]) -> None:
         """Write each table's updated rows into a model copy: the rows some tower looked up, read from their owner's
-        part (a dense table gradient: the owner's whole part)."""
+        part, where the optimizer changed only those (`updates_rows_only`); else (Adam's slots move every row; a
+        dense table gradient) the owner's whole part."""
+        from runner.optimizers import updates_rows_only
+
         variables = model.trainable_variables
         for t, (k, rows) in enumerate(zip(self.table_index, self.rows)):
             for j, owned in enumerate(self.table_shards):
                 grad = grads[j][t]
-                if isinstance(grad, tf.IndexedSlices):
+                if isinstance(grad, tf.IndexedSlices) and updates_rows_only(self.optimizers[j]):
                     local = tf.unique(grad.indices)[0]  # (u,) rows of part j that changed
                     tf.raw_ops.ResourceScatterUpdate(resource=variables[k].value.handle, indices=local + j * rows,
                                                      updates=tf.gather(owned[t].value, local))
