@@ -416,10 +416,11 @@ def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, 
     available = memory_bytes()
     if need(strategy) <= available:
         return
-    fitting = [n for n in STRATEGIES.names() if STRATEGIES.get(n).takes(gpus) and
-               not _refuses(STRATEGIES.get(n)(), spec) and need(STRATEGIES.get(n)()) <= available]
-    each = ", ".join(f"{n} {need(STRATEGIES.get(n)()) / gb:,.1f}" for n in STRATEGIES.names()
-                     if STRATEGIES.get(n).takes(gpus) and not _refuses(STRATEGIES.get(n)(), spec))
+    # every strategy that could train this task on these devices, and what it would need
+    needs = {n: need(STRATEGIES.get(n)()) for n in STRATEGIES.names()
+             if STRATEGIES.get(n).takes(gpus) and not _refuses(STRATEGIES.get(n)(), spec)}
+    fitting = [n for n, bytes_ in needs.items() if bytes_ <= available]
+    each = ", ".join(f"{n} {bytes_ / gb:,.1f}" for n, bytes_ in needs.items())
     raise ConfigError(
         f"model={model.name}'s embedding tables are {table / gb:,.1f} GiB ({table:,} bytes) and train.optimizer="
         f"{train['optimizer']} keeps {slots} slot(s) per weight: strategy={strategy.name} gpus={gpus} needs "
