@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from runner.errors import UserError, one_line
 from runner.lazy import lazy
-from runner.paths import locked
+from runner.paths import locked, write_json
 from runner.train import Hook, crossed
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ def claim(folder: Path, run_id: str, live_pid: Callable[[str], str | None]) -> N
                     f"checkpoints to {folder}; wait for it to end or stop it (kill {pid}), or give this start its "
                     "own train.checkpoint_dir (train.checkpoint_every=0: no checkpoints)"
                 )
-            (folder / WRITER_FILE).write_text(json.dumps({"run_id": run_id}))
+            write_json(folder / WRITER_FILE, {"run_id": run_id})
     except OSError:  # a full disk: the run's first save there fails it in one line, with its metrics kept
         return
 
@@ -159,7 +159,7 @@ class Checkpointer(Hook):
                 "space there or set train.checkpoint_dir elsewhere (train.checkpoint_every=0: no checkpoints)"
             ) from None
         if self.writer:
-            (self.directory / RUN_FILE).write_text(json.dumps({"run_id": self.run_id, "step": step}))
+            write_json(self.directory / RUN_FILE, {"run_id": self.run_id, "step": step})
             log.info("checkpoint at step %d: %s", step, path)
         else:
             shutil.rmtree(self.manager.directory, ignore_errors=True)

@@ -4,6 +4,7 @@ file that processes of this host take in turn."""
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,3 +56,14 @@ def locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def write_json(path: Path, data: object) -> None:
+    """Write `data` as JSON to `path` atomically: a reader (another process polling it) sees the old file or the
+    new one, never a half-written one; on failure (a full disk) the old file stays and the partial one is removed."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -162,3 +162,27 @@ def test_restored_state_and_fast_forwarded_feed_continue_exactly(tf_devices, tmp
         skipped = [int(s.loss_scale.skipped.numpy()) for s in (first, second)]
         assert skipped[0] == skipped[1] > 0, skipped
     keras.mixed_precision.set_dtype_policy("float32")
+
+
+def test_a_json_file_beside_the_checkpoints_is_never_seen_half_written(tmp_path):
+    """run.json and writer.json are polled by other processes (a second start, `runner report`, tests) while the
+    run rewrites them: a reader sees the old file or the new one, never an empty or partial one."""
+    import threading
+
+    from runner.paths import write_json
+
+    path, seen, done = tmp_path / "run.json", [], threading.Event()
+    write_json(path, {"step": 0})
+
+    def read() -> None:
+        while not done.is_set():
+            seen.append(path.read_text())
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for step in range(1, 3000):
+        write_json(path, {"run_id": "r" * 200, "step": step})
+    done.set()
+    reader.join()
+    assert len(seen) > 100 and all(json.loads(text)["step"] >= 0 for text in seen)
+    assert json.loads(path.read_text())["step"] == 2999 and [p.name for p in tmp_path.iterdir()] == ["run.json"]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from runner.paths import cache_dir as runner_cache_dir
+from runner.paths import cache_dir as runner_cache_dir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +219,7 @@ def _write_cache(path: Path, key: str, entry: dict) -> None:
     """Add `entry` under `key`, atomically (parallel sweep jobs never see a half-written file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {**_read_cache(path), key: entry}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_json(path, data)
 
 
 def _cache_path(cache_dir: Path | None = None) -> Path:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.measure.floor import median_seconds
-from runner.paths import cache_dir as runner_cache_dir
+from runner.paths import cache_dir as runner_cache_dir, write_json
 
 log = logging.getLogger(__name__)
 
@@ -103,9 +103,7 @@ def write_cache(entries: dict[str, dict], cache_dir: Path | None = None) -> None
     path = cache_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {**read_cache(cache_dir), **entries}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_json(path, data)
 
 
 # ---- the microbenchmarks (in the child, TensorFlow set up as a run would) ------------------------------------
