@@ -39,8 +39,8 @@ def vocabularies(tables: str) -> tuple[int, ...]:
 
 def _mix(values: np.ndarray, salt: int) -> np.ndarray:
     """A fixed pseudo-random uint64 for each value (splitmix64's finaliser): a hidden effect per id without a table."""
-    z = (values.astype(np.uint64) + np.uint64(salt) * np.uint64(0x9E3779B97F4A7C15)) & np.uint64(2**64 - 1)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps modulo 2**64, as splitmix64 means it to
+        z = values.astype(np.uint64) + np.uint64(salt) * np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     return z ^ (z >> np.uint64(31))
