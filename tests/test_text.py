@@ -158,8 +158,16 @@ def test_clipping_is_on_in_the_strategies_comparison(tf_devices, single_losses):
     assert np.abs(unclipped[1:] - single_losses[1:]).max() > 1e-3
 
 
-@pytest.mark.parametrize("pipeline", PIPELINES.names())
-@pytest.mark.parametrize("strategy", [*DATA_PARALLEL, "model_parallel"])
+def _combinations() -> list:
+    """Every strategy x every pipeline; the default suite runs each strategy once (split) and each pipeline once
+    (replicated), the rest is slow-marked (the same checks, 8 of the 18 cases)."""
+    strategies = [*DATA_PARALLEL, "model_parallel"]
+    quick = {(s, "split") for s in strategies} | {("replicated", p) for p in PIPELINES.names()}
+    return [pytest.param(s, p, marks=() if (s, p) in quick else pytest.mark.slow, id=f"{s}-{p}")
+            for s in strategies for p in PIPELINES.names()]
+
+
+@pytest.mark.parametrize("strategy,pipeline", _combinations())
 def test_the_gpt_learns_the_same_under_every_strategy_and_pipeline(tf_devices, single_losses, strategy, pipeline):
     """Unshuffled, dropout 0, the same seed: the two towers' halves are the single device's batch (model_parallel:
     the blocks cut into two stages, the tied embedding's lookup and output layer one table on the first device), so
