@@ -69,6 +69,8 @@ class TrainConf:
     weight_decay: float = 0.0  # adamw: decoupled decay of the weights of 2 or more dimensions (not norms, biases)
     clip_norm: float | None = None  # scale the averaged gradients down to this global norm when above it (null: off)
     fused_optimizer: bool = True  # adam, momentum: one TensorFlow kernel per variable update (false: Keras' own ops)
+    # BatchNormalization of 4-D channels-last inputs on TensorFlow's fused kernel, the same outputs (false: Keras' ops)
+    fused_batch_norm: bool = True
     reuse_freed_memory: bool = True  # glibc: keep freed tensors in the heap (tf.data generator iterators switch it off)
     learning_rate: float = 1e-3  # before the batch rule (lr_scaling) and warm-up
     seed: int = 0  # initial weights, shuffling, dropout, synthetic data
@@ -82,7 +84,9 @@ class TrainConf:
     target_auc: float | None = None
     check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
     check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
-    jit_compile: bool = False  # XLA-compile the training step's compute (strategy=single)
+    # XLA-compile each tower's forward and backward (strategy=single: its whole update); auto: on GPUs (as Keras
+    # fit does), off on CPUs, where it measured slower (docs/your-model-your-data.md)
+    jit_compile: Literal["auto", True, False] = "auto"
     # float32 | mixed_bfloat16 (bfloat16 compute, float32 variables and loss; float32's range) | mixed_float16
     # (float16 compute with dynamic loss scaling: GPUs' tensor cores from V100 and T4 on)
     precision: Literal["float32", "mixed_bfloat16", "mixed_float16"] = "float32"

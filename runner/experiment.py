@@ -55,8 +55,8 @@ def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = 
     return devices
 
 
-def training_for(plan: Plan) -> Any:
-    """What the strategy builds and trains, from the plan (runner.strategies.Training)."""
+def training_for(plan: Plan, devices: Devices) -> Any:
+    """What the strategy builds and trains on `devices`, from the plan (runner.strategies.Training)."""
     from runner.strategies import Training
     from runner.strategies.common import build_model, build_optimizer
     from runner.strategies.loss_scale import LossScaling
@@ -64,17 +64,32 @@ def training_for(plan: Plan) -> Any:
     float16 = plan.train.precision == "mixed_float16"
     return Training(
         model=plan.model,
-        model_fn=functools.partial(build_model, plan.model, plan.spec),
+        model_fn=functools.partial(build_model, plan.model, plan.spec, fused_batch_norm=plan.train.fused_batch_norm),
         optimizer_fn=functools.partial(build_optimizer, plan.train),
         seed=plan.train.seed,
         global_batch=plan.train.global_batch_size,
-        jit_compile=plan.train.jit_compile,
+        jit_compile=xla(plan.train.jit_compile, devices.kind, plan.strategy),
         cluster=plan.cluster,
         loss_scaling=LossScaling(plan.train.loss_scale, plan.train.loss_scale_period) if float16 else None,
         spec=plan.spec,
         clip_norm=plan.train.clip_norm,
         weight_decay=plan.train.weight_decay,
     )
+
+
+def xla(jit_compile: str | bool, kind: str, strategy: Any) -> bool:
+    """train.jit_compile resolved for the devices: auto is on for GPUs, as Keras fit's `jit_compile="auto"` is
+    (untested here: no GPU), where the strategy can compile its step; off for CPUs, where XLA measured slower
+    (docs/your-model-your-data.md)."""
+    if jit_compile == "auto":
+        return kind == "GPU" and not strategy.jit_refusal()
+    return bool(jit_compile)
+
+
+def _xla_tag(jit_compile: str | bool, kind: str, strategy: Any) -> str:
+    """The run's `xla` tag: on or off, and why when train.jit_compile=auto chose."""
+    on = "on" if xla(jit_compile, kind, strategy) else "off"
+    return f"{on} (train.jit_compile=auto on {kind} devices)" if jit_compile == "auto" else on
 
 
 @dataclass
@@ -112,7 +127,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     _log_dataset(plan, data, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
-              **strategy.describe()})
+              "xla": _xla_tag(plan.train.jit_compile, devices.kind, plan.strategy), **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
     steps = train.total_steps(plan.train, data.train_size)
     _log_plan(plan, devices, steps, data.synthetic)
@@ -165,14 +180,14 @@ def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Str
     """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog (bounded by
     strategy.peer_timeout, Ctrl-C and SIGTERM honoured: runner/runtime/watchdog.py)."""
     if plan.cluster is None:
-        return plan.strategy.build(devices, training_for(plan))
+        return plan.strategy.build(devices, training_for(plan, devices))
     from runner.runtime import signals, watchdog
 
     me = (plan.cluster.task_type, plan.cluster.task_index)
     others = [a for kind, addresses in plan.cluster.tasks.items() for i, a in enumerate(addresses) if (kind, i) != me]
     uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri) if run.run_id else None
     with watchdog.bounded_wait(plan.strategy.peer_wait(), plan.cluster.name, ", ".join(others), uri, run.run_id):
-        strategy = plan.strategy.build(devices, training_for(plan))
+        strategy = plan.strategy.build(devices, training_for(plan, devices))
     signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
     return strategy
 

@@ -54,6 +54,8 @@ def _plain(annotation: Any) -> Any:
     values = _literal_values(annotation)
     if values is None:
         return annotation
+    if len({type(v) for v in values if v is not None}) > 1:  # e.g. Literal["auto", True, False]: checked by us
+        return Any
     base = type(values[0])
     return Optional[base] if type(None) in typing.get_args(annotation) else base
 
@@ -100,7 +102,7 @@ def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
             _check_values(annotation, values[name], _key(kind, name))
         allowed = _literal_values(annotation)
         if allowed is not None and values[name] not in allowed and not (values[name] is None and None in allowed):
-            choices = ", ".join(str(a) for a in allowed)
+            choices = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)  # as typed
             raise ConfigError(f"{_key(kind, name)}={values[name]!r} is not allowed; choose one of: {choices}")
     for key, rule in getattr(cls, "RULES", {}).items():
         check(_key(kind, key), values[key], rule)

@@ -76,7 +76,7 @@ def build_strategy(plan, devices):
     """Build the plan's strategy over `devices`, as a run does."""
     from runner.experiment import training_for
 
-    return plan.strategy.build(devices, training_for(plan))
+    return plan.strategy.build(devices, training_for(plan, devices))
 
 
 def cli_env(env: dict | None = None) -> dict:

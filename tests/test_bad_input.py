@@ -168,6 +168,12 @@ ROWS = {
     "seed-negative": Bad(["train.seed=-1"], ["train.seed=-1", "0 to 4294967295"]),
     "seed-too-big": Bad(["train.seed=4294967296"], ["train.seed=4294967296", "0 to 4294967295"]),
     "epochs-infinite": Bad(["train.epochs=inf"], ["train.epochs=inf", "finite"]),
+    "xla-not-a-choice": Bad(["train.jit_compile=maybe"], ["train.jit_compile='maybe'", "auto, true, false"]),
+    "xla-model-parallel": Bad(["strategy=model_parallel", "gpus=2", "train.jit_compile=true"],
+                              ["train.jit_compile=true", "strategy=model_parallel", "an XLA cluster runs on one device",
+                               "train.jit_compile=false"]),
+    "xla-sync-batch-norm": Bad(["strategy=mirrored", "gpus=2", "strategy.sync_batch_norm=true",
+                                "train.jit_compile=true"], ["strategy.sync_batch_norm=true", "XLA cluster"]),
     "nccl-without-gpus": Bad(["strategy=mirrored", "gpus=2", "strategy.cross_device_ops=nccl"],
                              ["cross_device_ops=nccl", "NVIDIA GPUs", "reduce_to_one_device"]),
     "sharded-fewer-examples-than-shards": Bad(

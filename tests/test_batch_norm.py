@@ -89,3 +89,47 @@ def test_stages_cut_a_resnet_between_its_residual_blocks(tf_devices):
     assert set(stage_of.values()) == {0, 1}
     x = tf.random.uniform((4, *plan.spec.shape)) * 255
     np.testing.assert_allclose(forward(cells, x, training=False)[-1], model(x, training=False), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_the_fused_kernel_gives_keras_outputs_gradients_and_moving_statistics(policy):
+    """`common.fused_batch_norm` swaps Keras' BatchNormalization call for FusedBatchNormV3: three training steps
+    then inference of the user's ResNet give Keras' own layer's logits, gradients and moving statistics, in float32
+    and under mixed_float16 (both compute batch norm in float32). And the fused op is what runs."""
+    import keras
+    import tensorflow as tf
+
+    from runner.strategies.common import fused_batch_norm
+    from user_models import resnet
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        models = []
+        for _ in range(2):
+            keras.utils.set_random_seed(3)
+            models.append(resnet((4, 4, 3), 10, filters=4))
+        keras_model, fused = models[0], fused_batch_norm(models[1])
+        for step in range(3):
+            x = tf.random.stateless_uniform((8, 4, 4, 3), (step, 0)) * 4 + step  # 128 values a channel; means move
+            grads = []
+            for model in (keras_model, fused):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32) ** 2)
+                grads.append(tape.gradient(loss, model.trainable_variables))
+            # Relative to the largest gradient: a convolution's bias feeding batch norm has gradient 0 exactly (the
+            # mean is subtracted); both compute rounding noise for it (measured: 3e-5 of gradients up to 30).
+            largest = max(float(np.abs(g).max()) for g in grads[0])
+            tol = 1e-5 if policy == "float32" else 1e-2
+            for ours, theirs in zip(grads[1], grads[0]):
+                np.testing.assert_allclose(ours, theirs, rtol=tol, atol=tol * largest)
+        for ours, theirs in zip(fused.non_trainable_variables, keras_model.non_trainable_variables):
+            assert "moving" in ours.path
+            np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(keras_model.non_trainable_variables[1].numpy(), 1.0)  # the variances moved
+        x = tf.random.stateless_uniform((4, 4, 4, 3), (9, 0))
+        np.testing.assert_allclose(tf.cast(fused(x, training=False), tf.float32),
+                                   tf.cast(keras_model(x, training=False), tf.float32), rtol=tol, atol=tol)
+        graph = tf.function(lambda x: fused(x, training=True)).get_concrete_function(x).graph
+        assert sum(op.type == "FusedBatchNormV3" for op in graph.get_operations()) == 2
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

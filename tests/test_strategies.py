@@ -13,6 +13,7 @@ from runner.data_pipelines import PIPELINES as _PIPELINES
 from runner.bench.grid import DATA_PARALLEL  # every data-parallel strategy of one process, from the registry
 from runner.config import validate
 from runner.runtime.devices import Devices
+from runner.strategies import STRATEGIES
 from runner.experiment import build
 from runner.tracking import NoRun
 
@@ -21,12 +22,16 @@ EXACT = ["pipeline.shuffle_buffer=0", "data.train_limit=1024"]
 STEPS = 20
 
 
-def _loss_history(tf, *overrides) -> np.ndarray:
-    """The training loss of each of the first STEPS steps, one step per call of the strategy's compiled loop, fed by
-    the plan's pipeline from the plan's data as a run feeds it."""
+def _loop(*overrides):
+    """The strategy's compiled loop, fed by the plan's pipeline from the plan's data as a run feeds it."""
     plan = validate(compose("debug=smoke", *EXACT, *overrides))
     built = build(plan, NoRun())
-    loop = built.strategy.train_loop(built.strategy.batches(plan.pipeline, built.examples, plan.train.seed))
+    return built.strategy.train_loop(built.strategy.batches(plan.pipeline, built.examples, plan.train.seed))
+
+
+def _loss_history(tf, *overrides) -> np.ndarray:
+    """The training loss of each of the first STEPS steps, one step per call of the strategy's compiled loop."""
+    loop = _loop(*overrides)
     return np.array([float(loop(tf.constant(1))[0]) for _ in range(STEPS)])
 
 
@@ -164,3 +169,15 @@ def test_mirrored_auto_sums_on_one_device_on_cpus(tf_devices):
     assert isinstance(strategy.strategy.extended._cross_device_ops, tf_devices.distribute.HierarchicalCopyAllReduce)
     strategy, _ = _strategy(tf_devices, "mirrored", 2, "strategy.cross_device_ops=tensorflow")  # TensorFlow's own
     assert type(strategy.strategy.extended._cross_device_ops).__name__ == "CollectiveAllReduce"
+
+
+@pytest.mark.parametrize("strategy", [s for s in DATA_PARALLEL if not STRATEGIES.get(s).no_jit])
+def test_xla_compiled_towers_reproduce_the_single_device_loss_sequence(tf_devices, single_losses, strategy):
+    """train.jit_compile=true: each tower's forward and backward one XLA cluster on its device (common.tower_step),
+    fed unshuffled as above; XLA fuses and reorders the float sums, so the tolerance is the test's above."""
+    loop = _loop(f"strategy={strategy}", "gpus=2", "train.jit_compile=true")
+    losses = np.array([float(loop(tf_devices.constant(1))[0]) for _ in range(STEPS)])
+    np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
+    assert losses[-1] < losses[0]
+    compiled = [n for n in _graph_nodes(tf_devices, loop) if n.attr["_XlaMustCompile"].b]
+    assert sorted(n.device[-5:] for n in compiled) == ["CPU:0", "CPU:1"]  # one cluster per tower, on its device

@@ -41,5 +41,10 @@ training step, their ratio, and whether the run is input-bound (pipeline under 3
 
 predicts every finished runner run of an experiment (a bench grid's or a sweep's) from its own command line with the
 cost model (runner/predict/) and prints predicted beside measured, with the accuracy line per model and devices.
+    python -m runner.bench peers --peer DIR [--towers 1,2] [--rounds 3] [--batch 64] [--steps 200]
+
+runs a user's ResNet-20 (runner/bench/user_resnet.py, brought with `_target_`) against tf_cnn_benchmarks' resnet20
+from a checkout of github.com/tensorflow/benchmarks (runner/bench/peers.py): the runner with XLA off and on, the peer
+with --xla off and on, per tower count, in rounds; the ratio is the runner's default over the faster peer.
 Runner jobs land in the MLflow experiment `bench_<command>` with their config and devices.
 """

@@ -1,4 +1,4 @@
-"""The benchmarks' command line: `python -m runner.bench grid|strategies|floors|settings|pipelines|predicted`
+"""The benchmarks' command line: `python -m runner.bench grid|strategies|floors|settings|pipelines|predicted|peers`
 (runner/bench/__init__.py)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from runner.models import MODELS
 from runner.bench.floors import built_in, floor_settings, floors
 from runner.bench.grid import DATA_PARALLEL, grid, settings
 from runner.bench.jobs import too_few_timed
+from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
 from runner.bench.settings import SPEED_SETTINGS, check_settings_steps, speed_settings
@@ -128,6 +129,14 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
     pr.add_argument("--tracking-uri", default=None)
     pr.add_argument("--out", default=None, help="also write the markdown to this file")
+    pe = sub.add_parser("peers", help="a user's ResNet-20 against tf_cnn_benchmarks' resnet20, in rounds")
+    pe.add_argument("--peer", required=True, help="a checkout of github.com/tensorflow/benchmarks")
+    pe.add_argument("--towers", type=_ints, default=[1, 2])
+    pe.add_argument("--rounds", type=_positive, default=3)
+    pe.add_argument("--batch", type=_positive, default=64, help="images per tower")
+    pe.add_argument("--steps", type=_positive, default=200, help="timed steps of each job")
+    pe.add_argument("--tracking-uri", default=None)
+    pe.add_argument("--out", default=None, help="also write the markdown to this file")
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
     st.add_argument("--steps", type=_positive, default=None, help="steps per job (default: the group's)")
@@ -151,6 +160,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return speed_settings(args)
     if args.command == "predicted":
         return predicted(args)
+    if args.command == "peers":
+        return peers(args)
     _check_steps(parser, args)
     if args.command in ("grid", "strategies", "floors"):
         _check_grid(parser, args)

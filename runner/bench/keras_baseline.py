@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         scope = tf.device(devices.names[0])
     with scope:
-        model = build_model(plan.model, plan.spec, 0)
+        model = build_model(plan.model, plan.spec, 0, fused_batch_norm=False)  # Keras' own layers
         optimizer = build_optimizer(OmegaConf.merge(plan.train, {"fused_optimizer": False}), model.trainable_variables)
         optimizer.global_clipnorm = plan.train.clip_norm  # Keras clips the gradients it applies (None: not at all)
         model.compile(optimizer=optimizer, loss=cross_entropy)  # the runner's loss, per example; Keras averages it

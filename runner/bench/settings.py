@@ -15,6 +15,9 @@ def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str
 
 _MLP = ["model=mlp", "model.variant=default", "train.steps=600", "train.steps_per_call=50"]
 _CNN = ["model=cnn", "model.variant=default", "train.steps=120", "train.steps_per_call=10"]
+_RESNET20 = ["+model._target_=runner.bench.user_resnet.resnet20", "model.name=resnet20", "data=synthetic",
+             "data.shape=[32,32,3]", "data.train_limit=4096", "train.global_batch_size=64", "train.optimizer=sgd",
+             "train.learning_rate=0.01", "train.target_accuracy=null", "train.steps=200", "train.steps_per_call=10"]
 _MLP_TINY = ["model=mlp", "model.variant=tiny", "train.steps=300", "train.steps_per_call=25"]
 # TensorFlow's generator datasets (behind tf.distribute's per-device input iterators) are what set the malloc trap.
 _DISTRIBUTE = ["strategy=mirrored", "gpus=2", "strategy.input=distribute"]
@@ -26,8 +29,12 @@ SPEED_SETTINGS = {
               _values("train.fused_optimizer", "true", "false")),
     "fused1": ("fused optimizer update", "mlp/default, single", _MLP,
                _values("train.fused_optimizer", "true", "false")),
-    "xla": ("XLA compilation", "mlp/default, single", _MLP, _values("train.jit_compile", "false", "true")),
-    "xla_cnn": ("XLA compilation", "cnn/default, single", _CNN, _values("train.jit_compile", "false", "true")),
+    "xla": ("XLA compilation", "mlp/default, single", _MLP, _values("train.jit_compile", "auto", "true")),
+    "xla_cnn": ("XLA compilation", "cnn/default, single", _CNN, _values("train.jit_compile", "auto", "true")),
+    "xla_towers": ("XLA compilation", "cnn/default, replicated x2", [*_CNN, "strategy=replicated", "gpus=2"],
+                   _values("train.jit_compile", "auto", "true")),
+    "fused_bn": ("fused batch norm", "a user's ResNet-20, single", _RESNET20,
+                 _values("train.fused_batch_norm", "true", "false")),
     "precision": ("mixed precision", "mlp/default, single", _MLP,
                   _values("train.precision", "float32", "mixed_bfloat16")),
     "precision_cnn": ("mixed precision", "cnn/default, single", _CNN,

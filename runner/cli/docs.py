@@ -65,7 +65,7 @@ def _allowed(cls: type, name: str, annotation: Any) -> str:
         choices = [c for arg in typing.get_args(annotation) if typing.get_origin(arg) is typing.Literal
                    for c in typing.get_args(arg)]
     if choices:
-        return ", ".join(f"`{c}`" for c in choices)
+        return ", ".join(f"`{str(c).lower() if isinstance(c, bool) else c}`" for c in choices)  # as typed
     return rule[1] if rule else ""
 
 

@@ -48,7 +48,7 @@ class Training:
         optimizer_fn: variables -> the configured optimizer, its slots already built for them.
         seed: the run's seed.
         global_batch: examples per step over all towers.
-        jit_compile: XLA-compile the step's compute (strategies that support it).
+        jit_compile: XLA-compile each tower's forward and backward (train.jit_compile, resolved for the devices).
         cluster: the multi-worker cluster, or None.
         loss_scaling: dynamic loss scaling settings (train.precision=mixed_float16), or None.
         spec: the data's examples (input shape, classes) the model is built for.
@@ -183,7 +183,8 @@ class StrategyBase:
     max_gpus: ClassVar[int | None] = None
     data_parallel: ClassVar[bool] = True  # one tower per device (else: one tower, the model split)
     multi_process: ClassVar[bool] = False  # needs one process per worker (a cluster), not one process
-    jit_compile: ClassVar[bool] = False  # whether train.jit_compile=true is supported
+    # Why train.jit_compile=true cannot XLA-compile its step ("": it can: each tower's forward and backward)
+    no_jit: ClassVar[str] = ""
     # Whether its step applies `Training.loss_scaling` (train.precision=mixed_float16); a strategy of one's own
     # that does not would train float16 with its small gradients rounded to zero, so validation refuses it.
     loss_scaling: ClassVar[bool] = False
@@ -230,11 +231,15 @@ class StrategyBase:
                 f"strategy={self.name} needs gpus from {self.min_gpus} to {shown}, got gpus={gpus}; "
                 f"strategies valid with gpus={gpus}: {', '.join(valid)}"
             )
-        if jit_compile and not self.jit_compile:
-            supported = [s for s in STRATEGIES.names() if STRATEGIES.get(s).jit_compile]
-            raise ConfigError(
-                f"train.jit_compile=true is supported by strategy={', '.join(supported)} only, not strategy={self.name}"
-            )
+        if jit_compile is True and self.jit_refusal():
+            supported = [s for s in STRATEGIES.names() if not STRATEGIES.get(s).no_jit]
+            raise ConfigError(f"train.jit_compile=true cannot compile strategy={self.name}'s step "
+                              f"({self.jit_refusal()}); strategies it compiles: {', '.join(supported)}; or "
+                              "train.jit_compile=false")
+
+    def jit_refusal(self) -> str:
+        """Why XLA cannot compile this strategy's step with these options ("": it can; `no_jit`)."""
+        return self.no_jit
 
 
 STRATEGIES = Registry("strategy", __name__)

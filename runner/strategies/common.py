@@ -18,8 +18,9 @@ else:
     keras, tf = lazy("keras"), lazy("tensorflow")
 
 
-def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
-    """Build `model` for `spec` with seeded initial weights (the same weights for every strategy and every copy).
+def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = True) -> keras.Model:
+    """Build `model` for `spec` with seeded initial weights (the same weights for every strategy and every copy),
+    its batch normalization on the fused kernel unless `fused_batch_norm` is false (train.fused_batch_norm).
 
     Raises:
         ConfigError: the build returned something other than a Keras model, or a model that does not map
@@ -41,7 +42,7 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
                           "(batch, *input_shape) images to (batch, classes) logits")
     if spec.features:
         _check_features(model.name, built, spec)
-        return read_rows_only(built)
+        return _kernels(built, fused_batch_norm)
     inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
     if inputs != tuple(spec.shape) or outputs != spec.outputs_shape:
         raise ConfigError(
@@ -54,7 +55,13 @@ def build_model(model: Model, spec: Spec, seed: int) -> keras.Model:
         raise ConfigError(f"model={model.name} takes {dtype} inputs, the data gives {spec}; "
                           f"{'an integer Input for token ids' if spec.token_ids else 'a float Input for images'}")
     _check_vocabulary(model.name, built, spec)
-    return read_rows_only(built)
+    return _kernels(built, fused_batch_norm)
+
+
+def _kernels(built: keras.Model, fused: bool) -> keras.Model:
+    """The model's layers on the faster kernels that compute the same: row lookups, the fused batch norm."""
+    read_rows_only(built)
+    return fused_batch_norm(built) if fused else built
 
 
 def _check_features(name: str, built: keras.Model, spec: Spec) -> None:
@@ -247,6 +254,48 @@ def maybe_jit(fn, jit_compile: bool):
     return tf.function(fn, jit_compile=True) if jit_compile else fn
 
 
+def tower_step(model: keras.Model, loss_of: Any, scale: Any, jit_compile: bool) -> Any:
+    """One tower's forward and backward: fn(x, y) -> (loss, gradients of the model's trainable variables for the
+    loss times `scale`'s factor), where loss = loss_of(per-example losses (b,)).
+
+    Under `jit_compile`, one XLA cluster on the device it is called under. An XLA cluster cannot read a variable held
+    on another device (parameter_server's weights, the loss scale on the first device), so the model is called
+    statelessly (Keras' `stateless_call`) on its variables' values, read outside the cluster (a copy to the tower's
+    device, which the tower's reads make anyway); the moving statistics it computes are assigned after it.
+    """
+    from runner.losses import cross_entropy
+
+    trainable, state = model.trainable_variables, model.non_trainable_variables
+
+    def stateful(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        with tf.GradientTape() as tape:
+            loss = loss_of(per_example_loss(model, x, y, training=True)[0])
+            scaled = scale.scaled(loss)  # recorded on the tape
+        return loss, tape.gradient(scaled, trainable)
+
+    if not jit_compile:
+        return stateful
+
+    @tf.function(jit_compile=True, autograph=False)
+    def stateless(x: tf.Tensor, y: tf.Tensor, weights: list[tf.Tensor], values: list[tf.Tensor],
+                  factor: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
+        with tf.GradientTape() as tape:
+            tape.watch(weights)
+            logits, values = model.stateless_call(weights, values, x, training=True)
+            loss = loss_of(cross_entropy(y, tf.cast(logits, tf.float32)))  # as per_example_loss
+            scaled = loss * factor
+        return loss, tape.gradient(scaled, weights), values
+
+    def compiled(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        read = [tf.convert_to_tensor(v) for v in trainable], [tf.convert_to_tensor(v) for v in state]
+        loss, grads, values = stateless(x, y, *read, scale.factor())
+        for variable, value in zip(state, values):
+            variable.assign(value)
+        return loss, grads
+
+    return compiled
+
+
 def touch(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
     """A near-free use of a batch that still forces it to be produced (for timing the input pipeline alone)."""
     return tf.add_n([tf.cast(tf.reshape(t, [-1])[0], tf.float32) for t in tf.nest.flatten((x, y))])
@@ -286,9 +335,52 @@ def _row_lookup(layer: Any) -> Any:
     def call(inputs: Any) -> Any:
         ids = inputs if inputs.dtype in (tf.int32, tf.int64) else tf.cast(inputs, tf.int32)
         table = layer.embeddings.value
+        if isinstance(table, tf.Tensor):  # its value given to a stateless call (common.tower_step under XLA)
+            return tf.cast(tf.gather(table, ids), layer.compute_dtype)  # (..., d)
         if isinstance(table, tf.distribute.DistributedValues):  # a MirroredVariable: this replica's own copy
             table = table._get_on_device_or_primary()
         return tf.cast(table.sparse_read(ids), layer.compute_dtype)  # (..., d)
+
+    return call
+
+
+def fused_batch_norm(model: keras.Model) -> keras.Model:
+    """Make every plain BatchNormalization layer run TensorFlow's fused kernel on 4-D channels-last inputs (the
+    layer's own call on anything else): Keras 3 computes the moments and the normalization as a dozen separate ops,
+    forward and backward; FusedBatchNormV3 is one op each way (the kernel tf_cnn_benchmarks and Keras 2 used; oneDNN
+    has its own). The same outputs and the same moving statistics as Keras' call (tests/test_batch_norm.py)."""
+    for layer in _layers(model):
+        if type(layer) is keras.layers.BatchNormalization:
+            object.__setattr__(layer, "call", _fused_call(layer, layer.call))
+    return model
+
+
+def _fused_call(layer: Any, keras_call: Any) -> Any:
+    """The layer's call through FusedBatchNormV3 where it computes what Keras' does: no mask, no renorm, statistics
+    of this replica alone (not `synchronized`), channels last of a 4-D input, an epsilon cuDNN takes (1e-5 and up:
+    CUDNN_BN_MIN_EPSILON; TensorFlow's own wrapper raises smaller ones to 1.001e-5, which changes the outputs)."""
+
+    def call(inputs: Any, training: Any = None, mask: Any = None) -> Any:
+        fusable = (mask is None and not layer.renorm and not layer.synchronized and len(inputs.shape) == 4
+                   and layer.axis in (3, -1) and layer.epsilon >= 1e-5)
+        if not fusable:
+            return keras_call(inputs, training=training, mask=mask)
+        x = tf.cast(inputs, tf.float32)  # (b, h, w, c): float32 throughout, as Keras computes it
+        channels = x.shape[-1]
+        gamma = tf.cast(layer.gamma, tf.float32) if layer.scale else tf.ones([channels])
+        beta = tf.cast(layer.beta, tf.float32) if layer.center else tf.zeros([channels])
+        train = bool(training) and layer.trainable
+        mean, variance = (tf.constant([]), tf.constant([])) if train else (layer.moving_mean, layer.moving_variance)
+        y, batch_mean, batch_variance, *_ = tf.raw_ops.FusedBatchNormV3(
+            x=x, scale=gamma, offset=beta, mean=tf.cast(mean, tf.float32), variance=tf.cast(variance, tf.float32),
+            epsilon=layer.epsilon, exponential_avg_factor=1.0, data_format="NHWC", is_training=train)
+        if train:  # the kernel's variance has Bessel's correction (n / (n - 1)); Keras' moments do not
+            n = tf.cast(tf.reduce_prod(tf.shape(x)[:3]), tf.float32)
+            biased = batch_variance * (n - 1) / tf.maximum(n, 1.0)
+            m = layer.momentum
+            layer.moving_mean.assign(tf.cast(layer.moving_mean, tf.float32) * m + batch_mean * (1.0 - m))
+            layer.moving_variance.assign(tf.cast(layer.moving_variance, tf.float32) * m + biased * (1.0 - m))
+        return tf.cast(y, layer.compute_dtype)
 
     return call
 

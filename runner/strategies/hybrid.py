@@ -42,6 +42,8 @@ class Hybrid(StrategyBase):
     name: str = "hybrid"
     loss_scaling: ClassVar[bool] = True
     batch_norm: ClassVar[str] = TOWER_BATCH_NORM
+    no_jit: ClassVar[str] = ("its towers look rows up in tables held on other devices, inside their forward pass, and "
+                             "an XLA cluster runs on one device")
 
     def table_copies(self, devices: int) -> tuple[float, float]:
         return 1, 1  # each table once, on its device

@@ -51,6 +51,9 @@ class NoLossScale:
     def scaled(self, loss: tf.Tensor) -> tf.Tensor:
         return loss
 
+    def factor(self) -> tf.Tensor:
+        return tf.constant(1.0)
+
     def unscale(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         return grads
 
@@ -74,6 +77,11 @@ class LossScale:
     def scaled(self, loss: tf.Tensor) -> tf.Tensor:
         """The loss times the scale: what the backward pass starts from."""
         return loss * self.scale
+
+    def factor(self) -> tf.Tensor:
+        """The scale's value now, as a tensor: what `scaled` multiplies by, for a computation that cannot read the
+        variable itself (an XLA cluster on another device)."""
+        return tf.convert_to_tensor(self.scale)
 
     def unscale(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
         """Gradients of the scaled loss divided back (float32, as the variables)."""

@@ -21,7 +21,7 @@ from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
-    clip, make_evaluate, moving_state, per_example_loss, steps_loop, synchronize_batch_norm, touch,
+    clip, make_evaluate, moving_state, steps_loop, synchronize_batch_norm, touch, tower_step,
 )
 
 if TYPE_CHECKING:
@@ -58,6 +58,9 @@ class Mirrored(StrategyBase):
     def describe_batch_norm(self) -> str:
         return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
 
+    def jit_refusal(self) -> str:
+        return SYNC_BATCH_NORM_NO_JIT if self.sync_batch_norm else super().jit_refusal()
+
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)
         if self.cross_device_ops == "nccl" and not nvidia_gpus_present():
@@ -88,6 +91,8 @@ class Mirrored(StrategyBase):
         return tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=_CROSS_DEVICE_OPS[choice]())
 
 
+SYNC_BATCH_NORM_NO_JIT = ("strategy.sync_batch_norm=true all-reduces the batch statistics inside the forward pass, "
+                          "which an XLA cluster cannot hold; strategy.sync_batch_norm=false keeps them per replica")
 REPLICA_BATCH_NORM = ("batch statistics per replica (G/N examples); moving statistics all-reduced to their mean over "
                       "the replicas after every step")
 SYNC_BATCH_NORM = ("batch statistics of the global batch (strategy.sync_batch_norm=true: one all-reduce per layer and "
@@ -160,15 +165,16 @@ class Replicas(Strategy):
         model, optimizer, global_batch = self.model, self.optimizer, self.training.global_batch
         variables, scale, strategy = model.trainable_variables, self.loss_scale, self.strategy
 
+        def average_loss(per_example: tf.Tensor) -> tf.Tensor:  # (G/replicas,) -> this replica's part of the mean
+            return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+
+        forward_backward = tower_step(model, average_loss, scale, self.training.jit_compile)
+
         def replica_gradients(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-            # x: (G/replicas, H, W, C) on this replica's device
-            with tf.GradientTape() as tape:
-                per_example = per_example_loss(model, x, y, training=True)[0]
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-                scaled = scale.scaled(loss)  # recorded on the tape
+            loss, grads = forward_backward(x, y)
             if not self.sync_batch_norm:  # each replica updated its own copy of the moving statistics
                 average_over_replicas(moving_state(model))
-            return loss, tape.gradient(scaled, variables)
+            return loss, grads
 
         clip_norm = self.training.clip_norm
 

@@ -69,6 +69,8 @@ class ModelParallel(StrategyBase):
     min_gpus: ClassVar[int] = 2
     data_parallel: ClassVar[bool] = False
     loss_scaling: ClassVar[bool] = True
+    no_jit: ClassVar[str] = ("its step runs each part of the model on its own device, and an XLA cluster runs on one "
+                             "device")
 
     def describe_batch_norm(self) -> str:
         if self.split == "two_tower":

@@ -22,7 +22,7 @@ from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.registry import Rule
 from runner.strategies import STRATEGIES, StrategyBase, Training
-from runner.strategies.mirrored import REPLICA_BATCH_NORM, SYNC_BATCH_NORM, Replicas
+from runner.strategies.mirrored import REPLICA_BATCH_NORM, SYNC_BATCH_NORM, SYNC_BATCH_NORM_NO_JIT, Replicas
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -65,6 +65,9 @@ class MultiWorker(StrategyBase):
 
     def describe_batch_norm(self) -> str:
         return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
+
+    def jit_refusal(self) -> str:
+        return SYNC_BATCH_NORM_NO_JIT if self.sync_batch_norm else super().jit_refusal()
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)

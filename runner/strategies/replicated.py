@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
-    average_moving_state, clip, copies_of_moving_state, deal, drain_loop, make_evaluate, per_example_loss, share,
-    steps_loop, tables,
+    average_moving_state, clip, copies_of_moving_state, deal, drain_loop, make_evaluate, share, steps_loop, tables,
+    tower_step,
 )
 
 if TYPE_CHECKING:
@@ -31,15 +31,13 @@ else:
     tf = lazy("tensorflow")
 
 
-def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str,
-                    scale: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any,
+                    jit_compile: bool = False) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """Forward and backward of one tower on `device`: (mean loss, gradients of the model's trainable variables for
-    the loss times `scale`'s factor: still to be unscaled under mixed_float16)."""
+    the loss times `scale`'s factor: still to be unscaled under mixed_float16); one XLA cluster under
+    `jit_compile` (common.tower_step)."""
     with tf.device(device):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
-            scaled = scale.scaled(loss)  # recorded on the tape
-        return loss, tape.gradient(scaled, model.trainable_variables)
+        return tower_step(model, tf.reduce_mean, scale, jit_compile)(x, y)
 
 
 def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
@@ -148,7 +146,8 @@ class Towers(Strategy):
         def step() -> tf.Tensor:
             losses, grads = [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
-                loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i], self.loss_scale)
+                loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i], self.loss_scale,
+                                          self.training.jit_compile)
                 losses.append(loss)
                 grads.append(g)
             mean_grads = self._average(grads)  # a non-finite tower gradient makes its mean non-finite

@@ -29,7 +29,6 @@ class Single(StrategyBase):
     min_gpus: ClassVar[int] = 0
     max_gpus: ClassVar[int | None] = 1
     data_parallel: ClassVar[bool] = False
-    jit_compile: ClassVar[bool] = True
     loss_scaling: ClassVar[bool] = True
 
     def build(self, devices: Devices, training: Training) -> SingleDevice:

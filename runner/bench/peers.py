@@ -1,0 +1,115 @@
+"""`peers`: a user's ResNet-20 in the runner against tf_cnn_benchmarks' `resnet20`, the same network, batch and devices.
+
+Each round runs, for each tower count, the runner (strategy single on one device, replicated on more: the peer's
+`--variable_update=replicated`) with XLA off and on, then tf_cnn_benchmarks with `--xla` off and on, each in a fresh
+process, on synthetic 32x32x3 images, SGD, `--batch` images per tower. The ratio of a round is the runner's default
+(train.jit_compile=auto: off on CPUs) over the faster of the peer's two; rows show medians over the rounds.
+
+The peer is not a dependency: give its checkout (github.com/tensorflow/benchmarks, `scripts/tf_cnn_benchmarks`) with
+`--peer`; it runs on TensorFlow's legacy Keras (`pip install --no-deps tf-keras==<TensorFlow's version>`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from runner.bench.jobs import Progress, emit, machine, run_job
+from runner.errors import ConfigError
+
+RESNET = ["+model._target_=runner.bench.user_resnet.resnet20", "model.name=resnet20", "data=synthetic",
+          "data.shape=[32,32,3]", "data.classes=10", "data.test_limit=256", "train.optimizer=sgd",
+          "train.learning_rate=0.01", "train.target_accuracy=null", "train.predict=false",
+          "train.checkpoint_every=0"]
+TARGET = 1.0  # runner / peer, median of the rounds, at every tower count (issue #48)
+
+
+def peer_script(folder: str) -> Path:
+    """tf_cnn_benchmarks.py in `folder` (the repository or its scripts/tf_cnn_benchmarks), or a one-line refusal."""
+    for candidate in (Path(folder), Path(folder) / "scripts" / "tf_cnn_benchmarks"):
+        if (candidate / "tf_cnn_benchmarks.py").is_file():
+            return candidate / "tf_cnn_benchmarks.py"
+    raise ConfigError(f"--peer {folder}: no tf_cnn_benchmarks.py there or in scripts/tf_cnn_benchmarks; clone "
+                      "github.com/tensorflow/benchmarks and give its folder")
+
+
+def peer_job(script: Path, towers: int, batch: int, steps: int, xla: bool) -> dict:
+    """tf_cnn_benchmarks' resnet20 in a fresh process: {'rate': its total images/s, 'unit': 'images'}, or
+    {'error': ...}."""
+    args = [sys.executable, script.name, "--model=resnet20", "--data_name=cifar10", "--device=cpu",
+            "--data_format=NHWC", "--variable_update=replicated", "--optimizer=sgd", f"--batch_size={batch}",
+            f"--num_gpus={towers}", f"--num_batches={steps}", "--num_warmup_batches=10", f"--xla={xla}"]
+    env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run(args, cwd=script.parent, capture_output=True, text=True, env=env)
+    found = re.search(r"total images/sec: ([\d.]+)", proc.stdout)
+    if proc.returncode != 0 or not found:
+        lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+    return {"rate": float(found.group(1)), "unit": "images"}
+
+
+def runner_overrides(towers: int, batch: int, steps: int, xla: str) -> list[str]:
+    """The runner's job: the user's ResNet-20 on `towers` devices, `batch` images per tower."""
+    return [*RESNET, "strategy=single" if towers == 1 else "strategy=replicated", f"gpus={towers}",
+            f"train.global_batch_size={batch * towers}", f"data.train_limit={max(4096, batch * towers * 8)}",
+            f"train.steps={steps}", "train.steps_per_call=10", f"train.jit_compile={xla}"]
+
+
+def _median(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    text = format(statistics.median(values), fmt)
+    return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
+def peers(args: argparse.Namespace) -> int:
+    """The runner's ResNet-20 against tf_cnn_benchmarks' in `args.rounds` interleaved rounds; 0 when every tower
+    count meets TARGET, else 1."""
+    from runner.tracking import ensure_experiment, resolve_uri
+
+    script = peer_script(args.peer)
+    uri, experiment = resolve_uri(args.tracking_uri), "bench_peers"
+    ensure_experiment(uri, experiment)
+    jobs = {"runner": "auto", "runner xla": "true", "peer": False, "peer xla": True}
+    progress, t0 = Progress(len(args.towers) * len(jobs) * args.rounds), time.perf_counter()
+    rates: dict[tuple[int, str], list[dict]] = {(n, j): [] for n in args.towers for j in jobs}
+    for _ in range(args.rounds):
+        for n in args.towers:
+            for name, setting in jobs.items():
+                if name.startswith("peer"):
+                    run = lambda: peer_job(script, n, args.batch, args.steps, setting)  # noqa: E731
+                else:
+                    overrides = runner_overrides(n, args.batch, args.steps, setting)
+                    run = lambda: run_job(overrides, uri, experiment)  # noqa: E731
+                rates[n, name].append(progress.run(f"resnet20 {name} x{n}", run))
+    out: list[str] = []
+    emit(out, [f"## A user's ResNet-20 against tf_cnn_benchmarks' resnet20: {args.rounds} rounds, {time.ctime()}; "
+               f"{machine()}", "",
+               f"Synthetic 32x32x3 images, SGD, {args.batch} images per tower, NHWC; the runner: single on one device, "
+               "replicated on more; the peer: --variable_update=replicated --device=cpu; each job a fresh process, "
+               f"{len(args.towers) * len(jobs) * args.rounds} jobs in {time.perf_counter() - t0:.0f} s. Medians over "
+               "the rounds (lowest-highest); the ratio is per round, the runner's default over the faster peer.", "",
+               "| towers | runner images/s | runner XLA | tf_cnn_benchmarks | tf_cnn_benchmarks --xla "
+               "| runner / faster peer (per round) |", "|---|---|---|---|---|---|"])
+    ok = True
+    for n in args.towers:
+        got = {name: [m.get("rate") for m in rates[n, name]] for name in jobs}
+        ratios = []  # per round: the runner's default over the faster of the peer's two settings
+        for ours, peer, peer_xla in zip(got["runner"], got["peer"], got["peer xla"]):
+            if ours and (peer or peer_xla):
+                ratios.append(ours / max(peer or 0.0, peer_xla or 0.0))
+        cells = [_median([v for v in got[name] if v], ",.0f") for name in jobs]
+        errors = [m["error"] for name in jobs for m in rates[n, name] if "error" in m]
+        ok = ok and bool(ratios) and statistics.median(ratios) >= TARGET
+        note = f" ({len(errors)} failed: {errors[0][:80].replace('|', '/')})" if errors else ""
+        emit(out, [f"| {n}{note} | " + " | ".join(cells) + f" | {_median(ratios, '.2f')} |"])
+    emit(out, ["", f"Target: runner / faster peer >= {TARGET:.2f} at every tower count: {'PASS' if ok else 'FAIL'}"])
+    if args.out:
+        Path(args.out).write_text("\n".join(out) + "\n")
+    return 0 if ok else 1
