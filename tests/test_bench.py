@@ -375,3 +375,24 @@ def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
     assert "1 of 1 pairs apart beyond the noise ordered right" in line and "predicted and confirmed" in line
     cells = markdown_rows("\n".join(grid.format_table(table)))
     assert [c["predicted images/s"] for c in cells] == ["-", "110", "90"]
+
+
+def test_the_peers_bench_refuses_a_folder_without_the_peer_and_its_runner_jobs_validate(tmp_path, capsys):
+    """`peers` needs a tf_cnn_benchmarks checkout: a folder without one is one error line before any job; the
+    runner's jobs (the user's ResNet-20 on 1 and 2 towers, XLA off and on) are configs the runner takes."""
+    from runner.bench.__main__ import main
+    from runner.bench.peers import peer_script, runner_overrides
+    from runner.config import validate
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["peers", "--peer", str(tmp_path)])
+    assert exit_.value.code == 2
+    assert f"--peer {tmp_path}: no tf_cnn_benchmarks.py there" in capsys.readouterr().err.strip().splitlines()[-1]
+    script = tmp_path / "scripts" / "tf_cnn_benchmarks" / "tf_cnn_benchmarks.py"
+    script.parent.mkdir(parents=True)
+    script.write_text("")
+    assert peer_script(str(tmp_path)) == script  # the repository's root or the script's folder
+    for towers, xla in [(1, "auto"), (2, "true")]:
+        plan = validate(compose(*runner_overrides(towers, 64, 200, xla)))
+        assert plan.train.global_batch_size == 64 * towers and plan.strategy.towers(plan.gpus) == towers
+        assert plan.spec.shape == (32, 32, 3) and plan.train.jit_compile == (True if xla == "true" else "auto")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import socket
+from typing import Any
 
 import pytest
 from conftest import compose, runs, start_cli
@@ -157,25 +158,47 @@ def test_two_workers_train_the_recommender_to_the_single_devices_losses(tmp_path
     """dlrm/tiny on unshuffled click logs: two workers (MultiWorkerMirroredStrategy's collectives carry the tables'
     rows) log the loss of every step a single device logs for the same global batch (1e-4 relative)."""
     import numpy as np
-    from mlflow import MlflowClient
-
-    from conftest import run_cli
 
     clicks = ["model=dlrm", "data=clicks", "data.tables=tiny", "data.train_limit=4096", "data.test_limit=1000",
               "pipeline.shuffle_buffer=0", "train.global_batch_size=64", "train.learning_rate=0.5", "train.steps=20",
               "train.steps_per_call=1", "train.target_auc=null"]
-    for folder in ("one", "two"):
-        (tmp_path / folder).mkdir()
-    _two_workers(tmp_path / "two", *clicks)
-    single = run_cli("debug=smoke", *clicks, "strategy=single", cwd=tmp_path / "one")
-    assert single.returncode == 0, single.stderr[-2000:]
-
-    def losses(folder) -> np.ndarray:
-        row = runs(f"sqlite:///{folder / 'mlflow.db'}", "smoke").iloc[0]
-        assert row["status"] == "FINISHED" and row["metrics.examples_per_sec"] > 0 and row["metrics.test_auc"] > 0.5
-        history = MlflowClient(f"sqlite:///{folder / 'mlflow.db'}").get_metric_history(row["run_id"], "train_loss")
-        return np.array([m.value for m in sorted(history, key=lambda m: m.step)])
-
-    two, one = losses(tmp_path / "two"), losses(tmp_path / "one")
+    two, one, rows = _two_workers_and_one_device(tmp_path, *clicks)
+    assert all(row["metrics.examples_per_sec"] > 0 and row["metrics.test_auc"] > 0.5 for row in rows)
     assert len(two) == len(one) >= 15
     np.testing.assert_allclose(two, one, rtol=1e-4)
+
+
+@pytest.mark.slow  # two fresh workers and a single-device run, ~40 s
+def test_two_workers_with_xla_train_the_single_devices_losses(tmp_path):
+    """train.jit_compile=true across two workers (each replica's forward and backward one XLA cluster, the
+    all-reduce outside it): unshuffled, the loss of every step a single device logs without XLA (1e-4 relative)."""
+    import numpy as np
+
+    mlp = ["pipeline.shuffle_buffer=0", "data.train_limit=1024", "train.steps=20", "train.steps_per_call=1"]
+    two, one, rows = _two_workers_and_one_device(tmp_path, *mlp, xla=True)
+    assert rows[0]["tags.xla"] == "on" and rows[1]["tags.xla"].startswith("off (train.jit_compile=auto on CPU")
+    assert len(two) == len(one) >= 15
+    np.testing.assert_allclose(two, one, rtol=1e-4)
+
+
+def _two_workers_and_one_device(tmp_path, *overrides: str, xla: bool = False) -> tuple[Any, Any, list]:
+    """The same job by two workers (in tmp_path/two; train.jit_compile=true with `xla`) and by one device
+    (tmp_path/one): each run's training loss per step and its MLflow row (two's first)."""
+    import numpy as np
+    from mlflow import MlflowClient
+
+    from conftest import run_cli
+
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+    _two_workers(tmp_path / "two", *overrides, *(["train.jit_compile=true"] if xla else []))
+    single = run_cli("debug=smoke", *overrides, "strategy=single", cwd=tmp_path / "one")
+    assert single.returncode == 0, single.stderr[-2000:]
+    out = []
+    for folder in ("two", "one"):
+        row = runs(f"sqlite:///{tmp_path / folder / 'mlflow.db'}", "smoke").iloc[0]
+        assert row["status"] == "FINISHED"
+        history = MlflowClient(f"sqlite:///{tmp_path / folder / 'mlflow.db'}").get_metric_history(row["run_id"],
+                                                                                                  "train_loss")
+        out.append((np.array([m.value for m in sorted(history, key=lambda m: m.step)]), row))
+    return out[0][0], out[1][0], [out[0][1], out[1][1]]
