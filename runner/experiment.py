@@ -238,14 +238,7 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         log.info("floor %s", skipped)
         run.tags({"floor": skipped})
     elif plan.train.probe_floor and "step_time_ms" in result:
-        from runner.strategies.common import tower_models
-
-        log.info("measuring the step's floor (train.probe_floor): the towers' passes and one update alone, a few "
-                 "seconds")
-        towers = list(devices.names[:plan.local_towers])
-        models = tower_models(plan.model, plan.spec, plan.train.seed, towers)
-        figures.update(floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers))
-        figures["step_time_over_floor"] = result["step_time_ms"] / figures["floor_step_ms"]
+        figures.update(_floor(plan, devices, result, run))
     if plan.train.measure_input:
         batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
         figures.update(hooks.input_figures(strategy, batches, plan.train, result))
@@ -257,6 +250,25 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         log.warning("train.profile=true traced nothing: the profiler traces the first full call after warm-up; "
                     "it needs train.steps >= %d", train.steps_to_time(plan.train) + plan.train.steps_per_call)
     return figures
+
+
+def _floor(plan: Plan, devices: Devices, result: dict, run: tracking.Recorder) -> dict[str, float]:
+    """The step's floor (train.probe_floor, runner/measure/floor.py) and the step over it; a floor that cannot be
+    measured (memory for a second set of models, say) is a warning and the run's `floor` tag, not a failed run."""
+    from runner.errors import one_line
+    from runner.measure import floor
+    from runner.strategies.common import tower_models
+
+    log.info("measuring the step's floor (train.probe_floor): the towers' passes and one update alone, a few seconds")
+    towers = list(devices.names[:plan.local_towers])
+    try:
+        models = tower_models(plan.model, plan.spec, plan.train.seed, towers, plan.train.fused_batch_norm)
+        figures = floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers)
+    except Exception as e:  # noqa: BLE001 - a figure added after training must not fail the run it describes
+        log.warning("no floor for this run: %s", one_line(e))
+        run.tags({"floor": f"failed: {one_line(e)}"})
+        return {}
+    return {**figures, "step_time_over_floor": result["step_time_ms"] / figures["floor_step_ms"]}
 
 
 def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recorder) -> dict[str, float]:

@@ -195,6 +195,24 @@ def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_device
     assert result["step_time_over_floor"] > 0.5  # a step can hardly beat its own work by much
 
 
+def test_a_floor_that_cannot_be_measured_leaves_the_trained_run_finished(tf_devices, store, monkeypatch):
+    """The floor is measured after training: its failure is a warning and the run's `floor` tag, the run FINISHED
+    with its results (was: the run FAILED after it had trained)."""
+    import mlflow
+
+    from runner.measure import floor
+
+    def out_of_memory(*args, **kwargs):
+        raise MemoryError("cannot allocate the second set of tower models")
+
+    monkeypatch.setattr(floor, "floor_step_ms", out_of_memory)
+    result = _smoke(store, "train.probe_floor=true")
+    assert result["test_accuracy"] > 0.5 and "floor_step_ms" not in result
+    run_ = mlflow.MlflowClient(store).get_run(result["run_id"])
+    assert run_.info.status == "FINISHED"
+    assert run_.data.tags["floor"] == "failed: cannot allocate the second set of tower models"
+
+
 def test_no_floor_is_claimed_on_simulated_devices(tf_devices, store, monkeypatch):
     """There the towers' passes timed alone do not bound the step (runner/measure/floor.py): the run says why it
     logs no floor instead of logging one its step beats."""

@@ -115,12 +115,13 @@ def _builder(model: Model) -> str:
     return f"_target_ {target}" if target else f"{type(model).__module__}.{type(model).__qualname__}.build"
 
 
-def tower_models(model: Model, spec: Spec, seed: int, devices: list[str]) -> list[keras.Model]:
+def tower_models(model: Model, spec: Spec, seed: int, devices: list[str],
+                 fused_batch_norm: bool = True) -> list[keras.Model]:
     """One copy of `model` per device, each built (its variables placed) on that device, with the same weights."""
     copies = []
     for device in devices:
         with tf.device(device):
-            copies.append(build_model(model, spec, seed))
+            copies.append(build_model(model, spec, seed, fused_batch_norm))
     return copies
 
 
