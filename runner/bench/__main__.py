@@ -134,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     pe.add_argument("--towers", type=_ints, default=[1, 2])
     pe.add_argument("--rounds", type=_positive, default=3)
     pe.add_argument("--batch", type=_positive, default=64, help="images per tower")
-    pe.add_argument("--steps", type=_positive, default=200, help="timed steps of each job")
+    pe.add_argument("--steps", type=_positive, default=200,
+                    help="steps of each job (the peer times them all after its warm-up; the runner, all but its "
+                         "first call)")
     pe.add_argument("--tracking-uri", default=None)
     pe.add_argument("--out", default=None, help="also write the markdown to this file")
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")

@@ -14,7 +14,7 @@ import statistics
 import time
 
 from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
-from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, run_one
+from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, median_range, run_one
 from runner.models import MODELS, variants
 
 MFU_LIMIT = 1.0  # above it the peak is wrong, not the machine
@@ -44,14 +44,6 @@ def floor_settings(args: argparse.Namespace) -> list[Setting]:
     return out
 
 
-def _median_range(values: list[float], fmt: str) -> str:
-    """`median (low-high)`, or the one value, or '-' when nothing was measured."""
-    if not values:
-        return "-"
-    text = format(statistics.median(values), fmt)
-    return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
-
-
 def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dict[str, list[float | None]]]:
     """One model's markdown row and the per-round figures its targets are judged on."""
     ok = [m for m in runs if "rate" in m]
@@ -60,12 +52,12 @@ def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dic
     # a finished run without MFU (left out above 1, or no peak) does not show it held: None, judged as failing
     figures = {"step_over_floor": get("step_time_over_floor"), "mfu": [m.get("mfu") for m in ok], "vs_keras": ratios}
     errors = [m["error"] for m in [*runs, *fits] if "error" in m]
-    cells = [setting.name, str(setting.batch), _median_range(get("rate"), ",.0f"),
-             _median_range(get("rate", [k for k in fits if "rate" in k]), ",.0f"),
-             _median_range(ratios, ".2f"), _median_range(get("step_time_ms"), ".2f"),
-             _median_range(get("floor_compute_ms"), ".2f"), _median_range(get("floor_update_ms"), ".2f"),
-             _median_range(figures["step_over_floor"], ".2f"), _median_range(get("mfu"), ".1%"),
-             _median_range(get("peak_gflops"), ",.0f")]
+    cells = [setting.name, str(setting.batch), median_range(get("rate"), ",.0f"),
+             median_range(get("rate", [k for k in fits if "rate" in k]), ",.0f"),
+             median_range(ratios, ".2f"), median_range(get("step_time_ms"), ".2f"),
+             median_range(get("floor_compute_ms"), ".2f"), median_range(get("floor_update_ms"), ".2f"),
+             median_range(figures["step_over_floor"], ".2f"), median_range(get("mfu"), ".1%"),
+             median_range(get("peak_gflops"), ",.0f")]
     if errors:
         cells[0] += f" ({len(errors)} failed: {errors[0][:60].replace('|', '/')})"
     return "| " + " | ".join(cells) + " |", figures
@@ -75,9 +67,9 @@ def _multi_row(setting: Setting, job: Job, runs: list[dict]) -> tuple[str, list[
     """One runner job's row on N devices and its step / floor per round."""
     ok = [m for m in runs if "rate" in m]
     get = lambda key: [m[key] for m in ok if key in m]  # noqa: E731
-    cells = [setting.name, job.label, str(job.gpus), _median_range(get("rate"), ",.0f"),
-             _median_range(get("step_time_ms"), ".2f"), _median_range(get("floor_compute_ms"), ".2f"),
-             _median_range(get("floor_update_ms"), ".3f"), _median_range(get("step_time_over_floor"), ".2f")]
+    cells = [setting.name, job.label, str(job.gpus), median_range(get("rate"), ",.0f"),
+             median_range(get("step_time_ms"), ".2f"), median_range(get("floor_compute_ms"), ".2f"),
+             median_range(get("floor_update_ms"), ".3f"), median_range(get("step_time_over_floor"), ".2f")]
     errors = [m["error"] for m in runs if "error" in m]
     if errors:
         cells[0] += f" ({len(errors)} failed: {errors[0][:60].replace('|', '/')})"

@@ -214,6 +214,14 @@ def measure(setting: Setting, jobs: list[Job], uri: str, experiment: str, progre
     return table
 
 
+def median_range(values: list[float], fmt: str) -> str:
+    """`median (low-high)`, or the one value, or '-' when nothing was measured."""
+    if not values:
+        return "-"
+    text = format(statistics.median(values), fmt)
+    return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
+
+
 def emit(out: list[str], lines: list[str]) -> None:
     """Print lines now (a long grid shows each table as it finishes) and keep them for --out."""
     print("\n".join(lines), flush=True)

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.bench.jobs import Progress, emit, machine, run_job
+from runner.bench.jobs import Progress, emit, machine, median_range, run_job
 from runner.errors import ConfigError
 
 RESNET = ["+model._target_=runner.bench.user_resnet.resnet20", "model.name=resnet20", "data=synthetic",
@@ -61,13 +61,6 @@ def runner_overrides(towers: int, batch: int, steps: int, xla: str) -> list[str]
             f"train.steps={steps}", "train.steps_per_call=10", f"train.jit_compile={xla}"]
 
 
-def _median(values: list[float], fmt: str) -> str:
-    if not values:
-        return "-"
-    text = format(statistics.median(values), fmt)
-    return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
-
-
 def peers(args: argparse.Namespace) -> int:
     """The runner's ResNet-20 against tf_cnn_benchmarks' in `args.rounds` interleaved rounds; 0 when every tower
     count meets TARGET, else 1."""
@@ -104,11 +97,11 @@ def peers(args: argparse.Namespace) -> int:
         for ours, peer, peer_xla in zip(got["runner"], got["peer"], got["peer xla"]):
             if ours and (peer or peer_xla):
                 ratios.append(ours / max(peer or 0.0, peer_xla or 0.0))
-        cells = [_median([v for v in got[name] if v], ",.0f") for name in jobs]
+        cells = [median_range([v for v in got[name] if v], ",.0f") for name in jobs]
         errors = [m["error"] for name in jobs for m in rates[n, name] if "error" in m]
         ok = ok and bool(ratios) and statistics.median(ratios) >= TARGET
         note = f" ({len(errors)} failed: {errors[0][:80].replace('|', '/')})" if errors else ""
-        emit(out, [f"| {n}{note} | " + " | ".join(cells) + f" | {_median(ratios, '.2f')} |"])
+        emit(out, [f"| {n}{note} | " + " | ".join(cells) + f" | {median_range(ratios, '.2f')} |"])
     emit(out, ["", f"Target: runner / faster peer >= {TARGET:.2f} at every tower count: {'PASS' if ok else 'FAIL'}"])
     if args.out:
         Path(args.out).write_text("\n".join(out) + "\n")

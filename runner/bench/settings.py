@@ -6,6 +6,7 @@ import argparse
 import time
 
 from runner.bench.jobs import NO_TIMED_STEPS, emit, machine, run_job, too_few_timed
+from runner.bench.peers import runner_overrides
 
 
 def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str]]]:
@@ -15,9 +16,7 @@ def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str
 
 _MLP = ["model=mlp", "model.variant=default", "train.steps=600", "train.steps_per_call=50"]
 _CNN = ["model=cnn", "model.variant=default", "train.steps=120", "train.steps_per_call=10"]
-_RESNET20 = ["+model._target_=runner.bench.user_resnet.resnet20", "model.name=resnet20", "data=synthetic",
-             "data.shape=[32,32,3]", "data.train_limit=4096", "train.global_batch_size=64", "train.optimizer=sgd",
-             "train.learning_rate=0.01", "train.target_accuracy=null", "train.steps=200", "train.steps_per_call=10"]
+_RESNET20 = runner_overrides(towers=1, batch=64, steps=200, xla="auto")  # the peers bench's job, one device
 _MLP_TINY = ["model=mlp", "model.variant=tiny", "train.steps=300", "train.steps_per_call=25"]
 # TensorFlow's generator datasets (behind tf.distribute's per-device input iterators) are what set the malloc trap.
 _DISTRIBUTE = ["strategy=mirrored", "gpus=2", "strategy.input=distribute"]
