@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -135,8 +136,6 @@ def _bad_data(e: Exception, source: str) -> Exception | None:
     """A DataError for an example the data's own checks refused (records.BAD_LABEL), or one its input pipeline could
     not read or decode (an error raised through an input iterator: an image of no format TensorFlow knows, a damaged
     record), naming `source`, where the examples come from; None for an error that is not the data's."""
-    import re
-
     from runner.data_pipelines import DataError
     from runner.data_pipelines.records import BAD_LABEL, BAD_TOKEN
     from runner.errors import one_line
@@ -155,9 +154,32 @@ def _bad_data(e: Exception, source: str) -> Exception | None:
     return None
 
 
+# What TensorFlow says when an XLA cluster (train.jit_compile) holds what it cannot compile: an op with no XLA
+# kernel, or an op input XLA needs as a constant (a shape or a count computed at run time).
+XLA_NO_KERNEL = re.compile(r"Detected unsupported operations when trying to compile graph \S+ on XLA_\w+_JIT: "
+                           r"(\w+(?:, \w+)*)")
+XLA_NOT_CONSTANT = re.compile(r"with op (\w+) must be a compile-time constant")
+
+
+def _not_compilable(e: Exception) -> Exception | None:
+    """A ConfigError naming what XLA could not compile (the model's: train.jit_compile put its forward and backward
+    in an XLA cluster), or None for an error that is not XLA's refusal."""
+    from runner.errors import ConfigError
+
+    text = str(e)
+    if found := XLA_NO_KERNEL.search(text):
+        what = f"op {', '.join(dict.fromkeys(found.group(1).split(', ')))} (no XLA kernel)"
+    elif found := XLA_NOT_CONSTANT.search(text):
+        what = f"op {found.group(1)} (an input computed at run time, which XLA needs as a constant)"
+    else:
+        return None
+    return ConfigError(f"train.jit_compile: XLA cannot compile the model's {what}; set train.jit_compile=false")
+
+
 @contextlib.contextmanager
-def data_errors(source: str) -> Iterator[None]:
-    """Training and evaluation inside stop in one DataError line when an example cannot be used (`_bad_data`): the
+def user_errors(source: str) -> Iterator[None]:
+    """Training and evaluation inside stop in one line when the cause is the user's to fix: an example that cannot
+    be used (`_bad_data`, a DataError) or a model op XLA cannot compile (`_not_compilable`, a ConfigError). The
     failing op runs inside a compiled call or an input iterator, so the error reaches Python as TensorFlow's, named
     by its graph node; any other error passes unchanged."""
     import tensorflow as tf
@@ -165,7 +187,7 @@ def data_errors(source: str) -> Iterator[None]:
     try:
         yield
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-        raise _bad_data(e, source) or e
+        raise _not_compilable(e) or _bad_data(e, source) or e
 
 
 def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
@@ -397,7 +419,7 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
         (time_to_loss_seconds, steps_to_loss), and the hooks' figures.
     """
     hooks = hooks or []
-    with data_errors(source):
+    with user_errors(source):
         if start:
             fast_forward(strategy, batches, start)
         done = _run_calls(strategy.train_loop(batches), evals, train, steps, start, record, hooks, unit)

@@ -100,6 +100,18 @@ def test_non_finite_loss_stops_the_run_at_that_step_and_fails_it(tf_devices, sto
     assert all(np.isfinite(m.value) for m in history)  # nothing non-finite was logged as a result
 
 
+@pytest.mark.parametrize("strategy", ["single", "replicated"])
+def test_a_model_op_xla_cannot_compile_stops_the_run_in_one_line_and_fails_it(tf_devices, store, strategy):
+    from runner.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^train.jit_compile: XLA cannot compile the model's op PyFunc \(no XLA "
+                                          r"kernel\); set train.jit_compile=false$"):
+        _smoke(store, "+model._target_=user_models.with_python_step", "model.name=python_step",
+               f"strategy={strategy}", "gpus=2" if strategy == "replicated" else "gpus=1", "train.jit_compile=true")
+    row = runs(store, "smoke").iloc[0]
+    assert row["status"] == "FAILED" and "XLA cannot compile" in row["tags.error"]
+
+
 def test_input_pipeline_rate_is_measured_beside_the_step_rate(tf_devices, store):
     result = _smoke(store, "pipeline=sharded", "strategy=replicated", "gpus=2", "train.measure_input=true")
     assert result["input_batches_per_sec"] > 0 and result["step_batches_per_sec"] > 0

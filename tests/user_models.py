@@ -37,3 +37,20 @@ def fixed_vocabulary_classifier(sequence_length: int, classes: int):
     ids = keras.Input((sequence_length,), dtype="int32")
     x = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(30, 8, name="words")(ids))
     return keras.Model(ids, keras.layers.Dense(classes)(x), name="fixed_vocabulary")
+
+
+def with_python_step(input_shape=(28, 28, 1), classes: int = 10):
+    """A classifier with a layer XLA cannot compile: it passes its input through a Python function
+    (tf.numpy_function, TensorFlow's PyFunc op), as a user's preprocessing step might."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    class PythonStep(keras.layers.Layer):
+        def call(self, x):
+            y = tf.numpy_function(np.negative, [x], x.dtype)  # (b, ...) computed in Python
+            return tf.ensure_shape(y, x.shape)
+
+    x = inputs = keras.Input(input_shape)
+    x = keras.layers.Flatten()(PythonStep()(inputs))  # (b, H*W*C)
+    return keras.Model(inputs, keras.layers.Dense(classes)(x), name="python_step")  # (b, classes) logits
