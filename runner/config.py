@@ -43,6 +43,7 @@ COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "stra
 PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)
 OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop", "adagrad"]  # built by runner.optimizers.make
+ROWS_ONLY = ("adagrad", "sgd")  # those whose update of an embedding table changes only its looked-up rows
 MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 
 

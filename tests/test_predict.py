@@ -12,7 +12,7 @@ from runner.config import ConfigError, validate
 from runner.measure.floor import TOUCHED
 from runner.predict import calibrate, grid
 from runner.predict.costs import TERMS, predict
-from runner.strategies import STRATEGIES, Traffic, predictable
+from runner.strategies import STRATEGIES, Rows, Traffic, predictable
 
 
 @pytest.mark.parametrize("name, n, wanted", [
@@ -36,9 +36,42 @@ def test_each_strategy_counts_its_own_traffic(name, n, wanted):
     assert STRATEGIES.get(name)().traffic(n, 1000, 3) == wanted
 
 
+# A table's rows at N = 2 devices: R = 100 bytes looked up per tower, T = 2 tables (Rows), beside the dense part above
+# (W = 1000, V = 3). Concatenating N R rows reads and writes them (2 N R), dividing them too (2 N R).
+ROWS_AT_2 = {
+    # Applied once; unique and segment sum before each table's update.
+    "single": Traffic(update_copies=0, update_devices=1, reduce_bytes=0, reduce_devices=1, moved_bytes=0, messages=0,
+                      ops=4, rows_applied=100),
+    # Gathered on one device (R in), sent to the other copy (N R out); each copy applies N R: N N R.
+    "replicated": Traffic(update_copies=0, update_devices=1, reduce_bytes=400, reduce_devices=1, copy_bytes=400,
+                          moved_bytes=100 + 200, messages=4, ops=2 * (2 + 6), rows_applied=400, rows_devices=2),
+    # To and from the one copy: N R each way; one update of N R.
+    "parameter_server": Traffic(update_copies=0, update_devices=1, reduce_bytes=400, reduce_devices=1, copy_bytes=400,
+                                moved_bytes=400, messages=8, ops=10, rows_applied=200, rows_devices=1),
+    # Half of each tower's rows live on the other device: (N - 1) R each way; each owner applies its tables' rows.
+    "hybrid": Traffic(update_copies=0, update_devices=1, reduce_bytes=400, reduce_devices=2, copy_bytes=400,
+                      moved_bytes=200, messages=4, ops=10, rows_applied=200, rows_devices=2),
+    # Partitioned by owner (2 N R), concatenated at the owners (2 N R), gathered into both copies (2 N N R); (N - 1) R
+    # to the owners, (N - 1) N R back.
+    "sharded_update": Traffic(update_copies=0, update_devices=1, reduce_bytes=400, reduce_devices=2,
+                              copy_bytes=400 + 400 + 800, moved_bytes=100 + 200, messages=8,
+                              ops=2 * (2 * 6 + 10 + 12), rows_applied=200, rows_devices=2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ROWS_AT_2))
+def test_each_strategy_counts_its_tables_rows_beside_its_dense_traffic(name):
+    dense = STRATEGIES.get("replicated" if name == "hybrid" else name)().traffic(2, 1000, 3)
+    assert STRATEGIES.get(name)().traffic(2, 1000, 3, Rows(100, 2)) == dense + ROWS_AT_2[name]
+    spread = STRATEGIES.get("parameter_server")(tables="spread").traffic(2, 1000, 3, Rows(100, 2))
+    assert spread == STRATEGIES.get("parameter_server")().traffic(2, 1000, 3) + ROWS_AT_2["hybrid"]
+    mirrored = STRATEGIES.get("mirrored")().traffic(2, 1000, 3, Rows(100, 2))  # tf.distribute: replicated's rows
+    assert mirrored == STRATEGIES.get("mirrored")().traffic(2, 1000, 3) + ROWS_AT_2["replicated"]
+
+
 def test_strategies_without_a_cost_model_say_so_in_one_line():
-    assert set(predictable()) == {"single", "replicated", "mirrored", "parameter_server", "sharded_update"}
-    with pytest.raises(ConfigError, match="^strategy=model_parallel has no cost model .*: mirrored, parameter_"):
+    assert set(predictable()) == {"single", "replicated", "mirrored", "parameter_server", "sharded_update", "hybrid"}
+    with pytest.raises(ConfigError, match="^strategy=model_parallel has no cost model .*: hybrid, mirrored, parameter_"):
         STRATEGIES.get("model_parallel")().traffic(2, 1000, 3)
 
 
@@ -56,6 +89,36 @@ def test_a_language_models_prediction_counts_tokens():
     assert p.unit == "tokens" and p.rate == pytest.approx(plan.train.global_batch_size * 32 / p.step_seconds)
     assert set(p.metrics()) >= {"predicted_tokens_per_sec", "predicted_step_ms"}
     assert "predicted_images_per_sec" not in p.metrics()
+
+
+TABLES = {**TOWERS, "table_bytes": 50_000_000, "tables": 26, "row_bytes": 400_000, "rows_bytes_per_s_one": 1e9,
+          "rows_bytes_per_s_all": 1.5e9}
+
+
+def test_a_recommenders_rows_are_priced_by_the_sparse_update_and_adams_tables_whole():
+    """Adagrad: each copy applies its rows at the calibrated sparse-update rate (replicated: N copies of N R on N
+    devices at once). Adam: its slots move every row, so the update is dense over the tables too."""
+    overrides = ("model=dlrm", "data=clicks", "model.variant=tiny", "data.tables=tiny", "strategy=replicated",
+                 "gpus=2")
+    adagrad = predict(validate(compose(*overrides, "train.optimizer=adagrad")), MACHINE, TABLES, {"seconds": 1e-3})
+    dense = 2 * TOUCHED["adagrad"] * 2_000_000 / 3e10
+    assert adagrad.terms["update"] == pytest.approx(dense + 2 * 2 * 400_000 / 1.5e9)
+    assert adagrad.unit == "examples"
+    adam = predict(validate(compose(*overrides, "train.optimizer=adam")), MACHINE, TABLES, {"seconds": 1e-3})
+    assert adam.terms["update"] == pytest.approx(2 * TOUCHED["adam"] * (2_000_000 + 50_000_000) / 3e10)
+
+
+def test_looked_up_rows_are_read_off_the_tables_sparse_gradients(tf_devices):
+    from runner.measure.floor import random_batch
+    from runner.strategies.common import tower_models
+
+    plan = validate(compose("model=dlrm", "data=clicks", "model.variant=tiny", "data.tables=tiny"))
+    model = tower_models(plan.model, plan.spec, 0, ["/device:CPU:0"])[0]
+    batches = [random_batch(model, 32), random_batch(model, 32)]
+    ids = calibrate.looked_up(model, batches)  # [table][batch] -> the ids that batch looked up in that table
+    assert len(ids) == 26 and all(len(t) == 2 and [int(i.shape[0]) for i in t] == [32, 32] for t in ids)
+    categorical = next(x for name, x in batches[1][0].items() if x.dtype.is_integer)  # (32, 26) ids
+    assert sorted(ids[0][1].numpy()) == sorted(categorical[:, 0].numpy())  # one id per table per example
 
 
 def test_terms_price_the_traffic_with_the_calibrations():

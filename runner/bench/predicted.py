@@ -27,16 +27,20 @@ def _overrides(command: str) -> list[str]:
 
 
 def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
-    """(command line, measured images/s) of every finished run of `experiment` that timed its steps."""
+    """(command line, measured rate: images/s, tokens/s or examples/s) of every finished run of `experiment` that
+    timed its steps."""
     from mlflow.tracking import MlflowClient
+
+    from runner.data_pipelines import rate_unit
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise SystemExit(f"error: no experiment {experiment!r} in {uri}")
     found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=5000)
-    return [(r.data.tags.get("mlflow.source.name", ""), r.data.metrics["images_per_sec"]) for r in found
-            if "images_per_sec" in r.data.metrics and "mlflow.source.name" in r.data.tags]
+    timed = [(r, f"{rate_unit(r.data.metrics)}_per_sec") for r in found]
+    return [(r.data.tags["mlflow.source.name"], r.data.metrics[key]) for r, key in timed
+            if key in r.data.metrics and "mlflow.source.name" in r.data.tags]
 
 
 def predicted(args: argparse.Namespace) -> int:
@@ -59,7 +63,7 @@ def predicted(args: argparse.Namespace) -> int:
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
                f"{len(measured)} runs, {len(commands)} combinations, predicted in {time.perf_counter() - t0:.0f} s "
                "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
-               "| model, devices | combination | predicted images/s | measured images/s | error |",
+               "| model, devices | combination | predicted /s | measured /s (images, tokens or examples) | error |",
                "|---|---|---|---|---|"])
     lines = []
     for group in sorted(groups):

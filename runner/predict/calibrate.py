@@ -37,7 +37,7 @@ from runner.paths import cache_dir as runner_cache_dir, write_json
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "calibration.json"
-FORMAT = 4  # in every key: entries of an older calibration (other figures) are measured again, not misread
+FORMAT = 5  # in every key: entries of an older calibration (other figures) are measured again, not misread
 RESULT = "calibration-result: "  # the child's stdout line the parent reads
 CALL_SECONDS = 0.03  # a timed call of the towers lasts about this long
 REPEATS = 9  # timed calls of a throughput microbenchmark (their median): 3 moved by 2-3x between runs
@@ -215,19 +215,82 @@ def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, step
     return 4 * 4 * floats * len(devices) * steps / median_seconds(copies, REPEATS)
 
 
-def towers(plan: Any, devices: list[str]) -> dict[str, float]:
-    """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch; and the
-    model's trainable weights (float32 bytes, as the variables are kept in every precision) and variables."""
+def looked_up(model: Any, batches: list[tuple[Any, Any]]) -> list[list[Any]]:
+    """The ids each batch of `batches` looks up in each of `model`'s embedding tables (`common.tables`), read off
+    the tables' sparse gradients (a row per lookup, repeats included): [table][batch] -> int64 (lookups,)."""
+    import tensorflow as tf
+
+    from runner.losses import cross_entropy
+    from runner.strategies.common import tables
+
+    found, out = tables(model), []
+    for x, y in batches:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(cross_entropy(y, tf.cast(model(x, training=True), tf.float32)))
+        out.append([tf.cast(g.indices, tf.int64) for g in tape.gradient(loss, found)])
+    return [list(per_table) for per_table in zip(*out)]
+
+
+def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[tuple[int, int]],
+                                   ids: list[list[Any]], steps: int = 10) -> float:
+    """Gradient-row bytes per second that the plan's optimizer applies to embedding tables of `shapes` (a copy of
+    them, with the optimizer's state, on every device of `devices`, updated at once), table t's rows at `ids[t][s]`
+    in step s (cycling through them), every table in one `apply_gradients` as a step applies them (repeats summed
+    first, as runner/optimizers.py does): the sparse update a model's looked-up rows pay."""
+    import tensorflow as tf
+
+    from runner.strategies.common import build_optimizer
+
+    copies = []
+    for device in devices:
+        with tf.device(device):
+            variables = [tf.Variable(tf.zeros(shape)) for shape in shapes]
+            values = [[tf.fill((int(i.shape[0]), shape[1]), 1e-3) for i in table] for shape, table in zip(shapes, ids)]
+            copies.append((variables, build_optimizer(plan.train, variables), values))
+
+    @tf.function(autograph=False)
+    def updates() -> None:
+        for step in range(steps):
+            for device, (variables, optimizer, values) in zip(devices, copies):
+                with tf.device(device):
+                    s = step % len(ids[0])
+                    grads = [tf.IndexedSlices(v[s], i[s], tf.constant(shape, tf.int64))
+                             for shape, i, v in zip(shapes, ids, values)]
+                    optimizer.apply_gradients(zip(grads, variables))
+
+    row_bytes = sum(4 * int(i[s % len(i)].shape[0]) * shape[1] for shape, i in zip(shapes, ids) for s in range(steps))
+    return row_bytes * len(devices) / median_seconds(updates, REPEATS)
+
+
+def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
+    """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch; the model's
+    dense trainable weights (float32 bytes, as the variables are kept in every precision) and variables; its
+    embedding tables' (`common.tables`) bytes, the rows one tower looks up, and what a sparse update of them costs
+    (optimizers that update only the looked-up rows), at the ids of real batches of `examples`."""
     from runner.measure.floor import towers_seconds
-    from runner.strategies.common import tower_models
+    from runner.config import ROWS_ONLY
+    from runner.strategies.common import tables, tower_models
 
     models = tower_models(plan.model, plan.spec, plan.train.seed, devices)
     batch = plan.train.per_device_batch_size
     seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS)
-    variables = models[0].trainable_variables
+    table_ids = {id(t) for t in tables(models[0])}
+    variables = [v for v in models[0].trainable_variables if id(v) not in table_ids]
     floats = sum(int(v.shape.num_elements()) for v in variables)
+    shapes = [(int(t.shape[0]), int(t.shape[1])) for t in tables(models[0])]  # (rows, d) each
     out = {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
+           "table_bytes": 4 * sum(r * d for r, d in shapes), "tables": len(shapes), "row_bytes": 0,
            "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats)}
+    if shapes:
+        # A copy applies every tower's rows (replicated; an owner its tables'): ids of global batches of real data.
+        data = examples.shuffled(batch * len(devices) * 8, plan.train.seed).batched(batch * len(devices),
+                                                                                    plan.pipeline)
+        ids = looked_up(models[0], list(data.take(3)))  # [table][batch] -> (lookups,)
+        out["row_bytes"] = sum(4 * int(i[0].shape[0]) * d for i, (_, d) in zip(ids, shapes)) // len(devices)
+        if plan.train.optimizer in ROWS_ONLY:
+            one = out["rows_bytes_per_s_one"] = sparse_update_bytes_per_second(plan, devices[:1], shapes, ids)
+            out["rows_bytes_per_s_all"] = one if len(devices) == 1 else sparse_update_bytes_per_second(
+                plan, devices, shapes, ids)
     for term in ("update", "reduce"):
         one = out[f"{term}_bytes_per_s_one"] = update_bytes_per_second(devices[:1], floats, cold=term == "update")
         # on one device, "all at once" is the same measurement
@@ -295,7 +358,7 @@ def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -
         keras.mixed_precision.set_dtype_policy(plan.train.precision)
         towered = names[:plan.local_towers]
         if towers_key(plan) in wanted and towers_key(plan) not in out:
-            out[towers_key(plan)] = {**towers(plan, towered), **conditions}
+            out[towers_key(plan)] = {**towers(plan, towered, examples(plan)), **conditions}
         if input_key(plan) in wanted and input_key(plan) not in out:
             out[input_key(plan)] = {"seconds": input_seconds(plan, towered, examples(plan)), **conditions}
     return out

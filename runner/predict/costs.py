@@ -5,7 +5,9 @@
 - `update`: the optimizer's memory traffic (weights, gradients and slots read and written, runner/measure/floor.py's
   TOUCHED) times the strategy's update copies, at the throughput a fused update of the model's size measured cold
   (its arrays out of the caches, as after the towers' passes) on one device, or on all N at once where the strategy
-  updates on every device;
+  updates on every device; plus the embedding tables' rows the strategy applies (`Traffic.rows_applied`) at the
+  calibrated sparse update's throughput, where the optimizer changes only looked-up rows (else the tables count as
+  dense weights of the update);
 - `reduce`: combining the towers' gradients and handing out the new weights: the strategy's arithmetic bytes at
   the same kernel's warm throughput (the gradients were just written), its copies (slices, concatenations) at the
   measured copy throughput, its cross-device bytes at the measured send bandwidth, and one send latency per
@@ -24,8 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runner.errors import ConfigError
 from runner.measure.floor import TOUCHED
+from runner.config import ROWS_ONLY
+from runner.strategies import Rows
 
 TERMS = ("towers", "update", "reduce", "ops", "input")
 
@@ -69,12 +72,8 @@ def combination(plan: Any) -> str:
 
 
 def check_covered(plan: Any) -> None:
-    """Raise ConfigError when the plan's strategy, or its model's kind, has no cost model: before anything is
-    measured for it."""
+    """Raise ConfigError when the plan's strategy has no cost model: before anything is measured for it."""
     plan.strategy.traffic(plan.local_towers, 0, 0)
-    if plan.spec.features:
-        raise ConfigError(f"the cost model prices dense weights; model={plan.model.name}'s embedding tables (rows "
-                          "looked up and moved per step) are not priced yet")
 
 
 def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: dict[str, Any]) -> Prediction:
@@ -82,16 +81,22 @@ def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: di
     the strategy has no cost model."""
     n = plan.local_towers
     weight_bytes, variables = int(towers["weight_bytes"]), int(towers["variables"])
-    traffic = plan.strategy.traffic(n, weight_bytes, variables)
+    rows = Rows(float(towers.get("row_bytes", 0)), int(towers.get("tables", 0)))
+    traffic = plan.strategy.traffic(n, weight_bytes, variables, rows)
 
     def rate(term: str, devices: int) -> float:  # bytes/s of the term's arithmetic on one device, or on all at once
         return float(towers[f"{term}_bytes_per_s_{'one' if devices == 1 else 'all'}"])
 
+    if rows.tables and plan.train.optimizer in ROWS_ONLY:  # the tables' looked-up rows only
+        rows_update = traffic.rows_applied / rate("rows", traffic.rows_devices)
+    else:  # Adam's or momentum's slots move every row: each copy's update is dense over the whole table
+        weight_bytes += int(towers.get("table_bytes", 0))
+        rows_update = 0.0
     update_bytes = traffic.update_copies * TOUCHED[plan.train.optimizer] * weight_bytes
     sends = traffic.moved_bytes / float(machine["send_bytes_per_s"]) + traffic.messages * machine["send_latency_s"]
     terms = {
         "towers": float(towers["seconds"]),
-        "update": update_bytes / rate("update", traffic.update_devices),
+        "update": update_bytes / rate("update", traffic.update_devices) + rows_update,
         "reduce": traffic.reduce_bytes / rate("reduce", traffic.reduce_devices)
         + traffic.copy_bytes / float(towers["copy_bytes_per_s_all"]) + sends,
         "ops": traffic.ops * float(machine["op_seconds"]),

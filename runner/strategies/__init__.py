@@ -126,6 +126,9 @@ class Traffic:
         messages: cross-device transfers per step (each pays a latency, whatever its size).
         ops: ops per step beyond the towers' forward and backward (updates, sums, divisions, slices, assignments),
             each paying the executor's fixed cost per op.
+        rows_applied: bytes of embedding-table gradient rows (`Rows`) that sparse updates apply per step, summed over
+            the devices (each copy of a table that applies N towers' rows counts N towers' bytes).
+        rows_devices: the devices those sparse updates run on at once.
     """
 
     update_copies: float
@@ -136,6 +139,73 @@ class Traffic:
     messages: int
     ops: int
     copy_bytes: float = 0.0  # most strategies cut and assemble nothing
+    rows_applied: float = 0.0  # a model without embedding tables applies no rows
+    rows_devices: int = 1
+
+    def __add__(self, other: Traffic) -> Traffic:
+        """Two parts of one step's work (the dense weights', the tables' rows): the counts added; of the devices
+        each part's arithmetic runs on at once, the larger."""
+        return Traffic(
+            update_copies=self.update_copies + other.update_copies,
+            update_devices=max(self.update_devices, other.update_devices),
+            reduce_bytes=self.reduce_bytes + other.reduce_bytes,
+            reduce_devices=max(self.reduce_devices, other.reduce_devices),
+            moved_bytes=self.moved_bytes + other.moved_bytes, messages=self.messages + other.messages,
+            ops=self.ops + other.ops, copy_bytes=self.copy_bytes + other.copy_bytes,
+            rows_applied=self.rows_applied + other.rows_applied,
+            rows_devices=max(self.rows_devices, other.rows_devices))
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A model's embedding tables (`common.tables`) in one step, as a strategy's traffic counts them: their
+    gradients are the rows each tower looked up (tf.IndexedSlices), which every strategy keeps sparse.
+
+    Attributes:
+        tower_bytes: float32 bytes of the rows one tower looks up per step, every table (b x lookups x d x 4),
+            repeated ids counted each time (the gradient holds a row per lookup).
+        tables: how many tables (a sparse gradient each: per-table ops and sends).
+    """
+
+    tower_bytes: float = 0.0
+    tables: int = 0
+
+
+NO_ROWS = Rows()  # a model without embedding tables
+NOTHING = Traffic(update_copies=0, update_devices=1, reduce_bytes=0, reduce_devices=1, moved_bytes=0, messages=0, ops=0)
+
+
+# What the strategies do with the tables' rows, counted as `Traffic` (N devices, R = rows.tower_bytes, T tables).
+# A sparse update (runner/optimizers.py) first sums repeated rows (unique, segment sum), then applies: 3 ops a table.
+
+
+def rows_to_every_copy(n: int, rows: Rows) -> Traffic:
+    """A table copy per device (mirrored, replicated): each table's N towers' rows concatenated and divided on one
+    device (copy 2 N R, arithmetic 2 N R), the N - 1 others' rows sent there and the N R rows sent to the N - 1
+    other copies; every copy applies all N R rows."""
+    r, t = rows.tower_bytes, rows.tables
+    return NOTHING if not t else Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
+                   moved_bytes=(n - 1) * r + (n - 1) * n * r, messages=2 * (n - 1) * t, ops=t * (2 + 3 * n),
+                   rows_applied=n * n * r, rows_devices=n)
+
+
+def rows_to_one_copy(n: int, rows: Rows) -> Traffic:
+    """One copy of the tables on a parameter device (parameter_server): every tower's looked-up rows come from there
+    (N R sent) and its gradient rows go back (N R); concatenated and divided there; one update of N R rows."""
+    r, t = rows.tower_bytes, rows.tables
+    return NOTHING if not t else Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
+                   moved_bytes=2 * n * r, messages=2 * n * t, ops=t * 5, rows_applied=n * r, rows_devices=1)
+
+
+def rows_to_owners(n: int, rows: Rows) -> Traffic:
+    """Each table once, on one of the N devices (hybrid; parameter_server with strategy.tables=spread): a tower's
+    rows of the tables on other devices, (N - 1) / N of them, come from there and their gradients go back (2 (N - 1)
+    R over the towers); each owner concatenates and divides its tables' N R rows and applies them, the N owners at
+    once."""
+    r, t = rows.tower_bytes, rows.tables
+    return NOTHING if not t else Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n, copy_bytes=2 * n * r,
+                   moved_bytes=2 * (n - 1) * r, messages=2 * (n - 1) * t, ops=t * 5, rows_applied=n * r,
+                   rows_devices=n)
 
 
 @runtime_checkable
@@ -168,9 +238,10 @@ class StrategyOptions(Protocol):
     def describe_batch_norm(self) -> str:
         """What it does with batch normalization's batch and moving statistics (the run's `batch_norm` tag)."""
 
-    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
-        """Its step's work beyond the towers on `devices` devices for a model of `weight_bytes` bytes of weights in
-        `variables` variables. Raises ConfigError when the cost model does not cover it."""
+    def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
+        """Its step's work beyond the towers on `devices` devices for a model of `weight_bytes` bytes of dense
+        weights in `variables` variables, and embedding tables whose looked-up rows are `rows`. Raises ConfigError
+        when the cost model does not cover it."""
 
 
 @dataclass
@@ -214,7 +285,7 @@ class StrategyBase:
         n = self.towers(devices)
         return n, n
 
-    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+    def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         raise ConfigError(f"strategy={self.name} has no cost model (runner/predict/ covers the data-parallel "
                           f"strategies of one process: {', '.join(predictable())})")
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies import NO_ROWS, STRATEGIES, Rows, StrategyBase, Traffic, Training, loss_scale, rows_to_owners
 from runner.strategies.common import deal, make_evaluate, share, tables
-from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, average, mean_of
+from runner.strategies.replicated import TOWER_BATCH_NORM, Replicated, Towers, average, mean_of
 
 if TYPE_CHECKING:
     import keras
@@ -47,6 +47,10 @@ class Hybrid(StrategyBase):
 
     def table_copies(self, devices: int) -> tuple[float, float]:
         return 1, 1  # each table once, on its device
+
+    def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
+        """The dense weights as `replicated`'s; each table's rows to and from its owner."""
+        return Replicated().traffic(devices, weight_bytes, variables) + rows_to_owners(devices, rows)
 
     def build(self, devices: Devices, training: Training) -> HybridTowers:
         return HybridTowers(list(devices.names), training)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from runner.runtime.devices import nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
+from runner.strategies import (NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale,
+                               rows_to_every_copy)
 from runner.strategies.common import (
     clip, make_evaluate, moving_state, steps_loop, synchronize_batch_norm, touch, tower_step,
 )
@@ -73,12 +74,14 @@ class Mirrored(StrategyBase):
         return Replicas(self.distribution(devices), devices, training, input_api=self.input == "distribute",
                         sync_batch_norm=self.sync_batch_norm)
 
-    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+    def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """All-reduce of each gradient (reduced on one device, as reduce_to_one_device does on CPUs: N - 1 sent,
-        summed, divided, sent back to N - 1 replicas) and an update of each of the N mirrored copies."""
+        summed, divided, sent back to N - 1 replicas) and an update of each of the N mirrored copies. A table's
+        rows: tf.distribute gathers the towers' tf.IndexedSlices on one device and every replica applies them all."""
         n, w = devices, weight_bytes
         return Traffic(update_copies=n, update_devices=n, reduce_bytes=(n + 3) * w, reduce_devices=1,
-                       moved_bytes=2 * (n - 1) * w, messages=2 * (n - 1) * variables, ops=2 * variables + n * variables)
+                       moved_bytes=2 * (n - 1) * w, messages=2 * (n - 1) * variables,
+                       ops=2 * variables + n * variables) + rows_to_every_copy(n, rows)
 
     def distribution(self, devices: Devices) -> tf.distribute.Strategy:
         """The tf.distribute strategy: MirroredStrategy over this process's devices."""

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
+from runner.strategies import (NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale,
+                               rows_to_every_copy, rows_to_one_copy, rows_to_owners)
 from runner.strategies.common import (
     average_moving_state, clip, copies_of_moving_state, deal, drain_loop, make_evaluate, share, steps_loop, tables,
     tower_step,
@@ -76,13 +77,14 @@ class Replicated(StrategyBase):
     def build(self, devices: Devices, training: Training) -> Towers:
         return Towers(list(devices.names), training)
 
-    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+    def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """`average`: each variable's N gradients summed (read N, write 1) and divided (read 1, write 1) on one
-        device, the N - 1 others' gradients sent there and the mean sent back to N - 1 copies; N updates."""
+        device, the N - 1 others' gradients sent there and the mean sent back to N - 1 copies; N updates. A table's
+        rows: concatenated on one device (`mean_of`), every copy applies them all."""
         n, w = devices, weight_bytes
         return Traffic(update_copies=n, update_devices=n, reduce_bytes=(n + 3) * w,
                        reduce_devices=min(n, max(variables, 1)), moved_bytes=2 * (n - 1) * w,
-                       messages=2 * (n - 1) * variables, ops=2 * variables + n * variables)
+                       messages=2 * (n - 1) * variables, ops=2 * variables + n * variables) + rows_to_every_copy(n, rows)
 
 
 @STRATEGIES.register
@@ -105,12 +107,14 @@ class ParameterServer(StrategyBase):
         home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
         return Towers(list(devices.names), training, ps_device=home, spread_tables=self.tables == "spread")
 
-    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
+    def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """Every tower's gradients go to the one copy (N sent), are summed and divided there, one update; every
-        tower reads the weights from it (N sent back)."""
+        tower reads the weights from it (N sent back). A table's rows: to and from the one copy, or, with
+        strategy.tables=spread, the table's own device (hybrid's)."""
         n, w = devices, weight_bytes
+        tables = rows_to_owners if self.tables == "spread" else rows_to_one_copy
         return Traffic(update_copies=1, update_devices=1, reduce_bytes=(n + 3) * w, reduce_devices=1,
-                       moved_bytes=2 * n * w, messages=2 * n * variables, ops=3 * variables)
+                       moved_bytes=2 * n * w, messages=2 * n * variables, ops=3 * variables) + tables(n, rows)
 
 
 class Towers(Strategy):

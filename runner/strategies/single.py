@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import STRATEGIES, Strategy, StrategyBase, Traffic, Training, loss_scale
+from runner.strategies import NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
     clip, copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop,
 )
@@ -34,10 +34,11 @@ class Single(StrategyBase):
     def build(self, devices: Devices, training: Training) -> SingleDevice:
         return SingleDevice(devices.names[0], training)
 
-    def traffic(self, devices: int, weight_bytes: int, variables: int) -> Traffic:
-        """One update; nothing to combine or move."""
+    def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
+        """One update; nothing to combine or move. A table's rows: applied once (2 more ops than a dense update:
+        the repeated rows summed first)."""
         return Traffic(update_copies=1, update_devices=1, reduce_bytes=0, reduce_devices=1, moved_bytes=0, messages=0,
-                       ops=variables)
+                       ops=variables + 2 * rows.tables, rows_applied=rows.tower_bytes)
 
 
 class SingleDevice(Strategy):
