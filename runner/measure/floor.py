@@ -98,18 +98,21 @@ def random_batch(model: Any, batch: int) -> tuple[Any, Any]:
 
 
 def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5,
-                   call_seconds: float | None = None, fastest: bool = False) -> float:
+                   call_seconds: float | None = None, fastest: bool = False,
+                   batches: list[tuple[Any, Any]] | None = None) -> float:
     """Seconds per step of forward and backward passes of every tower at once: `models[i]` on `batch` images on
     `devices[i]`, as the towers of a data-parallel step run (what N towers on shared cores do to each other shows).
     `call_seconds`: instead of `calls` steps per timed call, as many (3 to 20) as make a call last about that long,
     so that a call's own cost is noise beside its steps. `fastest`: the fastest repeat, not the median (a floor:
-    a slow spell of the host only ever adds time)."""
+    a slow spell of the host only ever adds time). `batches`: tower i's (x, y), real examples, in place of random
+    ones (embedding lookups cost what their ids' spread makes them cost)."""
     import tensorflow as tf
 
     feeds = []
-    for model, device in zip(models, devices):
+    for i, (model, device) in enumerate(zip(models, devices)):
         with tf.device(device):
-            feeds.append(random_batch(model, batch))
+            feeds.append(random_batch(model, batch) if batches is None else tf.nest.map_structure(tf.identity,
+                                                                                                  batches[i]))
 
     def tower(model: Any, device: str, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.device(device), tf.GradientTape() as tape:

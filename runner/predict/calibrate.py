@@ -37,7 +37,7 @@ from runner.paths import cache_dir as runner_cache_dir, write_json
 log = logging.getLogger(__name__)
 
 CACHE_FILE = "calibration.json"
-FORMAT = 5  # in every key: entries of an older calibration (other figures) are measured again, not misread
+FORMAT = 7  # in every key: entries of an older calibration (other figures) are measured again, not misread
 RESULT = "calibration-result: "  # the child's stdout line the parent reads
 CALL_SECONDS = 0.03  # a timed call of the towers lasts about this long
 REPEATS = 9  # timed calls of a throughput microbenchmark (their median): 3 moved by 2-3x between runs
@@ -273,11 +273,14 @@ def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
 
     models = tower_models(plan.model, plan.spec, plan.train.seed, devices)
     batch = plan.train.per_device_batch_size
-    seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS)
+    shapes = [(int(t.shape[0]), int(t.shape[1])) for t in tables(models[0])]  # (rows, d) each
+    real = None  # a model with tables looks up real ids (random ones would all hit two rows)
+    if shapes:
+        real = list(examples.shuffled(batch * 8, plan.train.seed).batched(batch, plan.pipeline).take(len(devices)))
+    seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS, batches=real)
     table_ids = {id(t) for t in tables(models[0])}
     variables = [v for v in models[0].trainable_variables if id(v) not in table_ids]
     floats = sum(int(v.shape.num_elements()) for v in variables)
-    shapes = [(int(t.shape[0]), int(t.shape[1])) for t in tables(models[0])]  # (rows, d) each
     out = {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
            "table_bytes": 4 * sum(r * d for r, d in shapes), "tables": len(shapes), "row_bytes": 0,
            "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats)}
@@ -285,7 +288,8 @@ def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
         # A copy applies every tower's rows (replicated; an owner its tables'): ids of global batches of real data.
         data = examples.shuffled(batch * len(devices) * 8, plan.train.seed).batched(batch * len(devices),
                                                                                     plan.pipeline)
-        ids = looked_up(models[0], list(data.take(3)))  # [table][batch] -> (lookups,)
+        # a step's ids each step, as training looks them up: rows reused from the steps before would be in the caches
+        ids = looked_up(models[0], list(data.take(10)))  # [table][batch] -> (lookups,)
         out["row_bytes"] = sum(4 * int(i[0].shape[0]) * d for i, (_, d) in zip(ids, shapes)) // len(devices)
         if plan.train.optimizer in ROWS_ONLY:
             one = out["rows_bytes_per_s_one"] = sparse_update_bytes_per_second(plan, devices[:1], shapes, ids)
