@@ -125,9 +125,7 @@ class Clicks(DatasetOptions):
         return tuple(int(v) for v in self.vocabulary_sizes) if self.vocabulary_sizes else vocabularies(self.tables)
 
     def spec(self) -> Spec:
-        v = self.vocabularies()
-        features = (Feature("dense", (DENSE_FEATURES,), "float32"), Feature("categorical", (len(v),), "int32", v))
-        return Spec((), 2, "features", "binary", features=features)
+        return click_spec(self.vocabularies())
 
     def in_memory_bytes(self) -> int:
         """Bytes the generated examples take (validation refuses what this machine cannot hold)."""
@@ -144,6 +142,14 @@ class Clicks(DatasetOptions):
         x_train, y_train, _ = hidden.draw(self.train_limit, 0)
         x_test, y_test, _ = hidden.draw(self.test_limit, 1)
         return Table(x_train, y_train, x_test, y_test, synthetic=True, spec=self.spec())
+
+
+def click_spec(vocabularies: tuple[int, ...]) -> Spec:
+    """A click model's examples: DENSE_FEATURES float32 features ("dense"), one id per categorical column below its
+    table's size ("categorical"), a 0/1 label."""
+    features = (Feature("dense", (DENSE_FEATURES,), "float32"),
+                Feature("categorical", (len(vocabularies),), "int32", tuple(vocabularies)))
+    return Spec((), 2, "features", "binary", features=features)
 
 
 def bayes_auc(tables: str = "default", n: int = 100_000, seed: int = 0, power: float = 1.1) -> float:
@@ -171,9 +177,7 @@ def tsv_spec(folder: Path, vocabularies: tuple[int, ...] | None) -> Spec:
         given = f"{len(vocabularies)} sizes" if vocabularies else "none"
         raise DataError(f"{path} has {max(columns, 0)} categorical columns after the label and {DENSE_FEATURES} dense "
                         f"counts, data.vocabulary_sizes gives {given}: give one table size per categorical column")
-    features = (Feature("dense", (DENSE_FEATURES,), "float32"), Feature("categorical", (columns,), "int32",
-                                                                          tuple(vocabularies)))
-    return Spec((), 2, "features", "binary", features=features)
+    return click_spec(tuple(vocabularies))
 
 
 def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.ndarray], np.ndarray]:

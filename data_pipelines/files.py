@@ -14,7 +14,9 @@
   and resized to `data.shape`; `data.classes` says how many labels there are (`data.label_offset` is subtracted:
   1 for ImageNet records that count from 1). `pipeline=sharded` gives each tower its own files. Or records of token
   ids: `input_ids`, `data.sequence_length` int64s each, ids below `data.vocabulary_size` (which says they are
-  tokens), with `label` for a text classifier (`data.classes`), or without, a language model on the ids.
+  tokens), with `label` for a text classifier (`data.classes`), or without, a language model on the ids. Or click
+  logs (`data.vocabulary_sizes` declared, one table size per categorical column): `dense` (13 float32s, used as they
+  are), `categorical` (one int64 id per column, below its table's size) and `label` (0 or 1).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Files(DatasetOptions):
     label_offset: int = 0  # subtracted from every stored label (1 for ImageNet records counting from 1)
     vocabulary_size: int | None = None  # token ids: how many ids the model's embedding has (null: largest id + 1)
     sequence_length: int | None = None  # tfrecord token ids: ids per record (its input_ids)
-    vocabulary_sizes: list[int] | None = None  # criteo_tsv: each categorical column's table size
+    vocabulary_sizes: list[int] | None = None  # click logs (criteo_tsv, tfrecord): each categorical column's table size
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
@@ -118,12 +120,12 @@ class Files(DatasetOptions):
             return Arrays(x_train[: self.train_limit], labels(y_train[: self.train_limit]),
                           x_test[: self.test_limit], labels(y_test[: self.test_limit]),
                           synthetic=False, spec=self._npy_spec())
-        from runner.data_pipelines.records import RecordData, decoder, token_decoder
+        from runner.data_pipelines.records import RecordData, click_decoder, decoder, token_decoder
 
         train, test = (self._shards(split) for split in SHARDS)
         spec = self._tfrecord_spec()
-        decode = partial(token_decoder, spec, self.sequence_length) if spec.token_ids else \
-            partial(decoder, spec, self.label_offset)
+        decode = partial(click_decoder, spec) if spec.features else partial(token_decoder, spec, self.sequence_length) \
+            if spec.token_ids else partial(decoder, spec, self.label_offset)
         return RecordData(train, test, spec, decode, self.train_limit, self.test_limit)
 
     def _array(self, name: str) -> np.ndarray:
@@ -224,6 +226,12 @@ class Files(DatasetOptions):
         from runner.data_pipelines.records import check_framing
 
         self._shards("train")
+        if self.vocabulary_sizes:  # click logs: the declared tables say so
+            from runner.data_pipelines.clicks import click_spec
+
+            for split in SHARDS:
+                check_framing(self._shards(split))
+            return click_spec(tuple(int(v) for v in self.vocabulary_sizes))
         tokens = self.vocabulary_size is not None and self.shape is None
         if tokens and self.sequence_length is None:
             raise DataError(f"data=files with TFRecord shards of token ids in {self.path} (data.vocabulary_size="

@@ -23,6 +23,8 @@ IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"  # tf_cnn_benchmarks
 BAD_LABEL = "label out of range"  # the decoder's assertion message, which training turns into one DataError line
 TOKENS_KEY = "input_ids"  # a token record's ids (keras_hub's and BERT's name); its class, if any, under "label"
 BAD_TOKEN = "token id out of range"  # likewise, for an id outside the vocabulary
+BAD_CLICK = "click label not 0 or 1"  # a click record's label other than 0 or 1
+BAD_ID = "categorical id out of range"  # a click record's id outside its column's table: [column, id]
 
 
 HEADER = 12  # a record's header: its data's length (uint64, little-endian) and the length's masked CRC-32C (uint32)
@@ -152,6 +154,32 @@ def token_decoder(spec: Spec, length: int) -> Decoder:
                                                           name="token_in_range")]):
             ids = tf.cast(ids, tf.int32)
         return (ids, checked_label(example["label"], spec)) if classify else (ids[:-1], ids[1:])
+
+    return decode
+
+
+def click_decoder(spec: Spec) -> Decoder:
+    """A tf.train.Example of a click log (the spec's features by name: "dense" float32s, "categorical" int64 ids, one
+    per column, and "label" 0 or 1) -> ({"dense" (13,), "categorical" (k,) int32}, label int32); an id outside its
+    column's table (BAD_ID) or another label (BAD_CLICK) stops training instead of being trained on."""
+    import tensorflow as tf
+
+    dense, categorical = spec.features
+    features = {dense.name: tf.io.FixedLenFeature(dense.shape, tf.float32),
+                categorical.name: tf.io.FixedLenFeature(categorical.shape, tf.int64),
+                "label": tf.io.FixedLenFeature([], tf.int64)}
+    tables = tf.constant(categorical.vocabularies, tf.int64)  # (k,)
+
+    def decode(record):
+        example = tf.io.parse_single_example(record, features)
+        ids, label = example[categorical.name], example["label"]  # (k,) int64, () int64
+        bad = tf.logical_or(ids < 0, ids >= tables)
+        column = tf.argmax(tf.cast(bad, tf.int32))  # the first column out of range (if any)
+        checks = [tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [BAD_ID, column, ids[column]]),
+                  tf.debugging.Assert(tf.logical_or(label == 0, label == 1), [BAD_CLICK, label])]
+        with tf.control_dependencies(checks):
+            x = {dense.name: tf.identity(example[dense.name]), categorical.name: tf.cast(ids, tf.int32)}
+            return x, tf.cast(label, tf.int32)
 
     return decode
 

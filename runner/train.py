@@ -137,7 +137,7 @@ def _bad_data(e: Exception, source: str) -> Exception | None:
     not read or decode (an error raised through an input iterator: an image of no format TensorFlow knows, a damaged
     record), naming `source`, where the examples come from; None for an error that is not the data's."""
     from runner.data_pipelines import DataError
-    from runner.data_pipelines.records import BAD_LABEL, BAD_TOKEN
+    from runner.data_pipelines.records import BAD_CLICK, BAD_ID, BAD_LABEL, BAD_TOKEN
     from runner.errors import one_line
 
     found = re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e))
@@ -148,6 +148,14 @@ def _bad_data(e: Exception, source: str) -> Exception | None:
     if found is not None:
         return DataError(f"{source} has token id {found.group(1)}, outside 0 to data.vocabulary_size - 1; set "
                          "data.vocabulary_size to the model's vocabulary, or fix the files")
+    found = re.search(rf"{BAD_CLICK}\W+\[?(-?\d+)", str(e))
+    if found is not None:
+        return DataError(f"{source} has label {found.group(1)}, not 0 or 1 (a click model's label); fix the files")
+    found = re.search(rf"{BAD_ID}\W+\[?(\d+)\]?\W+\[?(-?\d+)", str(e))
+    if found is not None:
+        column = int(found.group(1))
+        return DataError(f"{source} has id {found.group(2)} in categorical column {column + 1}, outside its table "
+                         f"(data.vocabulary_sizes[{column}]); fix the files or the table sizes")
     if FROM_INPUT in str(e):
         return DataError(f"an example of {source} cannot be read: {one_line(e).rstrip('.')}; fix the files, or leave "
                          "out the one holding it")

@@ -288,3 +288,55 @@ def test_your_own_click_logs_in_criteos_layout_train_a_recommender(tf_devices, t
                          "train.target_auc=null",
                          f"mlflow.tracking_uri={store}"))
     assert result["unit"] == "examples" and result["test_auc"] > 0.8  # the flips cap it at 0.9
+
+
+def _click_records(tf, folder, label=None, bad_id=None) -> None:
+    """TFRecord shards of click logs (dense, categorical ids below (50, 20, 30), label): train in two files, test in
+    one, the click decided by the first id (below 25 or not), 10% of labels flipped; `label` or `bad_id` (column 0)
+    written into the 100th training record."""
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    for name, n in (("train-00000-of-00002", 2048), ("train-00001-of-00002", 2048), ("validation-00000-of-00001", 1000)):
+        ids = np.stack([rng.integers(0, v, n) for v in (50, 20, 30)], 1)
+        y = ((ids[:, 0] < 25) ^ (rng.random(n) < 0.1)).astype(np.int64)
+        if name.startswith("train-00000"):
+            y[99] = y[99] if label is None else label
+            ids[99, 0] = ids[99, 0] if bad_id is None else bad_id
+        with tf.io.TFRecordWriter(str(folder / name)) as writer:
+            counts = np.log1p(rng.integers(0, 100, (n, 13))).astype(np.float32)  # the TSV test's log(1 + count)
+            for dense, cats, click in zip(counts, ids, y):
+                feature = {"dense": tf.train.Feature(float_list=tf.train.FloatList(value=dense)),
+                           "categorical": tf.train.Feature(int64_list=tf.train.Int64List(value=cats)),
+                           "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[click]))}
+                writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def test_your_own_click_logs_in_tfrecord_train_a_recommender_file_by_file(tf_devices, tmp_path, store):
+    """TFRecord shards of tf.train.Examples with the declared features (dense, categorical, label): dlrm/default learns
+    the click under hybrid x2, the sharded pipeline giving each tower its own file."""
+    from runner.experiment import run
+
+    _click_records(tf_devices, tmp_path / "logs")
+    args = ["model=dlrm", "data=files", f"data.path={tmp_path / 'logs'}", "data.vocabulary_sizes=[50,20,30]"]
+    spec = validate(compose(*args)).spec
+    assert spec.features[1].vocabularies == (50, 20, 30) and spec.target == "binary"
+    result = run(compose("debug=smoke", *args, "model.variant=default", "strategy=hybrid", "gpus=2",
+                         "pipeline=sharded", "train.steps=200", "train.target_auc=null", f"mlflow.tracking_uri={store}"))
+    assert result["unit"] == "examples" and result["test_auc"] > 0.8  # the flips cap it at 0.9
+
+
+@pytest.mark.parametrize("bad, wanted", [
+    ({"label": 2}, r"has label 2, not 0 or 1 \(a click model's label\)"),
+    ({"bad_id": 60}, r"has id 60 in categorical column 1, outside its table \(data.vocabulary_sizes\[0\]\)"),
+    ({}, r"cannot be read: .*categorical"),  # 4 tables declared, 3 ids per record
+])
+def test_a_click_record_the_model_cannot_use_stops_training_in_one_line(tf_devices, tmp_path, store, bad, wanted):
+    from runner.data_pipelines import DataError
+    from runner.experiment import run
+
+    _click_records(tf_devices, tmp_path / "logs", **bad)
+    tables = "[50,20,30]" if bad else "[50,20,30,40]"
+    with pytest.raises(DataError, match=wanted):
+        run(compose("debug=smoke", "model=dlrm", "data=files", f"data.path={tmp_path / 'logs'}",
+                    f"data.vocabulary_sizes={tables}", "pipeline.shuffle_buffer=0", f"mlflow.tracking_uri={store}"))
+    assert runs(store, "smoke").iloc[0]["status"] == "FAILED"
