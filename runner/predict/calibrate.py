@@ -262,39 +262,48 @@ def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[t
     return row_bytes * len(devices) / median_seconds(updates, REPEATS)
 
 
-def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
-    """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch; the model's
-    dense trainable weights (float32 bytes, as the variables are kept in every precision) and variables; its
-    embedding tables' (`common.tables`) bytes, the rows one tower looks up, and what a sparse update of them costs
-    (optimizers that update only the looked-up rows), at the ids of real batches of `examples`."""
-    from runner.measure.floor import towers_seconds
+def real_batches(plan: Any, examples: Any, size: int, count: int) -> list[tuple[Any, Any]]:
+    """`count` shuffled batches of `size` of the plan's training `examples`, as (x, y)."""
+    return list(examples.shuffled(size * 8, plan.train.seed).batched(size, plan.pipeline).take(count))
+
+
+def table_figures(plan: Any, model: Any, devices: list[str], examples: Any) -> dict[str, float]:
+    """`model`'s embedding tables (`common.tables`): their bytes and count, the rows one tower looks up per step, and
+    the bytes per second a sparse update of them moves on one device and on all at once (optimizers that update
+    only the looked-up rows), at the ids of ten real global batches: a step's own ids each step, as training looks
+    them up (rows reused from the steps before would be in the caches)."""
     from runner.config import ROWS_ONLY
+    from runner.strategies.common import tables
+
+    shapes = [(int(t.shape[0]), int(t.shape[1])) for t in tables(model)]  # (rows, d) each
+    n = len(devices)
+    ids = looked_up(model, real_batches(plan, examples, plan.train.per_device_batch_size * n, 10))  # [table][batch]
+    out = {"table_bytes": 4 * sum(r * d for r, d in shapes), "tables": len(shapes),
+           "row_bytes": sum(4 * int(i[0].shape[0]) * d for i, (_, d) in zip(ids, shapes)) // n}
+    if plan.train.optimizer in ROWS_ONLY:  # a copy applies every tower's rows (replicated; an owner its tables')
+        one = out["rows_bytes_per_s_one"] = sparse_update_bytes_per_second(plan, devices[:1], shapes, ids)
+        out["rows_bytes_per_s_all"] = one if n == 1 else sparse_update_bytes_per_second(plan, devices, shapes, ids)
+    return out
+
+
+def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
+    """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch (a model with
+    embedding tables on real batches of `examples`: random ids would all hit two rows); the model's dense trainable
+    weights (float32 bytes, as the variables are kept in every precision) and variables; its tables'
+    `table_figures`."""
+    from runner.measure.floor import towers_seconds
     from runner.strategies.common import tables, tower_models
 
     models = tower_models(plan.model, plan.spec, plan.train.seed, devices)
     batch = plan.train.per_device_batch_size
-    shapes = [(int(t.shape[0]), int(t.shape[1])) for t in tables(models[0])]  # (rows, d) each
-    real = None  # a model with tables looks up real ids (random ones would all hit two rows)
-    if shapes:
-        real = list(examples.shuffled(batch * 8, plan.train.seed).batched(batch, plan.pipeline).take(len(devices)))
+    found = {id(t) for t in tables(models[0])}
+    real = real_batches(plan, examples, batch, len(devices)) if found else None
     seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS, batches=real)
-    table_ids = {id(t) for t in tables(models[0])}
-    variables = [v for v in models[0].trainable_variables if id(v) not in table_ids]
+    variables = [v for v in models[0].trainable_variables if id(v) not in found]
     floats = sum(int(v.shape.num_elements()) for v in variables)
     out = {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
-           "table_bytes": 4 * sum(r * d for r, d in shapes), "tables": len(shapes), "row_bytes": 0,
-           "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats)}
-    if shapes:
-        # A copy applies every tower's rows (replicated; an owner its tables'): ids of global batches of real data.
-        data = examples.shuffled(batch * len(devices) * 8, plan.train.seed).batched(batch * len(devices),
-                                                                                    plan.pipeline)
-        # a step's ids each step, as training looks them up: rows reused from the steps before would be in the caches
-        ids = looked_up(models[0], list(data.take(10)))  # [table][batch] -> (lookups,)
-        out["row_bytes"] = sum(4 * int(i[0].shape[0]) * d for i, (_, d) in zip(ids, shapes)) // len(devices)
-        if plan.train.optimizer in ROWS_ONLY:
-            one = out["rows_bytes_per_s_one"] = sparse_update_bytes_per_second(plan, devices[:1], shapes, ids)
-            out["rows_bytes_per_s_all"] = one if len(devices) == 1 else sparse_update_bytes_per_second(
-                plan, devices, shapes, ids)
+           "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats),
+           **(table_figures(plan, models[0], devices, examples) if found else {})}
     for term in ("update", "reduce"):
         one = out[f"{term}_bytes_per_s_one"] = update_bytes_per_second(devices[:1], floats, cold=term == "update")
         # on one device, "all at once" is the same measurement
