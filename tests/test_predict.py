@@ -71,7 +71,8 @@ def test_each_strategy_counts_its_tables_rows_beside_its_dense_traffic(name):
 
 def test_strategies_without_a_cost_model_say_so_in_one_line():
     assert set(predictable()) == {"single", "replicated", "mirrored", "parameter_server", "sharded_update", "hybrid"}
-    with pytest.raises(ConfigError, match="^strategy=model_parallel has no cost model .*: hybrid, mirrored, parameter_"):
+    with pytest.raises(ConfigError,
+                       match="^strategy=model_parallel has no cost model .*: hybrid, mirrored, parameter_"):
         STRATEGIES.get("model_parallel")().traffic(2, 1000, 3)
 
 

@@ -296,7 +296,8 @@ def _click_records(tf, folder, label=None, bad_id=None) -> None:
     written into the 100th training record."""
     rng = np.random.default_rng(0)
     folder.mkdir()
-    for name, n in (("train-00000-of-00002", 2048), ("train-00001-of-00002", 2048), ("validation-00000-of-00001", 1000)):
+    files = (("train-00000-of-00002", 2048), ("train-00001-of-00002", 2048), ("validation-00000-of-00001", 1000))
+    for name, n in files:
         ids = np.stack([rng.integers(0, v, n) for v in (50, 20, 30)], 1)
         y = ((ids[:, 0] < 25) ^ (rng.random(n) < 0.1)).astype(np.int64)
         if name.startswith("train-00000"):
@@ -321,7 +322,8 @@ def test_your_own_click_logs_in_tfrecord_train_a_recommender_file_by_file(tf_dev
     spec = validate(compose(*args)).spec
     assert spec.features[1].vocabularies == (50, 20, 30) and spec.target == "binary"
     result = run(compose("debug=smoke", *args, "model.variant=default", "strategy=hybrid", "gpus=2",
-                         "pipeline=sharded", "train.steps=200", "train.target_auc=null", f"mlflow.tracking_uri={store}"))
+                         "pipeline=sharded", "train.steps=200", "train.target_auc=null",
+                         f"mlflow.tracking_uri={store}"))
     assert result["unit"] == "examples" and result["test_auc"] > 0.8  # the flips cap it at 0.9
 
 

@@ -184,7 +184,9 @@ def rows_to_every_copy(n: int, rows: Rows) -> Traffic:
     device (copy 2 N R, arithmetic 2 N R), the N - 1 others' rows sent there and the N R rows sent to the N - 1
     other copies; every copy applies all N R rows."""
     r, t = rows.tower_bytes, rows.tables
-    return NOTHING if not t else Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
+    if not t:
+        return NOTHING
+    return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
                    moved_bytes=(n - 1) * r + (n - 1) * n * r, messages=2 * (n - 1) * t, ops=t * (2 + 3 * n),
                    rows_applied=n * n * r, rows_devices=n)
 
@@ -193,7 +195,9 @@ def rows_to_one_copy(n: int, rows: Rows) -> Traffic:
     """One copy of the tables on a parameter device (parameter_server): every tower's looked-up rows come from there
     (N R sent) and its gradient rows go back (N R); concatenated and divided there; one update of N R rows."""
     r, t = rows.tower_bytes, rows.tables
-    return NOTHING if not t else Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
+    if not t:
+        return NOTHING
+    return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
                    moved_bytes=2 * n * r, messages=2 * n * t, ops=t * 5, rows_applied=n * r, rows_devices=1)
 
 
@@ -203,7 +207,9 @@ def rows_to_owners(n: int, rows: Rows) -> Traffic:
     R over the towers); each owner concatenates and divides its tables' N R rows and applies them, the N owners at
     once."""
     r, t = rows.tower_bytes, rows.tables
-    return NOTHING if not t else Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n, copy_bytes=2 * n * r,
+    if not t:
+        return NOTHING
+    return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n, copy_bytes=2 * n * r,
                    moved_bytes=2 * (n - 1) * r, messages=2 * (n - 1) * t, ops=t * 5, rows_applied=n * r,
                    rows_devices=n)
 

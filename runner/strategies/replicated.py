@@ -84,7 +84,8 @@ class Replicated(StrategyBase):
         n, w = devices, weight_bytes
         return Traffic(update_copies=n, update_devices=n, reduce_bytes=(n + 3) * w,
                        reduce_devices=min(n, max(variables, 1)), moved_bytes=2 * (n - 1) * w,
-                       messages=2 * (n - 1) * variables, ops=2 * variables + n * variables) + rows_to_every_copy(n, rows)
+                       messages=2 * (n - 1) * variables,
+                       ops=2 * variables + n * variables) + rows_to_every_copy(n, rows)
 
 
 @STRATEGIES.register

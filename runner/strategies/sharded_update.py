@@ -88,7 +88,9 @@ class ShardedUpdate(StrategyBase):
         owners and scatters them into its table (2 N R per copy, (N - 1) N R sent). Ops per table: N + 4 per
         tower's partition, 2 + 3 per owner, 3 per copy and owner."""
         r, t = rows.tower_bytes, rows.tables
-        return NOTHING if not t else Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n,
+        if not t:
+            return NOTHING
+        return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n,
                        copy_bytes=2 * n * r + 2 * n * r + 2 * n * n * r, moved_bytes=(n - 1) * r + (n - 1) * n * r,
                        messages=2 * n * (n - 1) * t, ops=t * (n * (n + 4) + 5 * n + 3 * n * n),
                        rows_applied=n * r, rows_devices=n)
