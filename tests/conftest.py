@@ -88,19 +88,30 @@ def cli_env(env: dict | None = None) -> dict:
     return {k: v for k, v in full_env.items() if v is not None}
 
 
-def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300,
-            merged: bool = False) -> subprocess.CompletedProcess:
+def _default_store(cwd: Path, store: bool) -> None:
+    """With `store`, a copy of the migrated store as the launch folder's default store (mlflow.db) unless it has one:
+    as a user's second run finds it; the child skips the migrations (about 1 s of its start). Tests about creating
+    the store, or whose folder is a small or read-only disk, pass store=False."""
+    if store and not (cwd / "mlflow.db").exists():
+        shutil.copyfile(_migrated_store(), cwd / "mlflow.db")
+
+
+def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300, merged: bool = False,
+            store: bool = True) -> subprocess.CompletedProcess:
     """Run `python -m runner ARGS` in a fresh process, as a user would, and wait for it. `merged`: stderr into
-    stdout, in the order a terminal shows them."""
+    stdout, in the order a terminal shows them; `store`: see `_default_store`."""
+    _default_store(cwd, store)
     return subprocess.run(
         [sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT if merged else subprocess.PIPE, text=True, timeout=timeout,
     )
 
 
-def start_cli(*args: str, cwd: Path, env: dict | None = None, **popen) -> subprocess.Popen:
+def start_cli(*args: str, cwd: Path, env: dict | None = None, store: bool = True, **popen) -> subprocess.Popen:
     """Start `python -m runner ARGS` in a fresh process, as a user would, without waiting (to signal it, or to run
-    others beside it); its output is piped. `popen`: more of Popen's arguments (start_new_session=True)."""
+    others beside it); its output is piped. `store`: see `_default_store`; `popen`: more of Popen's arguments
+    (start_new_session=True)."""
+    _default_store(cwd, store)
     return subprocess.Popen([sys.executable, "-m", "runner", *args], cwd=cwd, env=cli_env(env),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
 

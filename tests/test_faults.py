@@ -7,6 +7,7 @@ no traceback. Every run is a fresh `python -m runner` process, as a user starts 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import socket
@@ -16,10 +17,16 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+import conftest
 import pytest
-from conftest import cli_env, run_cli, start_cli
+from conftest import cli_env
 
 from runner.train import call_size
+
+# Each test here makes its store's fault itself (a full or read-only disk, a dead server): children start without
+# a prepared store.
+run_cli = functools.partial(conftest.run_cli, store=False)
+start_cli = functools.partial(conftest.start_cli, store=False)
 
 # A run long enough to break into (~10 s of training on one CPU core), with one metric point per 20-step call.
 LONG = ["debug=smoke", "train.steps=6000", "train.steps_per_call=20", "train.probe_peak=false",

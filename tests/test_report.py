@@ -1,12 +1,12 @@
 """`runner report`: the verdict's choice and its noise rule on made-up run tables, and the command's defaults and
-errors through the real CLI on a real sqlite store filled through MlflowClient."""
+errors on a real sqlite store filled through MlflowClient (in-process; the store's refusals as real processes)."""
 
 from __future__ import annotations
 
 import math
 
 import pytest
-from conftest import run_cli
+from conftest import new_store, run_cli
 
 from runner.report.verdict import Run, Tolerance, _combinations, decide, learns_same, one_device
 
@@ -113,7 +113,7 @@ def store(tmp_path):
     """Experiments 'alpha' (two plain runs) and 'beta' (a sweep parent with two children), made through MLflow."""
     from mlflow import MlflowClient
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    uri = new_store(tmp_path)
     client = MlflowClient(uri)
 
     def job(experiment, strategy, devices, ips, parent=None, model="mlp", unit="images"):
@@ -153,38 +153,44 @@ def test_a_language_models_report_compares_tokens_per_second(tmp_path, store, ca
     assert "fastest mirrored/split x2 (19,000 tokens/s)" in line and "1.58x 1 device" in line
 
 
-def _report(tmp_path, uri, *args):
-    return run_cli("report", "--tracking-uri", uri, "--out", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=120)
+def _report(tmp_path, uri, capsys, *args) -> tuple[int, str, str]:
+    """`runner report` in this process: (exit status, stdout, stderr)."""
+    from runner.cli.report import main
+
+    capsys.readouterr()  # what came before
+    code = main(["--tracking-uri", uri, "--out", str(tmp_path / "out"), *args])
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_no_arguments_report_the_newest_sweep_and_say_so(tmp_path, store):
+def test_no_arguments_report_the_newest_sweep_and_say_so(tmp_path, store, capsys):
     uri, parent = store
-    proc = _report(tmp_path, uri)
-    assert proc.returncode == 0, proc.stderr
-    first = proc.stdout.splitlines()[0]
+    code, out, err = _report(tmp_path, uri, capsys)
+    assert code == 0, err
+    first = out.splitlines()[0]
     assert first.startswith("report: sweep 2026/x") and parent in first and "'beta'" in first
-    assert "| replicated |" in proc.stdout and "| mirrored |" not in proc.stdout  # the sweep's children only
-    (verdict,) = [line for line in proc.stdout.splitlines() if line.startswith("verdict:")]
+    assert "| replicated |" in out and "| mirrored |" not in out  # the sweep's children only
+    (verdict,) = [line for line in out.splitlines() if line.startswith("verdict:")]
     assert "fastest replicated/split x2 (1,700 images/s), by throughput: no run reached 80%" in verdict
     assert sorted(p.name for p in (tmp_path / "out").glob("*.png")) == ["accuracy.png", "scaling.png",
                                                                          "time_to_accuracy.png"]
     assert all(p.stat().st_size > 10_000 for p in (tmp_path / "out").glob("*.png"))
 
 
-def test_an_experiment_without_a_sweep_reports_its_runs_and_latest_sweep_there_is_an_error(tmp_path, store):
+def test_an_experiment_without_a_sweep_reports_its_runs_and_latest_sweep_there_is_an_error(tmp_path, store, capsys):
     uri, _ = store
-    proc = _report(tmp_path, uri, "--experiment", "alpha")
-    assert proc.returncode == 0 and proc.stdout.splitlines()[0] == "report: all runs of experiment 'alpha'"
-    proc = _report(tmp_path, uri, "--experiment", "alpha", "--latest-sweep")
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "no sweep in experiment 'alpha'" in proc.stderr
+    code, out, _ = _report(tmp_path, uri, capsys, "--experiment", "alpha")
+    assert code == 0 and out.splitlines()[0] == "report: all runs of experiment 'alpha'"
+    code, _, err = _report(tmp_path, uri, capsys, "--experiment", "alpha", "--latest-sweep")
+    assert code == 2
+    assert err.strip().splitlines() == [err.strip()] and "no sweep in experiment 'alpha'" in err
 
 
-def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store):
+def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store, capsys):
     uri, _ = store
-    proc = _report(tmp_path, uri, "--experiment", "gamma")
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == f"error: no experiment 'gamma' in {uri}; experiments: alpha, beta, text"
+    code, _, err = _report(tmp_path, uri, capsys, "--experiment", "gamma")
+    assert code == 2
+    assert err.strip() == f"error: no experiment 'gamma' in {uri}; experiments: alpha, beta, text"
 
 
 @pytest.mark.parametrize("args, said", [
@@ -192,8 +198,10 @@ def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store):
     (["--experiment", "alpha", "--filter", "bogus"], "error: "),
 ])
 def test_a_parent_or_filter_the_store_refuses_is_one_line(tmp_path, store, args, said):
+    """As a process: the store's own refusal (an MlflowException) becomes one line at the command's edge
+    (runner.cli.main), which the in-process cases above do not pass through."""
     uri, _ = store
-    proc = _report(tmp_path, uri, *args)
+    proc = run_cli("report", "--tracking-uri", uri, "--out", str(tmp_path / "out"), *args, cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and proc.stderr.startswith(said)
 

@@ -27,9 +27,11 @@ from runner.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# Packages Keras imports when installed (MLflow installs both) for its scikit-learn wrappers and image-gallery
-# plots, which a run never uses: about 1.4 s of a 9 s start (`python -X importtime -m runner debug=smoke`).
-_UNUSED_BY_KERAS = ("sklearn", "matplotlib")
+# Packages Keras imports when installed for features a run never uses: scikit-learn (its wrappers) and matplotlib
+# (image-gallery plots), which MLflow installs, about 1.4 s of a 9 s start (`python -X importtime -m runner
+# debug=smoke`); IPython (notebook display in keras.saving's file editor), 0.4 s of imports (with jedi), and a
+# median 5.8 -> 5.0 s TensorFlow import over five interleaved rounds (Xeon family 6 model 207).
+_UNUSED_BY_KERAS = ("sklearn", "matplotlib", "IPython")
 
 # Memory each simulated GPU gets when one GPU is split; the GPU must have N times this much.
 SIMULATED_GPU_MEMORY_MB = 1024
@@ -268,8 +270,8 @@ def _configure_threads(tf, devices: Devices, intra: int, inter: int) -> None:
 def import_tensorflow() -> Any:
     """Import TensorFlow and Keras without the optional packages Keras would load for features a run never uses.
 
-    While they import, `import sklearn` / `import matplotlib` raise ImportError (a None entry in sys.modules),
-    which Keras expects when they are not installed; afterwards both import normally again.
+    While they import, `import sklearn` / `import matplotlib` / `import IPython` raise ImportError (a None entry in
+    sys.modules), which Keras expects when they are not installed; afterwards they import normally again.
     """
     hidden = [name for name in _UNUSED_BY_KERAS if name not in sys.modules]
     sys.modules.update(dict.fromkeys(hidden))
