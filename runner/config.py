@@ -44,6 +44,11 @@ PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)
 OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop", "adagrad"]  # built by runner.optimizers.make
 ROWS_ONLY = ("adagrad", "sgd")  # those whose update of an embedding table changes only its looked-up rows
+
+
+def table_optimizer(train: Any) -> str:
+    """The optimizer that updates the embedding tables: train.table_optimizer, else train.optimizer."""
+    return train["table_optimizer"] or train["optimizer"]
 MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 
 
@@ -66,6 +71,10 @@ class TrainConf:
     # momentum: SGD with momentum 0.9; adamw: Adam with decoupled weight decay; sgd and adagrad update an embedding
     # table's looked-up rows only (adam, adamw, momentum and rmsprop update every row of it every step)
     optimizer: OptimizerName = "adam"
+    # The embedding tables' own optimizer (plain keras.layers.Embedding; TF Model Garden's ranking models: SGD for the
+    # tables, Adam for the rest); null: train.optimizer for every weight
+    table_optimizer: OptimizerName | None = None
+    table_learning_rate: float | None = None  # table_optimizer's (the same batch rule, schedule); null: learning_rate
     beta2: float = 0.999  # adam, adamw: the second moment's decay (Keras' default; nanoGPT's recipe: 0.99)
     weight_decay: float = 0.0  # adamw: decoupled decay of the weights of 2 or more dimensions (not norms, biases)
     clip_norm: float | None = None  # scale the averaged gradients down to this global norm when above it (null: off)
@@ -116,6 +125,7 @@ class TrainConf:
         "steps_per_call": (positive, "a positive integer"),
         "warmup_calls": (non_negative, "0 or a positive integer"),
         "learning_rate": (lambda v: 0 < v < math.inf, "a positive finite number"),
+        "table_learning_rate": (lambda v: v is None or 0 < v < math.inf, "a positive finite number or null"),
         "min_learning_rate": (lambda v: 0 <= v < math.inf, "0 or a positive finite number"),
         "beta2": (lambda v: 0 < v < 1, "a number between 0 and 1"),
         "weight_decay": (lambda v: 0 <= v < math.inf, "0 or a positive finite number"),
@@ -373,9 +383,14 @@ def _resolve_target(train: dict, parts: dict, spec: Spec) -> None:
 
 def _check_optimizer(train: dict[str, Any]) -> None:
     """Settings that only one optimizer or schedule reads are refused elsewhere, not silently ignored."""
-    if train["weight_decay"] and train["optimizer"] != "adamw":
+    if train["weight_decay"] and "adamw" not in (train["optimizer"], train["table_optimizer"]):
         raise ConfigError(f"train.weight_decay={train['weight_decay']} applies to train.optimizer=adamw only, "
                           f"not {train['optimizer']}; set train.optimizer=adamw or train.weight_decay=0")
+    if train["table_learning_rate"] is not None and train["table_optimizer"] is None:
+        raise ConfigError(f"train.table_learning_rate={train['table_learning_rate']} is the rate of "
+                          "train.table_optimizer, which is null (the tables share train.optimizer and its "
+                          "train.learning_rate); set train.table_optimizer (e.g. sgd) or "
+                          "train.table_learning_rate=null")
     if train["lr_schedule"] == "cosine" and not train["steps"]:
         raise ConfigError("train.lr_schedule=cosine decays to train.min_learning_rate at the last step: it needs "
                           "train.steps (not train.epochs)")
@@ -412,7 +427,7 @@ def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, 
     table = model.table_bytes(spec)
     if not table:
         return
-    slots, gb = SLOTS[train["optimizer"]], 1 << 30
+    slots, gb = SLOTS[table_optimizer(train)], 1 << 30
 
     def need(s: Any) -> float:
         weights, state = s.table_copies(gpus)
@@ -427,8 +442,9 @@ def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, 
     fitting = [n for n, bytes_ in needs.items() if bytes_ <= available]
     each = ", ".join(f"{n} {bytes_ / gb:,.1f}" for n, bytes_ in needs.items())
     raise ConfigError(
-        f"model={model.name}'s embedding tables are {table / gb:,.1f} GiB ({table:,} bytes) and train.optimizer="
-        f"{train['optimizer']} keeps {slots} slot(s) per weight: strategy={strategy.name} gpus={gpus} needs "
+        f"model={model.name}'s embedding tables are {table / gb:,.1f} GiB ({table:,} bytes) and train."
+        f"{'table_' if train['table_optimizer'] else ''}optimizer={table_optimizer(train)} keeps {slots} slot(s) per "
+        f"weight: strategy={strategy.name} gpus={gpus} needs "
         f"{need(strategy) / gb:,.1f} GiB, this machine has {available / gb:,.1f} GiB (GiB at gpus={gpus}: {each}); "
         + (f"use strategy={' or '.join(fitting)}" if fitting else "use smaller tables (data.tables, "
            "data.vocabulary_sizes) or a cluster")

@@ -73,7 +73,7 @@ def training_for(plan: Plan, devices: Devices) -> Any:
         loss_scaling=LossScaling(plan.train.loss_scale, plan.train.loss_scale_period) if float16 else None,
         spec=plan.spec,
         clip_norm=plan.train.clip_norm,
-        weight_decay=plan.train.weight_decay,
+        weight_decay=plan.train.weight_decay if plan.train.optimizer == "adamw" else 0.0,  # the dense weights'
     )
 
 
@@ -129,6 +129,9 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
               "xla": _xla_tag(plan.train.jit_compile, devices.kind, plan.strategy), **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
+    if plan.train.table_optimizer:  # the tables' own rate, after the same batch rule
+        rate = effective_learning_rate(plan.train, plan.train.table_learning_rate or plan.train.learning_rate)
+        run.params({"train.effective_table_learning_rate": f"{rate:.6g}"})
     steps = train.total_steps(plan.train, data.train_size)
     _log_plan(plan, devices, steps, data.synthetic)
     checkpointer, start = _resume(plan, strategy, run)

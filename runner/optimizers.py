@@ -94,11 +94,57 @@ class SparseAdagrad(keras.optimizers.Adagrad):
                                               grad=tf.cast(gradient, dtype))
 
 
-def updates_rows_only(optimizer: Any) -> bool:
-    """Whether `optimizer` changes only the rows of a sparse gradient (an embedding table's looked-up rows): Adagrad
-    here (`SparseAdagrad`) and plain SGD (a scatter). Adam, AdamW, momentum and RMSprop move every row every step
-    (their slots decay), so whoever keeps a copy of the table must copy all of it."""
+def updates_rows_only(optimizer: Any, variable: Any) -> bool:
+    """Whether `optimizer` (a PerPart: its part that updates `variable`) changes only the rows of a sparse gradient
+    of `variable` (an embedding table's looked-up rows): Adagrad here (`SparseAdagrad`) and plain SGD (a scatter).
+    Adam, AdamW, momentum and RMSprop move every row every step (their slots decay), so whoever keeps a copy of the
+    table must copy all of it."""
+    if isinstance(optimizer, PerPart):
+        optimizer = optimizer.part_of(variable)
     return isinstance(optimizer, SparseAdagrad) or (type(optimizer) is keras.optimizers.SGD and not optimizer.momentum)
+
+
+class PerPart(tf.Module):
+    """Several optimizers as one, each updating its own part of the variables: a recommender's embedding tables by
+    one (SGD or Adagrad, which change only the rows a batch looked up) and the other weights by another (Adam), as
+    TF Model Garden's ranking task does (`embedding_optimizer` SGD, `dense_optimizer` Adam, through TFRS'
+    CompositeOptimizer; Keras 3 has none). Every step applies every part once, so each part's own step counter
+    (Adam's bias correction, a schedule) counts the same steps. A tf.Module: a checkpoint saves each part's slots."""
+
+    def __init__(self, parts: list[tuple[keras.optimizers.Optimizer, list]]):
+        super().__init__(name="per_part")
+        self.parts = [optimizer for optimizer, _ in parts]
+        self._ids = [frozenset(id(v) for v in variables) for _, variables in parts]
+
+    def part_of(self, variable: Any) -> keras.optimizers.Optimizer:
+        """The optimizer that updates `variable`."""
+        return self.parts[self._index(variable)]
+
+    def _index(self, variable: Any) -> int:
+        return next(i for i, ids in enumerate(self._ids) if id(variable) in ids)
+
+    def apply_gradients(self, grads_and_vars: Any) -> None:
+        """Each (gradient, variable) pair to the part that owns the variable; each part applies its pairs at once."""
+        mine: list[list] = [[] for _ in self.parts]
+        for grad, variable in grads_and_vars:
+            mine[self._index(variable)].append((grad, variable))
+        for optimizer, pairs in zip(self.parts, mine):
+            if pairs:
+                optimizer.apply_gradients(pairs)
+
+    @property
+    def learning_rate(self) -> Any:
+        """The first part's (the dense weights'): what a strategy reads for AdamW's decoupled decay."""
+        return self.parts[0].learning_rate
+
+    @property
+    def iterations(self) -> Any:
+        return self.parts[0].iterations
+
+
+def each(optimizer: Any) -> list[keras.optimizers.Optimizer]:
+    """The Keras optimizers `optimizer` is made of: a PerPart's parts, else itself."""
+    return list(getattr(optimizer, "parts", [optimizer]))
 
 
 class WarmUp(keras.optimizers.schedules.LearningRateSchedule):

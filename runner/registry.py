@@ -45,7 +45,7 @@ def _literal_values(annotation: Any) -> tuple | None:
     if typing.get_origin(annotation) is Union:
         for arg in typing.get_args(annotation):
             if typing.get_origin(arg) is Literal:
-                return typing.get_args(arg)
+                return (*typing.get_args(arg), *([None] if type(None) in typing.get_args(annotation) else []))
     return None
 
 
@@ -101,8 +101,9 @@ def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
         if dataclasses.is_dataclass(annotation):
             _check_values(annotation, values[name], _key(kind, name))
         allowed = _literal_values(annotation)
-        if allowed is not None and values[name] not in allowed and not (values[name] is None and None in allowed):
-            choices = ", ".join(str(a).lower() if isinstance(a, bool) else str(a) for a in allowed)  # as typed
+        if allowed is not None and values[name] not in allowed:
+            choices = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else str(a)
+                                for a in allowed)  # as typed
             raise ConfigError(f"{_key(kind, name)}={values[name]!r} is not allowed; choose one of: {choices}")
     for key, rule in getattr(cls, "RULES", {}).items():
         check(_key(kind, key), values[key], rule)

@@ -98,7 +98,8 @@ TABLES = {**TOWERS, "table_bytes": 50_000_000, "tables": 26, "row_bytes": 400_00
 
 def test_a_recommenders_rows_are_priced_by_the_sparse_update_and_adams_tables_whole():
     """Adagrad: each copy applies its rows at the calibrated sparse-update rate (replicated: N copies of N R on N
-    devices at once). Adam: its slots move every row, so the update is dense over the tables too."""
+    devices at once). Adam: its slots move every row, so the update is dense over the tables too. An optimizer per
+    part (train.table_optimizer) prices each part by its own optimizer."""
     overrides = ("model=dlrm", "data=clicks", "model.variant=tiny", "data.tables=tiny", "strategy=replicated",
                  "gpus=2")
     adagrad = predict(validate(compose(*overrides, "train.optimizer=adagrad")), MACHINE, TABLES, {"seconds": 1e-3})
@@ -107,6 +108,14 @@ def test_a_recommenders_rows_are_priced_by_the_sparse_update_and_adams_tables_wh
     assert adagrad.unit == "examples"
     adam = predict(validate(compose(*overrides, "train.optimizer=adam")), MACHINE, TABLES, {"seconds": 1e-3})
     assert adam.terms["update"] == pytest.approx(2 * TOUCHED["adam"] * (2_000_000 + 50_000_000) / 3e10)
+    # an optimizer per part: Adam's dense update of the MLPs, SGD's rows of the tables; and the other way round
+    parts = predict(validate(compose(*overrides, "train.optimizer=adam", "train.table_optimizer=sgd")), MACHINE,
+                    TABLES, {"seconds": 1e-3})
+    assert parts.terms["update"] == pytest.approx(2 * TOUCHED["adam"] * 2_000_000 / 3e10 + 2 * 2 * 400_000 / 1.5e9)
+    slots = predict(validate(compose(*overrides, "train.optimizer=sgd", "train.table_optimizer=adam")), MACHINE,
+                    TABLES, {"seconds": 1e-3})
+    assert slots.terms["update"] == pytest.approx(2 * (TOUCHED["sgd"] * 2_000_000 + TOUCHED["adam"] * 50_000_000)
+                                                  / 3e10)
 
 
 def test_looked_up_rows_are_read_off_the_tables_sparse_gradients(tf_devices):

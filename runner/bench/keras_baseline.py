@@ -75,12 +75,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from runner.config import compose, validate
-    from runner.errors import UserError, one_line
+    from runner.errors import ConfigError, UserError, one_line
 
     variant = [f"model.variant={args.variant}"] if args.variant else []
     try:  # the runner's config, so that an override (learning rate, precision, data) applies to both sides alike
         plan = validate(compose([f"model={args.model}", f"data={args.data}", f"train.global_batch_size={args.batch}",
                                  f"train.optimizer={args.optimizer}", *variant, *args.override]))
+        if plan.train.table_optimizer:
+            raise ConfigError(f"train.table_optimizer={plan.train.table_optimizer}: Keras fit applies one optimizer "
+                              "to every weight, so the baseline has no optimizer per part; compare with "
+                              "train.table_optimizer=null")
         data = plan.data.load(0)  # before TensorFlow starts, as in a run
     except UserError as e:
         print(f"error: {one_line(e)}", file=sys.stderr)

@@ -233,7 +233,7 @@ def looked_up(model: Any, batches: list[tuple[Any, Any]]) -> list[list[Any]]:
 
 def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[tuple[int, int]],
                                    ids: list[list[Any]], steps: int = 10) -> float:
-    """Gradient-row bytes per second that the plan's optimizer applies to embedding tables of `shapes` (a copy of
+    """Gradient-row bytes per second that the plan's tables' optimizer applies to embedding tables of `shapes` (a copy of
     them, with the optimizer's state, on every device of `devices`, updated at once), table t's rows at `ids[t][s]`
     in step s (cycling through them), every table in one `apply_gradients` as a step applies them (repeats summed
     first, as runner/optimizers.py does): the sparse update a model's looked-up rows pay."""
@@ -246,7 +246,7 @@ def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[t
         with tf.device(device):
             variables = [tf.Variable(tf.zeros(shape)) for shape in shapes]
             values = [[tf.fill((int(i.shape[0]), shape[1]), 1e-3) for i in table] for shape, table in zip(shapes, ids)]
-            copies.append((variables, build_optimizer(plan.train, variables), values))
+            copies.append((variables, build_optimizer(plan.train, variables, variables), values))  # all tables
 
     @tf.function(autograph=False)
     def updates() -> None:
@@ -272,7 +272,7 @@ def table_figures(plan: Any, model: Any, devices: list[str], examples: Any) -> d
     the bytes per second a sparse update of them moves on one device and on all at once (optimizers that update
     only the looked-up rows), at the ids of ten real global batches: a step's own ids each step, as training looks
     them up (rows reused from the steps before would be in the caches)."""
-    from runner.config import ROWS_ONLY
+    from runner.config import ROWS_ONLY, table_optimizer
     from runner.strategies.common import tables
 
     shapes = [(int(t.shape[0]), int(t.shape[1])) for t in tables(model)]  # (rows, d) each
@@ -280,7 +280,7 @@ def table_figures(plan: Any, model: Any, devices: list[str], examples: Any) -> d
     ids = looked_up(model, real_batches(plan, examples, plan.train.per_device_batch_size * n, 10))  # [table][batch]
     out = {"table_bytes": 4 * sum(r * d for r, d in shapes), "tables": len(shapes),
            "row_bytes": sum(4 * int(i[0].shape[0]) * d for i, (_, d) in zip(ids, shapes)) // n}
-    if plan.train.optimizer in ROWS_ONLY:  # a copy applies every tower's rows (replicated; an owner its tables')
+    if table_optimizer(plan.train) in ROWS_ONLY:  # a copy applies every tower's rows (replicated; an owner its tables')
         one = out["rows_bytes_per_s_one"] = sparse_update_bytes_per_second(plan, devices[:1], shapes, ids)
         out["rows_bytes_per_s_all"] = one if n == 1 else sparse_update_bytes_per_second(plan, devices, shapes, ids)
     return out

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.measure.floor import TOUCHED
-from runner.config import ROWS_ONLY
+from runner.config import ROWS_ONLY, table_optimizer
 from runner.strategies import Rows
 
 TERMS = ("towers", "update", "reduce", "ops", "input")
@@ -87,12 +87,13 @@ def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: di
     def rate(term: str, devices: int) -> float:  # bytes/s of the term's arithmetic on one device, or on all at once
         return float(towers[f"{term}_bytes_per_s_{'one' if devices == 1 else 'all'}"])
 
-    if rows.tables and plan.train.optimizer in ROWS_ONLY:  # the tables' looked-up rows only
-        rows_update = traffic.rows_applied / rate("rows", traffic.rows_devices)
+    tables_by = table_optimizer(plan.train)
+    if rows.tables and tables_by in ROWS_ONLY:  # the tables' looked-up rows only
+        rows_update, table_bytes = traffic.rows_applied / rate("rows", traffic.rows_devices), 0
     else:  # Adam's or momentum's slots move every row: each copy's update is dense over the whole table
-        weight_bytes += int(towers.get("table_bytes", 0))
-        rows_update = 0.0
-    update_bytes = traffic.update_copies * TOUCHED[plan.train.optimizer] * weight_bytes
+        rows_update, table_bytes = 0.0, int(towers.get("table_bytes", 0))
+    touched = TOUCHED[plan.train.optimizer] * weight_bytes + TOUCHED[tables_by] * table_bytes
+    update_bytes = traffic.update_copies * touched
     sends = traffic.moved_bytes / float(machine["send_bytes_per_s"]) + traffic.messages * machine["send_latency_s"]
     terms = {
         "towers": float(towers["seconds"]),

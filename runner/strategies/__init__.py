@@ -45,19 +45,21 @@ class Training:
     Attributes:
         model: the model's options (`model.build(spec)` makes a fresh copy).
         model_fn: seed -> the model with that seed's initial weights (every strategy's copies start the same).
-        optimizer_fn: variables -> the configured optimizer, its slots already built for them.
+        optimizer_fn: (variables, embedding tables) -> the configured optimizer for the variables, its slots
+            already built (the tables among them get train.table_optimizer when set: `common.build_optimizer`).
         seed: the run's seed.
         global_batch: examples per step over all towers.
         jit_compile: XLA-compile each tower's forward and backward (train.jit_compile, resolved for the devices).
         cluster: the multi-worker cluster, or None.
         loss_scaling: dynamic loss scaling settings (train.precision=mixed_float16), or None.
         spec: the data's examples (input shape, classes) the model is built for.
-        clip_norm, weight_decay: train.clip_norm and (adamw) train.weight_decay.
+        clip_norm, weight_decay: train.clip_norm, and train.weight_decay when train.optimizer (the dense
+            weights') is adamw, else 0.
     """
 
     model: Model
     model_fn: Callable[[int], keras.Model]
-    optimizer_fn: Callable[[list], keras.optimizers.Optimizer]
+    optimizer_fn: Callable[[list, list], Any]
     seed: int
     global_batch: int
     jit_compile: bool = False

@@ -125,30 +125,58 @@ def tower_models(model: Model, spec: Spec, seed: int, devices: list[str],
     return copies
 
 
-def effective_learning_rate(train_cfg: Any) -> float:
-    """The learning rate after the batch rule: none, linear (x global/reference) or sqrt (x its square root)."""
+def effective_learning_rate(train_cfg: Any, rate: float | None = None) -> float:
+    """The learning rate (`rate`, else train.learning_rate) after the batch rule: none, linear (x global/reference)
+    or sqrt (x its square root)."""
     ratio = train_cfg.global_batch_size / train_cfg.lr_reference_batch
     factor = {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[train_cfg.lr_scaling]
-    return train_cfg.learning_rate * factor
+    return (train_cfg.learning_rate if rate is None else rate) * factor
 
 
-def build_optimizer(train_cfg: Any, variables: list) -> keras.optimizers.Optimizer:
-    """Create the configured optimizer (rate after the batch rule, warm-up and schedule) and its slot variables now.
+def build_optimizer(train_cfg: Any, variables: list, tables: list = ()) -> Any:
+    """The configured optimizer for `variables` and its slot variables, built now. `tables`: the model's embedding
+    tables (or the parts of them a strategy made variables); those among `variables` get train.table_optimizer when
+    it is set (an `optimizers.PerPart`), else every variable train.optimizer.
 
     Slots are built eagerly because a compiled loop must not create variables on its first step (under
-    tf.distribute that fails with "You must feed a value for placeholder tensor"). AdamW decays only weights of two
-    or more dimensions (matmuls, convolutions, embeddings), as nanoGPT does: not norms' scales, not biases.
+    tf.distribute that fails with "You must feed a value for placeholder tensor").
+
+    Raises:
+        ConfigError: train.table_optimizer is set and the model has no embedding table.
     """
     from runner import optimizers
+    from runner.errors import ConfigError
 
-    rate = effective_learning_rate(train_cfg)
+    if not train_cfg.table_optimizer:
+        return _optimizer(train_cfg, train_cfg.optimizer, train_cfg.learning_rate, variables)
+    if not tables:
+        raise ConfigError(f"train.table_optimizer={train_cfg.table_optimizer} updates a model's embedding tables "
+                          "(plain keras.layers.Embedding layers) and this model has none; set "
+                          "train.table_optimizer=null")
+    ids = {id(t) for t in tables}
+    rest, mine = [v for v in variables if id(v) not in ids], [v for v in variables if id(v) in ids]
+    rate = train_cfg.table_learning_rate or train_cfg.learning_rate
+    parts = [(_optimizer(train_cfg, train_cfg.optimizer, train_cfg.learning_rate, rest), rest) if rest else None,
+             (_optimizer(train_cfg, train_cfg.table_optimizer, rate, mine), mine) if mine else None]
+    parts = [p for p in parts if p]
+    return parts[0][0] if len(parts) == 1 else optimizers.PerPart(parts)
+
+
+def _optimizer(train_cfg: Any, name: str, rate: float, variables: list) -> keras.optimizers.Optimizer:
+    """Optimizer `name` at `rate` (after the batch rule, warm-up and schedule), built for `variables`. AdamW decays
+    only weights of two or more dimensions (matmuls, convolutions, embeddings), as nanoGPT does: not norms' scales,
+    not biases."""
+    from runner import optimizers
+
+    # a table rate's cosine ends at train.min_learning_rate in the proportion of the two rates
+    least = train_cfg.min_learning_rate * (1.0 if rate == train_cfg.learning_rate else rate / train_cfg.learning_rate)
+    rate = effective_learning_rate(train_cfg, rate)
     if train_cfg.lr_schedule == "cosine":  # validation guarantees train.steps
-        lr = optimizers.cosine(rate, train_cfg.lr_warmup_steps, train_cfg.steps, train_cfg.min_learning_rate)
+        lr = optimizers.cosine(rate, train_cfg.lr_warmup_steps, train_cfg.steps, least)
     else:
         lr = optimizers.WarmUp(rate, train_cfg.lr_warmup_steps) if train_cfg.lr_warmup_steps else rate
-    optimizer = optimizers.make(train_cfg.optimizer, lr, train_cfg.fused_optimizer, train_cfg.beta2,
-                                train_cfg.weight_decay)
-    if train_cfg.optimizer == "adamw":
+    optimizer = optimizers.make(name, lr, train_cfg.fused_optimizer, train_cfg.beta2, train_cfg.weight_decay)
+    if name == "adamw":
         optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
     optimizer.build(variables)
     return optimizer
@@ -482,8 +510,11 @@ def optimizer_state_bytes(strategy: Any) -> dict[str, int]:
     Found from the optimizers among the strategy's checkpoint objects; a mirrored variable counts on each device
     it is copied to.
     """
+    from runner import optimizers
+
     out: dict[str, int] = {}
-    for optimizer in strategy.checkpoint_objects().values():
+    parts = [part for kept in strategy.checkpoint_objects().values() for part in optimizers.each(kept)]
+    for optimizer in parts:
         if not isinstance(optimizer, keras.optimizers.Optimizer):
             continue
         for variable in optimizer.variables:

@@ -75,7 +75,8 @@ class HybridTowers(Towers):
         self.optimizers = []
         for j, (device, model) in enumerate(zip(devices, self.models)):
             with tf.device(device):
-                self.optimizers.append(training.optimizer_fn(self._mine(j, model.trainable_variables)))
+                self.optimizers.append(training.optimizer_fn(self._mine(j, model.trainable_variables),
+                                                                  tables(model)))
         self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
         self.evaluate = make_evaluate(self.models[0], devices[0], training.spec)
 

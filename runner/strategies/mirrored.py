@@ -22,7 +22,7 @@ from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale,
                                rows_to_every_copy)
 from runner.strategies.common import (
-    clip, make_evaluate, moving_state, steps_loop, synchronize_batch_norm, touch, tower_step,
+    clip, make_evaluate, moving_state, steps_loop, synchronize_batch_norm, tables, touch, tower_step,
 )
 
 if TYPE_CHECKING:
@@ -144,12 +144,15 @@ class Replicas(Strategy):
         self.sync_batch_norm = sync_batch_norm
         with self.strategy.scope():
             self.model = training.model_fn(training.seed)
-            self.optimizer = training.optimizer_fn(self.model.trainable_variables)
+            self.optimizer = training.optimizer_fn(self.model.trainable_variables, tables(self.model))
         # Keras sums the replicas' gradients inside apply_gradients, after clipping each replica's part; the runner
         # sums them itself before it clips (common.clip), so Keras' own sum is switched off (its TensorFlow
         # backend's `_all_reduce_sum_gradients`: a private method; were it renamed, every step would apply N times
         # the gradient, which tests/test_strategies.py and tests/test_text.py would see).
-        self.optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars
+        from runner import optimizers
+
+        for optimizer in optimizers.each(self.optimizer):  # a PerPart's each part
+            optimizer._all_reduce_sum_gradients = lambda grads_and_vars: grads_and_vars
         if sync_batch_norm:
             synchronize_batch_norm(self.model)
         # Outside the scope: one plain copy per process, read by every replica and changed in cross-replica context.

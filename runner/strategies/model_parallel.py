@@ -37,7 +37,7 @@ from runner.errors import ConfigError
 from runner.losses import cross_entropy
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
-from runner.strategies.common import clip, copies_of_moving_state, drain_loop, make_evaluate, steps_loop
+from runner.strategies.common import clip, copies_of_moving_state, drain_loop, make_evaluate, steps_loop, tables
 
 if TYPE_CHECKING:
     import keras
@@ -441,11 +441,12 @@ class SplitModel(Strategy):
     def __init__(self, split: str, devices: Devices, training: Training):
         self.split, self.devices, self.training = split, devices, training
         self.cells = self._build_cells(devices.names)
+        found = [t for cell in self.cells for layer in cell.layers for t in tables(layer)]  # embedding tables
         for cell, owned in zip(self.cells, owned_variables(self.cells), strict=True):
             cell.owned = owned
             if owned:
                 with tf.device(cell.device), keras.name_scope(cell.name):
-                    cell.optimizer = training.optimizer_fn(owned)
+                    cell.optimizer = training.optimizer_fn(owned, found)
         self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
         # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
         self.evaluate = make_evaluate(self, devices.names[0], training.spec)

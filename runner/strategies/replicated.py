@@ -134,7 +134,7 @@ class Towers(Strategy):
                 if spread_tables:  # parameter_server: each table on one device (hybrid's placement), read by all
                     share([model], deal([math.prod(t.shape) for t in tables(model)], len(devices)), devices)
                 self.models.append(model)
-                self.optimizers.append(training.optimizer_fn(model.trainable_variables))
+                self.optimizers.append(training.optimizer_fn(model.trainable_variables, tables(model)))
         self.loss_scale = loss_scale.make(training.loss_scaling, self.homes[0])
         self.evaluate = make_evaluate(self.models[0], self.devices[0], training.spec)
 

@@ -148,7 +148,8 @@ class ShardedTowers(Towers):
                          for t, (i, r) in enumerate(zip(self.table_index, self.rows))]  # (R or fewer, d) each
                 self.shards.append(shard)
                 self.table_shards.append(owned)
-                self.optimizers.append(training.optimizer_fn([shard, *owned]))  # adamw: a 1-D shard is not decayed
+                # adamw: a 1-D shard is not decayed; the tables' rows it owns are its tables
+                self.optimizers.append(training.optimizer_fn([shard, *owned], owned))
         # adamw's decay, applied here to the values of slice j that belong to weights of 2 or more dimensions
         self.decayed = [self._mask(j, [len(v.shape) >= 2 for v in flats]) for j in range(n)]
         self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
@@ -183,16 +184,18 @@ class ShardedTowers(Towers):
 
     def _update(self, averaged: list[tf.Tensor]) -> None:
         """Device j applies its averaged slice to its shard; then every copy gathers the updated slices. Clipping
-        scales every slice by the global norm of all of them; adamw's decay comes first, as Keras' AdamW does it."""
+        scales every slice by the global norm of all of them; adamw's decay of the shard's 2-D weights comes first, as
+        Keras' AdamW does it (its own decay skips the 1-D shard; the table rows a device owns are 2-D: the optimizer
+        that updates them decays them, once)."""
         grads = tf.nest.pack_sequence_as(averaged, clip(self.loss_scale.unscale(tf.nest.flatten(
             averaged, expand_composites=False)), self.training.clip_norm))  # the padding adds nothing
         for j, (device, grad, optimizer) in enumerate(zip(self.devices, grads, self.optimizers)):
             mine = [self.shards[j], *self.table_shards[j]]
             with tf.device(device):
-                if self.training.weight_decay:
+                if self.training.weight_decay:  # the dense weights' optimizer is adamw
                     rate = tf.cast(optimizer.learning_rate, mine[0].dtype)  # at this step, before it counts the step
-                    for v, mask in zip(mine, [self.decayed[j], *[1.0] * len(self.table_shards[j])]):
-                        v.assign_sub(v.value * mask * (rate * self.training.weight_decay))
+                    shard = self.shards[j]
+                    shard.assign_sub(shard.value * self.decayed[j] * (rate * self.training.weight_decay))
                 optimizer.apply_gradients(zip(grad, mine))
         for device, model in zip(self.devices, self.models):
             with tf.device(device):  # all-gather: each variable of this copy from the slices that hold it
@@ -220,7 +223,7 @@ class ShardedTowers(Towers):
         for t, (k, rows) in enumerate(zip(self.table_index, self.rows)):
             for j, owned in enumerate(self.table_shards):
                 grad = grads[j][t]
-                if isinstance(grad, tf.IndexedSlices) and updates_rows_only(self.optimizers[j]):
+                if isinstance(grad, tf.IndexedSlices) and updates_rows_only(self.optimizers[j], owned[t]):
                     local = tf.unique(grad.indices)[0]  # (u,) rows of part j that changed
                     tf.raw_ops.ResourceScatterUpdate(resource=variables[k].value.handle, indices=local + j * rows,
                                                      updates=tf.gather(owned[t].value, local))

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.lazy import lazy
 from runner.strategies import NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
-    clip, copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop,
+    clip, copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop, tables,
 )
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ class SingleDevice(Strategy):
         self.device, self.training = device, training
         with tf.device(self.device):
             self.model = training.model_fn(training.seed)
-            self.optimizer = training.optimizer_fn(self.model.trainable_variables)
+            self.optimizer = training.optimizer_fn(self.model.trainable_variables, tables(self.model))
         self.loss_scale = loss_scale.make(training.loss_scaling, device)
         self.evaluate = make_evaluate(self.model, self.device, training.spec)
 
