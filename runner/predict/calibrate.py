@@ -233,10 +233,10 @@ def looked_up(model: Any, batches: list[tuple[Any, Any]]) -> list[list[Any]]:
 
 def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[tuple[int, int]],
                                    ids: list[list[Any]], steps: int = 10) -> float:
-    """Gradient-row bytes per second that the plan's tables' optimizer applies to embedding tables of `shapes` (a copy of
-    them, with the optimizer's state, on every device of `devices`, updated at once), table t's rows at `ids[t][s]`
-    in step s (cycling through them), every table in one `apply_gradients` as a step applies them (repeats summed
-    first, as runner/optimizers.py does): the sparse update a model's looked-up rows pay."""
+    """Gradient-row bytes per second that the plan's tables' optimizer applies to embedding tables of `shapes` (a
+    copy of them, with the optimizer's state, on every device of `devices`, updated at once), table t's rows at
+    `ids[t][s]` in step s (cycling through them), every table in one `apply_gradients` as a step applies them
+    (repeats summed first, as runner/optimizers.py does): the sparse update a model's looked-up rows pay."""
     import tensorflow as tf
 
     from runner.strategies.common import build_optimizer
