@@ -137,10 +137,6 @@ class PerPart(tf.Module):
         """The first part's (the dense weights'): what a strategy reads for AdamW's decoupled decay."""
         return self.parts[0].learning_rate
 
-    @property
-    def iterations(self) -> Any:
-        return self.parts[0].iterations
-
 
 def each(optimizer: Any) -> list[keras.optimizers.Optimizer]:
     """The Keras optimizers `optimizer` is made of: a PerPart's parts, else itself."""
