@@ -67,6 +67,30 @@ class FusedMomentum(keras.optimizers.SGD):
         )
 
 
+class AdamW(keras.optimizers.AdamW):
+    """Keras' AdamW with the learning rate read once a step (once a replica) for the decoupled decay. Keras' own
+    decay reads `self.learning_rate` once per decayed variable and device copy: with a schedule (a warm-up, a cosine)
+    that is the schedule's ops, a tf.cond among them, traced that many times (the tiny GPT on two devices: 56) into
+    a graph to trace and optimise. The arithmetic is Keras' (variable * wd * lr, each cast to the variable's dtype)."""
+
+    def _apply_weight_decay(self, variables: list) -> None:
+        if self.weight_decay is None:
+            return
+        rate = self.learning_rate  # one read: the schedule's value at this step
+
+        def decay(variable: Any) -> None:
+            if self._use_weight_decay(variable):
+                dtype = variable.dtype
+                variable.assign_sub(variable * tf.cast(self.weight_decay, dtype) * tf.cast(rate, dtype))
+
+        def distributed(distribution: Any, variables: list) -> None:
+            for variable in variables:
+                variable = variable.value if isinstance(variable, keras.Variable) else variable
+                distribution.extended.update(variable, decay, group=False)
+
+        tf.__internal__.distribute.interim.maybe_merge_call(distributed, self._distribution_strategy, variables)
+
+
 def deduplicated(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
     """A sparse gradient with one row per index, the rows of repeated indices summed (a batch that looks an id up
     twice, or several towers' rows concatenated): what the dense gradient holds at those rows."""
@@ -161,16 +185,17 @@ def make(name: str, learning_rate: Any, fused: bool, beta2: float = 0.999,
     """The optimizer `name` (one of `runner.config.OptimizerName`); fused kernels for adam and momentum when `fused`.
 
     Adagrad is TensorFlow's kernel always (`SparseAdagrad`: sparse gradients update their rows only). Plain SGD and
-    RMSprop stay Keras' own: SGD's update is already one op (a scatter of the rows for a sparse gradient), and TensorFlow's RMSProp kernel needs a
-    momentum slot Keras' RMSprop does not have. AdamW is Keras' (decoupled decay before Adam's update). Gradient
-    clipping is not the optimizer's: Keras clips what it is given, which under MirroredStrategy is one replica's part
-    before its own all-reduce, and a shard's or a stage's part elsewhere (runner.strategies.common.clip).
+    RMSprop stay Keras' own: SGD's update is already one op (a scatter of the rows for a sparse gradient), and
+    TensorFlow's RMSProp kernel needs a momentum slot Keras' RMSprop does not have. AdamW is Keras' (decoupled decay
+    before Adam's update; `AdamW`: its rate read once). Gradient clipping is not the optimizer's: Keras clips what it
+    is given, which under MirroredStrategy is one replica's part before its own all-reduce, and a shard's or a stage's
+    part elsewhere (runner.strategies.common.clip).
     """
     adam = FusedAdam if fused else keras.optimizers.Adam
     momentum = FusedMomentum if fused else keras.optimizers.SGD
     return {
         "adam": lambda: adam(learning_rate, beta_2=beta2),
-        "adamw": lambda: keras.optimizers.AdamW(learning_rate, weight_decay=weight_decay, beta_2=beta2),
+        "adamw": lambda: AdamW(learning_rate, weight_decay=weight_decay, beta_2=beta2),
         "sgd": lambda: keras.optimizers.SGD(learning_rate),
         "momentum": lambda: momentum(learning_rate, momentum=0.9),
         "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate),

@@ -109,8 +109,12 @@ def test_dlrm_learns_the_same_under_every_strategy(tf_devices, single_losses, st
     """Unshuffled, the same seed: the towers' shares are the single device's batch and the tables' rows are
     updated from the same looked-up rows, so only float summation order differs (1e-4 relative). A strategy that
     left the tables untrained or a copy stale differs by 1e-3 (tried: sharded_update without writing the updated
-    rows back into the copies)."""
-    losses, strategy_built = _loss_history(f"strategy={strategy}", f"pipeline={pipeline}", f"gpus={gpus}")
+    rows back into the copies). And no op of the step makes a table's gradient dense (`_dense_tables`)."""
+    import tensorflow as tf
+
+    loop, strategy_built = _loop(f"strategy={strategy}", f"pipeline={pipeline}", f"gpus={gpus}")
+    assert _dense_tables(loop) == []
+    losses = np.array([float(loop(tf.constant(1))[0]) for _ in range(10)])
     np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
     assert losses[-1] < losses[0]
     copies = getattr(strategy_built, "models", [getattr(strategy_built, "model", None)])
@@ -243,16 +247,17 @@ def test_an_optimizer_for_tables_on_a_model_without_tables_fails_the_run_in_one_
     assert row["status"] == "FAILED" and "train.table_optimizer=sgd" in row["tags.error"]
 
 
-@pytest.mark.parametrize("strategy", ["single", *DATA_PARALLEL])
-def test_no_strategy_makes_a_tables_gradient_dense(tf_devices, strategy):
+@pytest.mark.parametrize("strategy,optimizer", [("single", "adagrad"), ("replicated", "adam")])
+def test_no_strategy_makes_a_tables_gradient_dense(tf_devices, strategy, optimizer):
     """With adagrad (dlrm's default) every strategy reads, moves and applies the rows looked up: no op of the step
     has a table's shape, not even a read of the table (Keras' own lookup reads the whole table, which TensorFlow
-    copies every step once a sparse update has touched it: `common.read_rows_only`). Adam's update is dense over the
-    table in Keras (its moments decay every row every step): the same probe sees it, so it would see a strategy that
-    densified."""
-    assert _table_shaped_ops(strategy, "adagrad") == []
-    if strategy == "replicated":
-        assert {"Sub", "Mul", "Sqrt"} <= set(_table_shaped_ops(strategy, "adam"))
+    copies every step once a sparse update has touched it: `common.read_rows_only`). One device here; every
+    data-parallel strategy in the test above. Adam's update is dense over the table in Keras (its moments decay every
+    row every step): the same probe sees it, so it would see a strategy that densified."""
+    if optimizer == "adagrad":
+        assert _table_shaped_ops(strategy, optimizer) == []
+    else:
+        assert {"Sub", "Mul", "Sqrt"} <= set(_table_shaped_ops(strategy, optimizer))
 
 
 @pytest.mark.parametrize("overrides,words", [
