@@ -151,6 +151,13 @@ def pytest_configure(config):
             cpu_peak("float32")
 
 
+@pytest.hookimpl(trylast=True)  # after pytest has grouped the tests that share a module's or a class's fixture
+def pytest_collection_modifyitems(items):
+    """The tests marked `long` first, the rest in their order: pytest-xdist hands tests to its workers in this order,
+    and a long test handed out last keeps one worker busy after the other has run out of tests."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
+
+
 @contextlib.contextmanager
 def _machine(alone: bool):
     """Hold the machine for one test: shared by any test, exclusive for one marked `alone`, through a lock file of

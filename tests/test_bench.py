@@ -17,6 +17,7 @@ from runner.data_pipelines import PIPELINES
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true", "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
+@pytest.mark.long
 @pytest.mark.slow  # 3 fresh jobs, ~40 s; the pipeline-alone rate itself is in the default run (test_train.py)
 def test_pipeline_benchmark_prints_both_rates_for_every_pipeline(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -127,6 +128,7 @@ def _agrees(status: str, values: list[float], holds, near) -> None:
         assert status == ("PASS" if all(holds(v) for v in values) else "FAIL"), (status, values)
 
 
+@pytest.mark.long
 @pytest.mark.slow  # 14 fresh jobs, ~100 s; the Keras baseline and the --steps check stay in the default run
 def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -221,6 +223,7 @@ def test_the_keras_baseline_refuses_an_override_in_one_line_the_grid_shows():
     assert said.startswith("error: train.precision") and "half" in said
 
 
+@pytest.mark.long
 @pytest.mark.slow  # 3 fresh jobs, ~45 s: with the two above, the default run would pass 10 minutes on 2 cores
 def test_settings_benchmark_puts_each_value_beside_its_default(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -316,6 +319,7 @@ def test_floors_rows_take_medians_over_rounds_and_judge_each_model():
         "(mlp/default); 1 failed"
 
 
+@pytest.mark.long
 @pytest.mark.slow  # 2 fresh jobs, ~30 s
 def test_floors_benchmark_runs_each_model_and_keras_in_rounds(tmp_path):
     out = tmp_path / "floors.md"

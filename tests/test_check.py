@@ -89,6 +89,7 @@ def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_r
 # Every combination at 4 devices (18, about a minute and a half). At 2 devices `runner check` itself is tested above
 # (a broken strategy fails, the real one passes), and every strategy x pipeline's loss sequence against one device's
 # is the default suite's (tests/test_strategies.py, tests/test_pipelines.py, tests/test_text.py).
+@pytest.mark.long
 @pytest.mark.slow
 def test_check_on_simulated_devices_prints_the_table_and_exits_0(tmp_path):
     from runner.data_pipelines import PIPELINES

@@ -184,6 +184,7 @@ def test_a_sweep_whose_store_is_dead_at_start_fails_in_one_line_and_runs_no_job(
 
 
 # slow (~35 s): the default suite covers the same offline journal with a store whose disk fills mid-run.
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path):
     port = free_port()
@@ -207,6 +208,7 @@ def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path
         kill_server(server)
 
 
+@pytest.mark.long
 @pytest.mark.slow  # two server starts and a replay, ~60 s
 def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_path):
     port = free_port()
@@ -232,6 +234,7 @@ def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_
         kill_server(server)
 
 
+@pytest.mark.long
 def test_a_store_on_a_disk_that_fills_mid_run_loses_nothing_once_space_is_freed(tmp_path):
     with tmpfs(tmp_path / "small", "4m") as disk:
         uri = f"sqlite:///{disk / 'mlflow.db'}"
@@ -268,6 +271,7 @@ def test_an_output_folder_on_a_disk_that_fills_mid_run_is_one_warning_and_the_st
     assert points(uri, record.info.run_id) == calls(6000, 20)
 
 
+@pytest.mark.long
 def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resumes(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [*LONG, "train.steps=60000", "train.checkpoint_every=100000"]

@@ -146,6 +146,7 @@ def test_a_test_label_outside_the_classes_stops_evaluation_in_one_line(tf_device
                     "data.label_offset=1", f"mlflow.tracking_uri={store}"))  # training labels 0..3, test 8
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("verbose", ["", "1"])
 def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_log(tf_devices, tmp_path, verbose):
     """Run as a user would, TensorFlow's log level untouched: its C++ INFO and WARNING lines (the file reader's, the

@@ -93,6 +93,7 @@ def test_float16_cnn_learns_like_float32_on_one_device(tmp_path):
     _processes_learn_like_float32(tmp_path, [["strategy=single"]])
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_float16_cnn_learns_like_float32_on_two_devices(tmp_path):
     _processes_learn_like_float32(tmp_path, MULTI)

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from conftest import REPO, cli_env, run_cli, runs
 
 
@@ -146,6 +147,7 @@ def _project(tmp_path: Path) -> Path:
     return project
 
 
+@pytest.mark.long
 def test_a_project_with_its_own_models_and_data_pipelines_runs_and_brings_its_own_model(tmp_path):
     project = _project(tmp_path)
     env = {"PYTHONPATH": "."}  # as a user sets it to import their own packages

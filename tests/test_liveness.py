@@ -59,6 +59,7 @@ def test_a_second_start_beside_a_live_run_of_its_config_is_refused_and_the_live_
     assert runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").set_index("run_id").loc[live, "status"] == "KILLED"
 
 
+@pytest.mark.long
 def test_report_after_a_sigkilled_sweep_shows_its_job_dead_and_closes_it_and_the_parent(tmp_path):
     sweep = start_cli("-m", *LONG, "train.seed=0,1", cwd=tmp_path, start_new_session=True)
     try:

@@ -228,6 +228,7 @@ def test_expand_enumerates_a_sweeps_combinations_in_its_order():
     assert grid.expand([]) == [[]]
 
 
+@pytest.mark.long
 def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path):
     """A real calibration (a fresh process with 2 simulated devices), then the cache."""
     env = {"RUNNER_CACHE_DIR": str(tmp_path / "cache")}

@@ -6,6 +6,7 @@ import pytest
 from conftest import run_cli, runs
 
 
+@pytest.mark.long
 @pytest.mark.slow  # two fresh jobs of 70 steps on 100x100 images, ~30 s
 def test_the_conv2d_study_sweeps_devices_and_reports_the_first_call_apart(tmp_path):
     proc = run_cli("-m", "experiment=conv2d_study", "gpus=1,2", cwd=tmp_path, timeout=600)

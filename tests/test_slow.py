@@ -24,6 +24,7 @@ CONVERGED = ["debug=smoke", "data.train_limit=null", "data.test_limit=null", "tr
              "strategy=replicated", "gpus=2", "train.measure_input=false"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "cnn", "nin"])
 def test_every_pipeline_trains_a_model_to_the_same_accuracy(tf_devices, store, model):

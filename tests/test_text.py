@@ -177,6 +177,7 @@ def test_the_gpt_learns_the_same_under_every_strategy_and_pipeline(tf_devices, s
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.long
 def test_a_text_run_prints_its_validation_loss_and_tokens_per_second_and_is_timed_to_a_loss(tmp_path, capsys):
     """The run is timed to a validation loss just under a uniform guess (ln 84 = 4.43 nats); the report's time
     column, its plot and the verdict read that target."""
@@ -281,6 +282,7 @@ def _token_records(folder, rows: np.ndarray, labels: np.ndarray | None = None, f
     return folder
 
 
+@pytest.mark.long
 def test_tfrecord_token_shards_train_a_language_model_and_a_classifier_by_file(tf_devices, tmp_path, store):
     """Records of `input_ids` without labels: a language model on them (counting rows, as above); with `label`: a
     text classifier; split by file across 2 towers (pipeline=sharded); an id past the vocabulary: one line."""
