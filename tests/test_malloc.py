@@ -75,3 +75,17 @@ def test_mirrored_run_leaves_freed_tensors_reusable_only_with_the_option_on(tmp_
     faults = json.loads(proc.stdout.strip().splitlines()[-1])
     assert faults["false"] > 200, faults  # every 1 MiB tensor mapped fresh, in every churn: 256 pages faulted in
     assert faults["true"] < 20, faults  # served from the heap: its pages are already there
+
+
+def test_a_runs_peak_memory_is_its_own_not_the_process_that_started_it():
+    """A child's ru_maxrss on Linux keeps the peak of the parent's pages it shared before exec: a run started by a
+    test worker holding 1.9 GB reported 1.9 GB. `peak_rss_mb` is the run's own (VmHWM)."""
+    from runner.measure.hooks import peak_rss_mb
+
+    held = bytearray(1536 * 2**20)
+    held[::4096] = b"\1" * len(held[::4096])  # every page touched: resident
+    code = "from runner.measure.hooks import peak_rss_mb; print(peak_rss_mb())"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), cwd=REPO,
+                           check=True)
+    assert peak_rss_mb() >= 1536 > 2 * float(child.stdout), child.stdout
+    del held

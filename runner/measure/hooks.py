@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import resource
+import sys
 import time
 from pathlib import Path
 from typing import Any, ContextManager
@@ -101,5 +102,12 @@ def input_figures(strategy: Any, batches: Any, train: Any, timed: dict) -> dict:
 
 
 def peak_rss_mb() -> float:
-    """The process's peak resident memory so far, in MiB (ru_maxrss is in KiB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """The process's own peak resident memory so far, in MiB: Linux's VmHWM (KiB), which starts again at exec.
+    Not ru_maxrss there: it keeps the peak of the parent's copy a child had before exec (a run started by a 2 GB
+    process reported ~1.9 GB). Elsewhere ru_maxrss (KiB; bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return maxrss / 2**20 if sys.platform == "darwin" else maxrss / 1024
