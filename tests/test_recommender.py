@@ -88,11 +88,16 @@ def _loop(*overrides: str):
         built.strategy
 
 
-def _loss_history(*overrides: str, steps: int = 10):
+def _run(loop, steps: int = 10) -> np.ndarray:
+    """`steps` calls of one step each of a compiled loop: its losses."""
     import tensorflow as tf
 
+    return np.array([float(loop(tf.constant(1))[0]) for _ in range(steps)])
+
+
+def _loss_history(*overrides: str, steps: int = 10):
     loop, strategy = _loop(*overrides)
-    return np.array([float(loop(tf.constant(1))[0]) for _ in range(steps)]), strategy
+    return _run(loop, steps), strategy
 
 
 @pytest.fixture(scope="module")
@@ -110,11 +115,9 @@ def test_dlrm_learns_the_same_under_every_strategy(tf_devices, single_losses, st
     updated from the same looked-up rows, so only float summation order differs (1e-4 relative). A strategy that
     left the tables untrained or a copy stale differs by 1e-3 (tried: sharded_update without writing the updated
     rows back into the copies). And no op of the step makes a table's gradient dense (`_dense_tables`)."""
-    import tensorflow as tf
-
     loop, strategy_built = _loop(f"strategy={strategy}", f"pipeline={pipeline}", f"gpus={gpus}")
     assert _dense_tables(loop) == []
-    losses = np.array([float(loop(tf.constant(1))[0]) for _ in range(10)])
+    losses = _run(loop)
     np.testing.assert_allclose(losses, single_losses, rtol=1e-4)
     assert losses[-1] < losses[0]
     copies = getattr(strategy_built, "models", [getattr(strategy_built, "model", None)])
@@ -194,14 +197,12 @@ def test_an_optimizer_per_part_trains_the_same_under_every_strategy(tf_devices, 
                                                                       settings):
     """Adam updates the MLPs and SGD the tables (train.table_optimizer, `optimizers.PerPart`): every strategy trains
     single's losses (1e-4 relative), and no op of the step has a table's shape, which Adam's update of a table would
-    (the test above): the tables went to SGD. With AdamW each weight is decayed once (tried: sharded_update decayed
-    its tables' rows itself and in Keras' AdamW, 1e-2 apart within 10 steps)."""
-    import tensorflow as tf
-
+    (test_no_strategy_makes_a_tables_gradient_dense): the tables went to SGD. With AdamW each weight is decayed once
+    (tried: sharded_update decayed its tables' rows itself and in Keras' AdamW, 1e-2 apart within 10 steps)."""
     loop, built = _loop(f"strategy={strategy}", "gpus=2", *settings)
     if "train.table_optimizer=sgd" in settings:
         assert _dense_tables(loop) == []
-    losses = np.array([float(loop(tf.constant(1))[0]) for _ in range(10)])
+    losses = _run(loop)
     np.testing.assert_allclose(losses, single_by_optimizer(settings), rtol=1e-4)
     assert losses[-1] < losses[0]
 
@@ -247,17 +248,15 @@ def test_an_optimizer_for_tables_on_a_model_without_tables_fails_the_run_in_one_
     assert row["status"] == "FAILED" and "train.table_optimizer=sgd" in row["tags.error"]
 
 
-@pytest.mark.parametrize("strategy,optimizer", [("single", "adagrad"), ("replicated", "adam")])
-def test_no_strategy_makes_a_tables_gradient_dense(tf_devices, strategy, optimizer):
+def test_no_strategy_makes_a_tables_gradient_dense(tf_devices):
     """With adagrad (dlrm's default) every strategy reads, moves and applies the rows looked up: no op of the step
     has a table's shape, not even a read of the table (Keras' own lookup reads the whole table, which TensorFlow
     copies every step once a sparse update has touched it: `common.read_rows_only`). One device here; every
-    data-parallel strategy in the test above. Adam's update is dense over the table in Keras (its moments decay every
-    row every step): the same probe sees it, so it would see a strategy that densified."""
-    if optimizer == "adagrad":
-        assert _table_shaped_ops(strategy, optimizer) == []
-    else:
-        assert {"Sub", "Mul", "Sqrt"} <= set(_table_shaped_ops(strategy, optimizer))
+    data-parallel strategy in test_dlrm_learns_the_same_under_every_strategy. Adam's update is dense over the table
+    in Keras (its moments decay every row every step): the same probe sees it, so it would see a strategy that
+    densified."""
+    assert _table_shaped_ops("single", "adagrad") == []
+    assert {"Sub", "Mul", "Sqrt"} <= set(_table_shaped_ops("replicated", "adam"))
 
 
 @pytest.mark.parametrize("overrides,words", [
