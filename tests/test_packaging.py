@@ -20,6 +20,10 @@ from conftest import REPO, cli_env, runs
 YAMLS = sorted(str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml"))
 
 
+# Every test here reads the one build (`dist`), on one pytest-xdist worker (`--dist loadgroup`): not built twice.
+pytestmark = pytest.mark.xdist_group("packaging")
+
+
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")

@@ -25,6 +25,11 @@ def _children(df):
     return df[df["tags.sweep"] != "parent"] if "tags.sweep" in df else df
 
 
+# The tests that read `swept` run on one pytest-xdist worker (pyproject.toml: `--dist loadgroup`): a worker of its
+# own would run the sweep again.
+ON_THE_SWEEP = pytest.mark.xdist_group("swept")
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("sweep")
@@ -32,6 +37,7 @@ def swept(tmp_path_factory):
     return cwd, proc, f"sqlite:///{cwd / 'mlflow.db'}"
 
 
+@ON_THE_SWEEP
 def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
     cwd, proc, uri = swept
     assert proc.returncode == 1  # a job failed
@@ -62,6 +68,7 @@ def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
     ]
 
 
+@ON_THE_SWEEP
 def test_resume_runs_only_the_combination_that_did_not_finish(swept):
     cwd, _, uri = swept
     before = len(_children(runs(uri, "smoke")))
@@ -94,6 +101,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # a real `mlflow server`, ~12 s: keeps the default run under 10 minutes on 2 cores
+@ON_THE_SWEEP
 def test_mlflow_server_serves_the_sweep_over_rest(swept):
     _, _, uri = swept
     port = _free_port()
@@ -128,6 +136,7 @@ def test_mlflow_server_serves_the_sweep_over_rest(swept):
         assert 0.1 < metrics["test_accuracy"] <= 1.0 and metrics["images_per_sec"] > 0
 
 
+@ON_THE_SWEEP
 def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path):
     _, _, uri = swept
     out = tmp_path / "report"
