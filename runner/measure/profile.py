@@ -15,19 +15,29 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
-# Op kinds folded into one row each (the rest keep their TensorFlow op type).
+# Op kinds folded into one row each (the rest keep their TensorFlow op type), by TensorFlow's op names: oneDNN's
+# kernels (`_MklNativeConv2D`, `_MklFusedMatMul`) and grappler's fused ones (`_FusedConv2D`) count as their op's kind.
 KINDS = {
-    "matmul": ("MatMul", "_MklMatMul", "_FusedMatMul", "_MklFusedMatMul", "_MklNativeFusedMatMul", "_MklNativeMatMul",
-               "BatchMatMulV2"),
-    "convolution": ("Conv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput", "_FusedConv2D", "_MklConv2D",
-                    "_MklFusedConv2D", "_MklConv2DBackpropFilter", "_MklConv2DBackpropInput"),
-    "optimizer update": ("ResourceApplyAdam", "ResourceApplyKerasMomentum", "AssignAddVariableOp",
-                         "AssignSubVariableOp", "AssignVariableOp"),
-    "cross-device reduce": ("CollectiveReduceV2", "NcclAllReduce", "_Send", "_Recv", "AddN"),
+    "matmul": ("MatMul", "FusedMatMul", "BatchMatMulV2", "BatchMatMulV3"),
+    "convolution": ("Conv2D", "FusedConv2D", "Conv2DBackpropFilter", "Conv2DBackpropInput",
+                    "DepthwiseConv2dNative", "DepthwiseConv2dNativeBackpropFilter",
+                    "DepthwiseConv2dNativeBackpropInput"),
+    "batch norm": ("FusedBatchNormV3", "FusedBatchNormEx", "FusedBatchNormGradV3", "FusedBatchNormGradEx"),
+    "optimizer update": ("ResourceApplyAdam", "ResourceApplyKerasMomentum", "ResourceApplyGradientDescent",
+                         "AssignAddVariableOp", "AssignSubVariableOp", "AssignVariableOp"),
+    "cross-device reduce": ("CollectiveReduceV2", "NcclAllReduce", "Send", "Recv", "AddN"),
     "input": ("IteratorGetNext", "MultiDeviceIteratorGetNextFromShard", "GatherV2", "OptionalGetValue",
               "IteratorGetNextAsOptional", "OptionalHasValue"),
 }
 _KIND_OF = {op: kind for kind, ops in KINDS.items() for op in ops}
+_KERNEL_PREFIX = re.compile(r"^_(MklNative|Mkl)?")  # '_MklNativeConv2D', '_MklFusedMatMul', '_FusedConv2D', '_Send'
+
+
+def kind_of(op_type: str) -> str:
+    """The KINDS row an op type counts in, or 'other'."""
+    return _KIND_OF.get(_KERNEL_PREFIX.sub("", op_type), "other")
+
+
 _OP_EVENT = re.compile(r"[^:\s]+:([A-Za-z_]\w*)")  # 'dense/MatMul:MatMul', not 'ExecutorState::Process'
 
 
@@ -108,7 +118,7 @@ def table(logdir: Path, steps: int, wall_seconds: float, cores: int) -> tuple[st
     seconds, counts = op_seconds(logdir)
     by_kind: dict[str, float] = collections.defaultdict(float)
     for op_type, s in seconds.items():
-        by_kind[_KIND_OF.get(op_type, "other")] += s
+        by_kind[kind_of(op_type)] += s
     total = sum(by_kind.values())
     wall_ms, op_ms = 1e3 * wall_seconds / steps, 1e3 * total / steps
     lines = [
