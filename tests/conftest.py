@@ -178,11 +178,8 @@ def pytest_runtest_protocol(item, nextitem):
     matmul peak), which another test running beside it would disturb: it waits until no other test runs, and none
     starts until it ends (setup, call and teardown).
 
-    What a test leaves is frozen (`gc.freeze`), never collected: Python's full collections walked everything the
-    earlier tests left, and freeing an earlier test's tf.data iterator there waits for TensorFlow 2.21's autotune
-    thread to wake up (its period doubles to 60 s), 15-60 s of idling in some unrelated test, two or three times a
-    run. Measured on 2 cores (Zen 4): a worker's full collections 22-43 s before, 2.5 s after; its peak memory 3.0
-    GB before, 3.4 GB after."""
+    What a test leaves is frozen (`gc.freeze`), never collected: freed by a later collection, an earlier test's
+    tf.data iterator stalls an unrelated test for up to 60 s (docs/testing.md, "Nothing collected between tests")."""
     with _machine(item.get_closest_marker("alone") is not None):
         yield
     gc.freeze()
