@@ -150,11 +150,15 @@ class MlflowConf:
     tracking_uri: str | None = None  # null: $MLFLOW_TRACKING_URI, else sqlite:///<launch dir>/mlflow.db
     experiment: str = "runner"  # the MLflow experiment (debug=smoke and the presets set their own)
     system_metrics_interval: float = 10.0  # seconds between MLflow's system-metrics samples (CPU, memory, GPU); 0: off
+    # at the run's end, seconds to keep trying a store that cannot be written (a server restarting) before the error
+    # line names the run's journal and `runner replay`
+    final_wait: float = 30.0
 
     RULES: ClassVar[dict[str, Rule]] = {
         "experiment": (lambda v: bool(v.strip()) and v == v.strip() and "/" not in v,
                        "a non-empty name without leading or trailing spaces or '/'"),
         "system_metrics_interval": (non_negative, "0 (off) or a positive number of seconds"),
+        "final_wait": (lambda v: 0 <= v < math.inf, "0 (one try) or a finite number of seconds"),
     }
 
 

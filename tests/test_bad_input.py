@@ -19,7 +19,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import REPO, run_cli
+from conftest import REPO, new_store, run_cli
 
 from runner.data_pipelines.idx import write_idx
 from runner.data_pipelines.mnist_files import FILES
@@ -68,10 +68,11 @@ CLICKS = ["model=dlrm", "data=files", "data.path={tmp}/clicks", "data.vocabulary
 COUNTS = "\t".join(["7"] * 13)
 
 
-def _deleted_experiment(db: Path, name: str) -> None:
+def _deleted_experiment(folder: Path, name: str) -> None:
     from mlflow import MlflowClient
 
-    client = MlflowClient(f"sqlite:///{db}")
+    folder.mkdir()
+    client = MlflowClient(new_store(folder))
     client.delete_experiment(client.create_experiment(name))
 
 
@@ -192,9 +193,9 @@ ROWS = {
     "checkpoint-dir-is-a-file": Bad(["train.checkpoint_dir={tmp}/afile"],
                                     ["train.checkpoint_dir={tmp}/afile", "is a file, not a directory"],
                                     setup=_file_as_dir),
-    "experiment-deleted": Bad(["mlflow.tracking_uri=sqlite:///{tmp}/deleted.db"],
+    "experiment-deleted": Bad(["mlflow.tracking_uri=sqlite:///{tmp}/deleted/mlflow.db"],
                               ["experiment 'smoke' was deleted", "mlflow experiments restore"],
-                              setup=lambda tmp: _deleted_experiment(tmp / "deleted.db", "smoke")),
+                              setup=lambda tmp: _deleted_experiment(tmp / "deleted", "smoke")),
     # asked for: the traceback instead of the line
     "traceback-asked": Bad(
         ["gpus=-2"], ["runner.errors.ConfigError: gpus=-2", f"from 0 to {MAX_DEVICES}"],
@@ -267,6 +268,7 @@ def test_bad_input_is_one_line_and_leaves_no_run_running(tmp_path, monkeypatch, 
     row = ROWS[name]
     args, words = _arguments(row, tmp_path)
     monkeypatch.chdir(tmp_path)  # the default store and the launch folder, as for a user in their own folder
+    new_store(tmp_path)  # as a user's second run finds it (and run_cli gives a child): no migrations each row
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # left behind by other in-process tests
     for key, value in row.env.items():
         monkeypatch.setenv(key, value)

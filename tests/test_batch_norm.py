@@ -57,13 +57,13 @@ def _losses(store: str, *overrides: str) -> np.ndarray:
     return np.array([m.value for m in sorted(history, key=lambda m: m.step)])
 
 
-def test_synchronized_batch_statistics_reproduce_one_device_and_per_tower_ones_do_not(tf_devices, tmp_path):
+def test_synchronized_batch_statistics_reproduce_one_device_and_per_tower_ones_do_not(tf_devices, store):
     """Unshuffled, same seed, 12 steps: mirrored with strategy.sync_batch_norm=true normalizes over the global batch,
     so it trains the single device's losses (up to float summation order); per-tower statistics (replicated's, and
     mirrored's default) normalize each half on its own, which changes the losses."""
-    single = _losses(f"sqlite:///{tmp_path / 'a.db'}", "strategy=single", "gpus=1")
-    synced = _losses(f"sqlite:///{tmp_path / 'b.db'}", "strategy=mirrored", "gpus=2", "strategy.sync_batch_norm=true")
-    per_tower = _losses(f"sqlite:///{tmp_path / 'c.db'}", "strategy=replicated", "gpus=2")
+    single = _losses(store, "strategy=single", "gpus=1")
+    synced = _losses(store, "strategy=mirrored", "gpus=2", "strategy.sync_batch_norm=true")
+    per_tower = _losses(store, "strategy=replicated", "gpus=2")
     assert len(single) == len(synced) == len(per_tower) == 12
     np.testing.assert_allclose(synced, single, rtol=1e-5)  # measured: 4e-7 at most
     # Random images: each half's statistics are close to the whole batch's, yet 200x further off than float noise

@@ -211,10 +211,12 @@ def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path
 @pytest.mark.long
 @pytest.mark.slow  # two server starts and a replay, ~60 s
 def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_path):
+    """The run keeps trying the store for mlflow.final_wait seconds at its end (5 here, 30 by default), then names
+    its journal."""
     port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = start_server(tmp_path, port)
-    run = start_cli(*LONG, f"mlflow.tracking_uri={uri}", cwd=tmp_path)
+    run = start_cli(*LONG, f"mlflow.tracking_uri={uri}", "mlflow.final_wait=5", cwd=tmp_path)
     try:
         wait_for("the first points", lambda: points(uri) >= 5)
         kill_server(server)

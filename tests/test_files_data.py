@@ -152,8 +152,7 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
     """Run as a user would, TensorFlow's log level untouched: its C++ INFO and WARNING lines (the file reader's, the
     failed op's) stay quiet before the one `error:` line (runtime/quiet.py); RUNNER_VERBOSE_TENSORFLOW=1 shows them."""
     folder = write_shards(tf_devices, tmp_path / "ds")
-    proc = run_cli(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
-                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db", cwd=tmp_path,
+    proc = run_cli(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4", cwd=tmp_path,
                    env={"RUNNER_VERBOSE_TENSORFLOW": verbose, "TF_CPP_MIN_LOG_LEVEL": None})
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1].startswith("error: the data has label 4 after data.label_offset")

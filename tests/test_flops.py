@@ -347,11 +347,10 @@ def test_a_run_on_simulated_devices_takes_the_whole_cpus_peak(tmp_path):
     """On 2 simulated devices the run gives each op 1 of the 2 cores; the peak it logs and caches is still the whole
     CPU's, probed in a fresh process (probed in the run's own, it came out about half, and MFU twice too high)."""
     env = {"RUNNER_CACHE_DIR": str(tmp_path / "cache")}
-    proc = run_cli("debug=smoke", "strategy=mirrored", "gpus=2", "train.probe_peak=true",
-                   f"mlflow.tracking_uri=sqlite:///{tmp_path}/m.db", cwd=tmp_path, env=env)
+    proc = run_cli("debug=smoke", "strategy=mirrored", "gpus=2", "train.probe_peak=true", cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (entry,) = json.loads((tmp_path / "cache" / "peak.json").read_text()).values()
-    assert runs(f"sqlite:///{tmp_path}/m.db", "smoke").iloc[0]["metrics.peak_gflops"] == entry["gflops"]
+    assert runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]["metrics.peak_gflops"] == entry["gflops"]
     code = "from runner.measure.peak import probe_peak; print(probe_peak(refresh=True).gflops)"
     whole = subprocess.run([sys.executable, "-c", code], env=cli_env({"RUNNER_CACHE_DIR": str(tmp_path / "again")}),
                            capture_output=True, text=True, timeout=300)

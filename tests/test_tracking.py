@@ -103,3 +103,23 @@ def test_run_and_norun_each_implement_every_method_of_the_recorder_contract():
     assert quiet.metrics({"loss": 1.0}, 3) is None
     with pytest.raises(AttributeError):
         quiet.monitor  # noqa: B018 - an attribute outside the contract
+
+
+@pytest.mark.parametrize("wait,tries", [(0, 1), (1, 2)])
+def test_a_store_that_cannot_be_written_at_the_end_is_tried_for_mlflow_final_wait_seconds(store, monkeypatch, wait,
+                                                                                          tries):
+    """At its end a run keeps trying its store for mlflow.final_wait seconds (a server restarting), then names its
+    journal; the writes stay in it (nothing lost)."""
+    from runner.tracking import run as run_module
+
+    plan = validate(compose("debug=smoke", f"mlflow.tracking_uri={store}", f"mlflow.final_wait={wait}"))
+    attempts = []
+
+    def refused(*_):
+        attempts.append(1)
+        raise OSError("the store is restarting")
+
+    with pytest.raises(tracking.StoreError, match="unsent writes are in memory only: once the store works") as error:
+        with tracking.tracked(store, plan):
+            monkeypatch.setattr(run_module, "send", refused)
+    assert len(attempts) == tries and "the store is restarting" in str(error.value)

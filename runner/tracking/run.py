@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,7 +47,6 @@ class Recorder(Protocol):
 
 
 OFFLINE_RETRY_SECONDS = 30.0  # while the store cannot be written, how often to try it again
-FINAL_WAIT_SECONDS = 30.0  # at the run's end, how long to keep trying a store that cannot be written
 
 
 def record_invalid(cfg: DictConfig, error: Exception) -> None:
@@ -60,7 +60,9 @@ def record_invalid(cfg: DictConfig, error: Exception) -> None:
     parent = parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent
-    Run(uri, experiment, tags).end("FAILED", str(error))
+    wait = OmegaConf.select(cfg, "mlflow.final_wait", default=0.0)  # the config is invalid: this value may be too
+    valid = isinstance(wait, (int, float)) and 0 <= wait < math.inf
+    Run(uri, experiment, tags, final_wait=wait if valid else 0.0).end("FAILED", str(error))
 
 
 class Run(Recorder):
@@ -68,8 +70,8 @@ class Run(Recorder):
 
     Every write goes to the run's journal first (runner/tracking/journal.py) and then to the store. A store that fails
     mid-run does not stop training: the run goes offline, keeps journaling, tries the store again every
-    OFFLINE_RETRY_SECONDS (one quick attempt), and at the end sends everything or raises a StoreError naming the
-    journal and the `runner replay` command.
+    OFFLINE_RETRY_SECONDS (one quick attempt), and at the end sends everything (trying for up to `final_wait` seconds)
+    or raises a StoreError naming the journal and the `runner replay` command.
 
     Args:
         uri: the tracking store.
@@ -77,10 +79,13 @@ class Run(Recorder):
         tags: the run's first tags.
         folder: the run's output folder, where the journal file goes (a failed write there is reported through it);
             None keeps the journal in memory.
+        system_metrics: seconds between system-metrics samples (0: none).
+        final_wait: at the end, seconds to keep trying a store that cannot be written (0: one try); a run from a
+            config takes its `mlflow.final_wait`.
     """
 
     def __init__(self, uri: str, experiment: str, tags: dict[str, str], folder: OutputFolder | None = None,
-                 system_metrics: float = 0.0):
+                 system_metrics: float = 0.0, final_wait: float = 0.0):
         from mlflow.tracking import MlflowClient
 
         self.client, self.uri = MlflowClient(uri), uri
@@ -91,6 +96,7 @@ class Run(Recorder):
                                folder.failed if folder else None)
         self.offline: tuple[str, float] | None = None  # (why, when to try again) while the store cannot be written
         self.monitor = system.start(self.run_id, uri, system_metrics) if system_metrics else None
+        self.final_wait = final_wait
 
     def _record(self, op: str, **args: Any) -> None:
         self.journal.append(op, **args)
@@ -98,10 +104,10 @@ class Run(Recorder):
 
     def _send(self, final: bool = False) -> None:
         """Send the journal's pending writes in order; on failure go (or stay) offline. `final`: keep trying for up
-        to FINAL_WAIT_SECONDS (a store that is restarting), then raise a StoreError naming the journal."""
+        to `final_wait` seconds (a store that is restarting), then raise a StoreError naming the journal."""
         if self.offline and not final and time.monotonic() < self.offline[1]:
             return
-        deadline = time.monotonic() + (FINAL_WAIT_SECONDS if final else 0)  # online until now, or not
+        deadline = time.monotonic() + (self.final_wait if final else 0)  # online until now, or not
         while True:
             try:
                 with whole_write(), (quick_http() if self.offline and not final else contextlib.nullcontext()):
@@ -119,7 +125,7 @@ class Run(Recorder):
                         f"{len(self.journal.pending())} unsent writes are in {self.journal.path or 'memory only'}: "
                         f"once the store works, run `runner replay {self.journal.path}`"
                     ) from e
-                time.sleep(5)
+                time.sleep(min(5.0, max(0.0, deadline - time.monotonic())))
         if self.offline:
             log.warning("tracking store %s answers again: the run's writes are sent", self.uri)
             self.offline = None
@@ -189,7 +195,8 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None) -> Iterato
     run = None
     try:
         with whole_write():  # a Ctrl-C during the creation is raised once `run` is set, and closes it KILLED
-            run = Run(uri, cfg.mlflow.experiment, tags, folder, cfg.mlflow.system_metrics_interval)
+            run = Run(uri, cfg.mlflow.experiment, tags, folder, cfg.mlflow.system_metrics_interval,
+                      cfg.mlflow.final_wait)
         log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
         run.params(flatten(cfg))
         run.text(redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
