@@ -13,8 +13,10 @@ from conftest import REPO, markdown_rows, run_cli
 from runner.cli.check import Outcome, judge
 
 # A test-only strategy with the classic data-parallel bug: every copy applies its own tower's gradient, never the
-# average over towers. It runs, it learns, and it does not learn what one device learns.
+# average over towers. It runs, it learns, and it does not learn what one device learns. And one that takes its
+# process down as it is built (a crash in TensorFlow's C++ would), with the combinations after it.
 BROKEN = '''
+import os
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -43,6 +45,14 @@ class NoAverage(Replicated):
 
     def build(self, devices, training):
         return OwnGradients(list(devices.names), training)
+
+
+@dataclass
+class Crashes(Replicated):
+    name: str = "crashes"
+
+    def build(self, devices, training):
+        os._exit(3)
 '''
 
 
@@ -52,6 +62,7 @@ def broken(tmp_path) -> Path:
     (tmp_path / "code" / "broken_strategy.py").write_text(BROKEN)
     (tmp_path / "conf" / "strategy").mkdir(parents=True)
     (tmp_path / "conf" / "strategy" / "no_average.yaml").write_text("_target_: broken_strategy.NoAverage\n")
+    (tmp_path / "conf" / "strategy" / "crashes.yaml").write_text("_target_: broken_strategy.Crashes\n")
     return tmp_path
 
 
@@ -66,17 +77,21 @@ def _rows(stdout: str) -> dict[str, dict[str, str]]:
     return {row["combination"]: row for row in markdown_rows(stdout)}
 
 
-@pytest.mark.slow  # two combinations checked end to end: ~20 s
+@pytest.mark.slow  # three combinations checked end to end, in two processes: ~25 s
 def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_real_one(broken):
-    proc, uri = _check(broken, "--config-dir", str(broken / "conf"), "gpus=2", "strategy=replicated,no_average",
+    """The combinations share a process: a strategy that takes it down fails its own row, and a new process measures
+    the ones after it (placement counted per combination, as in a process of its own)."""
+    proc, uri = _check(broken, "--config-dir", str(broken / "conf"), "gpus=2", "strategy=no_average,crashes,replicated",
                        "pipeline=split")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = _rows(proc.stdout)
     assert rows["replicated / split"]["result"] == "OK"
+    assert rows["replicated / split"]["matmuls/convs per device"] == "CPU:0 8, CPU:1 8"
     assert rows["no_average / split"]["result"].startswith("loss differs from one device by")  # placement is fine
     assert rows["no_average / split"]["matmuls/convs per device"] == "CPU:0 8, CPU:1 8"  # a tower's matmuls on each device
+    assert rows["crashes / split"]["result"].startswith("exit 3")
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("check: 1 of 2 combinations OK; failed: no_average / split"), last
+    assert last.startswith("check: 1 of 3 combinations OK; failed: no_average / split, crashes / split"), last
     run = mlflow.MlflowClient(uri).get_run(last.rsplit("mlflow run ", 1)[1].rstrip(")"))
     assert run.info.status == "FINISHED" and run.data.metrics["combinations_ok"] == 1
     assert run.data.tags["devices.count"] == "2" and run.data.tags["devices.simulated"] == "true"
@@ -86,7 +101,7 @@ def test_check_fails_a_strategy_that_skips_the_gradient_average_and_passes_the_r
     assert "| no_average / split |" in text
 
 
-# Every combination at 4 devices (18, about a minute and a half). At 2 devices `runner check` itself is tested above
+# Every combination at 4 devices (18, in one process). At 2 devices `runner check` itself is tested above
 # (a broken strategy fails, the real one passes), and every strategy x pipeline's loss sequence against one device's
 # is the default suite's (tests/test_strategies.py, tests/test_pipelines.py, tests/test_text.py).
 @pytest.mark.long

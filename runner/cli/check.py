@@ -4,9 +4,9 @@
     runner check gpus=4                4 devices (logical GPUs carved from GPU 0 when fewer are real)
     runner check strategy=mirrored,replicated pipeline=sharded train.precision=mixed_float16 --tolerance 1e-2
 
-For every strategy x pipeline that applies to the devices (multi-process strategies aside), a fresh process trains
-the smoke model for a few compiled steps, unshuffled and with the same seed as a one-device reference run, and
-reports:
+For every strategy x pipeline that applies to the devices (multi-process strategies aside), one fresh process trains
+the smoke model for a few compiled steps, combination after combination, unshuffled and with the same seed as a
+one-device reference run (a process of its own), and reports:
 
 - **placement**: the devices holding the variables (as the strategy built them) and, from TensorFlow's own placer
   log, the device each matmul and convolution of the compiled step was placed on (after soft placement, so a GPU op
@@ -27,17 +27,19 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 STEPS = 10  # compiled one-step calls whose losses are compared
 TIMED_STEPS = 30  # steps of the one timed call
 TOLERANCE = 1e-3  # float32 on CPUs agrees to ~1e-6; GPUs' TF32 matmuls and reduction orders need more room
 BASE = ["debug=smoke", "pipeline.shuffle_buffer=0", "mlflow.experiment=check"]  # unshuffled: the same data order
 REFERENCE = ["strategy=single", "pipeline=split", "gpus=1"]
-RESULT = "check-result: "
+RESULT = "check-result: "  # the child's line on stdout: one combination's measurement, as JSON
+BEGIN = "check-begin: "  # the child's line on stderr before each combination: its placer log follows
 CHOICES = ("strategy=", "pipeline=", "gpus=")  # what the check varies; every other override applies to all rows
 # TensorFlow's placer log line (with log_device_placement): "<node>: (<op>): /job:.../device:GPU:1".
 _PLACED = re.compile(r"placer\.cc:\d+\] \S+: \((\w+)\): \S*device:(\w+:\d+)")
@@ -72,7 +74,7 @@ class Outcome:
         return not self.error and not self.problems
 
 
-# ---- the child: one combination in a fresh process --------------------------------------------------------------
+# ---- the child: the combinations of one device count, one after another in one process ------------------------
 
 
 def _short(device: str) -> str:
@@ -102,32 +104,66 @@ def measure(overrides: list[str], steps: int, timed: int) -> dict[str, Any]:
             "tags": {**built.devices.as_tags(), **built.strategy.describe()}}
 
 
-def child(overrides: list[str], steps: int, timed: int) -> int:
-    """`python -m runner.cli.check --one ...`: print the measurement as one JSON line (or the error in it)."""
-    try:
-        result = measure(overrides, steps, timed)
-    except Exception as e:  # noqa: BLE001 - any failure is this combination's result, reported by the parent
-        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-    sys.stdout.write(RESULT + json.dumps(result) + "\n")
-    sys.stdout.flush()
+def child(steps: int, timed: int) -> int:
+    """`python -m runner.cli.check --each ...`: measure the combinations read from stdin (a JSON list of override
+    lists) in turn, each begun by a BEGIN line on stderr (its placer log follows) and ended by its RESULT line (the
+    measurement, or the error in it). One process, one TensorFlow start, for all of them: they share one device
+    count. What an earlier combination built stays alive (its input pipelines idle, never freed: freeing a used
+    tf.data iterator can wait seconds for TensorFlow's autotuning thread, docs/testing.md)."""
+    for overrides in json.loads(sys.stdin.read()):
+        os.write(2, f"{BEGIN}{' '.join(overrides)}\n".encode())
+        try:
+            result = measure(overrides, steps, timed)
+        except Exception as e:  # noqa: BLE001 - any failure is this combination's result, reported by the parent
+            result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+        sys.stdout.write(RESULT + json.dumps(result) + "\n")
+        sys.stdout.flush()
     os._exit(0)  # skip TensorFlow's teardown (runner.cli.main._exit_now says why)
 
 
-# ---- the parent: which combinations, one process each, the verdict ----------------------------------------------
+# ---- the parent: which combinations, the processes that measure them, the verdict -------------------------------
 
 
-def run_one(overrides: list[str], label: str, steps: int, timed: int) -> Outcome:
-    """Measure one combination in a fresh process; its stderr carries TensorFlow's placer log."""
+def measure_all(found: list[Combination], steps: int, timed: int,
+                done: Callable[[int, Outcome], None] = lambda n, outcome: None) -> list[Outcome]:
+    """Measure the combinations (one device count) in a fresh process, in order, calling `done` with each outcome
+    (and its number, from 1) as it comes. A process that dies takes only the combination it was measuring with it: a new one goes on with the
+    rest."""
+    outcomes: list[Outcome] = []
+    while len(outcomes) < len(found):
+        for outcome in _one_process(found[len(outcomes):], steps, timed):
+            outcomes.append(outcome)
+            done(len(outcomes), outcome)
+    return outcomes
+
+
+def _one_process(found: list[Combination], steps: int, timed: int) -> Iterator[Outcome]:
+    """The outcomes of one child process, as its result lines come; its stderr (the placer logs) goes to a file,
+    cut at the BEGIN lines. The last outcome is an error if the process ended before measuring them all."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}  # the placer logs at INFO
-    cmd = [sys.executable, "-m", "runner.cli.check", "--one", "--steps", str(steps), "--timed", str(timed), *overrides]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(RESULT)]
-    if not lines:
-        said = [line for line in proc.stderr.splitlines() if line.strip() and "placer.cc" not in line]
-        return Outcome(label, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
-    result = json.loads(lines[-1].removeprefix(RESULT))
+    cmd = [sys.executable, "-m", "runner.cli.check", "--each", "--steps", str(steps), "--timed", str(timed)]
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+        proc.stdin.write(json.dumps([c.overrides for c in found]))
+        proc.stdin.close()
+        measured = 0
+        for line in proc.stdout:
+            if line.startswith(RESULT):
+                log.seek(0)
+                placements = log.read().split(BEGIN)[measured + 1]  # everything placed since its BEGIN line
+                yield _outcome(found[measured].label, json.loads(line.removeprefix(RESULT)), placements)
+                measured += 1
+        proc.wait()
+        if measured < len(found):
+            log.seek(0)
+            said = [line for line in log.read().splitlines() if line.strip() and "placer.cc" not in line]
+            yield Outcome(found[measured].label, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
+
+
+def _outcome(label: str, result: dict[str, Any], placements: str) -> Outcome:
+    """One combination's outcome from its RESULT line and its part of the placer log."""
     outcome = Outcome(label, **{k: v for k, v in result.items() if k in Outcome.__dataclass_fields__})
-    for op, device in _PLACED.findall(proc.stderr):
+    for op, device in _PLACED.findall(placements):
         if op in COMPUTE_OPS:
             outcome.compute[device] = outcome.compute.get(device, 0) + 1
     return outcome
@@ -270,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest relative loss difference allowed")
     p.add_argument("--reprobe", action="store_true",
                    help="measure this machine's matmul peak again (stop other jobs first), print it and exit")
-    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # internal: measure one combination
+    p.add_argument("--each", action="store_true", help=argparse.SUPPRESS)  # internal: the child, combinations on stdin
     return p
 
 
@@ -301,15 +337,17 @@ def check(args: argparse.Namespace) -> int:
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
     print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "
           f"(unshuffled, same seed; loss tolerance {args.tolerance:g} relative)", flush=True)
-    reference = run_one([*common, *REFERENCE], "one device: single / split", args.steps, args.timed)
+    (reference,) = measure_all([Combination("one device: single / split", [*common, *REFERENCE])], args.steps,
+                               args.timed)
     if reference.error:
         print(f"error: the one-device reference run failed: {reference.error}", file=sys.stderr)
         return 2
-    outcomes = []
-    for n, combination in enumerate(found, 1):
-        outcomes.append(run_one(combination.overrides, combination.label, args.steps, args.timed))
-        judge(outcomes[-1], reference, args.tolerance)
-        print(f"  [{n}/{len(found)}] {combination.label}: {'OK' if outcomes[-1].ok else 'FAILED'}", flush=True)
+
+    def done(n: int, outcome: Outcome) -> None:
+        judge(outcome, reference, args.tolerance)
+        print(f"  [{n}/{len(found)}] {outcome.label}: {'OK' if outcome.ok else 'FAILED'}", flush=True)
+
+    outcomes = measure_all(found, args.steps, args.timed, done)
     text = table(outcomes, reference)
     print(f"\n{text}\n\nreference ran on: {_where(reference.tags)}")
     if outcomes:
@@ -329,8 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     from runner.errors import UserError
 
     args = parser().parse_args(argv)
-    if args.one:
-        return child(args.overrides, args.steps, args.timed)
+    if args.each:
+        return child(args.steps, args.timed)
     if args.reprobe:
         return reprobe()
     error = check_group_overrides([*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)])
