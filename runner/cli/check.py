@@ -127,8 +127,8 @@ def child(steps: int, timed: int) -> int:
 def measure_all(found: list[Combination], steps: int, timed: int,
                 done: Callable[[int, Outcome], None] = lambda n, outcome: None) -> list[Outcome]:
     """Measure the combinations (one device count) in a fresh process, in order, calling `done` with each outcome
-    (and its number, from 1) as it comes. A process that dies takes only the combination it was measuring with it: a new one goes on with the
-    rest."""
+    (and its number, from 1) as it comes. A process that dies takes only the combination it was measuring with it:
+    a new one goes on with the rest."""
     outcomes: list[Outcome] = []
     while len(outcomes) < len(found):
         for outcome in _one_process(found[len(outcomes):], steps, timed):
