@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,9 +38,15 @@ def tf_devices():
     return tf
 
 
+# Held while a store is copied into a folder: tests that start children from two threads (test_float16, test_slow)
+# would otherwise both find the folder without a store, and the second copy would land on the first child's store.
+_STORE_LOCK = threading.RLock()
+
+
 @functools.cache
 def _migrated_store() -> Path:
-    """An empty sqlite MLflow store with every schema migration applied, made once per test process."""
+    """An empty sqlite MLflow store with every schema migration applied, made once per test process (under
+    _STORE_LOCK)."""
     from mlflow import MlflowClient
 
     path = Path(tempfile.mkdtemp(prefix="migrated-store-")) / "mlflow.db"
@@ -50,7 +57,8 @@ def _migrated_store() -> Path:
 def new_store(folder: Path) -> str:
     """A fresh, empty sqlite store in `folder` (its mlflow.db), as its tracking URI: a copy of one migrated store,
     as MLflow would create it (creating a store runs ~100 schema migrations: a second each time)."""
-    shutil.copyfile(_migrated_store(), folder / "mlflow.db")
+    with _STORE_LOCK:
+        shutil.copyfile(_migrated_store(), folder / "mlflow.db")
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
@@ -93,8 +101,9 @@ def _default_store(cwd: Path, store: bool) -> None:
     """With `store`, a copy of the migrated store as the launch folder's default store (mlflow.db) unless it has one:
     as a user's second run finds it; the child skips the migrations (about 1 s of its start). Tests about creating
     the store, or whose folder is a small or read-only disk, pass store=False."""
-    if store and not (cwd / "mlflow.db").exists():
-        shutil.copyfile(_migrated_store(), cwd / "mlflow.db")
+    with _STORE_LOCK:
+        if store and not (cwd / "mlflow.db").exists():
+            shutil.copyfile(_migrated_store(), cwd / "mlflow.db")
 
 
 def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300, merged: bool = False,
