@@ -491,11 +491,3 @@ def _as_node(part: Any, composed: Any) -> dict[str, Any]:
     if composed is not None and "_target_" in composed:
         node = {"_target_": composed["_target_"], **node}
     return node
-
-
-def validated_or_none(cfg: DictConfig) -> Plan | None:
-    """`validate(cfg)`, or None when the config is invalid (the caller lets the run itself report why)."""
-    try:
-        return validate(cfg)
-    except ConfigError:
-        return None

@@ -484,7 +484,7 @@ def run(cfg: DictConfig) -> dict:
         plan = validate(cfg)
     except ConfigError as e:
         if tracking.is_sweep_child():
-            tracking.record_invalid(cfg, e)
+            tracking.record_invalid(cfg, e, tracking.parent_run_id())  # a sweep checks its jobs first
         raise
     _check_checkpoint_dir(plan)
     uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)

@@ -68,14 +68,16 @@ def _error_line(stderr: str, code: int) -> str:
 
 
 def run_isolated(cfg: DictConfig) -> dict:
-    """The job function of a multirun: skip if resumable, else run the job in a fresh process.
+    """The job function of a multirun: skip if resumable, else run the job in a fresh process. An invalid job starts
+    none: its run is recorded FAILED with the error here, as its process would have.
 
     Returns:
         The job's outcome: status FINISHED / FAILED / SKIPPED, its overrides, and the error line if it failed.
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from runner.config import validated_or_none
+    from runner.config import ConfigError, validate
+    from runner.errors import one_line
 
     hc = HydraConfig.get()
     overrides, job_dir = list(hc.overrides.task), hc.runtime.output_dir
@@ -84,8 +86,12 @@ def run_isolated(cfg: DictConfig) -> dict:
     if left_out:
         log.info("sweep.only_top: %s %s; skipped", outcome["overrides"], left_out)
         return _write(job_dir, {**outcome, "status": "SKIPPED", "reason": left_out})
-    plan = validated_or_none(cfg)
-    if plan is not None and cfg.sweep.resume:
+    try:
+        plan = validate(cfg)
+    except ConfigError as e:
+        _record_invalid(cfg, e, hc.sweep.dir)
+        return _write(job_dir, {**outcome, "status": "FAILED", "error": one_line(e)})
+    if cfg.sweep.resume:
         uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
         done = _finished_run_with_hash(uri, plan.cfg.mlflow.experiment, plan.config_hash)
         if done:
@@ -98,6 +104,19 @@ def run_isolated(cfg: DictConfig) -> dict:
     if code == 0:
         return _write(job_dir, {**outcome, "status": "FINISHED"})
     return _write(job_dir, {**outcome, "status": "FAILED", "error": _error_line(stderr, code)})
+
+
+def _record_invalid(cfg: DictConfig, error: Exception, sweep_dir: str) -> None:
+    """The invalid job's FAILED run under the sweep's parent; a store that refuses it is a warning (the sweep's
+    summary names the job and its error either way, and no run was left open)."""
+    from mlflow.exceptions import MlflowException
+
+    from runner.errors import UserError, one_line
+
+    try:
+        tracking.record_invalid(cfg, error, _read_parent(sweep_dir))
+    except (UserError, MlflowException) as refused:
+        log.warning("the invalid job's run is not in the store: %s", one_line(refused))
 
 
 def combination_key(overrides: list[str]) -> str:

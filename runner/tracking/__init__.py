@@ -10,12 +10,12 @@ from runner.tracking.store import (
     StoreError, bound_http_retries, ensure_experiment, open_store, resolve_uri, schema_lock, whole_write,
 )
 from runner.tracking.tags import (
-    ENV_CHILD, ENV_PARENT, command_line, is_sweep_child, model_label, process_tags,
+    ENV_CHILD, ENV_PARENT, command_line, is_sweep_child, model_label, parent_run_id, process_tags,
 )
 
 __all__ = [
     "Recorder", "Run", "NoRun", "tracked", "untracked", "record_invalid",
     "abandoned", "close_dead", "close_dead_sweep", "live_pid",
     "StoreError", "bound_http_retries", "ensure_experiment", "open_store", "resolve_uri", "schema_lock", "whole_write",
-    "ENV_CHILD", "ENV_PARENT", "command_line", "is_sweep_child", "model_label", "process_tags",
+    "ENV_CHILD", "ENV_PARENT", "command_line", "is_sweep_child", "model_label", "parent_run_id", "process_tags",
 ]

@@ -21,7 +21,7 @@ from runner.tracking.journal import Journal, send
 from runner.tracking.redact import redact
 from runner.tracking.stale import close_dead_runs
 from runner.tracking.store import StoreError, ensure_experiment, open_store, quick_http, resolve_uri, whole_write
-from runner.tracking.tags import base_tags, flatten, parent_run_id, process_tags, sweep_tags
+from runner.tracking.tags import base_tags, flatten, process_tags, sweep_tags
 
 if TYPE_CHECKING:
     from runner.config import Plan
@@ -49,15 +49,15 @@ class Recorder(Protocol):
 OFFLINE_RETRY_SECONDS = 30.0  # while the store cannot be written, how often to try it again
 
 
-def record_invalid(cfg: DictConfig, error: Exception) -> None:
-    """A sweep job whose config is invalid still gets a run, FAILED with the error, so the sweep shows it."""
+def record_invalid(cfg: DictConfig, error: Exception, parent: str | None) -> None:
+    """A sweep job whose config is invalid still gets a run (the child of `parent`), FAILED with the error, so the
+    sweep shows it."""
     uri = resolve_uri(OmegaConf.select(cfg, "mlflow.tracking_uri", default=None))
     experiment = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
     tags = {k: str(OmegaConf.select(cfg, f"{k}.name", default="?")) for k in ("model", "pipeline", "strategy")}
     tags["devices.count"] = str(OmegaConf.select(cfg, "gpus", default="?"))
     combination = "-".join(tags[k] for k in ("model", "pipeline", "strategy"))
     tags["mlflow.runName"] = f"{combination}-{tags['devices.count']}dev (invalid)"
-    parent = parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent
     wait = OmegaConf.select(cfg, "mlflow.final_wait", default=0.0)  # the config is invalid: this value may be too
