@@ -117,6 +117,21 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300, 
     )
 
 
+def subcommand(capsys, name: str, *argv: str) -> tuple[int, str, str]:
+    """`runner NAME ARGV` in this process, through the command's edge (runner.cli.main.subcommand, where a store's
+    refusal or a bad override becomes one `error:` line): (exit status, stdout, stderr). For the cases a process adds
+    nothing to; tests/test_bad_input.py and tests/test_hostile_input.py keep the ones that start one."""
+    from runner.cli.main import subcommand as edge
+
+    capsys.readouterr()
+    try:
+        code = edge(name, list(argv))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def start_cli(*args: str, cwd: Path, env: dict | None = None, store: bool = True, **popen) -> subprocess.Popen:
     """Start `python -m runner ARGS` in a fresh process, as a user would, without waiting (to signal it, or to run
     others beside it); its output is piped. `store`: see `_default_store`; `popen`: more of Popen's arguments

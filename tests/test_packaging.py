@@ -38,11 +38,11 @@ def installed(dist, tmp_path_factory) -> Path:
     """A venv with the wheel installed (no -e); the dependencies come from this interpreter's site-packages through
     a .pth line, which does not run that folder's own .pth files, so the checkout's editable finder stays out."""
     env_dir = tmp_path_factory.mktemp("venv")
-    venv.create(env_dir, with_pip=True)
+    venv.create(env_dir, with_pip=False)  # this interpreter's pip installs into it (`--python`): no ensurepip, ~4 s
     python = env_dir / "bin" / "python"
     wheel = glob.glob(str(dist / "*.whl"))[0]
-    proc = subprocess.run([str(python), "-m", "pip", "install", "--no-deps", "--quiet", wheel], capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
+                           wheel], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                              capture_output=True, text=True).stdout.strip()

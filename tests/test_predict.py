@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose, markdown_rows, run_cli
+from conftest import compose, markdown_rows, run_cli, subcommand
 
 from runner.config import ConfigError, validate
 from runner.measure.floor import TOUCHED
@@ -265,10 +265,10 @@ def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path):
     (["predict", "--bogus"], "error: --bogus is not an option of runner predict"),
     (["predict", "-m", "strategy=replicated", "foo"], "error: Error parsing override 'foo'"),
 ])
-def test_runner_predict_refuses_bad_input_in_one_line(tmp_path, args, wanted):
-    proc = run_cli(*args, cwd=tmp_path)
-    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [proc.stderr.strip()]
-    assert proc.stderr.startswith(wanted)
+def test_runner_predict_refuses_bad_input_in_one_line(capsys, args, wanted):
+    code, out, err = subcommand(capsys, *args)
+    assert code == 2 and err.strip().splitlines() == [err.strip()] and out == "", err
+    assert err.startswith(wanted)
 
 
 def test_a_calibration_child_out_of_time_is_its_groups_error():

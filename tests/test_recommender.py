@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import compose, run_cli, runs
+from conftest import compose, runs
 
 from runner.config import ConfigError, validate
 from runner.data_pipelines import clicks
@@ -280,14 +280,20 @@ def test_what_a_recommender_cannot_do_is_one_line(overrides, words):
     assert all(w in str(e.value) for w in words) and "\n" not in str(e.value), str(e.value)
 
 
-def test_a_click_model_run_prints_its_auc_and_examples_per_second_and_is_timed_to_an_auc(tmp_path, capsys):
-    proc = run_cli("debug=smoke", *CLICKS, "strategy=mirrored", "gpus=2", "train.steps=60", "train.target_auc=0.55",
-                   "train.check_every=10", "train.check_examples=500", "train.predict=true", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    last = proc.stdout.strip().splitlines()[-1]
+def test_a_click_model_run_prints_its_auc_and_examples_per_second_and_is_timed_to_an_auc(tf_devices, store, tmp_path,
+                                                                                          capsys, monkeypatch):
+    """Its last line (the one `python -m runner` prints, tests/test_cli.py) leads with the AUC; the run is timed to
+    an AUC, priced by the cost model, and reported by its AUC."""
+    from runner.cli.main import result_line
+    from runner.experiment import run
+
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))  # the cost model's calibration
+    last = result_line(run(compose("debug=smoke", *CLICKS, "strategy=mirrored", "gpus=2", "train.steps=60",
+                                   "train.target_auc=0.55", "train.check_every=10", "train.check_examples=500",
+                                   "train.predict=true", f"mlflow.tracking_uri={store}")))
     assert last.startswith("test AUC ") and " test log loss " in last and "examples/s" in last, last
     assert "target AUC 0.55 reached in " in last
-    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    row = runs(store, "smoke").iloc[0]
     assert row["status"] == "FINISHED" and row["metrics.examples_per_sec"] > 0 and row["metrics.test_auc"] > 0.55
     assert row["tags.target.reached"] == "true" and 0 < row["metrics.time_to_auc_seconds"]
     # the cost model prices its tables' rows: predicted examples/s beside the measured ones
@@ -297,8 +303,7 @@ def test_a_click_model_run_prints_its_auc_and_examples_per_second_and_is_timed_t
 
     from runner.cli.report import main as report
 
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert report(["--tracking-uri", uri, "--experiment", "smoke", "--out", str(tmp_path / "report")]) == 0
+    assert report(["--tracking-uri", store, "--experiment", "smoke", "--out", str(tmp_path / "report")]) == 0
     (table,) = [r for r in markdown_rows(capsys.readouterr().out) if "test AUC" in r]  # the AUC, not an accuracy
     assert float(table["test AUC"]) == pytest.approx(row["metrics.test_auc"], abs=1e-4)
     assert float(table["time to AUC (s)"]) == pytest.approx(row["metrics.time_to_auc_seconds"], abs=0.05)

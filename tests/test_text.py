@@ -7,7 +7,7 @@ import gzip
 
 import numpy as np
 import pytest
-from conftest import compose, run_cli, runs
+from conftest import compose, runs
 
 from runner.bench.grid import DATA_PARALLEL
 from runner.config import ConfigError, validate
@@ -177,19 +177,20 @@ def test_the_gpt_learns_the_same_under_every_strategy_and_pipeline(tf_devices, s
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.long
-def test_a_text_run_prints_its_validation_loss_and_tokens_per_second_and_is_timed_to_a_loss(tmp_path, capsys):
-    """The run is timed to a validation loss just under a uniform guess (ln 84 = 4.43 nats); the report's time
-    column, its plot and the verdict read that target."""
+def test_a_text_run_prints_its_validation_loss_and_tokens_per_second_and_is_timed_to_a_loss(tf_devices, store, tmp_path,
+                                                                                               capsys):
+    """The run is timed to a validation loss just under a uniform guess (ln 84 = 4.43 nats); its last line (the one
+    `python -m runner` prints, tests/test_cli.py), the report's time column, its plot and the verdict read that
+    target."""
+    from runner.cli.main import result_line
     from runner.cli.report import main as report
+    from runner.experiment import run
 
-    proc = run_cli("debug=smoke", *TEXT, "strategy=mirrored", "gpus=2", "train.target_loss=4.4",
-                   "train.check_every=10", "train.check_examples=64", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    last = proc.stdout.strip().splitlines()[-1]
+    uri = store
+    last = result_line(run(compose("debug=smoke", *TEXT, "strategy=mirrored", "gpus=2", "train.target_loss=4.4",
+                                   "train.check_every=10", "train.check_examples=64", f"mlflow.tracking_uri={uri}")))
     assert last.startswith("validation loss ") and " nats/token  next-token accuracy " in last and "tokens/s" in last
     assert "target loss 4.40 reached in " in last
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     row = runs(uri, "smoke").iloc[0]
     assert row["status"] == "FINISHED" and row["metrics.tokens_per_sec"] > 0 and "metrics.images_per_sec" not in row
     assert row["metrics.test_loss"] < np.log(84)  # below a uniform guess over the 84 characters

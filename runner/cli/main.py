@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import hydra
 from omegaconf import DictConfig
@@ -22,7 +22,7 @@ log = logging.getLogger("runner")
 USER_ERROR_EXIT = 2
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     from runner.tracking.redact import redact
 
     print(f"error: {redact(message)}", file=sys.stderr)
@@ -49,6 +49,17 @@ def main(cfg: DictConfig) -> Any:
     except UserError as e:
         # Exiting here, inside the job, keeps Hydra from adding its own "Error executing job" line.
         _report(e)
+    if result["run_id"]:
+        from runner.tracking import ui
+
+        print(ui.where_to_look(result["tracking_uri"], result["experiment_id"]))
+    print(result_line(result))
+    return result
+
+
+def result_line(result: dict) -> str:
+    """A finished run's last line: its held-out scores (what they are depends on the task: accuracy, a language
+    model's loss per token, a click model's AUC), its rate, its target and its MLflow run."""
     unit = result["unit"]
     rate = f"{result[f'{unit}_per_sec']:,.0f} {unit}/s" if f"{unit}_per_sec" in result else f"{unit}/s not measured"
     for metric, said in (("accuracy", ""), ("loss", "loss "), ("auc", "AUC ")):  # accuracy's line as it always was
@@ -57,10 +68,6 @@ def main(cfg: DictConfig) -> Any:
                      f"{result[f'time_to_{metric}_seconds']:.1f} s ({result[f'steps_to_{metric}']:.0f} steps)")
         elif f"target_{metric}" in result:
             rate += f"  target {said}{result[f'target_{metric}']:.2f} not reached"
-    if result["run_id"]:
-        from runner.tracking import ui
-
-        print(ui.where_to_look(result["tracking_uri"], result["experiment_id"]))
     if unit == "tokens":  # a language model: its held-out loss first, in nats per token
         scores = (f"validation loss {result['test_loss']:.4f} nats/token  next-token accuracy "
                   f"{result['test_accuracy']:.4f}")
@@ -69,12 +76,8 @@ def main(cfg: DictConfig) -> Any:
                   f"{result['test_accuracy']:.4f}")
     else:
         scores = f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}"
-    print(
-        f"{scores}  {rate}  ({result['steps']:.0f} steps, "
-        f"{result['wall_seconds']:.1f} s)  "
-        + (f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)")
-    )
-    return result
+    where = f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)"
+    return f"{scores}  {rate}  ({result['steps']:.0f} steps, {result['wall_seconds']:.1f} s)  {where}"
 
 
 def _log_to_files(message: str) -> None:
@@ -85,7 +88,7 @@ def _log_to_files(message: str) -> None:
             handler.handle(record)
 
 
-def _report(e: BaseException) -> None:
+def _report(e: BaseException) -> NoReturn:
     """Report a user error in one line and exit 2, or re-raise it when a traceback was asked for."""
     if _show_traceback():
         raise e
@@ -109,9 +112,10 @@ def _exit_now(code: int) -> None:
 SUBCOMMANDS = ("report", "check", "predict", "replay")  # runner.cli.<name>.main(argv) -> exit status
 
 
-def _subcommand(name: str, argv: list[str]) -> None:
-    """`runner NAME ARGS`: the subcommand's own exit status; what it does not catch itself (a store's refusal, a
-    config Hydra cannot compose) in one `error:` line, exit 2; Ctrl-C exit 130."""
+def subcommand(name: str, argv: list[str]) -> int:
+    """`runner NAME ARGS`: the subcommand's own exit status, or 130 on Ctrl-C; what it does not catch itself (a
+    store's refusal, a config Hydra cannot compose) is one `error:` line and SystemExit(2). The command's edge, which
+    the tests pass through in their own process."""
     import importlib
 
     from hydra.errors import HydraException
@@ -119,13 +123,12 @@ def _subcommand(name: str, argv: list[str]) -> None:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        code = importlib.import_module(f"runner.cli.{name}").main(argv)
+        return importlib.import_module(f"runner.cli.{name}").main(argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        _exit_now(130)
+        return 130
     except (UserError, HydraException, OmegaConfBaseException, MlflowException) as e:
         _report(e)
-    _exit_now(code)
 
 
 def cli() -> None:
@@ -152,7 +155,7 @@ def cli() -> None:
         sys.exit(0)
     tracking.bound_http_retries()
     if sys.argv[1:2] and sys.argv[1] in SUBCOMMANDS:
-        _subcommand(sys.argv[1], sys.argv[2:])
+        _exit_now(subcommand(sys.argv[1], sys.argv[2:]))
     sys.argv[1:], error = preflight(sys.argv[1:])
     if error:
         _fail(error)
