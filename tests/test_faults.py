@@ -351,16 +351,17 @@ def test_a_read_only_launch_folder_or_checkpoint_folder_is_one_line(tmp_path):
         assert not (tmp_path / "mlflow.db").exists()  # refused before any run opened
 
 
-@pytest.mark.parametrize("args", [pytest.param(["train.steps=1"], marks=pytest.mark.slow),
-                                  ["train.warmup_calls=100", "train.profile=true"],
-                                  pytest.param(["train.steps=null", "train.epochs=0.0001"], marks=pytest.mark.slow)],
-                         ids=lambda a: a[-1])
-def test_a_run_too_short_to_time_says_why_in_one_line_and_in_a_tag(tmp_path, args):
-    proc = run_cli("debug=smoke", *args, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "images/s not measured" in proc.stdout and "nan" not in proc.stdout
-    assert ("train.profile=true traced nothing" in proc.stdout) == ("train.profile=true" in args)
-    record = only_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
+@pytest.mark.parametrize("args", [["train.steps=1"], ["train.warmup_calls=100", "train.profile=true"],
+                                  ["train.steps=null", "train.epochs=0.0001"]], ids=lambda a: a[-1])
+def test_a_run_too_short_to_time_says_why_in_one_line_and_in_a_tag(tf_devices, store, caplog, args):
+    """In-process: the run's last line (runner.cli.main.result_line, what `python -m runner` prints) and its log."""
+    from runner.cli.main import result_line
+    from runner.experiment import run
+
+    last = result_line(run(conftest.compose("debug=smoke", *args, f"mlflow.tracking_uri={store}")))
+    assert "images/s not measured" in last and "nan" not in last
+    assert ("train.profile=true traced nothing" in caplog.text) == ("train.profile=true" in args)
+    record = only_run(store)
     assert "images_per_sec" not in record.data.metrics
     assert "timing needs train.steps >=" in record.data.tags["images_per_sec.missing"]
 

@@ -24,7 +24,16 @@ def _interrupted_mid_call(method):
     return call
 
 
-def test_ctrl_c_during_a_metric_write_lets_the_write_finish_then_ends_the_run_killed(store):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt, as in a terminal, even when pytest was started where SIGINT is ignored (a
+    background job of a non-interactive shell): Python then installs no handler of its own."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+def test_ctrl_c_during_a_metric_write_lets_the_write_finish_then_ends_the_run_killed(store, ctrl_c_raises):
     cfg = validate(compose("debug=smoke", f"mlflow.tracking_uri={store}"))
     with pytest.raises(KeyboardInterrupt):
         with tracking.tracked(store, cfg) as run:
@@ -38,7 +47,7 @@ def test_ctrl_c_during_a_metric_write_lets_the_write_finish_then_ends_the_run_ki
     assert info.data.tags["error"] == "interrupted (KeyboardInterrupt)"
 
 
-def test_ctrl_c_during_run_creation_still_ends_the_new_run_killed(store):
+def test_ctrl_c_during_run_creation_still_ends_the_new_run_killed(store, ctrl_c_raises):
     cfg = validate(compose("debug=smoke", f"mlflow.tracking_uri={store}"))
     original = MlflowClient.create_run  # Run makes its own client: patch the class
     MlflowClient.create_run = _interrupted_mid_call(original)
