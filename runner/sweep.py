@@ -26,6 +26,7 @@ from omegaconf import DictConfig
 
 from runner import tracking
 from runner.data_pipelines import UNITS
+from runner.errors import UserError, one_line
 from runner.runtime import signals
 from runner.tracking.redact import redact
 
@@ -77,7 +78,6 @@ def run_isolated(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     from runner.config import ConfigError, validate
-    from runner.errors import one_line
 
     hc = HydraConfig.get()
     overrides, job_dir = list(hc.overrides.task), hc.runtime.output_dir
@@ -110,8 +110,6 @@ def _record_invalid(cfg: DictConfig, error: Exception, sweep_dir: str) -> None:
     """The invalid job's FAILED run under the sweep's parent; a store that refuses it is a warning (the sweep's
     summary names the job and its error either way, and no run was left open)."""
     from mlflow.exceptions import MlflowException
-
-    from runner.errors import UserError, one_line
 
     try:
         tracking.record_invalid(cfg, error, _read_parent(sweep_dir))

@@ -75,6 +75,22 @@ def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
     ]
 
 
+def test_an_invalid_job_whose_run_the_store_refuses_is_a_warning_and_its_error_stays(tmp_path, caplog):
+    """The sweep records an invalid job's run itself; a store that refuses the record does not stop the sweep."""
+    from conftest import compose
+
+    from runner.config import ConfigError, validate
+    from runner.sweep import _record_invalid
+
+    (tmp_path / "afile").write_text("not a folder")
+    cfg = compose("debug=smoke", "strategy=single", "gpus=2", f"mlflow.tracking_uri=sqlite:///{tmp_path}/afile/m.db")
+    with pytest.raises(ConfigError) as invalid:
+        validate(cfg)
+    _record_invalid(cfg, invalid.value, str(tmp_path))
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning.startswith("the invalid job's run is not in the store: ") and "afile is a file" in warning
+
+
 @ON_THE_SWEEP
 def test_resume_runs_only_the_combination_that_did_not_finish(swept):
     cwd, _, uri = swept

@@ -62,6 +62,7 @@ def record_invalid(cfg: DictConfig, error: Exception, parent: str | None) -> Non
         tags["mlflow.parentRunId"] = parent
     wait = OmegaConf.select(cfg, "mlflow.final_wait", default=0.0)  # the config is invalid: this value may be too
     valid = isinstance(wait, (int, float)) and 0 <= wait < math.inf
+    open_store(uri, experiment)  # an unusable store is one StoreError line, as for a run (tracked)
     Run(uri, experiment, tags, final_wait=wait if valid else 0.0).end("FAILED", str(error))
 
 
