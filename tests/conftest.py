@@ -40,7 +40,7 @@ def tf_devices():
 
 # Held while a store is copied into a folder: tests that start children from two threads (test_float16, test_slow)
 # would otherwise both find the folder without a store, and the second copy would land on the first child's store.
-_STORE_LOCK = threading.RLock()
+_STORE_LOCK = threading.Lock()
 
 
 @functools.cache

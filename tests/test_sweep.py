@@ -14,7 +14,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, runs, start_cli
+from conftest import compose, run_cli, runs, start_cli, subcommand
 
 from runner.sweep import RESULT_FILE
 
@@ -77,8 +77,6 @@ def test_sweep_records_parent_and_children_and_reports_the_failure(swept):
 
 def test_an_invalid_job_whose_run_the_store_refuses_is_a_warning_and_its_error_stays(tmp_path, caplog):
     """The sweep records an invalid job's run itself; a store that refuses the record does not stop the sweep."""
-    from conftest import compose
-
     from runner.config import ConfigError, validate
     from runner.sweep import _record_invalid
 
@@ -161,12 +159,10 @@ def test_mlflow_server_serves_the_sweep_over_rest(swept):
 
 @ON_THE_SWEEP
 def test_report_table_matches_the_runs_and_writes_pngs(swept, tmp_path, capsys):
-    from runner.cli.main import subcommand
-
     _, _, uri = swept
     out = tmp_path / "report"
-    assert subcommand("report", ["--experiment", "smoke", "--tracking-uri", uri, "--out", str(out)]) == 0
-    stdout = capsys.readouterr().out
+    code, stdout, err = subcommand(capsys, "report", "--experiment", "smoke", "--tracking-uri", uri, "--out", str(out))
+    assert code == 0, err
     df = _children(runs(uri, "smoke"))
     finished = df[df["status"] == "FINISHED"]
     for _, run in finished.iterrows():
@@ -233,8 +229,6 @@ def test_repeats_put_the_rounds_first_so_every_combination_runs_once_per_round()
 
 
 def test_a_repeat_is_a_config_of_its_own_from_the_second_round_on():
-    from conftest import compose
-
     from runner.config import validate
 
     def digest(*overrides):
