@@ -3,7 +3,6 @@ before TensorFlow initialises; tests that need another layout run the CLI in a s
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import functools
 import gc
@@ -176,6 +175,13 @@ def pytest_configure(config):
             cpu_peak("float32")
 
 
+def pytest_itemcollected(item):
+    """The tests marked `alone` form one xdist_group: one worker runs them one after the other, and holds the machine
+    once for all of them (`_Machine`)."""
+    if item.get_closest_marker("alone"):
+        item.add_marker(pytest.mark.xdist_group("alone"))
+
+
 @pytest.hookimpl(trylast=True)  # after pytest has grouped the tests that share a module's or a class's fixture
 def pytest_collection_modifyitems(items):
     """The tests marked `long` first, the rest in their order: pytest-xdist hands tests to its workers in this order,
@@ -183,29 +189,46 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
-@contextlib.contextmanager
-def _machine(alone: bool):
-    """Hold the machine for one test: shared by any test, exclusive for one marked `alone`, through a lock file of
-    this run of pytest-xdist's workers (without them, one test runs at a time anyway)."""
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run is None:
-        yield
-        return
-    with open(Path(tempfile.gettempdir()) / f"runner-tests-{run}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        yield
+class _Machine:
+    """This worker's hold on the machine, through a lock file of this run of pytest-xdist's workers: shared by any
+    test, exclusive for one marked `alone`, which waits until no other test runs while no other starts. An exclusive
+    hold is kept from one `alone` test to the next (they run in a row: one group), so the worker waits for the other
+    to finish its test once, not once per test. Without workers one test runs at a time anyway: no lock."""
+
+    def __init__(self) -> None:
+        self.file = None
+        self.mode = None
+
+    def hold(self, mode: int) -> None:
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        if run is None or mode == self.mode:
+            return
+        self.release()
+        self.file = open(Path(tempfile.gettempdir()) / f"runner-tests-{run}.lock", "a")
+        fcntl.flock(self.file, mode)
+        self.mode = mode
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing the file drops the lock
+        self.file = self.mode = None
+
+
+_machine = _Machine()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """The suite runs on two pytest-xdist workers; a test marked `alone` probes or times the machine itself (its
-    matmul peak), which another test running beside it would disturb: it waits until no other test runs, and none
-    starts until it ends (setup, call and teardown).
+    matmul peak), which another test running beside it would disturb: it holds the machine alone (`_Machine`).
 
     What a test leaves is frozen (`gc.freeze`), never collected: freed by a later collection, an earlier test's
     tf.data iterator stalls an unrelated test for up to 60 s (docs/testing.md, "Nothing collected between tests")."""
-    with _machine(item.get_closest_marker("alone") is not None):
-        yield
+    alone = item.get_closest_marker("alone") is not None
+    _machine.hold(fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+    yield
+    if not (alone and nextitem is not None and nextitem.get_closest_marker("alone")):
+        _machine.release()
     gc.freeze()
 
 
