@@ -82,6 +82,11 @@ def only_run(uri: str):
     return run
 
 
+def _said(cwd: Path, words: str) -> bool:
+    """Whether a run started in `cwd` has written `words` to its log file (outputs/<date>/<time>/runner.log)."""
+    return any(words in log.read_text() for log in cwd.glob("outputs/*/*/runner.log"))
+
+
 def errors(stderr: str) -> list[str]:
     assert "Traceback" not in stderr, stderr[-3000:]
     return [line for line in stderr.splitlines() if line.startswith("error:")]
@@ -194,7 +199,7 @@ def test_a_tracking_server_killed_mid_run_loses_nothing_once_it_is_back(tmp_path
     try:
         wait_for("the first points", lambda: points(uri) >= 5)
         kill_server(server)
-        time.sleep(3)  # the run goes on without its store...
+        wait_for("the run to find its store gone", lambda: _said(tmp_path, "cannot be written"))  # it goes on...
         server = start_server(tmp_path, port)  # ...until it is back (the run sends its backlog at the latest at the end)
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-3000:]
@@ -240,17 +245,18 @@ def test_a_server_gone_at_the_end_leaves_a_journal_that_runner_replay_sends(tmp_
 def test_a_store_on_a_disk_that_fills_mid_run_loses_nothing_once_space_is_freed(tmp_path):
     with tmpfs(tmp_path / "small", "4m") as disk:
         uri = f"sqlite:///{disk / 'mlflow.db'}"
-        run = start_cli(*LONG, "train.steps=9000", f"mlflow.tracking_uri={uri}", cwd=tmp_path)
+        run = start_cli(*LONG, f"mlflow.tracking_uri={uri}", cwd=tmp_path)
         wait_for("the first points", lambda: points(uri) >= 5)
         filler = fill(disk)
-        time.sleep(4)  # the run goes on without its store
+        wait_for("the run to find its store full", lambda: _said(tmp_path, "cannot be written"))  # it goes on
+        assert run.poll() is None, "the run ended before its store was full"
         filler.unlink()  # space is back: the run sends its backlog (at the latest when it ends)
         out, err = run.communicate(timeout=300)
         assert run.returncode == 0, err[-3000:]
         assert "cannot be written" in out + err and "full" in out + err and errors(err) == []
         record = only_run(uri)
         assert record.info.status == "FINISHED"
-        assert points(uri, record.info.run_id) == calls(9000, 20)
+        assert points(uri, record.info.run_id) == calls(6000, 20)
 
 
 @pytest.mark.slow  # ~14 s; the store's full-disk test stays in the default run
@@ -395,7 +401,7 @@ def test_ctrl_c_stops_a_worker_waiting_for_its_peers(tmp_path):
 
     def waiting() -> bool:  # its log says it joins its peers (the store is not read before the job has made it: a
         # client opening a store that does not exist yet creates its schema, racing the job doing the same)
-        return any("joining 2 workers" in log.read_text() for log in tmp_path.glob("outputs/*/*/runner.log"))
+        return _said(tmp_path, "joining 2 workers")
 
     wait_for("the worker to start waiting", waiting)
     time.sleep(3)
