@@ -1,4 +1,5 @@
-"""The benchmark commands, run for real on a tiny grid: fresh processes, figures read back from MLflow."""
+"""The benchmark commands, run for real on a tiny grid: fresh processes (plain Keras fit in this one), figures read back
+from MLflow."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import compose, markdown_rows
@@ -38,28 +38,32 @@ def test_pipeline_benchmark_prints_both_rates_for_every_pipeline(tmp_path):
         assert row["input-bound"] == ("yes" if pipeline_rate < 3 * step_rate else "no")
 
 
-def test_keras_baseline_times_plain_fit(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner.bench.keras_baseline", "--variant", "tiny", "--steps", "60", "--chunk", "10",
-         "--batch", "64", "--optimizer", "sgd"],
-        capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+def _baseline(capsys, *argv: str) -> dict:
+    """Plain Keras fit (`python -m runner.bench.keras_baseline ARGV`) in this process, on the tests' TensorFlow: the
+    JSON figures it prints last. The bench starts it as a fresh process per job (jobs.keras_job, the slow grid tests);
+    what these tests check is what the command computes and prints."""
+    from runner.bench import keras_baseline
+
+    capsys.readouterr()
+    code = keras_baseline.main(list(argv))
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_keras_baseline_times_plain_fit(tf_devices, capsys):
+    figures = _baseline(capsys, "--variant", "tiny", "--steps", "60", "--chunk", "10", "--batch", "64",
+                        "--optimizer", "sgd")
     assert figures["images_per_sec"] > 0 and figures["timed_steps"] == 50  # first 10-step epoch excluded
     assert figures["devices"] == 1 and figures["mirrored"] is False
     assert figures["optimizer"] == "SGD"  # Keras' own optimizer of the name given
 
 
-def test_keras_baseline_fits_the_gpt_with_its_recipe_and_counts_tokens(tmp_path):
+def test_keras_baseline_fits_the_gpt_with_its_recipe_and_counts_tokens(tf_devices, capsys):
     """The GPT's recipe (AdamW, clipping at 1.0, from conf/model/gpt.yaml) reaches Keras fit; its rate is tokens/s:
     batch x context per step."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "runner.bench.keras_baseline", "--model", "gpt", "--variant", "tiny", "--data",
-         "shakespeare", "--steps", "40", "--chunk", "10", "--batch", "8", "--optimizer", "adamw",
-         "--override=data.sequence_length=16"], capture_output=True, text=True, env=ENV, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    figures = json.loads(proc.stdout.strip().splitlines()[-1])
+    figures = _baseline(capsys, "--model", "gpt", "--variant", "tiny", "--data", "shakespeare", "--steps", "40",
+                        "--chunk", "10", "--batch", "8", "--optimizer", "adamw", "--override=data.sequence_length=16")
     assert figures["optimizer"] == "AdamW" and figures["clip_norm"] == 1.0 and "images_per_sec" not in figures
     assert figures["tokens_per_sec"] == pytest.approx(8 * 16 * 1e3 / figures["step_time_ms"], rel=1e-6)
 
@@ -68,7 +72,7 @@ USER_MODEL = ["+model._target_=user_models.resnet", "model.name=resnet", "data.s
               "data.train_limit=1024", "data.test_limit=128"]  # tests/user_models.py, batch norm, 32x32x3
 
 
-def test_the_bench_takes_a_users_model_and_data_for_runner_jobs_and_keras_fit_alike(tmp_path):
+def test_the_bench_takes_a_users_model_and_data_for_runner_jobs_and_keras_fit_alike(tf_devices, capsys):
     """--override reaches every runner job's config and Keras fit's, which then fits the very model the runner
     builds (the user's ResNet with its batch normalization, for the data's 32x32x3 spec)."""
     from runner.bench import grid, jobs
@@ -79,11 +83,9 @@ def test_the_bench_takes_a_users_model_and_data_for_runner_jobs_and_keras_fit_al
     cfg = compose(*setting.overrides())
     assert cfg.model._target_ == "user_models.resnet" and list(cfg.data.shape) == [32, 32, 3]
     assert "+model._target_=user_models.resnet" in setting.name  # tables say what was measured
-    env = {**ENV, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), ENV.get("PYTHONPATH", "")])}
-    proc = subprocess.run(jobs.keras_command(setting, 1, mirrored=False), capture_output=True, text=True, env=env,
-                          timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["timed_steps"] == 30
+    command = jobs.keras_command(setting, 1, mirrored=False)
+    assert command[:3] == [sys.executable, "-m", "runner.bench.keras_baseline"]
+    assert _baseline(capsys, *command[3:])["timed_steps"] == 30  # tests/ is on this process's path, as PYTHONPATH
 
 
 def test_grid_optimizer_reaches_runner_jobs_and_keras_fit():

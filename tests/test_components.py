@@ -203,15 +203,18 @@ def resnet(filters: int = 8):
 '''
 
 
-def test_a_user_resnet_with_batch_norm_trains_and_is_counted_by_tensorflow(tmp_path):
+def test_a_user_resnet_with_batch_norm_trains_and_is_counted_by_tensorflow(tf_devices, tmp_path, store, monkeypatch):
+    """In-process (a user's config folder and code from the command line: tests/test_layout.py, and the sweep above)."""
+    from runner.experiment import run
+
     (tmp_path / "code").mkdir()
     (tmp_path / "code" / "user_resnet.py").write_text(RESNET)
     (tmp_path / "conf" / "model").mkdir(parents=True)
     (tmp_path / "conf" / "model" / "resnet.yaml").write_text("_target_: user_resnet.resnet\nname: resnet\nfilters: 4\n")
-    proc = run_cli("--config-dir", str(tmp_path / "conf"), "model=resnet", "debug=smoke", "strategy=replicated",
-                   "gpus=2", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "code")})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    monkeypatch.syspath_prepend(str(tmp_path / "code"))
+    run(compose(f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "model=resnet", "debug=smoke",
+                "strategy=replicated", "gpus=2", f"mlflow.tracking_uri={store}"))
+    row = runs(store, "smoke").iloc[0]
     assert row["status"] == "FINISHED" and row["tags.model"] == "resnet"
     assert row["tags.flops.source"] == "TensorFlow's graph statistics"
     assert row["metrics.flops_per_example"] > 0 and row["metrics.achieved_gflops"] > 0

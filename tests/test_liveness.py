@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import markdown_rows, run_cli, runs, start_cli
+from conftest import markdown_rows, runs, start_cli, subcommand
 
 # Tiny MLP, checkpoints every 100 steps, far more steps than a test waits for: stopped by the test itself.
 LONG = ["debug=smoke", "train.steps=1000000", "train.checkpoint_every=100", "train.measure_input=false",
@@ -60,7 +60,7 @@ def test_a_second_start_beside_a_live_run_of_its_config_is_refused_and_the_live_
 
 
 @pytest.mark.long
-def test_report_after_a_sigkilled_sweep_shows_its_job_dead_and_closes_it_and_the_parent(tmp_path):
+def test_report_after_a_sigkilled_sweep_shows_its_job_dead_and_closes_it_and_the_parent(tmp_path, monkeypatch, capsys):
     sweep = start_cli("-m", *LONG, "train.seed=0,1", cwd=tmp_path, start_new_session=True)
     try:
         _checkpoint(tmp_path, sweep)  # the first job is training
@@ -70,16 +70,17 @@ def test_report_after_a_sigkilled_sweep_shows_its_job_dead_and_closes_it_and_the
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     assert set(runs(uri, "smoke")["status"]) == {"RUNNING"}  # no one could end them
 
-    proc = run_cli("report", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = markdown_rows(proc.stdout)
+    monkeypatch.chdir(tmp_path)  # `runner report` where the sweep was started: its default store
+    code, stdout, stderr = subcommand(capsys, "report")
+    assert code == 0, stderr[-2000:]
+    (row,) = markdown_rows(stdout)
     assert row["status"].startswith("DEAD (last wrote ") and row["status"].endswith(" ago)"), row
     df = runs(uri, "smoke").set_index("run_id")
     parent = df.index[df["tags.sweep"] == "parent"][0]
     job = df.index[df["tags.sweep"] != "parent"][0]
     assert df.loc[job, "status"] == "KILLED" and "died" in df.loc[job, "tags.error"]
     assert df.loc[parent, "status"] == "KILLED"  # its sweep was killed
-    assert f"logged to parent run {parent}, closed KILLED first" in proc.stdout
+    assert f"logged to parent run {parent}, closed KILLED first" in stdout
     from mlflow import MlflowClient
 
     logged = {Path(f.path).name for f in MlflowClient(uri).list_artifacts(parent, "report")}

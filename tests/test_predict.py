@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import compose, markdown_rows, run_cli, subcommand
+from conftest import compose, markdown_rows, subcommand
 
 from runner.config import ConfigError, validate
 from runner.measure.floor import TOUCHED
@@ -229,13 +229,14 @@ def test_expand_enumerates_a_sweeps_combinations_in_its_order():
 
 
 @pytest.mark.long
-def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path):
-    """A real calibration (a fresh process with 2 simulated devices), then the cache."""
-    env = {"RUNNER_CACHE_DIR": str(tmp_path / "cache")}
-    args = ["predict", "-m", "debug=smoke", "strategy=replicated,sharded_update,model_parallel", "gpus=2"]
-    proc = run_cli(*args, cwd=tmp_path, env=env)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rows = {r["combination"]: r for r in markdown_rows(proc.stdout)}
+def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path, monkeypatch, capsys, caplog):
+    """A real calibration (a fresh process with 2 simulated devices), then the cache; `runner predict` itself through
+    the command's edge (tests/test_hostile_input.py starts it as a process)."""
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["-m", "debug=smoke", "strategy=replicated,sharded_update,model_parallel", "gpus=2"]
+    code, stdout, stderr = subcommand(capsys, "predict", *args)
+    assert code == 0, stderr[-2000:]
+    rows = {r["combination"]: r for r in markdown_rows(stdout)}
     batch = compose("debug=smoke").train.global_batch_size
     assert set(rows) == {"mlp/tiny replicated/split x2", "mlp/tiny sharded_update/split x2",
                          "mlp/tiny model_parallel/split x2"}
@@ -248,16 +249,16 @@ def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path):
             batch / step * 1e3, rel=0.005 / step + 1e-3)
     blocked = [r for name, r in rows.items() if "model_parallel" in name][0]
     assert "has no cost model" in blocked["predicted images/s"]
-    assert "predicted fastest: mlp/tiny " in proc.stdout
+    assert "predicted fastest: mlp/tiny " in stdout
     path = tmp_path / "cache" / calibrate.CACHE_FILE
-    if "calibration disturbed" in proc.stderr:  # other processes used the CPUs meanwhile: nothing was cached
+    if "calibration disturbed" in caplog.text:  # other processes used the CPUs meanwhile: nothing was cached
         assert not path.exists()
         return
     cache = json.loads(path.read_text())
     assert sum("|machine" in k for k in cache) == 1 and all("measured" in e and "devices" in e for e in cache.values())
-    again = run_cli(*args, cwd=tmp_path, env=env)
-    assert [r["predicted images/s"] for r in markdown_rows(again.stdout)] == \
-        [r["predicted images/s"] for r in markdown_rows(proc.stdout)]  # read from the cache: the same figures
+    again = subcommand(capsys, "predict", *args)[1]
+    assert [r["predicted images/s"] for r in markdown_rows(again)] == \
+        [r["predicted images/s"] for r in markdown_rows(stdout)]  # read from the cache: the same figures
 
 
 @pytest.mark.parametrize("args, wanted", [

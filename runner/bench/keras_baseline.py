@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         model.compile(optimizer=optimizer, loss=cross_entropy)  # the runner's loss, per example; Keras averages it
     timer = EpochTimer()
     model.fit(_dataset(data, batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
-              verbose=0, callbacks=[timer.cb])
+              verbose=0, callbacks=[timer.cb], shuffle=False)  # the dataset shuffles itself (_dataset)
     timed = Timer(warmup_calls=1, steps_per_call=args.chunk)  # the runner's own summary of timed calls (epochs)
     for seconds in timer.seconds:
         timed.add(args.chunk, seconds)
