@@ -116,19 +116,24 @@ def run_cli(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300, 
     )
 
 
+def called(capsys, main, *argv: str) -> tuple[int, str, str]:
+    """A command's entry point, `main(argv) -> exit status`, in this process: (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    try:
+        code = main(list(argv))
+    except SystemExit as e:
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def subcommand(capsys, name: str, *argv: str) -> tuple[int, str, str]:
     """`runner NAME ARGV` in this process, through the command's edge (runner.cli.main.subcommand, where a store's
     refusal or a bad override becomes one `error:` line): (exit status, stdout, stderr). For the cases a process adds
     nothing to; tests/test_bad_input.py and tests/test_hostile_input.py keep the ones that start one."""
     from runner.cli.main import subcommand as edge
 
-    capsys.readouterr()
-    try:
-        code = edge(name, list(argv))
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return called(capsys, functools.partial(edge, name), *argv)
 
 
 def start_cli(*args: str, cwd: Path, env: dict | None = None, store: bool = True, **popen) -> subprocess.Popen:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import compose, markdown_rows
+from conftest import called, compose, markdown_rows
 
 from runner.data_pipelines import PIPELINES
 
@@ -44,9 +44,7 @@ def _baseline(capsys, *argv: str) -> dict:
     what these tests check is what the command computes and prints."""
     from runner.bench import keras_baseline
 
-    capsys.readouterr()
-    code = keras_baseline.main(list(argv))
-    out, err = capsys.readouterr()
+    code, out, err = called(capsys, keras_baseline.main, *argv)
     assert code == 0, err[-2000:]
     return json.loads(out.strip().splitlines()[-1])
 
