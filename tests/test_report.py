@@ -49,12 +49,35 @@ def test_one_device_runs_of_different_strategies_measure_the_noise_for_the_rest(
     """The issue's sweep: the two 1-device rows did the same work and measured 36,009 and 30,496 images/s (18% apart),
     so a 5% margin at 2 devices is within the noise, whatever each run's own stderr; a 30% one is beyond it."""
     rows = [run("mirrored", 1, ips=36_009, stderr=368), run("replicated", 1, ips=30_496, stderr=644)]
-    close = decide([*rows, run("replicated", 2, ips=34_000, stderr=300), run("mirrored", 2, ips=32_400, stderr=300)])[0]
-    assert close.best.name == "mirrored/split x1" and close.beyond_noise is False
+    close = decide([*rows, run("replicated", 2, ips=38_000, stderr=300), run("mirrored", 2, ips=36_400, stderr=300)])[0]
+    assert close.best.name == "replicated/split x2" and close.beyond_noise is False
     assert close.spread.relative == pytest.approx((36_009 - 30_496) / 33_252.5)
     assert "within the noise (run-to-run spread 17%, 2 one-device runs)" in close.line()
     far = decide([*rows, run("replicated", 2, ips=50_000), run("mirrored", 2, ips=38_000)])[0]
     assert far.best.name == "replicated/split x2" and far.beyond_noise is True and "beyond the noise" in far.line()
+
+
+def test_the_two_runs_compared_are_not_their_own_noise():
+    """Issue #61: when the fastest and the runner-up are a model's only two one-device runs, their own difference is
+    no measure of the noise (max/min - 1 always exceeds (max - min)/median): the verdict cannot tell, and says how to
+    know. Nor does a compared run measure it with one other one-device run."""
+    (v,) = decide([run("mirrored", 1, ips=1010), run("replicated", 1, ips=1000), run("mirrored", 2, ips=900)])
+    assert (v.best.name, v.runner_up.name) == ("mirrored/split x1", "replicated/split x1")
+    assert v.beyond_noise is None and v.spread is None
+    assert "beyond the noise" not in v.line() and "noise unknown (single runs: repeat them, sweep.repeats=3" in v.line()
+    (v,) = decide([run("mirrored", 1, ips=1100), run("replicated", 2, ips=1000), run("replicated", 1, ips=900)])
+    assert v.runner_up.name == "replicated/split x2" and v.beyond_noise is None and v.spread is None
+
+
+def test_repeats_of_the_compared_runs_still_tell_a_margin_beyond_their_spread():
+    """The same two one-device combinations, each run twice: the repeats measure the noise, their ranges do not
+    overlap, so the margin is real; with the runner-up run once, the best's repeats (1% apart) judge its 10%."""
+    repeated = [run("mirrored", 1, ips=v) for v in (1100, 1110)] + [run("replicated", 1, ips=v) for v in (1000, 1004)]
+    (v,) = decide(repeated)
+    assert v.best.name == "mirrored/split x1" and v.beyond_noise is True and "beyond the noise" in v.line()
+    (v,) = decide(repeated[:3])
+    assert v.beyond_noise is True and v.spread.source == "repeats of mirrored/split x1"
+    assert "beyond the noise (run-to-run spread 1%, repeats of mirrored/split x1)" in v.line()
 
 
 def test_repeats_that_differ_keep_a_margin_within_the_noise_and_repeats_that_agree_let_it_count():

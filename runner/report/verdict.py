@@ -8,8 +8,9 @@ count; several runs of one combination (repeats) are combined by their median an
 spread. The margin over the runner-up counts as real only when it exceeds how much a whole run moves from one
 start to the next: the two combinations' ranges must not overlap where both were repeated; otherwise the margin must
 exceed the run-to-run spread measured in the same table, from the repeats of any combination or from the 1-device
-runs of different strategies (the same work under other names). A run's own standard error (the spread of its
-calls) says nothing about that, so with neither the verdict says "noise unknown".
+runs of different strategies (the same work under other names) other than the two compared (their own difference
+would always exceed the spread it makes). A run's own standard error (the spread of its calls) says nothing about
+that, so with neither the verdict says "noise unknown" and how to know (sweep.repeats=3).
 "Learns the same" compares each run's final test accuracy and loss with the 1-device run of its model.
 """
 
@@ -115,12 +116,16 @@ def _relative(values: list[float]) -> float:
     return (max(values) - min(values)) / statistics.median(values)
 
 
-def run_to_run_spread(combos: list[Combination], key: str) -> Spread | None:
+def run_to_run_spread(combos: list[Combination], key: str, compared: Iterable[Combination] = ()) -> Spread | None:
     """The largest spread between runs of the same work in this table: the repeats of one combination, or the
-    1-device runs of different strategies; None when no two runs do the same work."""
+    1-device runs of different strategies other than the `compared` ones; None when no two such runs do the same work.
+
+    The compared combinations' own runs are no measure of the noise between them: of two numbers, max/min - 1
+    always exceeds (max - min)/median, so a margin judged by its own runs would always be "beyond the noise"."""
     found = [Spread(_relative(c.values(key)), f"repeats of {c.name}") for c in combos if len(c.values(key)) > 1]
-    one_device = [c.median(key) for c in combos
-                  if c.devices == 1 and not c.runs[0].host_only and not math.isnan(c.median(key))]
+    judged = {c.name for c in compared}
+    one_device = [c.median(key) for c in combos if c.name not in judged
+                  and c.devices == 1 and not c.runs[0].host_only and not math.isnan(c.median(key))]
     if len(one_device) > 1:
         found.append(Spread(_relative(one_device), f"{len(one_device)} one-device runs"))
     return max(found, key=lambda s: s.relative, default=None)
@@ -216,7 +221,7 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
     verdicts = [learns_same(r, base, tolerance) for r in mine if r is not base]
     judged = [v for v in verdicts if v is not None]
     targets = [r.target for r in mine if not math.isnan(r.target)]
-    spread = run_to_run_spread(combos, key)
+    spread = run_to_run_spread(combos, key, [c for c in (best, runner_up) if c is not None])
     return Verdict(
         model, basis, best, runner_up,
         _speed(best, basis) / _speed(runner_up, basis) if runner_up is not None else None,
