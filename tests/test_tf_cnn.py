@@ -1,0 +1,63 @@
+"""`model=alexnet` is tf_cnn_benchmarks' AlexNet, layer for layer, and the FLOP counter counts it."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.data_pipelines import MNIST, Spec
+
+
+@pytest.fixture(scope="module")
+def alexnet(tf_devices):
+    """tf_cnn_benchmarks' AlexNet built at its input, 227x227x3, for 1,000 classes (62M weights: built once)."""
+    from runner.models.alexnet import IMAGENET, AlexNet
+
+    return AlexNet().build(IMAGENET)
+
+
+def test_alexnet_has_tf_cnn_benchmarks_layers_shapes_and_parameter_count(alexnet):
+    """tf_cnn_benchmarks' models/alexnet_model.py at 227x227x3: its reshape is to 256 * 6 * 6 = 9,216 values."""
+    shapes = [(type(layer).__name__, tuple(layer.output.shape[1:])) for layer in alexnet.layers]
+    assert shapes == [
+        ("Conv2D", (55, 55, 64)), ("MaxPooling2D", (27, 27, 64)),  # 11x11 stride 4 VALID: (227 - 11) / 4 + 1 = 55
+        ("Conv2D", (27, 27, 192)), ("MaxPooling2D", (13, 13, 192)),
+        ("Conv2D", (13, 13, 384)), ("Conv2D", (13, 13, 384)), ("Conv2D", (13, 13, 256)), ("MaxPooling2D", (6, 6, 256)),
+        ("Flatten", (9216,)), ("Dense", (4096,)), ("Dropout", (4096,)), ("Dense", (4096,)), ("Dropout", (4096,)),
+        ("Dense", (1000,)),
+    ]
+    convs = [layer for layer in alexnet.layers if type(layer).__name__ == "Conv2D"]
+    assert [(c.kernel_size, c.strides, c.padding) for c in convs] == [
+        ((11, 11), (4, 4), "valid"), *[((k, k), (1, 1), "same") for k in (5, 3, 3, 3)]]
+    assert all(layer.activation.__name__ == "relu" for layer in alexnet.layers[:-1] if hasattr(layer, "activation"))
+    assert [d.rate for d in alexnet.layers if type(d).__name__ == "Dropout"] == [0.5, 0.5]  # tf_cnn keeps half
+    # weights + biases: conv 11*11*3*64 + 64 = 23,296; 5*5*64*192 + 192 = 307,392; 3*3*192*384 + 384 = 663,936;
+    # 3*3*384*384 + 384 = 1,327,488; 3*3*384*256 + 256 = 884,992; dense 9216*4096 + 4096 = 37,752,832;
+    # 4096*4096 + 4096 = 16,781,312; 4096*1000 + 1000 = 4,097,000: 61,838,248 in all
+    assert alexnet.count_params() == 61_838_248
+
+
+def test_the_flop_counter_counts_alexnet_by_its_layers(alexnet):
+    """Forward, 2 FLOPs per multiply-accumulate: 2 x kernel x output positions per layer; 2 x 23,232 x 55^2 =
+    140,553,600 (conv1) + 2 x 307,200 x 27^2 = 447,897,600 + 2 x 169 x (663,552 + 1,327,104 + 884,736) =
+    971,882,496 + 2 x (37,748,736 + 16,777,216 + 4,096,000) = 117,243,904: 1,677,577,600. Training: 3x forward less
+    the first layer's input gradient: 3 x 1,677,577,600 - 140,553,600 = 4,892,179,200."""
+    from runner.measure.flops import Count, count_training_flops, forward_flops_per_example
+
+    assert forward_flops_per_example(alexnet) == 1_677_577_600
+    assert count_training_flops(alexnet) == Count(4_892_179_200, "layer formulas")
+
+
+@pytest.mark.parametrize("spec,padded", [(MNIST, (67, 67, 1)), (Spec((66, 70, 3), 5), (67, 70, 3)),
+                                         (Spec((67, 67, 3), 5), None)], ids=str)
+def test_alexnet_zero_pads_images_below_its_smallest_size_and_no_others(tf_devices, spec, padded):
+    """67x67 is the least its VALID convolution and pools take (they leave 1x1): smaller sides are padded to it."""
+    from runner.models.alexnet import AlexNet
+
+    model = AlexNet(variant="tiny").build(spec)
+    first = model.layers[0]
+    if padded is None:
+        flatten = next(layer for layer in model.layers if type(layer).__name__ == "Flatten")
+        assert type(first).__name__ == "Conv2D" and tuple(flatten.input.shape[1:]) == (1, 1, 32)  # tiny: 32 filters
+    else:
+        assert type(first).__name__ == "ZeroPadding2D" and tuple(first.output.shape[1:]) == padded
+    assert tuple(model.output_shape[1:]) == (spec.classes,)
