@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,8 +27,8 @@ from typing import Any
 from omegaconf import DictConfig
 
 from runner import tracking
-from runner.data_pipelines import UNITS
 from runner.errors import UserError, one_line
+from runner.report import kinds
 from runner.runtime import signals
 from runner.tracking.redact import redact
 
@@ -281,22 +283,52 @@ class SweepCallback(Callback):
 
 
 def _summarise_on_parent(client: Any, parent: str) -> None:
-    """Give the parent's row in the runs table something to say: the best images/s (tokens/s, examples/s) and test
-    accuracy of its jobs, the fastest time to accuracy, and the models, pipelines, strategies and device counts they
-    covered."""
+    """Give the parent's row in the runs table something to say: its finished jobs' best figures (`parent_figures`)
+    and the models, pipelines, strategies and device counts they covered."""
     from mlflow.entities import Metric, RunTag
+
+    from runner.report.table import row_of
 
     experiment = client.get_run(parent).info.experiment_id
     jobs = [r for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
             if r.info.status == "FINISHED"]
-    figures = {**{f"{unit}_per_sec": max for unit in UNITS}, "test_accuracy": max, "time_to_accuracy_seconds": min}
     now = int(time.time() * 1000)
-    metrics = [Metric(key, pick(values), now, 0) for key, pick in figures.items()
-               if (values := [r.data.metrics[key] for r in jobs if key in r.data.metrics])]
+    metrics = [Metric(key, value, now, 0) for key, value in parent_figures([row_of(r) for r in jobs]).items()]
     metrics.append(Metric("jobs_finished", float(len(jobs)), now, 0))
     tags = [RunTag(key, ", ".join(sorted({r.data.tags.get(key, "?") for r in jobs}, key=str)))
             for key in ("model", "pipeline", "strategy", "devices.count", "devices.kind") if jobs]
     client.log_batch(parent, metrics=metrics, tags=tags)
+
+
+def parent_figures(jobs: list[Any]) -> dict[str, float]:
+    """The best figures of a sweep's finished jobs (report rows), each in the unit and metric its runs logged: the
+    highest `<unit>_per_sec` and test score (`test_accuracy`, a click model's `test_auc`), the shortest time to
+    the target (`time_to_accuracy_seconds`, `time_to_loss_seconds`, `time_to_auc_seconds`). Jobs of several kinds
+    (runner/report/kinds.py: an image model's, a language model's, a click model's) are summarised per model, under
+    its name (`gpt/tiny/tokens_per_sec`): a figure never picks between two units or metrics."""
+    parts = kinds.split(jobs)
+    if len(parts) < 2:
+        groups = [("", jobs)]
+    else:  # a model whose own jobs are of several kinds (a user's, on images and on tokens): its kinds named too
+        named = dict(zip([k for k, _ in parts], kinds.names([k for k, _ in parts])))
+        spans = [model for _, part in parts for model in {r.model for r in part}]
+        groups = [(_metric_name(model) + (f"/{named[kind]}" if spans.count(model) > 1 else "") + "/",
+                   [r for r in part if r.model == model])
+                  for kind, part in parts for model in sorted({r.model for r in part})]
+    figures = {}
+    for prefix, rows in groups:
+        kind = kinds.one(rows)
+        for key, field, pick in ((f"{kind.unit}_per_sec", "rate", max), (f"test_{kind.score}", kind.score, max),
+                                 (f"time_to_{kind.target}_seconds", "time_to_target", min)):
+            values = [v for r in rows if not math.isnan(v := getattr(r, field))]
+            if values:
+                figures[prefix + key] = pick(values)
+    return figures
+
+
+def _metric_name(model: str) -> str:
+    """A model's name as MLflow takes it in a metric's key (letters, digits, `_-. /`; a user's model may say more)."""
+    return re.sub(r"[^\w\-. /]", "_", model)
 
 
 def close_open_parent(status: str) -> None:

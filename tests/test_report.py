@@ -243,10 +243,11 @@ def test_the_time_to_accuracy_plot_stars_only_the_confirmed_targets(monkeypatch,
 
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig))
+    figures = dict(rate=math.nan, unit="images", accuracy=math.nan, auc=math.nan)  # (the plot reads their kind)
     rows = [SimpleNamespace(run_id="a", model="mlp", strategy="replicated", pipeline="split", devices=2, target=0.98,
-                            time_to_target=5.7, target_metric="accuracy"),
+                            time_to_target=5.7, target_metric="accuracy", **figures),
             SimpleNamespace(run_id="b", model="mlp", strategy="mirrored", pipeline="split", devices=2, target=0.98,
-                            time_to_target=math.nan, target_metric="accuracy")]
+                            time_to_target=math.nan, target_metric="accuracy", **figures)]
     curves = {"a": [(1, 0.9), (5.7, 0.981)], "b": [(1, 0.88), (7, 0.9801), (9, 0.979)]}  # b touches, unconfirmed
     plots.time_to_accuracy(rows, curves, tmp_path / "t.png")
     stars = [line for line in drawn[0].axes[0].lines if line.get_marker() == "*" and len(line.get_xdata())]

@@ -1,4 +1,5 @@
-"""The report's pictures, readable at the size MLflow previews them (labels and legends >= 9 pt):
+"""The report's pictures of runs of one kind (one unit, one score, one target metric: runner/report/kinds.py, which
+refuses rows of several), readable at the size MLflow previews them (labels and legends >= 9 pt):
 
 - `scaling.png`: images/s (or tokens/s, examples/s: what the data counts) (left) and speedup (right) against device
   count, one line per pipeline x strategy, with the ideal linear line drawn; with a single device count, a sorted
@@ -6,7 +7,8 @@
 - `time_to_accuracy.png`: test accuracy (test loss where runs were timed to a loss) against training seconds, one
   curve per combination (its checks and final evaluation), the target as a horizontal line, a star where the target
   was confirmed on the full test set.
-- `accuracy.png`: final test accuracy per combination as dots on an axis zoomed to the data, values printed.
+- `accuracy.png`: final test accuracy (a click model's: test AUC) per combination as dots on an axis zoomed to the
+  data, values printed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from runner.report import verdict
+from runner.report import kinds
 
 FONT = 10  # points, for labels, ticks and legends
 
@@ -36,10 +38,10 @@ def _label(row: Any) -> str:
 
 def scaling(rows: list[Any], path: Path) -> None:
     """Throughput and speedup against devices, or a bar chart when there is one device count."""
-    plt = _pyplot()
+    plt, unit = _pyplot(), kinds.one(rows).unit
     done = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.rate)]
     if len({r.devices for r in done}) < 2:
-        return _bars(plt, done, path)
+        return _bars(plt, done, unit, path)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5))
     groups: dict[str, list[Any]] = {}
     for r in done:
@@ -56,7 +58,7 @@ def scaling(rows: list[Any], path: Path) -> None:
     if one:  # ideal: the best 1-device rate times the devices
         left.plot(counts, [max(one) * n for n in counts], "k--", alpha=0.6, label="ideal (linear)")
     right.plot(counts, counts, "k--", alpha=0.6, label="ideal (linear)")
-    left.set(xlabel="devices", ylabel=f"{verdict.units(done)}/s", title="Throughput")
+    left.set(xlabel="devices", ylabel=f"{unit}/s", title="Throughput")
     right.set(xlabel="devices", ylabel="speedup over 1 device", title="Speedup")
     for ax in (left, right):
         ax.set_xticks(counts)
@@ -65,13 +67,13 @@ def scaling(rows: list[Any], path: Path) -> None:
     _save(plt, fig, path)
 
 
-def _bars(plt: Any, done: list[Any], path: Path) -> None:
+def _bars(plt: Any, done: list[Any], unit: str, path: Path) -> None:
     done = sorted(done, key=lambda r: r.rate)
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
     labels = [f"{_label(r)} x{r.devices}" for r in done]
     bars = ax.barh(labels, [r.rate for r in done], color="tab:blue")
     ax.bar_label(bars, labels=[f"{r.rate:,.0f}" for r in done], padding=3)
-    ax.set(xlabel=f"{verdict.units(done)}/s", title="Throughput (one device count: no scaling curve)")
+    ax.set(xlabel=f"{unit}/s", title="Throughput (one device count: no scaling curve)")
     ax.set_xlim(0, max([r.rate for r in done], default=1) * 1.2)
     _save(plt, fig, path)
 
@@ -93,8 +95,8 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
     if stars:  # one legend entry for every star, in no run's colour
         ax.plot([], [], "*", markersize=12, color="w", markeredgecolor="k",
                 label="target confirmed on the full test set")
-    metric = next((m for m in ("loss", "auc") if any(r.target_metric == m for r in rows)), "accuracy")
-    loss, named = metric == "loss", {"loss": "test loss", "auc": "test AUC", "accuracy": "test accuracy"}[metric]
+    metric = kinds.one(rows).target
+    loss, named = metric == "loss", f"test {kinds.TARGETS[metric]}"
     targets = {r.target for r in rows if not math.isnan(r.target)}
     for target in targets:
         ax.axhline(target, color="k", linestyle="--", alpha=0.6,
@@ -108,20 +110,22 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
 
 
 def accuracy(rows: list[Any], path: Path) -> None:
-    """Final test accuracy per combination: dots on an axis zoomed to the data, values printed."""
-    plt = _pyplot()
-    done = sorted([r for r in rows if r.status == "FINISHED" and not math.isnan(r.accuracy)],
-                  key=lambda r: r.accuracy)
+    """Final test accuracy (a click model's test AUC) per combination: dots on an axis zoomed to the data, values
+    printed."""
+    plt, score = _pyplot(), kinds.one(rows).score
+    done = sorted([r for r in rows if r.status == "FINISHED" and not math.isnan(getattr(r, score))],
+                  key=lambda r: getattr(r, score))
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
     labels = [f"{_label(r)} x{r.devices}" for r in done]
-    values = [r.accuracy for r in done]
+    values = [getattr(r, score) for r in done]
     ax.plot(values, labels, "o", color="tab:green", markersize=8)
     for value, label in zip(values, labels):
         ax.annotate(f"{value:.4f}", (value, label), textcoords="offset points", xytext=(8, -3))
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     pad = max((high - low) * 0.25, 0.002)
     ax.set_xlim(low - pad, high + pad * 2)
-    ax.set(xlabel="final test accuracy", title="Test accuracy per combination (axis zoomed to the data)")
+    named = kinds.SCORES[score]
+    ax.set(xlabel=f"final test {named}", title=f"Test {named} per combination (axis zoomed to the data)")
     ax.grid(axis="x", alpha=0.3)
     _save(plt, fig, path)
 

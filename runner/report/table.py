@@ -8,6 +8,8 @@ mode, images/s (or tokens/s, examples/s: what the data counts) ± standard error
 1-device run of the same model, pipeline, strategy and scaling mode (else of the model under `single`), time to the
 target accuracy, test accuracy, whether it learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/report/verdict.py) and
 the plots (runner/report/plots.py). With a sweep's parent run, table and plots are also logged as artifacts of that parent.
+Runs of different units or metrics (an image model's images/s and accuracy, a language model's tokens/s and loss
+target, a click model's examples/s and AUC: runner/report/kinds.py) get one table and one set of plots per kind.
 
 A run whose process is gone from this host without ending it (SIGKILL, power loss) shows as `DEAD (last wrote 3 min
 ago)` and is closed KILLED; a sweep parent whose sweep is gone so is closed once none of its jobs runs, before the
@@ -22,11 +24,11 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runner import tracking
 from runner.data_pipelines import rate_unit
-from runner.report import plots, prediction, verdict
+from runner.report import kinds, plots, prediction, verdict
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,9 @@ class Row:
         return f"{self.devices} {self.kind}{' (sim)' if self.simulated else ''}"
 
 
-def _row(run: Any, status: str | None = None) -> Row:
-    """A run as a row; `status` shown instead of the stored one (a dead run's)."""
+def row_of(run: Any, status: str | None = None) -> Row:
+    """An MLflow run as a row: what it measured, in its own unit and metric (the one place a report reads them);
+    `status` shown instead of the stored one (a dead run's)."""
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
     unit = rate_unit({**m, **tags}) or "images"
@@ -147,7 +150,7 @@ def fetch(client: Any, selection: Selection, filter_string: str) -> list[Row]:
     if selection.parent:
         clauses.append(f"tags.mlflow.parentRunId = '{selection.parent}'")
     runs = client.search_runs([selection.experiment_id], " and ".join(clauses), max_results=5000)
-    return add_speedups([_row(r, _dead(client, r)) for r in runs if r.data.tags.get("sweep") != "parent"])
+    return add_speedups([row_of(r, _dead(client, r)) for r in runs if r.data.tags.get("sweep") != "parent"])
 
 
 def _dead(client: Any, run: Any) -> str | None:
@@ -191,30 +194,36 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
     1 device."""
     finished = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.rate)]
     for row in rows:
-        base = _baseline(row, finished)
+        peers = [r for r in finished if r.unit == row.unit]  # a model's runs of another unit are other work
+        base = _baseline(row, peers)
         if base is not None and row.status == "FINISHED" and row.devices:
             row.speedup = row.rate / base.rate
             row.efficiency = row.speedup / row.devices
-        reference = verdict.one_device(verdict.runs_from([r for r in finished if r.model == row.model]))
+        reference = verdict.one_device(verdict.runs_from([r for r in peers if r.model == row.model]))
         if reference is not None and row.status == "FINISHED":
             row.same = verdict.learns_same(verdict.runs_from([row])[0], reference, tolerance)
     return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices))
 
 
-def _time_to(rows: list[Row]) -> str:
-    """The time column's name: `time to acc.` (as image tables always said), `time to loss`, `time to AUC` or
-    `time to target`."""
-    metrics = {r.target_metric for r in rows if not math.isnan(r.target)}  # runs with a target say what it is
-    if metrics <= {"accuracy"}:
-        return "time to acc."
-    return {frozenset({"loss"}): "time to loss", frozenset({"auc"}): "time to AUC"}.get(frozenset(metrics),
-                                                                                       "time to target")
+def _time_to(kind: kinds.Kind) -> str:
+    """The time column's name: `time to acc.` (as image tables always said), `time to loss` or `time to AUC`."""
+    return {"accuracy": "time to acc.", "loss": "time to loss", "auc": "time to AUC"}[kind.target]
 
 
-def _score(rows: list[Row]) -> tuple[str, str]:
-    """The score column: (its name, the Row field): a click model's test AUC where the runs logged one, else the
-    test accuracy (as image and text tables always said)."""
-    return ("test AUC", "auc") if any(not math.isnan(r.auc) for r in rows) else ("test acc", "accuracy")
+def _score(kind: kinds.Kind) -> tuple[str, str]:
+    """The score column: (its name, the Row field): a click model's test AUC, else the test accuracy (as image and
+    text tables always said)."""
+    return ("test AUC", "auc") if kind.score == "auc" else ("test acc", "accuracy")
+
+
+def _by_kind(rows: list[Row], each: Callable[[list[Row], kinds.Kind], str]) -> str:
+    """`each` kind's text (runner/report/kinds.py): for rows of one kind, its text alone; for several, one text per
+    kind under a line naming its models and kind, so that no column holds two units or two metrics."""
+    parts = kinds.split(rows)
+    if len(parts) < 2:
+        return each(rows, parts[0][0] if parts else kinds.Kind())
+    return "\n\n".join(f"{', '.join(sorted({r.model for r in part}))}: {kind}\n\n{each(part, kind)}"
+                        for kind, part in parts)
 
 
 def _fmt(value: float, spec: str) -> str:
@@ -222,10 +231,15 @@ def _fmt(value: float, spec: str) -> str:
 
 
 def table(rows: list[Row]) -> str:
-    """The comparison as a Markdown table, with a footnote where speedups are missing."""
-    unit, (score, field) = verdict.units(rows), _score(rows)
+    """The comparison as Markdown tables, one per kind of run, with a footnote where speedups are missing."""
+    return _by_kind(rows, _table)
+
+
+def _table(rows: list[Row], kind: kinds.Kind) -> str:
+    """The Markdown table of rows of one kind."""
+    unit, (score, field) = kind.unit, _score(kind)
     head = (f"| model | pipeline | strategy | devices | scaling | {unit}/s | ± stderr | predicted {unit}/s "
-            f"| speedup | efficiency | {_time_to(rows)} (s) | {score} | learns same | MFU | wall s | status |\n"
+            f"| speedup | efficiency | {_time_to(kind)} (s) | {score} | learns same | MFU | wall s | status |\n"
             + "|---" * 16 + "|")
     same = {True: "yes", False: "no", None: "-"}
     lines = [
@@ -240,7 +254,7 @@ def table(rows: list[Row]) -> str:
     if any(math.isnan(r.speedup) and r.status == "FINISHED" for r in rows):
         notes.append("speedup/efficiency `-`: no 1-device run of that model, pipeline and strategy (or of `single`)")
     if any(math.isnan(r.time_to_target) and r.status == "FINISHED" for r in rows):
-        notes.append(f"{_time_to(rows)} `-`: the run did not reach its target (or had none)")
+        notes.append(f"{_time_to(kind)} `-`: the run did not reach its target (or had none)")
     return "\n".join([head, *lines, *(f"\n{n}" for n in notes)])
 
 
@@ -280,12 +294,22 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     lines += prediction_lines(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join([text, "", *lines]) + "\n")
-    paths = [out / "scaling.png", out / "time_to_accuracy.png", out / "accuracy.png"]
+    parts = kinds.split(rows)
+    paths = [path for (_, part), name in zip(parts, kinds.names([k for k, _ in parts]))
+             for path in _plots(client, part, out, name)]
+    logged = _log_to_parent(client, selection.parent, [out / "report.md", *paths]) if selection.parent else ""
+    return Report(text, lines, paths, logged)
+
+
+def _plots(client: Any, rows: list[Row], out: Path, name: str) -> list[Path]:
+    """The three plots of rows of one kind, named `scaling.png`, ... (`scaling_<name>.png` where a report has
+    several kinds); returns their paths."""
+    suffix = f"_{name}" if name else ""
+    paths = [out / f"{plot}{suffix}.png" for plot in ("scaling", "time_to_accuracy", "accuracy")]
     plots.scaling(rows, paths[0])
     plots.time_to_accuracy(rows, curves(client, rows), paths[1])
     plots.accuracy(rows, paths[2])
-    logged = _log_to_parent(client, selection.parent, [out / "report.md", *paths]) if selection.parent else ""
-    return Report(text, lines, paths, logged)
+    return paths
 
 
 def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
@@ -304,11 +328,17 @@ def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
 
 def compact(rows: list[Row]) -> str:
     """One line per job, the figures a sweep's end shows: combination, images/s or the data's unit (and the
-    predicted where runs logged one), time to the target, the test accuracy (a click model's: AUC), status."""
+    predicted where runs logged one), time to the target, the test accuracy (a click model's: AUC), status; one table
+    per kind of run."""
+    return _by_kind(rows, _compact)
+
+
+def _compact(rows: list[Row], kind: kinds.Kind) -> str:
+    """The compact Markdown table of rows of one kind."""
     predicted = any(not math.isnan(r.predicted) for r in rows)
-    unit, (score, field) = verdict.units(rows), _score(rows)
+    unit, (score, field) = kind.unit, _score(kind)
     head = (f"| model | combination | {unit}/s | " + (f"predicted {unit}/s | " if predicted else "")
-            + f"{_time_to(rows)} (s) | {score} | status |\n" + "|---" * (7 if predicted else 6) + "|")
+            + f"{_time_to(kind)} (s) | {score} | status |\n" + "|---" * (7 if predicted else 6) + "|")
     lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.rate, ',.0f')} "
              + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
              + f"| {_fmt(r.time_to_target, '.1f')} | {_fmt(getattr(r, field), '.4f')} | {r.status} |" for r in rows]
@@ -327,7 +357,8 @@ def prediction_lines(rows: list[Row]) -> list[str]:
 
 
 def sweep_end(client: Any, parent: str) -> list[str]:
-    """What the end of a sweep prints: its jobs' compact table, the verdict, and where to look further."""
+    """What the end of a sweep prints: its jobs' compact table (one per kind), the verdict, and where to look
+    further."""
     from runner.tracking import ui
 
     run = client.get_run(parent)

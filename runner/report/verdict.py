@@ -1,5 +1,6 @@
 """The answer to "which pipeline and strategy is fastest on my devices, and does it still learn the same?", from a
-table of runs, as one `verdict:` line per model.
+table of runs, as one `verdict:` line per model (per model and kind of run where a model's runs count different
+units or were timed to different metrics: runner/report/kinds.py).
 
 Fastest means: lowest time to the target (a test accuracy, or a language model's test loss; training seconds,
 evaluation excluded) among the combinations that reached it; where none did, highest throughput (images/s, or
@@ -20,6 +21,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable
+
+from runner.report import kinds
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Run:
     host_only: bool = False  # gpus=0: the host CPU, not one of the devices
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
     target_metric: str = "accuracy"  # what `target` is: a test accuracy or AUC (at or over it) or loss (at or under)
+    auc: float = math.nan  # a click model's test AUC (data with a binary label)
 
     @property
     def combination(self) -> str:
@@ -193,7 +197,13 @@ def _speed(c: Combination, basis: str) -> float:
 
 
 def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]:
-    """One verdict per model over its finished runs (ties go to the first combination by name)."""
+    """One verdict per model over its finished runs (ties go to the first combination by name), per kind of run
+    (runner/report/kinds.py): a model's runs of two units are two verdicts, never one ranking."""
+    return [v for _, part in kinds.split(runs) for v in _decide(part, tolerance)]
+
+
+def _decide(runs: list[Run], tolerance: Tolerance) -> list[Verdict]:
+    """One verdict per model over runs of one kind."""
     verdicts = []
     for model in sorted({r.model for r in runs}):
         mine = [r for r in runs if r.model == model and r.status == "FINISHED"]
@@ -230,14 +240,8 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
     )
 
 
-def units(rows: Iterable[Any]) -> str:
-    """What the rows' (or runs') throughput counts: `images`, `tokens`, or `images, tokens` for a mix of models;
-    rows without a rate (a run that failed before it timed anything) say nothing."""
-    return ", ".join(sorted({r.unit for r in rows if not math.isnan(r.rate)})) or "images"
-
-
 def runs_from(rows: Iterable[Any]) -> list[Run]:
     """Verdict runs from report rows (anything with the same field names)."""
     return [Run(r.model, r.pipeline, r.strategy, r.devices, r.rate, r.stderr, r.accuracy, r.loss,
-                r.time_to_target, r.target, r.status, r.scaling, r.host_only, r.unit, r.target_metric)
+                r.time_to_target, r.target, r.status, r.scaling, r.host_only, r.unit, r.target_metric, r.auc)
             for r in rows]

@@ -1,0 +1,90 @@
+"""What a run's figures are, so that figures of different units or metrics never share a table's column, a ranking,
+a plot's axis or a sweep parent's metric.
+
+A run's kind is read from the run itself, as the report's rows (runner/report/table.py) and the verdict's runs carry
+it: the unit its throughput counts (images, tokens or examples: `data_pipelines.Spec.unit`, which the run logged as
+`<unit>_per_sec`), its score (a test accuracy, or a click model's test AUC where it logged one) and what it was timed
+to (`train.Target`'s metric: accuracy, loss or AUC). A sweep over an image model, a language model and a click model
+is three kinds, reported one part each (one table, one set of plots, its own verdicts); a sweep of one kind is one
+part, as before. A run that says nothing (refused before it timed or evaluated anything) takes its model's kind.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, TypeVar
+
+T = TypeVar("T")  # a report row or a verdict run: anything with the fields `_said` reads
+
+SCORES = {"accuracy": "accuracy", "auc": "AUC"}  # the score's name in a column or on an axis
+TARGETS = {"accuracy": "accuracy", "loss": "loss", "auc": "AUC"}  # what time to target counts, as said
+
+
+@dataclass(frozen=True)
+class Kind:
+    """The unit and metrics a part of a report shares."""
+
+    unit: str = "images"  # images, tokens or examples: what its rates count
+    score: str = "accuracy"  # accuracy or auc: its final test score
+    target: str = "accuracy"  # accuracy, loss or auc: what its time to target is timed to
+
+    def __str__(self) -> str:
+        return f"{self.unit}/s, test {SCORES[self.score]}, time to {TARGETS[self.target]}"
+
+
+def _said(row: Any) -> dict[str, str]:
+    """What a row says of its own kind: only the figures it measured (a rate, a score, a target) say anything."""
+    said = {}
+    if not math.isnan(row.rate):
+        said["unit"] = row.unit
+    if not math.isnan(row.auc):
+        said["score"] = "auc"
+    elif not math.isnan(row.accuracy):
+        said["score"] = "accuracy"
+    if not math.isnan(row.target):
+        said["target"] = row.target_metric
+    return said
+
+
+def _kinds(rows: list[Any]) -> list[Kind | None]:
+    """Each row's kind: what it says, else what its model's other rows say, else the default; None for a row whose
+    model says nothing at all."""
+    by_model: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        by_model.setdefault(row.model, []).append(_said(row))
+    out: list[Kind | None] = []
+    for row in rows:
+        own, model = _said(row), by_model[row.model]
+        known = {key: own.get(key) or next((s[key] for s in model if key in s), None)
+                 for key in ("unit", "score", "target")}
+        out.append(Kind(**{k: v for k, v in known.items() if v}) if any(known.values()) else None)
+    return out
+
+
+def split(rows: Iterable[T]) -> list[tuple[Kind, list[T]]]:
+    """The rows in parts of one kind each, in the order their kinds first appear and each in the rows' order (one
+    part for rows of one kind; none for no rows); rows of models that said nothing join the first part, where they
+    mix no figures."""
+    rows = list(rows)
+    kinds = _kinds(rows)
+    order = list(dict.fromkeys(k for k in kinds if k is not None)) or [Kind()]
+    return [(kind, [r for r, k in zip(rows, kinds) if (k or order[0]) == kind]) for kind in order] if rows else []
+
+
+def one(rows: Iterable[Any]) -> Kind:
+    """The one kind of `rows`; ValueError where they are of several (they must be split first: `split`)."""
+    parts = split(rows)
+    if len(parts) > 1:
+        raise ValueError("rows of several kinds (" + "; ".join(str(k) for k, _ in parts) + "): split them first")
+    return parts[0][0] if parts else Kind()
+
+
+def names(kinds: list[Kind]) -> list[str]:
+    """A short name per kind, for file names: '' for a single kind; else its unit, where the units tell the kinds
+    apart, else its unit, score and target."""
+    if len(kinds) < 2:
+        return [""] * len(kinds)
+    if len({k.unit for k in kinds}) == len(kinds):
+        return [k.unit for k in kinds]
+    return [f"{k.unit}_{k.score}_{k.target}" for k in kinds]
