@@ -24,6 +24,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from runner.data_pipelines import DATASETS, PIPELINES, DataError, Spec
+from runner.hardware import HARDWARE
 from runner.models import MODELS
 from runner.errors import ConfigError
 from runner.registry import Registry, Rule, non_negative, positive, schema, typed_values
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
 # The configs: the package data `runner.conf` (the repository's conf/, mapped there by pyproject.toml), found the
 # same way in a wheel, a `pip install .` and an editable install.
 CONF_DIR = Path(str(importlib.resources.files("runner.conf")))
-COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "strategy": STRATEGIES, "data": DATASETS}
+COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "strategy": STRATEGIES, "data": DATASETS,
+                                   "hardware": HARDWARE}
 PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)
 OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop", "adagrad"]  # built by runner.optimizers.make
@@ -188,15 +190,17 @@ class Config:
     pipeline: Any = None
     strategy: Any = None
     data: Any = None
+    hardware: Any = None  # what `runner predict` prices (a spec sheet); runs train on this machine (`this`)
     train: TrainConf = field(default_factory=TrainConf)
     mlflow: MlflowConf = field(default_factory=MlflowConf)
     sweep: SweepConf = field(default_factory=SweepConf)
     # Devices to train on. 0 = the host CPU alone; N >= 1 = N real GPUs when the machine has them, otherwise N
-    # simulated (logical) devices carved out of one GPU or the CPU (logged and recorded as simulated).
+    # simulated (logical) devices carved out of one GPU or the CPU (logged and recorded as simulated). With a named
+    # hardware (runner predict): its devices, over as many nodes as they fill.
     gpus: int = 1
 
-    RULES: ClassVar[dict[str, Rule]] = {
-        "gpus": (lambda v: 0 <= v <= MAX_DEVICES, f"an integer from 0 to {MAX_DEVICES}"),
+    RULES: ClassVar[dict[str, Rule]] = {  # the most: the hardware's (this machine: MAX_DEVICES)
+        "gpus": (lambda v: v is not None and v >= 0, f"an integer from 0 to {MAX_DEVICES}"),
     }
 
 
@@ -227,6 +231,7 @@ class Plan:
     towers: int
     cluster: Cluster | None
     config_hash: str
+    hardware: Any = None  # runner.hardware's This or a SpecSheet
 
     @property
     def train(self) -> Any:
@@ -276,7 +281,7 @@ def config_hash(cfg: DictConfig) -> str:
     """A stable hash of what a run computes: the resolved config without tracking, sweep and checkpoint settings."""
     data = OmegaConf.to_container(cfg, resolve=True)
     repeat = data.get("sweep", {}).get("round", 0)
-    for key in ("mlflow", "sweep"):
+    for key in ("mlflow", "sweep", "hardware"):  # what it is predicted on changes nothing it computes
         data.pop(key, None)
     if repeat:  # a repeat is a run of its own (checkpoints, resume), round 0 the same config as a single run
         data["round"] = repeat
@@ -347,11 +352,13 @@ def validate(cfg: DictConfig) -> Plan:
     """
     values = _top_level(cfg)
     parts = {kind: registry.options(values[kind] or {}) for kind, registry in COMPONENTS.items()}
-    strategy, gpus = parts["strategy"], values["gpus"]
+    strategy, gpus, hardware = parts["strategy"], values["gpus"], parts["hardware"]
+    hardware.check_devices(gpus, strategy.multi_process)
     strategy.check(gpus, parts["model"], values["train"]["jit_compile"])
     _check_precision(strategy, values["train"]["precision"])
     _check_optimizer(values["train"])
-    cluster = strategy.cluster()
+    # A named hardware's nodes are its cluster: `gpus` counts the devices of all of them
+    cluster = strategy.cluster() if hardware.measured else None
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
     spec = _spec(parts["data"])  # first: data that cannot say what it is cannot say how much of it there is
@@ -359,12 +366,13 @@ def validate(cfg: DictConfig) -> Plan:
     parts["model"].check(spec)
     strategy.check_task(spec)
     _resolve_target(values["train"], parts, spec)
-    _check_tables(values["train"], parts["model"], spec, strategy, gpus)
-    _check_memory(values["train"], parts["model"], parts["data"], spec, towers)
+    if hardware.measured:  # a spec sheet's memory is checked per device by the prediction (runner/predict/)
+        _check_tables(values["train"], parts["model"], spec, strategy, gpus)
+        _check_memory(values["train"], parts["model"], parts["data"], spec, towers)
     resolved = OmegaConf.create({**values, **{kind: _as_node(part, values[kind]) for kind, part in parts.items()}})
     OmegaConf.set_readonly(resolved, True)
     return Plan(resolved, parts["model"], parts["pipeline"], strategy, parts["data"], spec, towers, cluster,
-                config_hash(resolved))
+                config_hash(resolved), hardware)
 
 
 def _resolve_target(train: dict, parts: dict, spec: Spec) -> None:

@@ -128,6 +128,10 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
         merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})
     except OmegaConfBaseException as e:
         raise ConfigError(_config_message(e, kind)) from None
+    missing = sorted(OmegaConf.missing_keys(merged))
+    if missing:  # a field without a default (`???`) that the node does not give
+        raise ConfigError(f"{_key(kind, missing[0])} is not set and has no default; give it "
+                          f"({_key(kind, missing[0])}=...)")
     values = OmegaConf.to_container(merged, resolve=True)
     _check_values(cls, values, kind)
     return values
@@ -135,7 +139,13 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
 
 def typed(cls: type, node: Mapping[str, Any], kind: str) -> Any:
     """`node` as a `cls` object, checked as `typed_values` does."""
-    return cls(**typed_values(cls, node, kind))
+    return _built(cls, typed_values(cls, node, kind))
+
+
+def _built(cls: type, values: dict[str, Any]) -> Any:
+    """A `cls` of checked values, its nested options dataclasses built too."""
+    kinds = fields(cls)
+    return cls(**{k: _built(kinds[k], v) if dataclasses.is_dataclass(kinds.get(k)) else v for k, v in values.items()})
 
 
 def locate(path: str, kind: str) -> Any:

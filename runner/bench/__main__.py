@@ -1,4 +1,4 @@
-"""The benchmarks' command line: `python -m runner.bench grid|strategies|floors|settings|pipelines|predicted|peers`
+"""The benchmarks' command line: `python -m runner.bench grid|strategies|floors|settings|pipelines|predicted|published|peers`
 (runner/bench/__init__.py)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from runner.bench.jobs import too_few_timed
 from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
+from runner.bench.published import published
 from runner.bench.settings import SPEED_SETTINGS, check_settings_steps, speed_settings
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
@@ -129,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
     pr.add_argument("--tracking-uri", default=None)
     pr.add_argument("--out", default=None, help="also write the markdown to this file")
+    pu = sub.add_parser("published", help="spec-sheet predictions against published tables (runner/bench/published/)")
+    pu.add_argument("--hardware", type=_names, default=[], help="only these systems (default: every table's)")
+    pu.add_argument("--out", default=None, help="also write the markdown to this file")
     pe = sub.add_parser("peers", help="a user's ResNet-20 against tf_cnn_benchmarks' resnet20, in rounds")
     pe.add_argument("--peer", required=True, help="a checkout of github.com/tensorflow/benchmarks")
     pe.add_argument("--towers", type=_ints, default=[1, 2])
@@ -164,6 +168,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return predicted(args)
     if args.command == "peers":
         return peers(args)
+    if args.command == "published":
+        return published(args)
     _check_steps(parser, args)
     if args.command in ("grid", "strategies", "floors"):
         _check_grid(parser, args)

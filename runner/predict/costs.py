@@ -42,6 +42,8 @@ class Prediction:
     terms: dict[str, float]
     unit: str = "images"  # what the rate counts (data_pipelines.Spec.unit)
     units_per_example: int = 1  # a language model's tokens per sequence
+    one_device_step: float | None = None  # a spec sheet's: the step of one device at the same per-device batch
+    devices: int = 1  # the devices the global batch is spread over
 
     @property
     def step_seconds(self) -> float:
@@ -51,6 +53,14 @@ class Prediction:
     def rate(self) -> float:
         """Predicted `unit`/s: images/s, or tokens/s, examples/s."""
         return self.global_batch * self.units_per_example / self.step_seconds
+
+    @property
+    def efficiency(self) -> float | None:
+        """Scaling efficiency: the rate over `devices` times one device's (None: not predicted)."""
+        if not self.one_device_step:
+            return None
+        one = self.global_batch / self.devices * self.units_per_example / self.one_device_step
+        return self.rate / (self.devices * one)
 
     @property
     def dominant(self) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from runner.errors import UserError, one_line
 from runner.measure.peak import BUSY
-from runner.predict import calibrate
+from runner.predict import calibrate, spec_sheet
 from runner.predict.costs import Prediction, check_covered, combination, predict
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def _plan(overrides: list[str]) -> tuple[Any, str | None]:
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         return None, one_line(e)
     try:
-        check_covered(plan)
+        check_covered(plan) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
     except UserError as e:
         return plan, one_line(e)
     return plan, None
@@ -92,13 +92,16 @@ def _calibrate(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
 
 
 def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: Path | None = None) -> list[Outcome]:
-    """A prediction (or the reason there is none) for every combination, calibrating what the cache lacks."""
-    outcomes, groups = [], {}
+    """A prediction (or the reason there is none) for every combination: on a named hardware from its spec sheet,
+    on this machine from calibrations (measuring what the cache lacks)."""
+    outcomes, groups, layers = [], {}, {}
     for overrides in combos:
         plan, error = _plan(overrides)
         outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error)
         outcomes.append(outcome)
-        if error is None:
+        if error is None and not plan.hardware.measured:
+            _from_spec_sheet(plan, outcome, layers)
+        elif error is None:
             groups.setdefault(calibrate.device_set_key(plan), []).append((plan, outcome))
     cached = calibrate.read_cache(cache_dir)
     for members in groups.values():
@@ -120,6 +123,27 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
         for plan, outcome in members:
             outcome.prediction = _priced(plan, entries)
     return outcomes
+
+
+def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> None:
+    """`outcome`'s prediction on the plan's named hardware, or why there is none; the model's layers are read once
+    per model and input shape (`layers`, a cache across combinations)."""
+    key = (json.dumps(_node(plan.cfg.model), sort_keys=True), tuple(plan.spec.shape), plan.spec.classes)
+    try:
+        if key not in layers:
+            layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
+        terms, one_device = spec_sheet.price(plan, layers[key]), spec_sheet.one_device_step(plan, layers[key])
+    except UserError as e:
+        outcome.error = one_line(e)
+        return
+    outcome.prediction = Prediction(combination(plan), plan.train.global_batch_size, terms, plan.spec.unit,
+                                    plan.spec.units_per_example, one_device, max(plan.gpus, 1))
+
+
+def _node(node: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def _covering(members: list[tuple[Any, Outcome]], wanted: set[str]) -> list[list[str]]:
@@ -164,30 +188,69 @@ def _priced(plan: Any, entries: dict[str, dict]) -> Prediction:
 
 
 def ranked(outcomes: list[Outcome]) -> list[Outcome]:
-    """Predicted combinations fastest first, then the others in their given order."""
-    priced = sorted((o for o in outcomes if o.prediction), key=lambda o: -o.prediction.rate)
-    return priced + [o for o in outcomes if not o.prediction]
+    """Predicted combinations fastest first within each unit (images/s, tokens/s, ...: rates of different units are
+    never ranked against each other), then the others in their given order."""
+    priced = [o for o in outcomes if o.prediction]
+    units = list(dict.fromkeys(o.prediction.unit for o in priced))
+    ordered = [o for u in units for o in sorted((o for o in priced if o.prediction.unit == u),
+                                                 key=lambda o: -o.prediction.rate)]
+    return ordered + [o for o in outcomes if not o.prediction]
 
 
 def table(outcomes: list[Outcome]) -> list[str]:
-    """The markdown table and the line naming the predicted fastest (and what ties with it)."""
+    """One markdown table per unit of the predicted rates, each with the line naming its predicted fastest (and what
+    ties with it); combinations that could not be predicted in a table of their own at the end."""
+    units = list(dict.fromkeys(o.prediction.unit for o in outcomes if o.prediction))
+    lines: list[str] = []
+    for unit in units:
+        lines += _unit_table([o for o in outcomes if o.prediction and o.prediction.unit == unit], unit)
+    failed = [o for o in outcomes if not o.prediction]
+    if failed:
+        lines += (["| combination | not predicted |", "|---|---|"]
+                  + [f"| {o.label} | {o.error} |" for o in failed] + [""])
+    return lines + ([] if units else [fastest_line([])])
+
+
+def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
+    """The table of predictions in one unit, fastest first, and its fastest line."""
     from runner.predict.costs import TERMS
 
-    unit = next((o.prediction.unit for o in outcomes if o.prediction), "images")
-    lines = [f"| combination | predicted {unit}/s | step ms | dominant term | "
-             + " | ".join(f"{t} ms" for t in TERMS) + " |", "|" + "---|" * (4 + len(TERMS))]
+    scaled = any(o.prediction.efficiency is not None for o in outcomes)
+    lines = [f"| combination | predicted {unit}/s | step ms | {'efficiency | ' if scaled else ''}dominant term | "
+             + " | ".join(f"{t} ms" for t in TERMS) + " |", "|" + "---|" * (4 + scaled + len(TERMS))]
     for o in ranked(outcomes):
-        if o.prediction is None:
-            lines.append(f"| {o.label} | not predicted: {o.error} |" + " |" * (2 + len(TERMS)))
-            continue
         p = o.prediction
-        lines.append(f"| {o.label} | {p.rate:,.0f} | {1e3 * p.step_seconds:.2f} | {p.dominant} | "
+        efficiency = f"{p.efficiency:.0%} | " if scaled and p.efficiency is not None else "- | " if scaled else ""
+        lines.append(f"| {o.label} | {p.rate:,.0f} | {1e3 * p.step_seconds:.2f} | {efficiency}{p.dominant} | "
                      + " | ".join(f"{1e3 * p.terms[t]:.2f}" for t in TERMS) + " |")
-    return lines + ["", fastest_line(outcomes)]
+    return lines + ["", fastest_line(outcomes), ""]
+
+
+def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    """One JSON-ready record per combination (`predict.format=json`): what scripts read."""
+    out = []
+    for o in outcomes:
+        p, plan = o.prediction, _given(o.overrides)
+        record = {"combination": o.label, "overrides": o.overrides, **plan, "fits": p is not None,
+                  "rate": p and p.rate, "unit": p and p.unit, "step_seconds": p and p.step_seconds,
+                  "efficiency": p and p.efficiency, "terms": p and p.terms, "error": o.error}
+        out.append(record)
+    return out
+
+
+def _given(overrides: list[str]) -> dict[str, Any]:
+    """The strategy, pipeline, gpus and nodes a combination names (composed: its defaults where it names none)."""
+    from runner.config import compose
+
+    cfg = compose(overrides)
+    gpus = int(cfg.gpus) if isinstance(cfg.gpus, int) else cfg.gpus
+    per_node = cfg.hardware.get("devices_per_node") if isinstance(gpus, int) else None
+    nodes = -(-max(gpus, 1) // per_node) if per_node else 1
+    return {"strategy": cfg.strategy.name, "pipeline": cfg.pipeline.name, "gpus": gpus, "nodes": nodes}
 
 
 def fastest_line(outcomes: list[Outcome]) -> str:
-    """`predicted fastest: X (rate); ties within 10%: Y, Z` or why none was predicted."""
+    """`predicted fastest: X (rate); ties within 10%: Y, Z` among predictions of one unit, or why none was."""
     priced = [o for o in ranked(outcomes) if o.prediction]
     if not priced:
         return "predicted fastest: none (no combination could be predicted)"

@@ -216,6 +216,39 @@ def rows_to_owners(n: int, rows: Rows) -> Traffic:
                    rows_devices=n)
 
 
+@dataclass(frozen=True)
+class Exchange:
+    """What a strategy's step moves over a named hardware's links and where it applies its update, per device (the
+    network: per node), counted by hand from its code; runner/predict/spec_sheet.py prices it from the spec sheet.
+    W is the dense weights' bytes, N the devices of a node, K the nodes.
+
+    Attributes:
+        link_bytes: bytes the busiest device sends to other devices of its node per step (as many arrive): a ring
+            all-reduce's 2 (N - 1) / N W, a parameter device's (N - 1) W.
+        host_bytes: bytes one device sends to the host per step (as many come back): a parameter server on the CPU.
+        network_bytes: bytes one node sends to the others per step (as many arrive).
+        device_update: full optimizer updates the busiest device applies per step (replicated: 1; sharded: 1 / N).
+        device_sums: gradient copies (W bytes each) the busiest device reads to sum them, beyond the update.
+        host_update: full updates the host applies per step, and host_sums the gradient copies it sums first.
+        messages: transfers one after another on the step's path, each paying a network latency.
+    """
+
+    link_bytes: float = 0.0
+    host_bytes: float = 0.0
+    network_bytes: float = 0.0
+    device_update: float = 1.0
+    device_sums: float = 0.0
+    host_update: float = 0.0
+    host_sums: float = 0.0
+    messages: int = 0
+
+
+def ring(devices: int, weight_bytes: float) -> float:
+    """Bytes each of `devices` sends in an all-reduce of `weight_bytes` by reduce-scatter and all-gather (a ring,
+    NCCL's; per-variable reductions spread over the devices move as much): 2 (N - 1) / N W."""
+    return 2 * (devices - 1) / devices * weight_bytes
+
+
 @runtime_checkable
 class StrategyOptions(Protocol):
     """A strategy's options, checked before TensorFlow starts."""
@@ -245,6 +278,10 @@ class StrategyOptions(Protocol):
 
     def describe_batch_norm(self) -> str:
         """What it does with batch normalization's batch and moving statistics (the run's `batch_norm` tag)."""
+
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """What its step moves over a named hardware's links with `devices` devices on each of `nodes` nodes, for
+        dense weights of `weight_bytes`. Raises ConfigError when the spec-sheet cost model does not cover it."""
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """Its step's work beyond the towers on `devices` devices for a model of `weight_bytes` bytes of dense
@@ -297,10 +334,14 @@ class StrategyBase:
         raise ConfigError(f"strategy={self.name} has no cost model (runner/predict/ covers the data-parallel "
                           f"strategies of one process: {', '.join(predictable())})")
 
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        raise ConfigError(f"strategy={self.name} has no spec-sheet cost model (runner/predict/spec_sheet.py covers: "
+                          f"{', '.join(n for n in STRATEGIES.names() if _covers(n, 'exchange'))})")
+
     @classmethod
     def takes(cls, gpus: int) -> bool:
         """Whether this strategy runs on `gpus` devices."""
-        return cls.min_gpus <= gpus <= (cls.max_gpus if cls.max_gpus is not None else MAX_DEVICES)
+        return cls.min_gpus <= gpus <= (cls.max_gpus if cls.max_gpus is not None else gpus)  # hardware: the most
 
     def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
         if not self.takes(gpus):
@@ -326,4 +367,9 @@ STRATEGIES = Registry("strategy", __name__)
 
 def predictable() -> list[str]:
     """The registered strategies the cost model covers: those that define their own `traffic`."""
-    return [n for n in STRATEGIES.names() if STRATEGIES.get(n).traffic is not StrategyBase.traffic]
+    return [n for n in STRATEGIES.names() if _covers(n, "traffic")]
+
+
+def _covers(name: str, method: str) -> bool:
+    """Whether strategy `name` defines its own `method` (a cost model's count of its step)."""
+    return getattr(STRATEGIES.get(name), method) is not getattr(StrategyBase, method)

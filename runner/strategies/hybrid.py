@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import NO_ROWS, STRATEGIES, Rows, StrategyBase, Traffic, Training, loss_scale, rows_to_owners
+from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training, loss_scale,
+                               rows_to_owners)
 from runner.strategies.common import deal, make_evaluate, share, tables
 from runner.strategies.replicated import TOWER_BATCH_NORM, Replicated, Towers, average, mean_of
 
@@ -47,6 +48,10 @@ class Hybrid(StrategyBase):
 
     def table_copies(self, devices: int) -> tuple[float, float]:
         return 1, 1  # each table once, on its device
+
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """The dense weights as `replicated`'s (the tables' rows are not priced on spec sheets yet)."""
+        return Replicated().exchange(devices, nodes, weight_bytes)
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """The dense weights as `replicated`'s; each table's rows to and from its owner."""

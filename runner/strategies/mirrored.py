@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from runner.runtime.devices import nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
-from runner.strategies import (NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale,
-                               rows_to_every_copy)
+from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
+                               loss_scale, ring, rows_to_every_copy)
 from runner.strategies.common import (
     clip, make_evaluate, moving_state, steps_loop, synchronize_batch_norm, tables, touch, tower_step,
 )
@@ -73,6 +73,10 @@ class Mirrored(StrategyBase):
     def build(self, devices: Devices, training: Training) -> Replicas:
         return Replicas(self.distribution(devices), devices, training, input_api=self.input == "distribute",
                         sync_batch_norm=self.sync_batch_norm)
+
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """On GPUs tf.distribute all-reduces with NCCL (a ring: `ring`) and every device updates its copy."""
+        return Exchange(link_bytes=ring(devices, weight_bytes), device_sums=ring(devices, 1.0))
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """All-reduce of each gradient (reduced on one device, as reduce_to_one_device does on CPUs: N - 1 sent,

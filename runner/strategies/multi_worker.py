@@ -21,7 +21,7 @@ from runner.runtime.devices import DeviceError, nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.registry import Rule
-from runner.strategies import STRATEGIES, StrategyBase, Training
+from runner.strategies import STRATEGIES, Exchange, StrategyBase, Training, ring
 from runner.strategies.mirrored import REPLICA_BATCH_NORM, SYNC_BATCH_NORM, SYNC_BATCH_NORM_NO_JIT, Replicas
 
 if TYPE_CHECKING:
@@ -74,6 +74,13 @@ class MultiWorker(StrategyBase):
         if self.communication == "nccl" and not nvidia_gpus_present():
             raise ConfigError("strategy.communication=nccl needs NVIDIA GPUs and this machine shows none; "
                               "choose auto or ring")
+
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """Every device's copy updated after an all-reduce over all nodes' devices: within a node over its links, and
+        between the nodes a ring of the nodes (2 (K - 1) / K W per node each way; TensorFlow's collectives, or a
+        parameter server per node holding 1 / K of the weights, move as much), one message per ring step."""
+        return Exchange(link_bytes=ring(devices, weight_bytes) if devices > 1 else 0.0, device_sums=1.0,
+                        network_bytes=ring(nodes, weight_bytes) if nodes > 1 else 0.0, messages=2 * (nodes - 1))
 
     def build(self, devices: Devices, training: Training) -> WorkerReplicas:
         if devices.kind == "CPU" and devices.count > 1:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import lazy
-from runner.strategies import (NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale,
-                               rows_to_every_copy, rows_to_one_copy, rows_to_owners)
+from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
+                               loss_scale, ring, rows_to_every_copy, rows_to_one_copy, rows_to_owners)
 from runner.strategies.common import (
     average_moving_state, clip, copies_of_moving_state, deal, drain_loop, make_evaluate, share, steps_loop, tables,
     tower_step,
@@ -77,6 +77,11 @@ class Replicated(StrategyBase):
     def build(self, devices: Devices, training: Training) -> Towers:
         return Towers(list(devices.names), training)
 
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """Each variable's gradients summed on one device (`average`: the variables dealt over the devices) and the
+        mean copied back to every copy: as many bytes per device as a ring; every device updates its copy."""
+        return Exchange(link_bytes=ring(devices, weight_bytes), device_sums=1.0)
+
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """`average`: each variable's N gradients summed (read N, write 1) and divided (read 1, write 1) on one
         device, the N - 1 others' gradients sent there and the mean sent back to N - 1 copies; N updates. A table's
@@ -107,6 +112,15 @@ class ParameterServer(StrategyBase):
     def build(self, devices: Devices, training: Training) -> Towers:
         home = "/device:CPU:0" if self.ps_device == "cpu" else devices.names[0]
         return Towers(list(devices.names), training, ps_device=home, spread_tables=self.tables == "spread")
+
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """Every tower sends its gradients to the one copy and reads the weights from it: through the host link
+        (ps_device=cpu; the host sums N gradients and updates), or the first device's links, which carry the N - 1
+        other towers' traffic (it sums and updates)."""
+        n, w = devices, weight_bytes
+        if self.ps_device == "cpu":
+            return Exchange(host_bytes=w, device_update=0.0, host_update=1.0, host_sums=n)
+        return Exchange(link_bytes=(n - 1) * w, device_sums=n)
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """Every tower's gradients go to the one copy (N sent), are summed and divided there, one update; every

@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from runner.lazy import lazy
-from runner.strategies import NO_ROWS, NOTHING, STRATEGIES, Rows, StrategyBase, Traffic, Training, loss_scale
+from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training,
+                               loss_scale, ring)
 from runner.strategies.common import clip, make_evaluate, steps_loop, tables
 from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, mean_of, tower_gradients
 
@@ -68,6 +69,11 @@ class ShardedUpdate(StrategyBase):
 
     def build(self, devices: Devices, training: Training) -> ShardedTowers:
         return ShardedTowers(list(devices.names), training)
+
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """Slices to their owners and the updated slices back (a ring's bytes); each device sums its slice of the N
+        towers and updates 1 / N of the weights."""
+        return Exchange(link_bytes=ring(devices, weight_bytes), device_sums=1.0, device_update=1 / devices)
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """Each tower cuts its gradients into N slices (copies: read and write W each); device j sums and divides

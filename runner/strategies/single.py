@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import NO_ROWS, STRATEGIES, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale
+from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale
 from runner.strategies.common import (
     clip, copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop, tables,
 )
@@ -33,6 +33,10 @@ class Single(StrategyBase):
 
     def build(self, devices: Devices, training: Training) -> SingleDevice:
         return SingleDevice(devices.names[0], training)
+
+    def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
+        """One update on the one device; nothing moves."""
+        return Exchange()
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """One update; nothing to combine or move. A table's rows: applied once (2 more ops than a dense update:

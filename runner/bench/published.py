@@ -1,0 +1,126 @@
+"""`published`: the spec-sheet cost model (runner/predict/spec_sheet.py) against published measurements.
+
+Each table of runner/bench/published/*.csv is one system's images/s per model, batch, mode and GPU count, with its
+source in the file's header. Every row is predicted from the hardware's spec sheet (conf/hardware/) and the preset of
+its model (`experiment=tf_cnn_<model>`) by `runner.predict.grid.predict_all`, which never reads these files; only
+this module puts the two side by side: per system and model, predicted and published images/s at each GPU count,
+the error, and the scaling efficiency at the largest count (rate over GPUs x the one-GPU rate), both ways.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+TABLES = Path(__file__).with_name("published")
+# tf_cnn_benchmarks' --variable_update (and --local_parameter_device, or the all-reduce) -> this runner's strategy
+# (docs/pipelines-and-strategies.md says what differs)
+MODES = {
+    ("parameter_server", "cpu"): ["strategy=parameter_server", "strategy.ps_device=cpu"],
+    ("parameter_server", "gpu"): ["strategy=sharded_update"],  # variables spread over the GPUs, each updating its own
+    ("replicated", "nccl"): ["strategy=mirrored"],  # tf.distribute all-reduces with NCCL on GPUs
+    ("replicated", "no_nccl"): ["strategy=replicated"],  # each variable summed on one device, copied back
+    ("distributed_replicated", ""): ["strategy=multi_worker"],
+}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One published measurement and what predicts it."""
+
+    hardware: str
+    model: str
+    batch: int
+    mode: str
+    gpus: int
+    nodes: int
+    published: float  # images/s
+    overrides: tuple[str, ...]
+
+    @property
+    def group(self) -> tuple[str, str, int, str]:
+        return self.hardware, self.model, self.batch, self.mode
+
+
+def cells(folder: Path = TABLES) -> list[Cell]:
+    """Every row of every table in `folder`, with the overrides that predict it."""
+    out = []
+    for path in sorted(folder.glob("*.csv")):
+        lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+        for row in csv.DictReader(lines):
+            overrides = (f"experiment=tf_cnn_{row['model']}", *MODES[(row["mode"], row["device"])],
+                         f"hardware={row['hardware']}", f"hardware.nodes={row['nodes']}", f"gpus={row['gpus']}",
+                         f"train.per_device_batch_size={row['batch_per_gpu']}")
+            mode = f"{row['mode']} {row['device']}".strip()
+            out.append(Cell(row["hardware"], row["model"], int(row["batch_per_gpu"]), mode, int(row["gpus"]),
+                            int(row["nodes"]), float(row["images_per_sec"]), overrides))
+    return out
+
+
+def predicted(found: list[Cell]) -> dict[Cell, float | None]:
+    """Each cell's predicted images/s (None where there is no prediction), from the spec sheets alone."""
+    from runner.predict.grid import predict_all
+
+    outcomes = predict_all([list(c.overrides) for c in found])
+    return {c: o.prediction.rate if o.prediction else None for c, o in zip(found, outcomes)}
+
+
+@dataclass(frozen=True)
+class Summary:
+    """How far the predictions are from the tables."""
+
+    errors: list[float]  # |predicted / published - 1| per cell
+    efficiency_gaps: dict[tuple, float]  # group -> predicted minus published efficiency at its largest count (points)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.errors)
+
+
+def efficiency(rows: list[tuple[int, float]]) -> float:
+    """Scaling efficiency at the largest GPU count of (gpus, rate) rows: rate / (gpus x the one-GPU rate)."""
+    (g1, r1), (gn, rn) = min(rows), max(rows)
+    return rn / gn / (r1 / g1)
+
+
+def summarise(rates: dict[Cell, float | None]) -> tuple[Summary, list[str]]:
+    """The markdown (a table per system and model: GPUs, published, predicted, error; the efficiency line) and the
+    summary figures."""
+    lines, errors, gaps, groups = [], [], {}, {}
+    for cell, rate in rates.items():
+        groups.setdefault(cell.group, []).append((cell, rate))
+    for group, members in groups.items():
+        hardware, model, batch, mode = group
+        lines += [f"**{hardware} {model}**, batch {batch} per GPU, tf_cnn_benchmarks {mode}", "",
+                  "| GPUs | published images/s | predicted images/s | error |", "|---|---|---|---|"]
+        for cell, rate in sorted(members, key=lambda m: m[0].gpus):
+            error = rate / cell.published - 1 if rate else None
+            errors += [abs(error)] if error is not None else []
+            shown = f"{error:+.0%}" if error is not None else "not predicted"
+            lines.append(f"| {cell.gpus} | {cell.published:,.1f} | {rate or 0:,.1f} | {shown} |")
+        priced = [(c.gpus, r) for c, r in members if r]
+        if len(priced) == len(members) > 1:
+            pub, pred = efficiency([(c.gpus, c.published) for c, _ in members]), efficiency(priced)
+            gaps[group] = 100 * (pred - pub)
+            lines.append(f"\nscaling efficiency at {max(priced)[0]} GPUs: predicted {pred:.0%}, published {pub:.0%}")
+        lines.append("")
+    summary = Summary(errors, gaps)
+    worst = max(gaps.values(), key=abs) if gaps else 0.0
+    lines.append(f"{len(errors)} cells: median error {summary.median:.1%}, largest {max(errors):.1%}; "
+                 f"efficiency at the largest count within 5 points in {sum(abs(g) <= 5 for g in gaps.values())} of "
+                 f"{len(gaps)} groups (largest gap {worst:+.1f} points)")
+    return summary, lines
+
+
+def published(args: argparse.Namespace) -> int:
+    """Print (and with --out write) predicted against published, per system and model."""
+    found = [c for c in cells() if not args.hardware or c.hardware in args.hardware]
+    _, lines = summarise(predicted(found))
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0

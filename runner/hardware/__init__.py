@@ -1,0 +1,137 @@
+"""Hardware: the device set a prediction is for, described by its spec sheet (`hardware=dgx1_p100`), or `this`
+machine, measured.
+
+A named hardware is a `SpecSheet`: its accelerator's peak FLOP/s and memory bandwidth, the devices of a node and the
+link between them, the host link and memory, and the nodes and their network, each figure from the vendor's spec
+sheet (the YAML in conf/hardware/ says where). `runner predict hardware=NAME` prices every combination on it from
+the model's own layers (runner/predict/spec_sheet.py) without running anything there; a run always trains on this
+machine's devices. `this` (the default) is the machine the command runs on: predictions for it come from seconds of
+calibration (runner/predict/calibrate.py), and its device counts are the simulated devices' limits.
+
+A user's own hardware is a YAML in their config folder (`--config-dir`), `conf/hardware/<name>.yaml` with
+`_target_: runner.hardware.SpecSheet` and every field below; nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
+
+from runner.registry import Registry, Rule, check, positive
+from runner.strategies import MAX_DEVICES  # this machine's most devices: real GPUs, or logical ones carved out of one
+
+# Where the accelerators' kernels come from, which sets what fraction of the peak they reach (runner/predict/
+# spec_sheet.py's EFFICIENCY); an architecture the table does not name is priced as the newest it does.
+Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper"]
+POSITIVE: Rule = (lambda v: v is not None and 0 < v < math.inf, "a positive number")
+
+
+@dataclass
+class Accelerator:
+    """One device's spec sheet."""
+
+    name: str = "???"  # the product, as the vendor names it
+    architecture: Optional[Architecture] = None  # null: priced as the newest architecture the cost model knows
+    peak_flops: float = "???"  # float32 FLOP/s, at the boost clock the vendor quotes
+    clock_hz: Optional[float] = None  # that boost clock (a kernel's fixed cost is cycles of it); null: P100's
+    tensor_flops: Optional[float] = None  # float16 tensor-core FLOP/s (dense); null where the device has none
+    memory_bytes: float = "???"  # device memory
+    memory_bandwidth: float = "???"  # device memory, bytes/s
+
+    RULES: ClassVar[dict[str, Rule]] = {"peak_flops": POSITIVE, "memory_bytes": POSITIVE,
+                                        "memory_bandwidth": POSITIVE,
+                                        "clock_hz": (lambda v: v is None or 0 < v < math.inf, "a positive number or null"),
+                                        "tensor_flops": (lambda v: v is None or 0 < v < math.inf,
+                                                         "a positive number or null")}
+
+
+@dataclass
+class Link:
+    """How the devices of one node reach each other."""
+
+    kind: Literal["nvlink", "pcie"] = "???"
+    bandwidth: float = "???"  # bytes/s per direction, device to device (an all-reduce's ring runs at it)
+
+    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": POSITIVE}
+
+
+@dataclass
+class Host:
+    """The node's CPU side: what a parameter server on the host reads and writes through."""
+
+    bandwidth: float = "???"  # bytes/s per direction between one device and the host (PCIe)
+    shared_by: int = 1  # devices behind one host link (a PCIe switch, a K80 board): they share its bandwidth
+    memory_bandwidth: float = "???"  # host memory, bytes/s (a parameter server's update runs at it)
+
+    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": POSITIVE, "memory_bandwidth": POSITIVE,
+                                        "shared_by": (positive, "a positive number of devices")}
+
+
+@dataclass
+class Network:
+    """Between nodes."""
+
+    bandwidth: float = "???"  # bytes/s per node, per direction
+    latency: float = "???"  # seconds per message
+
+    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": POSITIVE,
+                                        "latency": (lambda v: v is not None and 0 <= v < 1, "seconds, from 0 to 1")}
+
+
+@runtime_checkable
+class Hardware(Protocol):
+    """What validation and prediction need of a hardware."""
+
+    name: str
+
+    @property
+    def measured(self) -> bool:
+        """Whether predictions for it are calibrated on this machine (else priced from its spec sheet)."""
+
+    def check_devices(self, gpus: int, multi_process: bool) -> None:
+        """Raise ConfigError (one line) when `gpus` devices are more than it has (a single-process strategy:
+        than one node has)."""
+
+
+@dataclass
+class SpecSheet:
+    """A named device set: `devices_per_node` accelerators per node, `nodes` nodes (a cluster's size)."""
+
+    name: str = "???"
+    accelerator: Accelerator = field(default_factory=Accelerator)
+    devices_per_node: int = "???"
+    link: Link = field(default_factory=Link)
+    host: Host = field(default_factory=Host)
+    nodes: int = 1  # the nodes it has; a prediction uses ceil(gpus / devices_per_node) of them
+    network: Network = field(default_factory=Network)
+
+    RULES: ClassVar[dict[str, Rule]] = {"devices_per_node": (positive, "a positive number of devices"),
+                                        "nodes": (positive, "a positive number of nodes")}
+    measured: ClassVar[bool] = False
+
+    def check_devices(self, gpus: int, multi_process: bool) -> None:
+        most = self.devices_per_node * (self.nodes if multi_process else 1)
+        where = (f"{self.devices_per_node} per node x hardware.nodes={self.nodes}" if multi_process else
+                 f"one node of {self.devices_per_node}: a single-process strategy; strategy=multi_worker spans nodes")
+        check("gpus", gpus, (lambda v: 1 <= v <= most, f"1 to {most} on hardware={self.name} ({where})"))
+
+    def nodes_for(self, gpus: int) -> int:
+        """Nodes that `gpus` devices take (filled one after another)."""
+        return math.ceil(gpus / self.devices_per_node)
+
+
+HARDWARE = Registry("hardware", __name__)
+
+
+@HARDWARE.register
+@dataclass
+class This:
+    """The machine the command runs on: real GPUs, or up to MAX_DEVICES simulated devices; calibrated."""
+
+    name: str = "this"
+
+    measured: ClassVar[bool] = True
+
+    def check_devices(self, gpus: int, multi_process: bool) -> None:
+        check("gpus", gpus, (lambda v: v <= MAX_DEVICES, f"an integer from 0 to {MAX_DEVICES}"))

@@ -1,0 +1,254 @@
+"""A combination's step on a named hardware (`runner predict hardware=dgx1_p100`), priced from its spec sheet and
+the model's own layers, without running anything there.
+
+- `towers`: each layer's forward and backward pass at the per-tower batch, on one device, as a roofline of its op
+  class: the slower of its FLOPs at the accelerator's peak times the class's efficiency and its bytes at the memory
+  bandwidth times MEMORY, plus a fixed cost per kernel. Convolutions and matmuls are compute (3x3 stride-1
+  convolutions at cuDNN's Winograd saving), batch norm, activations, additions and pooling memory traffic.
+- `update`: the optimizer's bytes (runner/measure/floor.py's TOUCHED per weight) where the strategy applies it: the
+  device's memory, or the host's for a parameter server on the CPU, plus the gradient copies summed there.
+- `reduce`: the strategy's `Exchange` over the links (device to device, device to host, node to node), less what
+  TensorFlow overlaps with the backward pass (gradients are sent as they are computed): OVERLAP of it.
+- `input`: the global batch copied from the host to the devices.
+
+The efficiencies are the only constants not on a spec sheet; each says where it comes from (docs/cost-model.md).
+Nothing here reads a published measurement: runner/bench/published.py compares with them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from runner.errors import ConfigError
+from runner.measure.floor import SLOTS, TOUCHED
+
+log = logging.getLogger(__name__)
+
+# The constants below are fitted (least squares on log error) to the 16 one-GPU cells of TensorFlow's 2017
+# benchmarks (runner/bench/published/tf_benchmarks_2017.csv: DGX-1 P100 and GCE K80, five models, batch 32, 64 and
+# 512): docs/cost-model.md lists them with that table. Everything else is the spec sheet's.
+# Convolution and matmul FLOPs (counted directly, 2 per multiply-accumulate) per second, as a fraction of the float32
+# peak, by the algorithm cuDNN picks for the shape: a GEMM (1x1 convolutions, Dense), Winograd (3x3 stride 1: it does
+# fewer multiplications than counted, so above 1), FFT (kernels of 5x5 and more: likewise) or implicit GEMM (strided,
+# asymmetric: 1x7, 7x1, 3x3 stride 2).
+ALGORITHMS = {"gemm": 0.652, "winograd": 1.80, "fft": 2.49, "implicit": 0.317}
+# The architecture's scale on those fractions: Kepler's kernels reach less of its peak (dual-issue SMX). An
+# architecture with no published float32 table here takes FITTED's, an assumption the prediction's notes name.
+ARCHITECTURE = {"kepler": 0.476, "pascal": 1.0}
+FITTED = "pascal"
+MEMORY = 0.559  # fraction of the memory bandwidth element-wise and normalisation kernels reach
+KERNEL_CYCLES = 26_800  # fixed cost per kernel (launch, ramp-up and tail), in cycles of the accelerator's clock
+DEFAULT_CLOCK = 1.48e9  # an accelerator whose spec sheet gives no clock: P100's boost clock
+LINK = 0.7  # fraction of a link's bandwidth transfers reach (protocol and packet overhead)
+OVERLAP = 0.0  # fraction of the backward pass that communication of gradients can hide behind
+SYNC = 0.02  # a synchronous step over several devices: the towers' passes wait for the slowest, this much longer
+# Bytes of a layer's backward pass per byte of its forward pass (a batch norm reads x and dy twice; an activation
+# reads dy and y); a convolution's or matmul's are compute, its bytes count only when memory-bound.
+BACKWARD_BYTES = {"norm": 5 / 3, "elementwise": 1.5, "compute": 2.0, "lookup": 1.0}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer's work per example, forward (runner.measure.flops' conventions: 2 FLOPs a multiply-accumulate).
+
+    Attributes:
+        kind: compute (a convolution or matmul, priced by its `algorithm`), norm, elementwise or lookup.
+        algorithm: a compute layer's, a key of ALGORITHMS.
+        flops: forward FLOPs per example (convolutions and matmuls).
+        bytes: forward bytes per example read and written (float32 activations).
+        weight_bytes: its weights, read once per pass whatever the batch.
+        first: its input is the data: no input gradient (half its backward FLOPs).
+        kept: bytes per example of its output kept for the backward pass (float32): what its gradient or the next
+            layer's reads (a batch norm's and a bias add's output is freed once the activation has read it).
+        kernels: kernels its forward pass launches (a bias add and an activation are kernels of their own).
+    """
+
+    kind: str
+    flops: float
+    bytes: float
+    weight_bytes: float = 0.0
+    first: bool = False
+    kept: float = 0.0
+    kernels: int = 1
+    algorithm: str = ""
+
+
+FREE = ("InputLayer", "Flatten", "Reshape", "Permute")  # views: no kernel, no traffic
+UNKEPT = ("Add", "Concatenate")  # outputs their gradients do not read (a batch norm's neither: its input is kept)
+
+
+def layers(model: Any) -> list[Layer]:
+    """The layers of a built Keras model as `Layer`s, in order; a fused activation and bias add are their own
+    element-wise layers, as TensorFlow runs them."""
+    from runner.measure.flops import leaf_layers
+
+    out, seen_weights = [], False
+    for layer in leaf_layers(model):
+        if type(layer).__name__ in FREE:
+            continue
+        size = _elements(layer.output)
+        main = _layer(layer, first=not seen_weights)
+        seen_weights = seen_weights or bool(layer.trainable_weights)
+        out.append(main)
+        if main.kind == "compute":
+            bias, activation = Layer("elementwise", 0.0, 8.0 * size), Layer("elementwise", 0.0, 8.0 * size, kept=4.0 * size)
+            out.extend([bias] * bool(getattr(layer, "use_bias", False)) + [activation] * _activated(layer))
+    return out
+
+
+def _layer(layer: Any, first: bool) -> Layer:
+    """One Keras layer's own work."""
+    import keras
+
+    from runner.measure.flops import _forward_flops
+
+    kept = 4.0 * _elements(layer.output)
+    moved = 4.0 * _elements(layer.input) + kept
+    weights = 4.0 * sum(math.prod(w.shape) for w in layer.trainable_weights)
+    if isinstance(layer, keras.layers.Embedding):
+        return Layer("lookup", 0.0, 2 * kept, 0.0, first, kept)
+    if isinstance(layer, (keras.layers.BatchNormalization, keras.layers.LayerNormalization,
+                          keras.layers.GroupNormalization)):
+        return Layer("norm", 0.0, 1.5 * moved, weights)  # statistics pass + normalising pass: 3 arrays
+    if not layer.trainable_weights:  # a sum's or a concatenation's output is not needed by its gradient
+        return Layer("elementwise", 0.0, moved, kept=0.0 if type(layer).__name__ in UNKEPT else kept)
+    try:
+        flops = _forward_flops(layer)
+    except ValueError:  # a layer no formula covers: priced as a matmul over its weights
+        log.warning("no FLOP formula for layer %s (%s): priced as one multiply-accumulate per weight",
+                    layer.name, type(layer).__name__)
+        flops = 2.0 * weights / 4
+    return Layer("compute", flops, moved, weights, first, kept, algorithm=_algorithm(layer))
+
+
+def _algorithm(layer: Any) -> str:
+    """The convolution algorithm cuDNN picks for the layer's shape (a Dense, or any layer not a convolution: gemm)."""
+    kernel, strides = tuple(getattr(layer, "kernel_size", ())), tuple(getattr(layer, "strides", ()))
+    if not kernel or all(k == 1 for k in kernel):
+        return "gemm"
+    if kernel == (3, 3) and strides == (1, 1) and getattr(layer, "groups", 1) == 1:
+        return "winograd"
+    return "fft" if min(kernel) >= 5 else "implicit"
+
+
+def _activated(layer: Any) -> bool:
+    activation = getattr(layer, "activation", None)
+    return activation is not None and getattr(activation, "__name__", "") != "linear"
+
+
+def _elements(tensors: Any) -> int:
+    """Values per example in a layer's input or output (a list of tensors: all of them)."""
+    if isinstance(tensors, (list, tuple)):
+        return sum(_elements(t) for t in tensors)
+    if isinstance(tensors, dict):
+        return sum(_elements(t) for t in tensors.values())
+    return math.prod(d or 1 for d in tuple(tensors.shape)[1:])
+
+
+@dataclass(frozen=True)
+class Passes:
+    """One tower's forward and backward pass on one device, in seconds."""
+
+    forward: float
+    backward: float
+
+
+def flop_rates(accelerator: Any, precision: str) -> dict[str, float]:
+    """FLOP/s of each algorithm on `accelerator`; mixed precision runs every convolution and matmul on the tensor
+    cores where there are any (cuDNN's implicit GEMM there: no Winograd or FFT saving), at the GEMM fraction."""
+    scale = ARCHITECTURE.get(accelerator.architecture or FITTED, ARCHITECTURE[FITTED])
+    if precision != "float32" and accelerator.tensor_flops:
+        return dict.fromkeys(ALGORITHMS, accelerator.tensor_flops * ALGORITHMS["gemm"] * scale)
+    return {name: accelerator.peak_flops * fraction * scale for name, fraction in ALGORITHMS.items()}
+
+
+def passes(model_layers: list[Layer], batch: int, accelerator: Any, precision: str) -> Passes:
+    """The per-tower forward and backward pass of `batch` examples on `accelerator` (a spec sheet's)."""
+    rates = flop_rates(accelerator, precision)
+    byte_rate = accelerator.memory_bandwidth * MEMORY
+    scale = 1.0 if precision == "float32" else 0.5  # activations in 16 bits
+    kernel = KERNEL_CYCLES / (accelerator.clock_hz or DEFAULT_CLOCK)
+    forward = backward = 0.0
+    for layer in model_layers:
+        rate = rates.get(layer.algorithm, 0.0)
+        compute = batch * layer.flops / rate if rate else 0.0
+        moved = (scale * layer.bytes * batch + layer.weight_bytes) / byte_rate
+        forward += max(compute, moved) + layer.kernels * kernel
+        backward += (max((1.0 if layer.first else 2.0) * compute, BACKWARD_BYTES[layer.kind] * moved)
+                     + 2 * layer.kernels * kernel)
+    return Passes(forward, backward)
+
+
+def memory_per_device(model_layers: list[Layer], batch: int, optimizer: str, precision: str,
+                      weight_copies: float) -> float:
+    """Bytes one device holds: its weights, their gradients and optimizer slots (`weight_copies` of them: 1 /
+    N under a sharded update's slots is not modelled: the whole state), and every layer's output kept for the
+    backward pass."""
+    weights = sum(layer.weight_bytes for layer in model_layers)
+    activations = sum(layer.kept for layer in model_layers) * batch * (0.5 if precision != "float32" else 1.0)
+    return weight_copies * weights * (2 + SLOTS[optimizer]) + activations
+
+
+def largest_fitting_batch(model_layers: list[Layer], optimizer: str, precision: str, memory: float) -> int:
+    """The largest per-device batch whose memory_per_device fits `memory` (0: not even one example)."""
+    one = memory_per_device(model_layers, 1, optimizer, precision, 1.0)
+    fixed = memory_per_device(model_layers, 0, optimizer, precision, 1.0)
+    return max(0, int((memory - fixed) // (one - fixed))) if one > fixed else 0
+
+
+def price(plan: Any, model_layers: list[Layer]) -> dict[str, float]:
+    """The terms (seconds per step) of `plan`'s step on its hardware (a SpecSheet). Raises ConfigError when the
+    strategy has no spec-sheet model or the model does not fit a device."""
+    hw, train = plan.hardware, plan.train
+    nodes = hw.nodes_for(max(plan.gpus, 1))
+    local = plan.strategy.towers(plan.gpus) // nodes if plan.strategy.data_parallel else 1
+    batch = int(train.per_device_batch_size)
+    _check_fits(plan, model_layers, batch)
+    weight_bytes = sum(layer.weight_bytes for layer in model_layers)
+    exchange = plan.strategy.exchange(max(local, 1), nodes, weight_bytes)
+    tower = passes(model_layers, batch, hw.accelerator, str(train.precision))
+    touched = TOUCHED[str(train.optimizer)] * weight_bytes
+    update = ((exchange.device_update * touched + exchange.device_sums * weight_bytes)
+              / (hw.accelerator.memory_bandwidth * MEMORY)
+              + (exchange.host_update * touched + exchange.host_sums * weight_bytes) / hw.host.memory_bandwidth)
+    sharing = min(max(local, 1), hw.host.shared_by)  # devices pushing through one host link at once
+    moved = (exchange.link_bytes / (hw.link.bandwidth * LINK)
+             + exchange.host_bytes * sharing / (hw.host.bandwidth * LINK)
+             + exchange.network_bytes / (hw.network.bandwidth * LINK) + exchange.messages * hw.network.latency)
+    terms = {
+        "towers": tower.forward + tower.backward,
+        "update": update,
+        "reduce": max(0.0, moved - OVERLAP * tower.backward) + (SYNC * (tower.forward + tower.backward)
+                                                                if plan.gpus > 1 else 0.0),
+        "ops": 0.0,  # kernel launches are in the towers' passes
+    }
+    # The next batch is copied to the devices while this step runs (prefetched): only what outlasts the step counts
+    copy = batch * plan.spec.input_bytes * sharing / (hw.host.bandwidth * LINK)
+    return {**terms, "input": max(0.0, copy - sum(terms.values()))}
+
+
+def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
+    """Refuse a per-device batch whose weights, optimizer state and activations exceed a device's memory."""
+    hw, train = plan.hardware, plan.train
+    need = memory_per_device(model_layers, batch, str(train.optimizer), str(train.precision), 1.0)
+    if need <= hw.accelerator.memory_bytes:
+        return
+    most = largest_fitting_batch(model_layers, str(train.optimizer), str(train.precision),
+                                 hw.accelerator.memory_bytes)
+    gb = 1e9
+    fix = (f"use train.per_device_batch_size={most} or less" if most else
+           "its weights and optimizer state alone do not fit: use a device with more memory or strategy=model_parallel")
+    raise ConfigError(f"train.per_device_batch_size={batch} needs {need / gb:,.1f} GB per device on hardware="
+                      f"{hw.name} ({hw.accelerator.name}: {hw.accelerator.memory_bytes / gb:,.1f} GB); {fix}")
+
+
+def one_device_step(plan: Any, model_layers: list[Layer]) -> float:
+    """The step of one device of the plan's hardware at the plan's per-device batch, alone (efficiency's base)."""
+    hw, train = plan.hardware, plan.train
+    tower = passes(model_layers, int(train.per_device_batch_size), hw.accelerator, str(train.precision))
+    weights = sum(layer.weight_bytes for layer in model_layers)
+    return (tower.forward + tower.backward
+            + TOUCHED[str(train.optimizer)] * weights / (hw.accelerator.memory_bandwidth * MEMORY))

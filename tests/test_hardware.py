@@ -1,0 +1,171 @@
+"""`runner predict hardware=NAME`: spec sheets as a config group, each strategy's exchange over the links counted by
+hand, the roofline of a model's layers, the JSON form, one-line refusals, and the predictions against TensorFlow's
+published 2017 tables (runner/bench/published/), which the predictor never reads."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import pathlib
+
+import pytest
+from conftest import compose, markdown_rows, subcommand
+
+from runner.bench import published
+from runner.config import ConfigError, validate
+from runner.predict import spec_sheet
+from runner.predict.grid import predict_all
+from runner.strategies import STRATEGIES, Exchange
+
+RESNET50_ON_DGX1 = ["experiment=tf_cnn_resnet50", "hardware=dgx1_p100"]
+
+
+@pytest.mark.parametrize("name, options, wanted", [
+    # 4 devices, W = 1000 bytes, 1 node: a ring sends 2 (N - 1) / N W = 1500 bytes per device.
+    ("single", {}, Exchange()),
+    ("mirrored", {}, Exchange(link_bytes=1500, device_sums=1.5)),
+    ("replicated", {}, Exchange(link_bytes=1500, device_sums=1.0)),
+    ("sharded_update", {}, Exchange(link_bytes=1500, device_sums=1.0, device_update=0.25)),
+    # On the CPU: each device sends W and reads W back; the host sums 4 gradients and updates once.
+    ("parameter_server", {"ps_device": "cpu"}, Exchange(host_bytes=1000, device_update=0.0, host_update=1.0,
+                                                        host_sums=4)),
+    # On the first device: it receives the 3 others' gradients and sends them the weights.
+    ("parameter_server", {"ps_device": "first_device"}, Exchange(link_bytes=3000, device_sums=4)),
+])
+def test_each_strategy_counts_what_it_moves_over_the_links(name, options, wanted):
+    assert STRATEGIES.get(name)(**options).exchange(4, 1, 1000.0) == wanted
+
+
+def test_multi_worker_adds_a_ring_of_the_nodes_over_the_network():
+    # 8 devices on each of 4 nodes, W = 1000: 1750 bytes per device within a node, 2 (K - 1) / K W = 1500 per node
+    # over the network, in 2 (K - 1) = 6 steps one after another.
+    assert STRATEGIES.get("multi_worker")().exchange(8, 4, 1000.0) == Exchange(
+        link_bytes=1750, network_bytes=1500, device_sums=1.0, messages=6)
+
+
+def test_a_layer_is_priced_by_the_slower_of_its_flops_and_its_bytes():
+    """One compute layer, counted by hand on a made-up accelerator (1 TFLOP/s, 1 TB/s, no kernel cost)."""
+    from runner.hardware import Accelerator
+
+    chip = Accelerator(name="x", peak_flops=1e12, memory_bytes=1e9, memory_bandwidth=1e12, clock_hz=1e30)
+    gemm = spec_sheet.Layer("compute", flops=2e9, bytes=4e6, algorithm="gemm")
+    passes = spec_sheet.passes([gemm], 10, chip, "float32")
+    rate = 1e12 * spec_sheet.ALGORITHMS["gemm"]
+    assert passes.forward == pytest.approx(10 * 2e9 / rate)
+    assert passes.backward == pytest.approx(2 * 10 * 2e9 / rate)  # input and weight gradients
+    relu = spec_sheet.Layer("elementwise", flops=0.0, bytes=8e6)  # memory-bound: bytes at MEMORY of 1 TB/s
+    assert spec_sheet.passes([relu], 10, chip, "float32").forward == pytest.approx(
+        10 * 8e6 / (1e12 * spec_sheet.MEMORY))
+
+
+def test_winograd_and_gemm_are_told_apart_by_the_convolutions_shape():
+    import keras
+
+    model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(8, 3, padding="same"),
+                              keras.layers.Conv2D(8, 1), keras.layers.Conv2D(8, 3, strides=2),
+                              keras.layers.Conv2D(8, 5), keras.layers.Flatten(), keras.layers.Dense(10)])
+    found = [layer.algorithm for layer in spec_sheet.layers(model) if layer.kind == "compute"]
+    assert found == ["winograd", "gemm", "implicit", "fft", "gemm"]
+    assert spec_sheet.layers(model)[0].first and not spec_sheet.layers(model)[2].first
+
+
+def test_a_spec_sheet_prediction_prints_its_table_and_efficiency(capsys):
+    code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=1,8",
+                                "strategy=parameter_server,mirrored")
+    assert code == 0, err
+    rows = markdown_rows(out)
+    assert len(rows) == 4 and all(float(r["predicted images/s"].replace(",", "")) > 0 for r in rows)
+    efficiency = {r["combination"].split(" ", 1)[1]: int(r["efficiency"].rstrip("%")) for r in rows}
+    # one device alone is the base; a parameter server on the CPU pays for the host link and update even then
+    assert efficiency["mirrored/split x1"] == 100 and efficiency["parameter_server/split x1"] < 100
+    assert all(50 < e <= 100 for e in efficiency.values())
+    assert "predicted fastest:" in out
+
+
+def test_the_json_form_has_one_object_per_combination(capsys):
+    code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=2,4", "strategy=mirrored",
+                                "predict.format=json")
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert [r["gpus"] for r in records] == [2, 4]
+    for r in records:
+        assert {"strategy", "pipeline", "gpus", "nodes", "rate", "unit", "step_seconds", "fits"} <= set(r)
+        assert r["strategy"] == "mirrored" and r["unit"] == "images" and r["fits"] and r["nodes"] == 1
+        assert r["rate"] == pytest.approx(2 * 64 * (r["gpus"] // 2) / r["step_seconds"])
+
+
+@pytest.mark.parametrize("argv, wanted", [
+    (["hardware=dgx9"], ["hardware=dgx9", "dgx1_p100", "ec2_p2_8xlarge", "this"]),
+    (["hardware=dgx1_p100", "gpus=9", "strategy=mirrored"], ["gpus=9", "1 to 8", "strategy=multi_worker"]),
+    (["hardware=ec2_p2_8xlarge", "hardware.nodes=2", "gpus=17", "strategy=multi_worker"],
+     ["gpus=17", "1 to 16", "hardware.nodes=2"]),
+    (["hardware=dgx1_p100", "hardware.accelerator.memory_bandwidth=null"],
+     ["hardware.accelerator.memory_bandwidth", "None", "float"]),
+    (["hardware=dgx1_p100", "predict.format=xml"], ["predict.format='xml'", "table, json"]),
+])
+def test_bad_hardware_input_is_one_line(capsys, argv, wanted):
+    code, out, err = subcommand(capsys, "predict", "experiment=tf_cnn_resnet50", *argv)
+    lines = [line for line in (out + err).splitlines() if line.strip()]
+    text = " ".join(lines)
+    assert code != 0 and "Traceback" not in text
+    assert all(w in text for w in wanted), text
+
+
+def test_a_users_hardware_yaml_missing_a_field_is_named(capsys, tmp_path):
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mine.yaml").write_text(
+        "_target_: runner.hardware.SpecSheet\nname: mine\naccelerator:\n  name: card\n  peak_flops: 1.0e13\n"
+        "  memory_bytes: 8.0e9\n  memory_bandwidth: 4.0e11\ndevices_per_node: 2\nlink: {kind: pcie, bandwidth: 1.0e10}\n"
+        "host: {bandwidth: 1.0e10, memory_bandwidth: 5.0e10}\n")  # no network
+    code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
+                                "hardware=mine", "gpus=2", "strategy=mirrored")
+    assert code != 0 and "hardware.network.bandwidth is not set" in out + err, out + err
+    with open(tmp_path / "hardware" / "mine.yaml", "a") as f:
+        f.write("network: {bandwidth: 1.0e9, latency: 1.0e-5}\n")
+    code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
+                                "hardware=mine", "gpus=2", "strategy=mirrored")
+    assert code == 0 and "x2" in out, out + err
+
+
+def test_a_batch_that_fits_no_device_is_refused_with_what_would():
+    (outcome,) = predict_all([["experiment=tf_cnn_vgg16", "hardware=gce_k80x8", "gpus=1", "strategy=single",
+                               "train.per_device_batch_size=512"]])
+    assert outcome.prediction is None
+    assert "train.per_device_batch_size=512 needs" in outcome.error and "Tesla K80" in outcome.error
+    most = int(outcome.error.split("train.per_device_batch_size=")[2].split(" ")[0])
+    (fits,) = predict_all([["experiment=tf_cnn_vgg16", "hardware=gce_k80x8", "gpus=1", "strategy=single",
+                            f"train.per_device_batch_size={most}"]])
+    assert fits.prediction is not None and 0 < most < 512
+
+
+def test_a_run_trains_on_this_machine_and_hardware_changes_no_config_hash():
+    plain = validate(compose("strategy=mirrored", "gpus=2"))
+    named = validate(compose("strategy=mirrored", "gpus=2", "hardware=dgx1_p100"))
+    assert plain.config_hash == named.config_hash and plain.hardware.measured and not named.hardware.measured
+    with pytest.raises(ConfigError, match="gpus=17 is not allowed; expected an integer from 0 to 16"):
+        validate(compose("strategy=mirrored", "gpus=17"))
+
+
+@pytest.mark.slow
+def test_predictions_match_the_published_tables_without_reading_them(monkeypatch):
+    """The acceptance figures of issue #62 against TensorFlow's 2017 tables: median error <= 10%, no cell beyond
+    25%, and the scaling efficiency at the largest count within 5 points for the DGX-1's ResNet-50 (8 GPUs) and
+    EC2's distributed ResNet-50 (64 GPUs). The predictions are made with every CSV unreadable."""
+    cells = published.cells()
+    real_open, real_read = builtins.open, pathlib.Path.read_text
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith(".csv"):
+            raise AssertionError(f"the predictor read {path}")
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refuse)
+    monkeypatch.setattr(pathlib.Path, "read_text", lambda self, *a, **k: refuse(self) and real_read(self, *a, **k))
+    rates = published.predicted(cells)
+    monkeypatch.undo()
+    summary, lines = published.summarise(rates)
+    assert all(rates.values()) and len(summary.errors) == len(cells) > 100
+    assert summary.median <= 0.10 and max(summary.errors) <= 0.25, lines[-1]
+    for group in [("dgx1_p100", "resnet50", 64, "parameter_server cpu"),
+                  ("ec2_p2_8xlarge", "resnet50", 64, "distributed_replicated")]:
+        assert abs(summary.efficiency_gaps[group]) <= 5, (group, summary.efficiency_gaps[group])
