@@ -42,7 +42,7 @@ def commands() -> list[tuple[str, str, bool]]:
                 continue
             args = shlex.split(match.group(1))
             if args[:1] == ["predict"]:  # runner predict takes a sweep's overrides: they must compose too
-                args = [a for a in args[1:] if a != "--recalibrate"]
+                args = [a for a in args[1:] if a != "--recalibrate" and not a.startswith("predict.format=")]
             command = shlex.join(args)
             if not args or args[0] in NOT_RUNS or args[0].startswith("."):
                 continue

@@ -1,10 +1,42 @@
-"""`model=alexnet` is tf_cnn_benchmarks' AlexNet, layer for layer, and the FLOP counter counts it."""
+"""tf_cnn_benchmarks' published models as presets (`experiment=tf_cnn_*`): each composes TensorFlow's 2017 benchmark
+setting at 1 and 2 devices and trains here at a tiny batch; `model=alexnet` is tf_cnn_benchmarks' AlexNet, layer for
+layer, and the FLOP counter counts it."""
 
 from __future__ import annotations
 
-import pytest
+import math
 
+import pytest
+from conftest import compose, runs
+
+from runner.config import validate
 from runner.data_pipelines import MNIST, Spec
+
+# preset -> (model, keras.applications constructor, image side, batch per GPU, strategy): the DGX-1 P100 tables of
+# TensorFlow's benchmarks page (May 2017; tensorflow/docs, site/en/r1/guide/performance/benchmarks.md)
+PRESETS = {
+    "tf_cnn_resnet50": ("keras_app", "ResNet50", 224, 64, "parameter_server"),
+    "tf_cnn_resnet152": ("keras_app", "ResNet152", 224, 64, "parameter_server"),
+    "tf_cnn_inception3": ("keras_app", "InceptionV3", 299, 64, "parameter_server"),
+    "tf_cnn_vgg16": ("keras_app", "VGG16", 224, 64, "replicated"),
+    "tf_cnn_alexnet": ("alexnet", None, 227, 512, "replicated"),
+}
+# A training run of 2 steps at 2 images per device, evaluated on 4: the presets' shapes, not their batches
+TINY = ("train.per_device_batch_size=2", "train.steps=2", "train.steps_per_call=1", "train.predict=false",
+        "train.checkpoint_every=0", "data.train_limit=8", "data.test_limit=4")
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+@pytest.mark.parametrize("preset", PRESETS)
+def test_each_preset_is_the_published_setting_with_a_global_batch_of_batch_per_gpu_times_gpus(preset, gpus):
+    model, app, side, per_gpu, strategy = PRESETS[preset]
+    cfg = validate(compose(f"experiment={preset}", f"gpus={gpus}")).cfg
+    assert (cfg.model.name, cfg.model.get("app"), cfg.strategy.name) == (model, app, strategy)
+    assert (cfg.data.name, list(cfg.data.shape), cfg.data.classes) == ("synthetic", [side, side, 3], 1000)
+    assert cfg.train.optimizer == "sgd" and cfg.train.batch_scaling == "weak"
+    assert (cfg.train.per_device_batch_size, cfg.train.global_batch_size) == (per_gpu, per_gpu * gpus)
+    assert cfg.train.target_accuracy is None and cfg.mlflow.experiment == "tf_cnn"
+    assert cfg.data.train_limit * side * side * 3 < 100 << 20  # the synthetic images held: under 100 MB
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +93,30 @@ def test_alexnet_zero_pads_images_below_its_smallest_size_and_no_others(tf_devic
     else:
         assert type(first).__name__ == "ZeroPadding2D" and tuple(first.output.shape[1:]) == padded
     assert tuple(model.output_shape[1:]) == (spec.classes,)
+
+
+def _smoke(preset: str, store: str, *extra: str) -> None:
+    """Train `preset` here for 2 steps at 2 images on each of 2 devices (`extra`: more overrides); check what the
+    run logged."""
+    from runner.experiment import run
+
+    model, app, side, _, strategy = PRESETS[preset]
+    result = run(compose(f"experiment={preset}", "gpus=2", *TINY, *extra, f"mlflow.tracking_uri={store}"))
+    row = runs(store, "tf_cnn").iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.model"] == model and row["params.strategy.name"] == strategy
+    assert row.get("params.model.app") == app  # keras.applications' constructor; none for model=alexnet
+    assert row["params.data.shape"] == f"[{side}, {side}, 3]" and row["params.train.global_batch_size"] == "4"
+    assert result["images_per_sec"] > 0 and math.isfinite(result["test_loss"]) and result["flops_per_example"] > 0
+
+
+def test_the_alexnet_preset_trains_here_at_a_tiny_batch_and_width(tf_devices, store):
+    _smoke("tf_cnn_alexnet", store, "model.variant=tiny")  # 1 s; at full width (62M weights a copy): below, slow
+
+
+LONG = ("tf_cnn_resnet152", "tf_cnn_inception3")  # 35 s and 15 s on the 2-core Zen 4; the others 2-15 s
+
+
+@pytest.mark.slow  # each network at full size and 224-299 pixels, built per device, traced and counted
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=[pytest.mark.long] if p in LONG else []) for p in PRESETS])
+def test_each_preset_trains_here_at_a_tiny_batch(tf_devices, store, preset):
+    _smoke(preset, store)

@@ -108,11 +108,29 @@ def summarise(rates: dict[Cell, float | None]) -> tuple[Summary, list[str]]:
             lines.append(f"\nscaling efficiency at {max(priced)[0]} GPUs: predicted {pred:.0%}, published {pub:.0%}")
         lines.append("")
     summary = Summary(errors, gaps)
+    lines += compact(groups, gaps)
     worst = max(gaps.values(), key=abs) if gaps else 0.0
     lines.append(f"{len(errors)} cells: median error {summary.median:.1%}, largest {max(errors):.1%}; "
                  f"efficiency at the largest count within 5 points in {sum(abs(g) <= 5 for g in gaps.values())} of "
                  f"{len(gaps)} groups (largest gap {worst:+.1f} points)")
     return summary, lines
+
+
+def compact(groups: dict[tuple, list[tuple[Cell, float | None]]], gaps: dict[tuple, float]) -> list[str]:
+    """One row per system and model: the error at each GPU count and the efficiency at the largest, both ways."""
+    lines = ["| system | model | batch | tf_cnn mode | error at 1, 2, 4, 8 ... GPUs | efficiency at the most: "
+             "predicted / published |", "|---|---|---|---|---|---|"]
+    for group, members in groups.items():
+        errors = ", ".join(f"{c.gpus}: {r / c.published - 1:+.0%}" if r else f"{c.gpus}: -"
+                           for c, r in sorted(members, key=lambda m: m[0].gpus))
+        most = max(c.gpus for c, _ in members)
+        if group in gaps:
+            pub = efficiency([(c.gpus, c.published) for c, _ in members])
+            shown = f"{most}: {pub + gaps[group] / 100:.0%} / {pub:.0%}"
+        else:
+            shown = "-"
+        lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {errors} | {shown} |")
+    return lines + [""]
 
 
 def published(args: argparse.Namespace) -> int:
