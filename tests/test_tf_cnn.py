@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import compose, runs
+from conftest import REPO, compose, markdown_rows, runs
 
 from runner.config import validate
 from runner.data_pipelines import MNIST, Spec
@@ -37,6 +37,16 @@ def test_each_preset_is_the_published_setting_with_a_global_batch_of_batch_per_g
     assert (cfg.train.per_device_batch_size, cfg.train.global_batch_size) == (per_gpu, per_gpu * gpus)
     assert cfg.train.target_accuracy is None and cfg.mlflow.experiment == "tf_cnn"
     assert cfg.data.train_limit * side * side * 3 < 100 << 20  # the synthetic images held: under 100 MB
+
+
+def test_the_modes_table_names_the_strategies_the_published_tables_are_predicted_with():
+    """docs/pipelines-and-strategies.md says what differs between each tf_cnn_benchmarks mode and the strategy
+    `runner.bench published` predicts it with: the same strategies as its MODES."""
+    from runner.bench.published import MODES
+
+    rows = markdown_rows((REPO / "docs" / "pipelines-and-strategies.md").read_text())
+    named = {row["predicted with"].strip("`") for row in rows if row.get("predicted with", "none") != "none"}
+    assert named == {" ".join(overrides) for overrides in MODES.values()}
 
 
 @pytest.fixture(scope="module")
