@@ -257,8 +257,9 @@ def test_runner_predict_prints_each_combination_and_the_fastest(tmp_path, monkey
     cache = json.loads(path.read_text())
     assert sum("|machine" in k for k in cache) == 1 and all("measured" in e and "devices" in e for e in cache.values())
     again = subcommand(capsys, "predict", *args)[1]
-    assert [r["predicted images/s"] for r in markdown_rows(again)] == \
-        [r["predicted images/s"] for r in markdown_rows(stdout)]  # read from the cache: the same figures
+    # read from the cache: the same figures (the combination not predicted has its own table, and no figure)
+    assert [r.get("predicted images/s") for r in markdown_rows(again)] == \
+        [r.get("predicted images/s") for r in markdown_rows(stdout)]
 
 
 @pytest.mark.parametrize("args, wanted", [

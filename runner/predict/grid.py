@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ class Outcome:
     label: str
     prediction: Prediction | None = None
     error: str | None = None
+    given: dict[str, Any] = field(default_factory=dict)  # strategy, pipeline, gpus, nodes, as composed
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -45,8 +46,9 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return [list(c) for c in BasicSweeper.split_arguments(parsed, None)[0]] if parsed else [[]]
 
 
-def _plan(overrides: list[str]) -> tuple[Any, str | None]:
-    """A combination's plan (None if refused) and why it cannot be predicted (refused, or no cost model).
+def _plan(overrides: list[str]) -> tuple[Any, Any, str | None]:
+    """A combination's composed config, its plan (None if refused) and why it cannot be predicted (refused, or no
+    cost model).
 
     An override Hydra cannot compose (`gpus=abc`) is raised, not a row: it is the command's error, reported in the
     one line `python -m runner` gives it, before any calibration.
@@ -57,12 +59,12 @@ def _plan(overrides: list[str]) -> tuple[Any, str | None]:
     try:
         plan = validate(cfg)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
-        return None, one_line(e)
+        return cfg, None, one_line(e)
     try:
         check_covered(plan) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
     except UserError as e:
-        return plan, one_line(e)
-    return plan, None
+        return cfg, plan, one_line(e)
+    return cfg, plan, None
 
 
 def _child(args: list[str], timeout: int) -> Any:
@@ -96,8 +98,9 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     on this machine from calibrations (measuring what the cache lacks)."""
     outcomes, groups, layers = [], {}, {}
     for overrides in combos:
-        plan, error = _plan(overrides)
-        outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error)
+        cfg, plan, error = _plan(overrides)
+        outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error,
+                          given=_given(cfg))
         outcomes.append(outcome)
         if error is None and not plan.hardware.measured:
             _from_spec_sheet(plan, outcome, layers)
@@ -230,19 +233,16 @@ def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     """One JSON-ready record per combination (`predict.format=json`): what scripts read."""
     out = []
     for o in outcomes:
-        p, plan = o.prediction, _given(o.overrides)
-        record = {"combination": o.label, "overrides": o.overrides, **plan, "fits": p is not None,
+        p = o.prediction
+        record = {"combination": o.label, "overrides": o.overrides, **o.given, "fits": p is not None,
                   "rate": p and p.rate, "unit": p and p.unit, "step_seconds": p and p.step_seconds,
                   "efficiency": p and p.efficiency, "terms": p and p.terms, "error": o.error}
         out.append(record)
     return out
 
 
-def _given(overrides: list[str]) -> dict[str, Any]:
-    """The strategy, pipeline, gpus and nodes a combination names (composed: its defaults where it names none)."""
-    from runner.config import compose
-
-    cfg = compose(overrides)
+def _given(cfg: Any) -> dict[str, Any]:
+    """The strategy, pipeline, gpus and nodes of a composed combination (its defaults where it names none)."""
     gpus = int(cfg.gpus) if isinstance(cfg.gpus, int) else cfg.gpus
     per_node = cfg.hardware.get("devices_per_node") if isinstance(gpus, int) else None
     nodes = -(-max(gpus, 1) // per_node) if per_node else 1

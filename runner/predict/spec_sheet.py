@@ -182,20 +182,18 @@ def passes(model_layers: list[Layer], batch: int, accelerator: Any, precision: s
     return Passes(forward, backward)
 
 
-def memory_per_device(model_layers: list[Layer], batch: int, optimizer: str, precision: str,
-                      weight_copies: float) -> float:
-    """Bytes one device holds: its weights, their gradients and optimizer slots (`weight_copies` of them: 1 /
-    N under a sharded update's slots is not modelled: the whole state), and every layer's output kept for the
-    backward pass."""
+def memory_per_device(model_layers: list[Layer], batch: int, optimizer: str, precision: str) -> float:
+    """Bytes one device holds: its weights, their gradients and optimizer slots (all of them: a sharded update's
+    1 / N of the slots is not modelled), and every layer's output kept for the backward pass."""
     weights = sum(layer.weight_bytes for layer in model_layers)
     activations = sum(layer.kept for layer in model_layers) * batch * (0.5 if precision != "float32" else 1.0)
-    return weight_copies * weights * (2 + SLOTS[optimizer]) + activations
+    return weights * (2 + SLOTS[optimizer]) + activations
 
 
 def largest_fitting_batch(model_layers: list[Layer], optimizer: str, precision: str, memory: float) -> int:
     """The largest per-device batch whose memory_per_device fits `memory` (0: not even one example)."""
-    one = memory_per_device(model_layers, 1, optimizer, precision, 1.0)
-    fixed = memory_per_device(model_layers, 0, optimizer, precision, 1.0)
+    one = memory_per_device(model_layers, 1, optimizer, precision)
+    fixed = memory_per_device(model_layers, 0, optimizer, precision)
     return max(0, int((memory - fixed) // (one - fixed))) if one > fixed else 0
 
 
@@ -233,7 +231,7 @@ def price(plan: Any, model_layers: list[Layer]) -> dict[str, float]:
 def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
     """Refuse a per-device batch whose weights, optimizer state and activations exceed a device's memory."""
     hw, train = plan.hardware, plan.train
-    need = memory_per_device(model_layers, batch, str(train.optimizer), str(train.precision), 1.0)
+    need = memory_per_device(model_layers, batch, str(train.optimizer), str(train.precision))
     if need <= hw.accelerator.memory_bytes:
         return
     most = largest_fitting_batch(model_layers, str(train.optimizer), str(train.precision),
