@@ -74,7 +74,7 @@ class Training:
 class Strategy(Protocol):
     """A built strategy: what the training loop, checkpoints and tags use."""
 
-    evaluate: Callable[[Any], tuple[float, float]]  # test dataset -> (mean loss, accuracy)
+    evaluate: Callable[[Any], dict[str, float]]  # test dataset -> {"loss", "accuracy"[, "auc"]} (common.make_evaluate)
     loss_scale: LossScale | NoLossScale  # the step's shared loss scale (mixed_float16), or the no-op
 
     def batches(self, pipeline: Pipeline, examples: Examples, seed: int) -> Any:

@@ -25,11 +25,13 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
     Raises:
         ConfigError: the build returned something other than a Keras model, or a model that does not map
             spec-shaped images to one logit per class (a user's function that ignores `input_shape` or `classes`,
-            or a keras.applications model refusing the size).
+            or a keras.applications model refusing the size), or one with an embedding smaller than the data's ids
+            (`runner.models.check_lookups`).
     """
     import reprlib
 
     from runner.errors import ConfigError
+    from runner.models import check_lookups
 
     keras.utils.set_random_seed(seed)
     try:
@@ -42,6 +44,7 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
                           "(batch, *input_shape) images to (batch, classes) logits")
     if spec.features:
         _check_features(model.name, built, spec)
+        check_lookups(model.name, built, spec)
         return _kernels(built, fused_batch_norm)
     inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
     if inputs != tuple(spec.shape) or outputs != spec.outputs_shape:
@@ -54,7 +57,7 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
     if spec.token_ids != ("int" in dtype):
         raise ConfigError(f"model={model.name} takes {dtype} inputs, the data gives {spec}; "
                           f"{'an integer Input for token ids' if spec.token_ids else 'a float Input for images'}")
-    _check_vocabulary(model.name, built, spec)
+    check_lookups(model.name, built, spec)
     return _kernels(built, fused_batch_norm)
 
 
@@ -82,24 +85,6 @@ def _check_features(name: str, built: keras.Model, spec: Spec) -> None:
     if tuple(built.output_shape[1:]) != spec.outputs_shape:
         raise ConfigError(f"model={name} gives {tuple(built.output_shape[1:])} outputs per example, the data needs "
                           f"{spec.outputs_shape} ({spec})")
-
-
-def _check_vocabulary(name: str, built: keras.Model, spec: Spec) -> None:
-    """An embedding that looks up the data's token ids must have a row for each: an id past its rows reads nothing
-    on a GPU (zeros) and fails mid-run on a CPU."""
-    from runner.errors import ConfigError
-
-    if not spec.token_ids:
-        return
-    for layer in built.layers:
-        reads_ids = any(node.input_tensors and node.input_tensors[0] is built.inputs[0]
-                        for node in layer._inbound_nodes)  # called on the model's input (a tied output layer too)
-        if isinstance(layer, keras.layers.Embedding) and reads_ids and layer.input_dim < spec.vocabulary:
-            raise ConfigError(
-                f"model={name}'s embedding {layer.name} has {layer.input_dim} rows and the data's token ids go up to "
-                f"{spec.vocabulary - 1} (vocabulary {spec.vocabulary}); build it with vocabulary_size rows, which "
-                "the runner passes to a model function"
-            )
 
 
 def spec_argument_names(spec: Spec) -> tuple[str, ...]:
@@ -195,6 +180,22 @@ def clip(grads: list[tf.Tensor], clip_norm: float | None) -> list[tf.Tensor]:
     return tf.clip_by_global_norm(grads, clip_norm)[0]
 
 
+def update(scale: Any, grads: Any, clip_norm: float | None, apply: Any, finite: Any = None) -> None:
+    """The end of every strategy's step, written once: one decision on the whole step's gradients (`grads`, any nest
+    of tensors and tf.IndexedSlices; under mixed_float16 a non-finite one skips every update and halves the scale),
+    then the gradients unscaled, clipped to `clip_norm` by their global norm, and given to `apply(grads)` in the same
+    nest: the strategy's own part, which optimizer updates which variables on which device. `finite()`: the decision
+    where the gradients are not in one place (tf.distribute's per-replica values), else every gradient finite."""
+    from runner.strategies.loss_scale import all_finite
+
+    flat = tf.nest.flatten(grads)
+
+    def applied() -> None:
+        apply(tf.nest.pack_sequence_as(grads, clip(scale.unscale(flat), clip_norm)))
+
+    scale.apply_if_finite(finite or (lambda: all_finite(flat)), applied)
+
+
 def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
     """The task's loss (`Spec`): cross-entropy per example (b,), averaged over its positions where it has labels at
     every position (b, length); and the logits (b, *labels, classes). Both float32 whatever the compute precision.
@@ -246,6 +247,47 @@ def make_evaluate(model: keras.Model, device: str, spec: Spec):
         return {**out, "auc": auc(np.concatenate(labels), np.concatenate(scores))} if binary else out
 
     return evaluate
+
+
+class Built:
+    """What every built strategy (the `Strategy` contract) shares: its `Training`, the step's one loss scale and
+    evaluation on its first device (`_share`), and the compiled loops around its `step`: a strategy writes how one
+    step runs on its devices and nothing else of the loop."""
+
+    training: Any  # runner.strategies.Training
+
+    def _share(self, model: Any, device: str, scale_device: str | None = None) -> None:
+        """The one loss scale of every step (mixed_float16; else the no-op) on `scale_device` (default: `device`,
+        the first training device; a parameter server's: where the variables are) and `evaluate` of `model` on
+        `device`."""
+        from runner.strategies.loss_scale import make
+
+        self.loss_scale = make(self.training.loss_scaling, scale_device or device)
+        self.evaluate = make_evaluate(model, device, self.training.spec)
+
+    def step(self, batches: Any) -> Any:
+        """fn() -> the mean loss of one synchronous optimizer step over all towers, pulling their batches from
+        `batches`: forward and backward, gradients reduced, `update`."""
+        raise NotImplementedError
+
+    def train_loop(self, batches: Any) -> Any:
+        """fn(n) -> (mean loss, steps run) of n steps, compiled into one call (`steps_loop`)."""
+        return steps_loop(self.step(batches), self.loss_scale.patience)
+
+    def input_loop(self, batches: Any) -> Any:
+        """fn(n) pulling n steps of input only, to time the pipeline alone (`drain_loop`)."""
+        return drain_loop(batches.next)
+
+    def checkpoint_objects(self) -> dict[str, Any]:
+        """What a checkpoint saves of a strategy keeping one model (`self.model`, mirrored or not: one copy saved):
+        its variables (dropout seed states included), its optimizer (slots, step counter) and the loss scale."""
+        from runner.strategies.loss_scale import checkpointed
+
+        return {"model": self.model.variables, "optimizer": self.optimizer, **checkpointed(self.loss_scale)}
+
+    def weights(self) -> list:
+        """The trained weights (what the final digest covers): the one model's."""
+        return self.model.trainable_variables
 
 
 def steps_loop(step_fn, patience: int = 1):

@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training, loss_scale,
-                               rows_to_owners)
-from runner.strategies.common import deal, make_evaluate, share, tables
+from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training, rows_to_owners
+from runner.strategies.common import deal, share, tables
 from runner.strategies.replicated import TOWER_BATCH_NORM, Replicated, Towers, average, mean_of
 
 if TYPE_CHECKING:
@@ -82,8 +81,7 @@ class HybridTowers(Towers):
             with tf.device(device):
                 self.optimizers.append(training.optimizer_fn(self._mine(j, model.trainable_variables),
                                                                   tables(model)))
-        self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
-        self.evaluate = make_evaluate(self.models[0], devices[0], training.spec)
+        self._share(self.models[0], devices[0])
 
     def _mine(self, j: int, items: list[Any]) -> list[Any]:
         """What device j updates of a per-variable list: its copy's dense weights and the tables it owns."""
@@ -98,10 +96,8 @@ class HybridTowers(Towers):
         return out
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
-        """Device j applies the mean gradients to its copy's dense weights and to the tables it owns."""
-        from runner.strategies.common import clip
-
-        mean_grads = clip(self.loss_scale.unscale(mean_grads), self.training.clip_norm)
+        """Device j applies the mean gradients (unscaled, clipped) to its copy's dense weights and the tables it
+        owns."""
         for j, (device, model, optimizer) in enumerate(zip(self.devices, self.models, self.optimizers)):
             with tf.device(device):
                 optimizer.apply_gradients(zip(self._mine(j, mean_grads), self._mine(j, model.trainable_variables)))

@@ -22,7 +22,7 @@ from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
                                loss_scale, ring, rows_to_every_copy)
 from runner.strategies.common import (
-    clip, make_evaluate, moving_state, steps_loop, synchronize_batch_norm, tables, touch, tower_step,
+    Built, clip, moving_state, steps_loop, synchronize_batch_norm, tables, touch, tower_step,
 )
 
 if TYPE_CHECKING:
@@ -130,7 +130,7 @@ class PerReplicaFeed:
         return per_replica(0), per_replica(1)
 
 
-class Replicas(Strategy):
+class Replicas(Built, Strategy):
     """One model replica per device of a tf.distribute strategy, variables mirrored, gradients all-reduced.
 
     Args:
@@ -160,8 +160,7 @@ class Replicas(Strategy):
         if sync_batch_norm:
             synchronize_batch_norm(self.model)
         # Outside the scope: one plain copy per process, read by every replica and changed in cross-replica context.
-        self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
-        self.evaluate = make_evaluate(self.model, devices.names[0], training.spec)
+        self._share(self.model, devices.names[0])
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed: its own towers as per-replica values, or mapped onto tf.distribute's input API."""
@@ -170,8 +169,8 @@ class Replicas(Strategy):
             return pipeline.distribute(self.strategy, examples, batch, seed)
         return PerReplicaFeed(self.strategy, pipeline.towers(examples, batch, list(self.devices.names), seed))
 
-    def train_loop(self, batches: Any):
-        """fn(n) -> mean loss of n synchronous steps over all replicas, compiled."""
+    def step(self, batches: Any):
+        """fn() -> the mean loss of one synchronous step over all replicas (tf.distribute's run and all-reduce)."""
         model, optimizer, global_batch = self.model, self.optimizer, self.training.global_batch
         variables, scale, strategy = model.trainable_variables, self.loss_scale, self.strategy
 
@@ -206,7 +205,7 @@ class Replicas(Strategy):
             scale.apply_if_finite(lambda: all_finite(grads), lambda: strategy.run(replica_apply, args=(grads,)))
             return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
 
-        return steps_loop(step, self.loss_scale.patience)
+        return step
 
     def input_loop(self, batches: Any):
         """fn(n) pulling n steps of per-replica input only, to time the pipeline alone."""
@@ -216,14 +215,6 @@ class Replicas(Strategy):
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
         return steps_loop(step)
-
-    def checkpoint_objects(self) -> dict[str, Any]:
-        """What a checkpoint saves: the mirrored model and its optimizer (one copy saved) (slots and step counter)."""
-        return {"model": self.model.variables, "optimizer": self.optimizer, **loss_scale.checkpointed(self.loss_scale)}
-
-    def weights(self) -> list:
-        """The trained weights (what the final digest covers)."""
-        return self.model.trainable_variables
 
     def variable_devices(self) -> dict[str, str]:
         """Every trainable variable's per-replica copies and the devices they live on."""

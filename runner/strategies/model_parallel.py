@@ -37,7 +37,7 @@ from runner.errors import ConfigError
 from runner.losses import cross_entropy
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
-from runner.strategies.common import clip, copies_of_moving_state, drain_loop, make_evaluate, steps_loop, tables
+from runner.strategies.common import Built, copies_of_moving_state, tables, update
 
 if TYPE_CHECKING:
     import keras
@@ -424,18 +424,16 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
             with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
                 updates.append((cell, [_total(gradients[id(v)]) for v in cell.owned]))
 
-    def apply() -> None:
+    def apply(grads: list[list[tf.Tensor]]) -> None:
         # clipping needs every cell's gradients (their global norm): with it, no update starts before the last one
-        clipped = clip(scale.unscale([g for _, d_vars in updates for g in d_vars]), clip_norm)
-        for cell, d_vars in updates:
-            mine, clipped = clipped[:len(d_vars)], clipped[len(d_vars):]
+        for (cell, _), mine in zip(updates, grads):
             with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
                 cell.optimizer.apply_gradients(zip(mine, cell.owned))
 
-    scale.apply_if_finite(lambda: loss_scale.all_finite([g for _, d_vars in updates for g in d_vars]), apply)
+    update(scale, [d_vars for _, d_vars in updates], clip_norm, apply)
 
 
-class SplitModel(Strategy):
+class SplitModel(Built, Strategy):
     """The model cut into cells placed on the devices (see the module docstring); one batch per step."""
 
     def __init__(self, split: str, devices: Devices, training: Training):
@@ -447,9 +445,8 @@ class SplitModel(Strategy):
             if owned:
                 with tf.device(cell.device), keras.name_scope(cell.name):
                     cell.optimizer = training.optimizer_fn(owned, found)
-        self.loss_scale = loss_scale.make(training.loss_scaling, devices.names[0])
         # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
-        self.evaluate = make_evaluate(self, devices.names[0], training.spec)
+        self._share(self, devices.names[0])
 
     def _build_cells(self, names: tuple[str, ...]) -> list[Cell]:
         if self.split == "two_tower":
@@ -467,8 +464,8 @@ class SplitModel(Strategy):
         """One tower: the whole global batch, fed on the first device (the model, not the batch, is split)."""
         return pipeline.towers(examples, self.training.global_batch, [self.devices.names[0]], seed)
 
-    def train_loop(self, batches: Any):
-        """fn(n) -> mean loss of n optimizer steps, compiled.
+    def step(self, batches: Any):
+        """fn() -> the loss of one optimizer step through the placed cells.
 
         No XLA (config validation refuses train.jit_compile here): an XLA cluster runs on one device.
         """
@@ -488,11 +485,7 @@ class SplitModel(Strategy):
             backward_and_apply(cells, tapes, outs, d_logits, self.loss_scale, self.training.clip_norm)
             return loss
 
-        return steps_loop(step, self.loss_scale.patience)
-
-    def input_loop(self, batches: Any):
-        """fn(n) pulling n steps of input only, to time the pipeline alone."""
-        return drain_loop(batches.next)
+        return step
 
     def describe(self) -> dict[str, str]:
         """The split and which layers each device holds (for tags)."""

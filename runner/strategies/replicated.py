@@ -20,8 +20,7 @@ from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
                                loss_scale, ring, rows_to_every_copy, rows_to_one_copy, rows_to_owners)
 from runner.strategies.common import (
-    average_moving_state, clip, copies_of_moving_state, deal, drain_loop, make_evaluate, share, steps_loop, tables,
-    tower_step,
+    Built, average_moving_state, copies_of_moving_state, deal, share, tables, tower_step, update,
 )
 
 if TYPE_CHECKING:
@@ -132,7 +131,7 @@ class ParameterServer(StrategyBase):
                        moved_bytes=2 * n * w, messages=2 * n * variables, ops=3 * variables) + tables(n, rows)
 
 
-class Towers(Strategy):
+class Towers(Built, Strategy):
     """N in-graph towers, tower i on devices[i]; a model copy (with its optimizer) on every device (replicated:
     tower i uses its own device's copy), or one copy on `ps_device` that every tower reads."""
 
@@ -149,8 +148,7 @@ class Towers(Strategy):
                     share([model], deal([math.prod(t.shape) for t in tables(model)], len(devices)), devices)
                 self.models.append(model)
                 self.optimizers.append(training.optimizer_fn(model.trainable_variables, tables(model)))
-        self.loss_scale = loss_scale.make(training.loss_scaling, self.homes[0])
-        self.evaluate = make_evaluate(self.models[0], self.devices[0], training.spec)
+        self._share(self.models[0], self.devices[0], self.homes[0])
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed for one tower per device."""
@@ -159,8 +157,8 @@ class Towers(Strategy):
     def _model_for(self, tower: int) -> Any:
         return self.models[tower] if self.replicated else self.models[0]
 
-    def train_loop(self, batches: Any):
-        """fn(n) -> mean loss of n synchronous steps over all towers, compiled."""
+    def step(self, batches: Any):
+        """fn() -> the mean loss of one synchronous step: the towers, their gradients averaged, every copy updated."""
 
         def step() -> tf.Tensor:
             losses, grads = [], []
@@ -171,10 +169,10 @@ class Towers(Strategy):
                 grads.append(g)
             mean_grads = self._average(grads)  # a non-finite tower gradient makes its mean non-finite
             self._agree_on_moving_state()
-            self.loss_scale.apply_if_finite(lambda: loss_scale.all_finite(mean_grads), lambda: self._apply(mean_grads))
+            update(self.loss_scale, mean_grads, self.training.clip_norm, self._apply)
             return tf.add_n(losses) / len(losses)
 
-        return steps_loop(step, self.loss_scale.patience)
+        return step
 
     def _average(self, grads: list[list[tf.Tensor]]) -> list[tf.Tensor]:
         """The towers' gradients averaged, variable j on device j mod N (`average`)."""
@@ -187,15 +185,11 @@ class Towers(Strategy):
             average_moving_state(self.models, self.homes)
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
-        """Every copy's optimizer applies the (unscaled) averaged gradients on its own device."""
-        mean_grads = clip(self.loss_scale.unscale(mean_grads), self.training.clip_norm)
+        """Every copy's optimizer applies the averaged gradients (unscaled, clipped: `common.update`) on its own
+        device."""
         for home, model, optimizer in zip(self.homes, self.models, self.optimizers):
             with tf.device(home):
                 optimizer.apply_gradients(zip(mean_grads, model.trainable_variables))
-
-    def input_loop(self, batches: Any):
-        """fn(n) pulling n steps of input only, to time the pipeline alone."""
-        return drain_loop(batches.next)
 
     def checkpoint_objects(self) -> dict[str, Any]:
         """What a checkpoint saves: every model copy and its optimizer (replicated: one per device)."""

@@ -43,7 +43,7 @@ import numpy as np
 from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training,
                                loss_scale, ring)
-from runner.strategies.common import clip, make_evaluate, steps_loop, tables
+from runner.strategies.common import tables, update
 from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, mean_of, tower_gradients
 
 if TYPE_CHECKING:
@@ -158,11 +158,10 @@ class ShardedTowers(Towers):
                 self.optimizers.append(training.optimizer_fn([shard, *owned], owned))
         # adamw's decay, applied here to the values of slice j that belong to weights of 2 or more dimensions
         self.decayed = [self._mask(j, [len(v.shape) >= 2 for v in flats]) for j in range(n)]
-        self.loss_scale = loss_scale.make(training.loss_scaling, devices[0])
-        self.evaluate = make_evaluate(self.models[0], devices[0], training.spec)
+        self._share(self.models[0], devices[0])
 
-    def train_loop(self, batches: Any):
-        """fn(n) -> mean loss of n synchronous steps: towers, reduce-scatter, sharded update, all-gather."""
+    def step(self, batches: Any):
+        """fn() -> the mean loss of one synchronous step: towers, reduce-scatter, sharded update, all-gather."""
         n = len(self.devices)
 
         def step() -> tf.Tensor:
@@ -183,18 +182,16 @@ class ShardedTowers(Towers):
                     owned = [mean_of([tower[t][j] for tower in rows]) for t in range(len(self.table_index))]
                     averaged.append([tf.add_n([s[j] for s in slices]) / n, *owned])
             # One decision for every shard (mixed_float16): a shard skipping a step its peers apply would split them.
-            self.loss_scale.apply_if_finite(lambda: loss_scale.all_finite(averaged), lambda: self._update(averaged))
+            update(self.loss_scale, averaged, self.training.clip_norm, self._update)
             return tf.add_n(losses) / len(losses)
 
-        return steps_loop(step, self.loss_scale.patience)
+        return step
 
-    def _update(self, averaged: list[tf.Tensor]) -> None:
-        """Device j applies its averaged slice to its shard; then every copy gathers the updated slices. Clipping
-        scales every slice by the global norm of all of them; adamw's decay of the shard's 2-D weights comes first, as
-        Keras' AdamW does it (its own decay skips the 1-D shard; the table rows a device owns are 2-D: the optimizer
-        that updates them decays them, once)."""
-        grads = tf.nest.pack_sequence_as(averaged, clip(self.loss_scale.unscale(tf.nest.flatten(
-            averaged, expand_composites=False)), self.training.clip_norm))  # the padding adds nothing
+    def _update(self, grads: list[list[Any]]) -> None:
+        """Device j applies its averaged slice (unscaled and clipped by the global norm of every slice: the padding
+        adds nothing) to its shard; then every copy gathers the updated slices. adamw's decay of the shard's 2-D
+        weights comes first, as Keras' AdamW does it (its own decay skips the 1-D shard; the table rows a device owns
+        are 2-D: the optimizer that updates them decays them, once)."""
         for j, (device, grad, optimizer) in enumerate(zip(self.devices, grads, self.optimizers)):
             mine = [self.shards[j], *self.table_shards[j]]
             with tf.device(device):

@@ -6,10 +6,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training, loss_scale
-from runner.strategies.common import (
-    clip, copies_of_moving_state, drain_loop, make_evaluate, maybe_jit, per_example_loss, steps_loop, tables,
-)
+from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training
+from runner.strategies import common
+from runner.strategies.common import Built, copies_of_moving_state, maybe_jit, per_example_loss, tables
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -45,7 +44,7 @@ class Single(StrategyBase):
                        ops=variables + 2 * rows.tables, rows_applied=rows.tower_bytes)
 
 
-class SingleDevice(Strategy):
+class SingleDevice(Built, Strategy):
     """Model, optimizer and every op on one device."""
 
     def __init__(self, device: str, training: Training):
@@ -53,49 +52,33 @@ class SingleDevice(Strategy):
         with tf.device(self.device):
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables, tables(self.model))
-        self.loss_scale = loss_scale.make(training.loss_scaling, device)
-        self.evaluate = make_evaluate(self.model, self.device, training.spec)
+        self._share(self.model, device)
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         """The pipeline's feed for one tower on this device."""
         return pipeline.towers(examples, self.training.global_batch, [self.device], seed)
 
-    def train_loop(self, batches: Any):
-        """fn(n) -> mean loss of n optimizer steps, compiled."""
+    def step(self, batches: Any):
+        """fn() -> the loss of one optimizer step; under train.jit_compile one XLA cluster, the update included."""
         model, optimizer, scale, clip_norm = self.model, self.optimizer, self.loss_scale, self.training.clip_norm
         variables = model.trainable_variables
 
-        def update(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        def train(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
                 scaled = scale.scaled(loss)  # recorded on the tape
             grads = tape.gradient(scaled, variables)
-            scale.apply_if_finite(
-                lambda: loss_scale.all_finite(grads),
-                lambda: optimizer.apply_gradients(zip(clip(scale.unscale(grads), clip_norm), variables)),
-            )
+            common.update(scale, grads, clip_norm, lambda clipped: optimizer.apply_gradients(zip(clipped, variables)))
             return loss
 
-        update = maybe_jit(update, self.training.jit_compile)
+        train = maybe_jit(train, self.training.jit_compile)
 
         def step() -> tf.Tensor:
             ((x, y),) = batches.next()  # (G, H, W, C), (G,)
             with tf.device(self.device):
-                return update(x, y)
+                return train(x, y)
 
-        return steps_loop(step, self.loss_scale.patience)
-
-    def input_loop(self, batches: Any):
-        """fn(n) pulling n steps of input only, to time the pipeline alone."""
-        return drain_loop(batches.next)
-
-    def checkpoint_objects(self) -> dict[str, Any]:
-        """What a checkpoint saves: the model's variables (dropout seed states included) and its optimizer."""
-        return {"model": self.model.variables, "optimizer": self.optimizer, **loss_scale.checkpointed(self.loss_scale)}
-
-    def weights(self) -> list:
-        """The trained weights (what the final digest covers)."""
-        return self.model.trainable_variables
+        return step
 
     def variable_devices(self) -> dict[str, str]:
         """Every trainable variable's path and the device it lives on."""
