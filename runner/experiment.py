@@ -55,8 +55,9 @@ def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = 
     return devices
 
 
-def training_for(plan: Plan, devices: Devices) -> Any:
-    """What the strategy builds and trains on `devices`, from the plan (runner.strategies.Training)."""
+def training_for(plan: Plan, devices: Devices, jit_compile: bool = False) -> Any:
+    """What the strategy builds and trains on `devices`, from the plan (runner.strategies.Training), XLA-compiled
+    as `jit_compile` says (train.jit_compile resolved: `jit_decision`)."""
     from runner.strategies import Training
     from runner.strategies.common import build_model, build_optimizer
     from runner.strategies.loss_scale import LossScaling
@@ -68,7 +69,7 @@ def training_for(plan: Plan, devices: Devices) -> Any:
         optimizer_fn=functools.partial(build_optimizer, plan.train),
         seed=plan.train.seed,
         global_batch=plan.train.global_batch_size,
-        jit_compile=xla(plan.train.jit_compile, devices.kind, plan.strategy),
+        jit_compile=jit_compile,
         cluster=plan.cluster,
         loss_scaling=LossScaling(plan.train.loss_scale, plan.train.loss_scale_period) if float16 else None,
         spec=plan.spec,
@@ -77,19 +78,53 @@ def training_for(plan: Plan, devices: Devices) -> Any:
     )
 
 
-def xla(jit_compile: str | bool, kind: str, strategy: Any) -> bool:
-    """train.jit_compile resolved for the devices: auto is on for GPUs, as Keras fit's `jit_compile="auto"` is
-    (untested here: no GPU), where the strategy can compile its step; off for CPUs, where XLA measured slower
-    (docs/your-model-your-data.md)."""
-    if jit_compile == "auto":
-        return kind == "GPU" and not strategy.jit_refusal()
-    return bool(jit_compile)
+def jit_decision(plan: Plan, devices: Devices, data: Data) -> Any:
+    """train.jit_compile resolved for the run (a `runner.measure.xla.Decision`: on or off, and why). `auto` times the
+    run's model at its per-device batch on its first device both ways, once per machine (cached), and keeps the
+    faster; off, unmeasured, where the strategy cannot compile its step. A multi-worker job reads a cached decision
+    only: its strategy must exist before any op runs, so nothing can be timed first."""
+    from runner.measure import peak, xla
+
+    if plan.train.jit_compile != "auto":
+        return xla.Decision(bool(plan.train.jit_compile), f"train.jit_compile={str(plan.train.jit_compile).lower()}")
+    if refusal := plan.strategy.jit_refusal():
+        return xla.Decision(False, f"off: {refusal}")
+    batch = plan.train.global_batch_size // plan.strategy.towers(plan.gpus)
+    device = f"{peak.describe_device(devices.names[0])}|{devices.count} {devices.kind} devices"
+    key = xla.key(device, repr((plan.model, plan.spec)), batch, plan.train.precision)
+    if plan.cluster is not None:
+        return xla.cached(key) or xla.Decision(False, "off: not measured (a multi-worker job cannot time a step "
+                                                      "before its strategy starts; a one-process run of the same "
+                                                      "model and batch measures it)")
+    label = f"model={plan.model.name} at {batch} examples a step on one {devices.kind} device"
+    return xla.decide(key, label, lambda jit: _timed_step(plan, devices, data, batch, jit))
 
 
-def _xla_tag(jit_compile: str | bool, kind: str, strategy: Any) -> str:
-    """The run's `xla` tag: on or off, and why when train.jit_compile=auto chose."""
-    on = "on" if xla(jit_compile, kind, strategy) else "off"
-    return f"{on} (train.jit_compile=auto on {kind} devices)" if jit_compile == "auto" else on
+def _timed_step(plan: Plan, devices: Devices, data: Data, batch: int, jit: bool) -> Any:
+    """fn(steps) -> seconds: the run's model trained `steps` steps on its first device (strategy single's step, XLA
+    as `jit` says) on one fixed batch of its own training examples: what `jit_decision` compares."""
+    import dataclasses
+
+    import tensorflow as tf
+
+    from runner.strategies.single import SingleDevice
+
+    training = dataclasses.replace(training_for(plan, devices, jit), global_batch=batch)
+    strategy = SingleDevice(devices.names[0], training)
+    pairs = strategy.batches(plan.pipeline, data.train(), plan.train.seed).next()  # one batch, reused
+
+    class Fixed:
+        def next(self) -> Any:
+            return pairs
+
+    loop = strategy.train_loop(Fixed())
+
+    def timed(steps: int) -> float:
+        start = time.perf_counter()
+        float(loop(tf.constant(steps))[0])  # waits for the steps
+        return time.perf_counter() - start
+
+    return timed
 
 
 @dataclass
@@ -100,6 +135,7 @@ class Built:
     devices: Devices
     strategy: Strategy  # the model and optimizer placed on the devices
     examples: Examples  # the training examples as a tf.data dataset, for the pipeline's feed
+    xla: Any  # train.jit_compile resolved (runner.measure.xla.Decision: on, and why)
 
 
 def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Built:
@@ -111,8 +147,9 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
     """
     data = plan.data.load(plan.train.seed)
     devices = _start_tensorflow(plan, run, log_placement)
-    strategy = _build_strategy(plan, devices, run)
-    return Built(data, devices, strategy, data.train())
+    xla = jit_decision(plan, devices, data)
+    strategy = _build_strategy(plan, devices, run, xla.on)
+    return Built(data, devices, strategy, data.train(), xla)
 
 
 def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
@@ -127,13 +164,14 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     _log_dataset(plan, data, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
-              "xla": _xla_tag(plan.train.jit_compile, devices.kind, plan.strategy), **strategy.describe()})
+              "xla": "on" if built.xla.on else "off", "jit_compile_reason": built.xla.reason, **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
     if plan.train.table_optimizer:  # the tables' own rate, after the same batch rule
         rate = effective_learning_rate(plan.train, plan.train.table_learning_rate or plan.train.learning_rate)
         run.params({"train.effective_table_learning_rate": f"{rate:.6g}"})
     steps = train.total_steps(plan.train, data.train_size)
     _log_plan(plan, devices, steps, data.synthetic)
+    _warn_dense_tables(plan)
     checkpointer, start = _resume(plan, strategy, run)
     evals = _evaluations(plan, strategy, data, steps, run)
     hooks = _hooks(plan, checkpointer, strategy, run)
@@ -179,18 +217,18 @@ def _check_moving_state(plan: Plan, strategy: Strategy, run: tracking.Recorder) 
                     "the test figures are the first copy's", plan.strategy.name)
 
 
-def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder) -> Strategy:
+def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder, jit_compile: bool) -> Strategy:
     """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog (bounded by
     strategy.peer_timeout, Ctrl-C and SIGTERM honoured: runner/runtime/watchdog.py)."""
     if plan.cluster is None:
-        return plan.strategy.build(devices, training_for(plan, devices))
+        return plan.strategy.build(devices, training_for(plan, devices, jit_compile))
     from runner.runtime import signals, watchdog
 
     me = (plan.cluster.task_type, plan.cluster.task_index)
     others = [a for kind, addresses in plan.cluster.tasks.items() for i, a in enumerate(addresses) if (kind, i) != me]
     uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri) if run.run_id else None
     with watchdog.bounded_wait(plan.strategy.peer_wait(), plan.cluster.name, ", ".join(others), uri, run.run_id):
-        strategy = plan.strategy.build(devices, training_for(plan, devices))
+        strategy = plan.strategy.build(devices, training_for(plan, devices, jit_compile))
     signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
     return strategy
 
@@ -290,6 +328,23 @@ def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recor
         return {}
     run.tags({"predicted.dominant": prediction.dominant})
     return prediction.metrics()
+
+
+def _warn_dense_tables(plan: Plan) -> None:
+    """One warning when a recommender's embedding tables (the data has named features) get an optimizer that moves
+    every row of them every step: its slots decay every row, so each step updates whole tables where Adagrad and SGD
+    update the rows a batch looked up (docs/your-model-your-data.md). Adam is train.optimizer's default: a user's
+    recommender would otherwise be trained densely without a word."""
+    from runner.config import ROWS_ONLY, table_optimizer
+
+    name = table_optimizer(plan.train)
+    if not plan.spec.features or name in ROWS_ONLY:
+        return
+    key = "train.table_optimizer" if plan.train.table_optimizer else "train.optimizer"
+    log.warning("%s=%s updates every row of model=%s's embedding tables every step (Keras' Adam, AdamW, momentum and "
+                "RMSprop decay every row's slots), not only the rows a batch looked up: for sparse updates use "
+                "train.optimizer=adagrad or sgd, or an optimizer per part as TF Model Garden trains DLRM: "
+                "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
 
 
 def _log_plan(plan: Plan, devices: Devices, steps: int, synthetic: bool) -> None:

@@ -67,10 +67,10 @@ def store(tmp_path) -> str:
     return new_store(tmp_path)
 
 
-# What a run measures beyond its training (the input pipeline alone after training, the host's matmul peak) is off in
-# in-process tests: seconds a run, read by none of them. The tests about these measurements switch them on again
-# (a later override wins).
-UNMEASURED = ("train.measure_input=false", "train.probe_peak=false")
+# What a run measures beyond its training (the input pipeline alone after training, the host's matmul peak, XLA's
+# step against the plain one for train.jit_compile=auto) is off in in-process tests: seconds a run, read by none of
+# them. The tests about these measurements switch them on again (a later override wins).
+UNMEASURED = ("train.measure_input=false", "train.probe_peak=false", "train.jit_compile=false")
 
 
 def compose(*overrides: str):

@@ -120,6 +120,12 @@ def _describe(device_name: str, dtype: str) -> tuple[str, bool]:
     return desc, fast[dtype]
 
 
+def describe_device(device_name: str) -> str:
+    """The device as cache keys name it: a CPU by model, instruction-set flags and cores; a GPU by name and compute
+    capability (logical devices of one physical device share it)."""
+    return _describe(device_name, "float32")[0]
+
+
 def _matmul_chain() -> Any:
     """A tf.function running k dependent matmuls y <- y @ w; k is a tensor, so one trace serves every k."""
     import tensorflow as tf
@@ -203,7 +209,7 @@ def _sweep(device_name: str, dtype: str, sizes: tuple[int, ...], seconds: float)
     return gflops, size, max(others for _, others, _ in results)
 
 
-def _read_cache(path: Path) -> dict:
+def read_cache(path: Path) -> dict:
     """The cache's entries; a missing or unreadable file is an empty cache (the peak is simply probed again)."""
     try:
         data = json.loads(path.read_text())
@@ -215,10 +221,10 @@ def _read_cache(path: Path) -> dict:
         return {}
 
 
-def _write_cache(path: Path, key: str, entry: dict) -> None:
+def write_cache(path: Path, key: str, entry: dict) -> None:
     """Add `entry` under `key`, atomically (parallel sweep jobs never see a half-written file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**_read_cache(path), key: entry}
+    data = {**read_cache(path), key: entry}
     write_json(path, data)
 
 
@@ -271,7 +277,7 @@ def probe_peak(
         return None
     key = cache_key(device, dtype, sizes)
     path = _cache_path(cache_dir)
-    entry = _read_cache(path).get(key)
+    entry = read_cache(path).get(key)
     old = float(entry.get("gflops", 0)) if isinstance(entry, dict) else 0.0
     if old > 0 and not refresh:
         return Peak(old, dtype, device, key, True, int(entry.get("size", 0)), float(entry.get("others_cpu_share", 0)),
@@ -289,7 +295,7 @@ def probe_peak(
     if gflops > old:
         entry = {"gflops": gflops, "size": size, "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": seconds,
                  "others_cpu_share": round(others, 2)}
-        _write_cache(path, key, entry)
+        write_cache(path, key, entry)
     log.info("peak %s on %s: %.0f GFLOP/s (cached in %s)", dtype, device, max(gflops, old), path)
     return Peak(max(gflops, old), dtype, device, key, False, int(entry.get("size", 0)),
                 float(entry.get("others_cpu_share", 0)), str(entry.get("measured", "")))
@@ -297,7 +303,7 @@ def probe_peak(
 
 def cached_cpu_peak(cache_dir: Path | None = None, dtype: str = "float32") -> float | None:
     """The host CPU's cached `dtype` peak (default sizes), read without TensorFlow; None when not cached."""
-    entry = _read_cache(_cache_path(cache_dir)).get(cache_key(_cpu_description(), dtype))
+    entry = read_cache(_cache_path(cache_dir)).get(cache_key(_cpu_description(), dtype))
     return float(entry["gflops"]) if isinstance(entry, dict) and entry.get("gflops") else None
 
 

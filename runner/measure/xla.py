@@ -1,0 +1,106 @@
+"""train.jit_compile=auto decided by measurement: the run's own model, batch and device, its compiled step timed
+with XLA and without in alternating calls, once per machine (cached like the matmul peak), the faster kept.
+
+Why not by device kind: on this project's CPUs XLA made a small GPT 1.45x faster and convolutional nets 2-9x
+slower (BENCHMARKS.md); only the model decides. The caller builds the two loops (runner.experiment), so this module
+knows nothing of strategies; the cost model and the bench read the same cached decision (`cached`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from runner.measure.peak import read_cache, write_cache
+from runner.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+CACHE_FILE = "xla.json"
+ROUNDS = 3  # alternating timed calls each way; the fastest call of each side counts
+CALL_SECONDS = 0.3  # the length of one timed call, in steps of the side's own speed
+TIE = 0.05  # XLA kept only when its step is at least this much faster: within it, its compile time buys nothing
+
+# fn(steps) -> seconds: run `steps` compiled training steps and wait for them (a loop's first call compiles it).
+Timed = Callable[[int], float]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What train.jit_compile=auto chose for a run, and why (the run's `jit_compile_reason`)."""
+
+    on: bool
+    reason: str
+
+
+def key(device: str, model: str, batch: int, precision: str) -> str:
+    """The cache entry of a decision: the device (peak.cache_key's description: CPU model, flags, cores), a digest
+    of the model's options and data (`model`: any text that changes when they do), the per-device batch, the
+    precision."""
+    digest = hashlib.sha256(model.encode()).hexdigest()[:16]
+    return f"{device}|{digest}|b{batch}|{precision}"
+
+
+def cached(entry_key: str, folder: Path | None = None) -> Decision | None:
+    """The decision cached for `entry_key`, or None: the cost model and the bench read it without measuring."""
+    entry = read_cache(_path(folder)).get(entry_key)
+    return _decision(entry, True) if isinstance(entry, dict) and "xla_ms" in entry else None
+
+
+def decide(entry_key: str, label: str, timed: Callable[[bool], Timed], folder: Path | None = None) -> Decision:
+    """XLA on or off for the run: the cached decision, else measured now (announced in one line) and cached.
+
+    Args:
+        entry_key: `key(...)` of the run.
+        label: what was timed, for the reason ("gpt/default at batch 12 on one CPU device").
+        timed: jit -> the run's step compiled that way, as a `Timed`.
+    """
+    found = cached(entry_key, folder)
+    if found is not None:
+        return found
+    path = _path(folder)
+    log.info("train.jit_compile=auto: timing the step of %s with XLA and without, once (cached in %s)", label, path)
+    entry = {**measure(timed), "label": label, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        write_cache(path, entry_key, entry)
+    except OSError as e:  # an unwritable cache costs a probe next time, not the run
+        log.warning("train.jit_compile=auto: decision not cached (%s)", e)
+    decision = _decision(entry, False)
+    log.info("train.jit_compile=auto: %s", decision.reason)
+    return decision
+
+
+def measure(timed: Callable[[bool], Timed]) -> dict[str, float]:
+    """Milliseconds per step without XLA and with it: each side's loop compiled and warmed by a first call, then
+    ROUNDS alternating calls of about CALL_SECONDS each; the fastest call of each side (others' load only slows)."""
+    loops = {False: timed(False), True: timed(True)}
+    per_step = {}
+    for on, loop in loops.items():
+        loop(2)  # traces and compiles (XLA: the cluster too)
+        per_step[on] = loop(2) / 2
+    steps = {on: max(1, math.ceil(CALL_SECONDS / max(s, 1e-6))) for on, s in per_step.items()}
+    best = {False: math.inf, True: math.inf}
+    for _ in range(ROUNDS):
+        for on, loop in loops.items():
+            best[on] = min(best[on], loop(steps[on]) / steps[on])
+    return {"plain_ms": round(best[False] * 1e3, 3), "xla_ms": round(best[True] * 1e3, 3)}
+
+
+def _decision(entry: dict, was_cached: bool) -> Decision:
+    """On when XLA's step is more than TIE faster; the reason names both figures and what was timed."""
+    plain, xla = float(entry["plain_ms"]), float(entry["xla_ms"])
+    on = xla < plain * (1 - TIE)
+    verdict = "on" if on else "off"
+    ratio = plain / xla if xla > 0 else math.inf
+    return Decision(on, f"{verdict}: measured {xla:.3g} ms/step with XLA against {plain:.3g} without ({ratio:.2f}x) "
+                        f"for {entry.get('label', 'this model')}, {entry.get('measured', '')}"
+                        f"{' (cached)' if was_cached else ''}")
+
+
+def _path(folder: Path | None) -> Path:
+    return (folder or cache_dir()) / CACHE_FILE

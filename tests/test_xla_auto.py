@@ -1,0 +1,64 @@
+"""train.jit_compile=auto decided by measurement (issue #64): the step timed with XLA and without, once per machine,
+model and batch (cached), the faster kept, the run told which and why."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from conftest import compose, runs
+
+from runner.experiment import run
+from runner.measure import xla
+
+
+def sleeper(per_step: float, calls: list):
+    """A step that takes `per_step` seconds (a real wait, timed by the probe like a compiled loop), counting calls."""
+
+    def timed(steps: int) -> float:
+        calls.append(steps)
+        start = time.perf_counter()
+        time.sleep(per_step * steps)
+        return time.perf_counter() - start
+
+    return timed
+
+
+@pytest.mark.parametrize("plain, compiled, on", [(0.004, 0.002, True), (0.002, 0.004, False),
+                                                 (0.0040, 0.0039, False)])  # within TIE: no compile for 2.5%
+def test_the_faster_side_is_kept_and_cached_with_both_figures(tmp_path, plain, compiled, on):
+    calls = {False: [], True: []}
+    make = lambda jit: sleeper(compiled if jit else plain, calls[jit])  # noqa: E731
+    decision = xla.decide("k", "model=m at 8 examples", make, folder=tmp_path)
+    assert decision.on is on and decision.reason.startswith(f"{'on' if on else 'off'}: measured ")
+    assert "model=m at 8 examples" in decision.reason and "(cached)" not in decision.reason
+    entry = json.loads((tmp_path / xla.CACHE_FILE).read_text())["k"]
+    assert entry["plain_ms"] == pytest.approx(plain * 1e3, rel=0.5) and entry["xla_ms"] > 0
+    assert len(calls[True]) == len(calls[False]) == 2 + xla.ROUNDS  # compile, estimate, then alternating rounds
+    again = xla.decide("k", "model=m at 8 examples", lambda jit: pytest.fail("measured twice"), folder=tmp_path)
+    assert again.on is on and again.reason.endswith("(cached)")
+    assert xla.cached("other", tmp_path) is None
+
+
+def test_an_auto_run_tags_its_measured_decision_and_a_second_reads_it_cached(tf_devices, store):
+    """In-process tests set train.jit_compile=false (conftest.UNMEASURED); a later auto wins. The first run measures
+    (or finds this machine's cached figure), the second reads the cache; both tag the same reason."""
+    overrides = ["debug=smoke", "train.steps=4", "train.steps_per_call=2", "train.checkpoint_every=0",
+                 "mlflow.system_metrics_interval=0", "train.jit_compile=auto"]
+    for _ in range(2):
+        run(compose(*overrides, f"mlflow.tracking_uri={store}"))
+    table = runs(store, "smoke").sort_values("start_time")
+    first, second = table["tags.jit_compile_reason"]
+    assert first.startswith(("on: measured", "off: measured")) and "model=mlp at 64 examples" in first
+    assert second.endswith("(cached)") and second.split(" (cached)")[0] == first.split(" (cached)")[0]
+    assert set(table["tags.xla"]) == {first.split(":")[0]}
+
+
+def test_a_strategy_that_cannot_compile_its_step_is_off_unmeasured(tf_devices, store):
+    run(compose("debug=smoke", "train.steps=2", "train.steps_per_call=1", "train.checkpoint_every=0",
+                "mlflow.system_metrics_interval=0", "strategy=model_parallel", "gpus=2", "train.jit_compile=auto",
+                f"mlflow.tracking_uri={store}"))
+    row = runs(store, "smoke").iloc[0]
+    assert row["tags.xla"] == "off" and row["tags.jit_compile_reason"].startswith("off: ")
+    assert "an XLA cluster runs on one device" in row["tags.jit_compile_reason"]
