@@ -96,8 +96,8 @@ class TrainConf:
     target_auc: float | None = None
     check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
     check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
-    # XLA-compile each tower's forward and backward (strategy=single: its whole update); auto: on GPUs (as Keras
-    # fit does), off on CPUs, where it measured slower (docs/your-model-your-data.md)
+    # XLA-compile each tower's forward and backward (strategy=single: its whole update); auto: the faster of the
+    # two, timed once for the model, batch and device (cached; the run's jit_compile_reason tag says which and why)
     jit_compile: Literal["auto", True, False] = "auto"
     # float32 | mixed_bfloat16 (bfloat16 compute, float32 variables and loss; float32's range) | mixed_float16
     # (float16 compute with dynamic loss scaling: GPUs' tensor cores from V100 and T4 on)
