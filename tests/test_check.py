@@ -3,6 +3,8 @@ for real strategies and for a deliberately broken one brought in through `--conf
 
 from __future__ import annotations
 
+import io
+import json
 import os
 from pathlib import Path
 
@@ -16,6 +18,8 @@ from runner.cli.check import Outcome, judge
 # average over towers. It runs, it learns, and it does not learn what one device learns. And one that takes its
 # process down as it is built (a crash in TensorFlow's C++ would), with the combinations after it.
 BROKEN = '''
+import io
+import json
 import os
 from dataclasses import dataclass
 
@@ -149,3 +153,60 @@ def test_judge_names_idle_devices_stray_compute_and_loss_drift():
 def test_a_bad_override_of_runner_check_is_one_line(capsys, args, said):
     code, _, err = subcommand(capsys, "check", *args)
     assert code == 2 and err.strip().splitlines() == [err.strip()] and err.startswith(said), err
+
+
+PLACED = "I0000 placer.cc:162] {node}: ({op}): /job:localhost/replica:0/task:0/device:{device}\n"
+
+
+class _LaggingChild:
+    """A stand-in for the child process whose stdout brings both results while its stderr holds the first
+    combination's placer log only: the second's has not reached the file yet (a busy host)."""
+
+    def __init__(self, cmd, stdin, stdout, stderr, text, env):
+        from runner.cli.check import BEGIN, RESULT
+
+        stderr.write(f"{BEGIN}first\n" + PLACED.format(node="a", op="MatMul", device="CPU:0"))
+        stderr.flush()
+        results = [{"losses": [1.0], "compute": {"CPU:0": 1}}, {"losses": [1.0], "compute": {"CPU:1": 2}}]
+        self.stdin, self.returncode = io.StringIO(), 0
+        self.stdout = io.StringIO("".join(RESULT + json.dumps(r) + "\n" for r in results))
+
+    def wait(self) -> int:
+        return 0
+
+
+def test_placements_come_with_each_result_not_from_a_log_the_child_may_still_be_writing(monkeypatch):
+    """#61 item 11: `runner check gpus=2` died at its 17th of 18 combinations (IndexError) reading the child's
+    placer log for a combination whose part had not reached the file."""
+    from runner.cli import check
+
+    monkeypatch.setattr(check.subprocess, "Popen", _LaggingChild)
+    found = [check.Combination("first", []), check.Combination("second", [])]
+    outcomes = list(check._one_process(found, steps=1, timed=1))
+    assert [(o.label, o.compute, o.error) for o in outcomes] == [("first", {"CPU:0": 1}, ""),
+                                                                  ("second", {"CPU:1": 2}, "")]
+
+
+def test_the_child_counts_the_placements_logged_while_its_combination_ran(tmp_path, monkeypatch):
+    """What the child carries in a RESULT: the matmuls and convolutions placed after the combination began, none
+    of an earlier combination's, and the error of one that failed with what it placed before failing."""
+    from runner.cli import check
+
+    log_path = tmp_path / "stderr.log"
+    log_path.write_text(PLACED.format(node="old", op="MatMul", device="CPU:3"))  # an earlier combination's
+
+    def measure(overrides, steps, timed):
+        with log_path.open("a") as stderr:  # TensorFlow's placer, writing to the child's stderr
+            stderr.write(PLACED.format(node="m", op="MatMul", device="CPU:0")
+                         + PLACED.format(node="c", op="Conv2D", device="CPU:1")
+                         + PLACED.format(node="r", op="Relu", device="CPU:1"))
+        if overrides == ["bad"]:
+            raise ValueError("no such thing")
+        return {"losses": [0.5]}
+
+    monkeypatch.setattr(check, "measure", measure)
+    with log_path.open() as log:
+        good = check.measured(["good"], 1, 1, log)
+        bad = check.measured(["bad"], 1, 1, log)
+    assert good == {"losses": [0.5], "compute": {"CPU:0": 1, "CPU:1": 1}}
+    assert bad == {"error": "ValueError: no such thing", "compute": {"CPU:0": 1, "CPU:1": 1}}

@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 STEPS = 10  # compiled one-step calls whose losses are compared
 TIMED_STEPS = 30  # steps of the one timed call
@@ -104,20 +104,39 @@ def measure(overrides: list[str], steps: int, timed: int) -> dict[str, Any]:
             "tags": {**built.devices.as_tags(), **built.strategy.describe()}}
 
 
-def child(steps: int, timed: int) -> int:
-    """`python -m runner.cli.check --each ...`: measure the combinations read from stdin (a JSON list of override
-    lists) in turn, each begun by a BEGIN line on stderr (its placer log follows) and ended by its RESULT line (the
-    measurement, or the error in it). One process, one TensorFlow start, for all of them: they share one device
+def placed(log: str) -> dict[str, int]:
+    """Device -> matmuls and convolutions TensorFlow's placer put there, from a stretch of its log."""
+    compute: dict[str, int] = {}
+    for op, device in _PLACED.findall(log):
+        if op in COMPUTE_OPS:
+            compute[device] = compute.get(device, 0) + 1
+    return compute
+
+
+def measured(overrides: list[str], steps: int, timed: int, log: TextIO) -> dict[str, Any]:
+    """One combination's RESULT: `measure`'s figures (or the error) and where its compute was placed, read from
+    `log`, this process's own stderr opened for reading: everything appended to it while the combination ran. The
+    child reads its own log, so the placements travel with the result and the parent never reads a log that the
+    child may still be writing."""
+    os.write(2, f"{BEGIN}{' '.join(overrides)}\n".encode())
+    log.seek(0, os.SEEK_END)
+    try:
+        result = measure(overrides, steps, timed)
+    except Exception as e:  # noqa: BLE001 - any failure is this combination's result, reported by the parent
+        result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    return {**result, "compute": placed(log.read())}
+
+
+def child(steps: int, timed: int, log_path: str) -> int:
+    """`python -m runner.cli.check --each --log FILE ...`: measure the combinations read from stdin (a JSON list of
+    override lists) in turn, each begun by a BEGIN line on stderr (FILE, where its placer log follows) and ended by
+    its RESULT line on stdout (`measured`). One process, one TensorFlow start, for all of them: they share one device
     count. What an earlier combination built stays alive (its input pipelines idle, never freed: freeing a used
     tf.data iterator can wait seconds for TensorFlow's autotuning thread, docs/testing.md)."""
-    for overrides in json.loads(sys.stdin.read()):
-        os.write(2, f"{BEGIN}{' '.join(overrides)}\n".encode())
-        try:
-            result = measure(overrides, steps, timed)
-        except Exception as e:  # noqa: BLE001 - any failure is this combination's result, reported by the parent
-            result = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
-        sys.stdout.write(RESULT + json.dumps(result) + "\n")
-        sys.stdout.flush()
+    with open(log_path, errors="replace") as log:
+        for overrides in json.loads(sys.stdin.read()):
+            sys.stdout.write(RESULT + json.dumps(measured(overrides, steps, timed, log)) + "\n")
+            sys.stdout.flush()
     os._exit(0)  # skip TensorFlow's teardown (runner.cli.main._exit_now says why)
 
 
@@ -138,35 +157,41 @@ def measure_all(found: list[Combination], steps: int, timed: int,
 
 
 def _one_process(found: list[Combination], steps: int, timed: int) -> Iterator[Outcome]:
-    """The outcomes of one child process, as its result lines come; its stderr (the placer logs) goes to a file,
-    cut at the BEGIN lines. The last outcome is an error if the process ended before measuring them all."""
+    """The outcomes of one child process, as its result lines come (each carries its placements: `measured`). Its
+    stderr goes to a file opened for appending, so that the child's writes land at the end whoever reads it; the
+    parent reads it only once the child has ended. The last outcome is an error if the process ended before
+    measuring them all."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}  # the placer logs at INFO
-    cmd = [sys.executable, "-m", "runner.cli.check", "--each", "--steps", str(steps), "--timed", str(timed)]
-    with tempfile.TemporaryFile("w+") as log:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True, env=env)
+    with tempfile.TemporaryDirectory(prefix="runner-check-") as folder:
+        path = Path(folder) / "stderr.log"
+        cmd = [sys.executable, "-m", "runner.cli.check", "--each", "--log", str(path), "--steps", str(steps),
+               "--timed", str(timed)]
+        with path.open("a") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                    env=env)
         proc.stdin.write(json.dumps([c.overrides for c in found]))
         proc.stdin.close()
         measured = 0
         for line in proc.stdout:
             if line.startswith(RESULT):
-                log.seek(0)
-                placements = log.read().split(BEGIN)[measured + 1]  # everything placed since its BEGIN line
-                yield _outcome(found[measured].label, json.loads(line.removeprefix(RESULT)), placements)
+                yield _outcome(found[measured].label, json.loads(line.removeprefix(RESULT)))
                 measured += 1
         proc.wait()
         if measured < len(found):
-            log.seek(0)
-            said = [line for line in log.read().splitlines() if line.strip() and "placer.cc" not in line]
-            yield Outcome(found[measured].label, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
+            said = _last_said(path.read_text(errors="replace"))
+            yield Outcome(found[measured].label, error=f"exit {proc.returncode}: {said}")
 
 
-def _outcome(label: str, result: dict[str, Any], placements: str) -> Outcome:
-    """One combination's outcome from its RESULT line and its part of the placer log."""
-    outcome = Outcome(label, **{k: v for k, v in result.items() if k in Outcome.__dataclass_fields__})
-    for op, device in _PLACED.findall(placements):
-        if op in COMPUTE_OPS:
-            outcome.compute[device] = outcome.compute.get(device, 0) + 1
-    return outcome
+def _last_said(log: str) -> str:
+    """The last line a child that died said while measuring its last combination (after its last BEGIN line), other
+    than the placer's."""
+    said = [line for line in log.split(BEGIN)[-1].splitlines()[1:] if line.strip() and "placer.cc" not in line]
+    return said[-1] if said else "no output"
+
+
+def _outcome(label: str, result: dict[str, Any]) -> Outcome:
+    """One combination's outcome from its RESULT line."""
+    return Outcome(label, **{k: v for k, v in result.items() if k in Outcome.__dataclass_fields__})
 
 
 def judge(outcome: Outcome, reference: Outcome, tolerance: float) -> None:
@@ -307,6 +332,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--reprobe", action="store_true",
                    help="measure this machine's matmul peak again (stop other jobs first), print it and exit")
     p.add_argument("--each", action="store_true", help=argparse.SUPPRESS)  # internal: the child, combinations on stdin
+    p.add_argument("--log", help=argparse.SUPPRESS)  # internal: the child's own stderr, where it reads its placements
     return p
 
 
@@ -368,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser().parse_args(argv)
     if args.each:
-        return child(args.steps, args.timed)
+        return child(args.steps, args.timed, args.log)
     if args.reprobe:
         return reprobe()
     error = check_group_overrides([*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)])
