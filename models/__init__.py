@@ -5,13 +5,15 @@ one line, before TensorFlow starts, a spec it cannot take. A module imports Kera
 level, so config validation reads the options without loading TensorFlow. Adding a model is one module here (a
 dataclass registered with `@MODELS.register`, see `lenet.py`) plus one YAML in conf/model/. A user's own model
 needs neither: a YAML in their config directory whose `_target_` names their dataclass, or any function returning a
-Keras model, called with `input_shape` and `classes` as keras.applications' constructors are.
+Keras model, called with `input_shape` and `classes` as keras.applications' constructors are (and what else the data
+says, where it takes it: `spec_arguments`). `check_lookups` holds a built model's embeddings to the data's ids.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
@@ -23,7 +25,9 @@ if TYPE_CHECKING:
     import keras
 
 log = logging.getLogger(__name__)
-SPEC_ARGUMENTS = ("input_shape", "classes", "vocabulary_size", "sequence_length")  # given from the data's spec
+# Given from the data's spec to a model function that takes them (`spec_arguments`).
+SPEC_ARGUMENTS = ("input_shape", "classes", "vocabulary_size", "sequence_length", "vocabulary_sizes",
+                  "num_dense_features")
 # keras.applications' `weights`: every run starts from its seed's weights (the same in every strategy); pretrained ones
 # would be downloaded as the model is built, after the run opened (and fail there on a machine without internet).
 UNTRAINED: Rule = (lambda v: v is None, "null: models train from the seed's initial weights; pretrained weights "
@@ -109,7 +113,8 @@ class ModelOptions:
 @dataclass
 class FunctionModel(ModelOptions):
     """A user's function that returns a Keras model, called with the other keys of its YAML as keyword arguments,
-    plus `input_shape` and `classes` from the data's spec where it takes them (keras.applications' convention)."""
+    plus `input_shape` and `classes` from the data's spec where it takes them (keras.applications' convention), and
+    the rest of `spec_arguments`."""
 
     target: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -125,8 +130,9 @@ class FunctionModel(ModelOptions):
 
 
 def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
-    """The spec's `input_shape` and `classes` (token ids: also `vocabulary_size` and `sequence_length`) for those
-    `fn` takes; `classifier_activation=None` where it takes
+    """The spec's `input_shape` and `classes` (token ids: also `vocabulary_size` and `sequence_length`; named
+    features: `vocabulary_sizes`, one table size per categorical column, and `num_dense_features`) for those `fn`
+    takes, so a function that takes none of them still works; `classifier_activation=None` where it takes
     that (a keras.applications constructor ends in softmax by default; the runner trains on logits); and
     `include_preprocessing=False` where it takes that (EfficientNetV2, ConvNeXt and MobileNetV3 rescale 0-255 pixels
     by default; the runner's images are in [0, 1]); the model's own keyword arguments may set it again."""
@@ -135,6 +141,9 @@ def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
     given = {"input_shape": tuple(spec.shape), "classes": spec.classes}
     if spec.token_ids:  # token ids: keras_hub's names for what the data says
         given.update(vocabulary_size=spec.vocabulary, sequence_length=spec.shape[0])
+    if spec.features:  # the tables the runner knows (data.tables' too): TF Model Garden's ranking config's names
+        given.update(vocabulary_sizes=[v for f in spec.features for v in f.vocabularies],
+                     num_dense_features=sum(math.prod(f.shape) for f in spec.features if f.dtype == "float32"))
     out = {k: v for k, v in given.items() if k in parameters or takes_any}
     if "classifier_activation" in parameters:
         out["classifier_activation"] = None
@@ -153,8 +162,9 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
     given = [k for k in (*SPEC_ARGUMENTS, "classifier_activation") if k in kwargs]
     if given:
         raise ConfigError(
-            f"model.{given[0]}={kwargs[given[0]]!r}: the runner passes input_shape and classes from the data's spec "
-            "and trains on logits (classifier_activation=None); remove the key, or set the data's shape and classes"
+            f"model.{given[0]}={kwargs[given[0]]!r}: the runner passes the data's {', '.join(SPEC_ARGUMENTS)} to a "
+            "model function that takes them and trains on logits (classifier_activation=None); remove the key, or "
+            "set it on the data (data.*)"
         )
     check_untrained("model", kwargs)
     parameters = inspect.signature(fn).parameters
@@ -180,3 +190,76 @@ def variants(name: str) -> tuple[str | None, ...]:
     from runner.registry import fields
 
     return typing.get_args(fields(MODELS.get(name)).get("variant", typing.Literal[None]))
+
+
+def check_lookups(name: str, built: keras.Model, spec: Spec) -> None:
+    """Refuse (ConfigError, one line) a built model whose embedding has fewer rows than the ids the data gives it: an
+    id past its rows reads zeros on a GPU and fails mid-run on a CPU (`indices[0] = 107617 is not in [0, 100)`).
+
+    Each embedding's ids are found by running the model up to it on the data's largest ids (`_largest_ids`), so a
+    lookup through slices, offsets or reshapes of the inputs is held to the ids it is given; an embedding inside a
+    nested or subclassed model, or one whose ids do not come from the inputs, is not seen."""
+    import keras
+    import numpy as np
+
+    lookups = [(layer, node.input_tensors[0]) for layer in built.layers if isinstance(layer, keras.layers.Embedding)
+               for node in layer._inbound_nodes if node.input_tensors and "int" in str(node.input_tensors[0].dtype)]
+    if not lookups or not (spec.token_ids or spec.features):
+        return
+    x, sources = _largest_ids(spec)
+    for (layer, _), ids in zip(lookups, _ids_given(built, [t for _, t in lookups], x)):
+        if ids is None:
+            continue
+        largest = ids.reshape(len(sources), -1).max(axis=1)  # per example: one source each
+        row = int(np.argmax(largest))
+        if largest[row] >= layer.input_dim:
+            raise ConfigError(_too_few_rows(name, layer, int(largest[row]), *sources[row]))
+
+
+def _largest_ids(spec: Spec) -> tuple[Any, list[tuple[str, int]]]:
+    """Examples of the data's largest ids and, for each, where its ids come from and their vocabulary: token ids,
+    one example of vocabulary - 1 everywhere; named features, one example per categorical column holding that
+    column's largest id (every other input 0)."""
+    import numpy as np
+
+    if spec.token_ids:
+        return np.full((1, *spec.shape), spec.vocabulary - 1, np.int32), [("token ids", spec.vocabulary)]
+    columns = [(f, k, v) for f in spec.features for k, v in enumerate(f.vocabularies)]
+    x = {f.name: np.zeros((len(columns), *f.shape), f.dtype) for f in spec.features}
+    for row, (f, k, v) in enumerate(columns):
+        x[f.name][row, ..., k] = v - 1
+    return x, [(f"{f.name} column {k}", v) for f, k, v in columns]
+
+
+def _ids_given(built: keras.Model, tensors: list, x: Any) -> list[Any]:
+    """What each of `tensors` (lookups' ids) holds when `built` is given `x`; None for one not computed from the
+    inputs alone (a constant, a tensor of another model), which is not checked."""
+    import keras
+    import numpy as np
+
+    def run(outputs: list) -> list:
+        return [np.asarray(t) for t in keras.tree.flatten(keras.Model(built.input, outputs)(x))]
+
+    try:
+        return run(tensors)
+    except Exception:  # noqa: BLE001 - one of them cannot be computed from the inputs: each on its own
+        pass
+    given = []
+    for tensor in tensors:
+        try:
+            given.extend(run([tensor]))
+        except Exception:  # noqa: BLE001 - a lookup the inputs do not reach is not the data's to check
+            given.append(None)
+    return given
+
+
+def _too_few_rows(name: str, layer: Any, largest: int, source: str, vocabulary: int) -> str:
+    """The refusal of an embedding given ids up to `largest` from `source` (of `vocabulary` ids)."""
+    if source == "token ids":
+        return (f"model={name}'s embedding {layer.name} has {layer.input_dim} rows and the data's token ids go up to "
+                f"{vocabulary - 1} (vocabulary {vocabulary}); build it with vocabulary_size rows, which the runner "
+                "passes to a model function")
+    return (f"model={name}'s embedding {layer.name} has input_dim {layer.input_dim:,} and is given ids up to "
+            f"{largest:,} from the data's {source} (vocabulary size {vocabulary:,}); give it at least {largest + 1:,} "
+            "rows: the runner passes vocabulary_sizes (one table size per categorical column) to a model function "
+            "that takes it")
