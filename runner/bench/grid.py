@@ -20,11 +20,10 @@ from runner.bench.jobs import (
     measure,
 )
 from runner.measure.hooks import INPUT_BOUND_RATIO
-from runner.strategies import STRATEGIES
+from runner.strategies import data_parallel
 
-# The strategies of one process that train a model replica per device, from the registry.
-DATA_PARALLEL = tuple(n for n in STRATEGIES.names() if STRATEGIES.get(n).data_parallel
-                      and not STRATEGIES.get(n).multi_process)
+# The strategies of one process that train a model replica per device, from the registry's roles.
+DATA_PARALLEL = tuple(data_parallel())
 
 # The targets.
 KERAS_TARGET = {"mlp": 1.5}  # runner single / Keras fit on one device; other models (and a user's): 1.0

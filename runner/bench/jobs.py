@@ -53,7 +53,8 @@ def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
     data = MlflowClient(uri).get_run(match.group(1)).data
-    return with_rate({**data.metrics, **({"floor": data.tags["floor"]} if "floor" in data.tags else {})})
+    tags = {k: data.tags[k] for k in ("floor", "xla") if k in data.tags}  # why no floor; XLA on or off
+    return with_rate({**data.metrics, **tags})
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,12 @@ _MLP = ["model=mlp", "model.variant=default", "train.steps=600", "train.steps_pe
 _CNN = ["model=cnn", "model.variant=default", "train.steps=120", "train.steps_per_call=10"]
 _RESNET20 = runner_overrides(towers=1, batch=64, steps=200, xla="auto")  # the peers bench's job, one device
 _MLP_TINY = ["model=mlp", "model.variant=tiny", "train.steps=300", "train.steps_per_call=25"]
+_LENET = ["model=lenet", "train.steps=120", "train.steps_per_call=10"]
+_NIN = ["model=nin", "model.variant=default", "train.steps=60", "train.steps_per_call=5"]
+_GPT = ["model=gpt", "data=shakespeare", "train.steps=300", "train.steps_per_call=25"]
+_DLRM = ["model=dlrm", "data=clicks", "train.steps=200", "train.steps_per_call=20"]
+# train.jit_compile's rows: auto's row says what it chose (its run's `xla` tag), beside both fixed settings
+_XLA = _values("train.jit_compile", "auto", "false", "true")
 # TensorFlow's generator datasets (behind tf.distribute's per-device input iterators) are what set the malloc trap.
 _DISTRIBUTE = ["strategy=mirrored", "gpus=2", "strategy.input=distribute"]
 # group -> (what, where, the group's job, [(value, its overrides)]); the first value is the default.
@@ -28,10 +34,14 @@ SPEED_SETTINGS = {
               _values("train.fused_optimizer", "true", "false")),
     "fused1": ("fused optimizer update", "mlp/default, single", _MLP,
                _values("train.fused_optimizer", "true", "false")),
-    "xla": ("XLA compilation", "mlp/default, single", _MLP, _values("train.jit_compile", "auto", "true")),
-    "xla_cnn": ("XLA compilation", "cnn/default, single", _CNN, _values("train.jit_compile", "auto", "true")),
-    "xla_towers": ("XLA compilation", "cnn/default, replicated x2", [*_CNN, "strategy=replicated", "gpus=2"],
-                   _values("train.jit_compile", "auto", "true")),
+    "xla": ("XLA compilation", "mlp/default, single", _MLP, _XLA),
+    "xla_cnn": ("XLA compilation", "cnn/default, single", _CNN, _XLA),
+    "xla_towers": ("XLA compilation", "cnn/default, replicated x2", [*_CNN, "strategy=replicated", "gpus=2"], _XLA),
+    "xla_lenet": ("XLA compilation", "lenet, single", _LENET, _XLA),
+    "xla_nin": ("XLA compilation", "nin/default, single", _NIN, _XLA),
+    "xla_resnet": ("XLA compilation", "a user's ResNet-20, single", _RESNET20, _XLA),
+    "xla_gpt": ("XLA compilation", "gpt/default (nanoGPT's CPU recipe), single", _GPT, _XLA),
+    "xla_dlrm": ("XLA compilation", "dlrm/default, single", _DLRM, _XLA),
     "fused_bn": ("fused batch norm", "a user's ResNet-20, single", _RESNET20,
                  _values("train.fused_batch_norm", "true", "false")),
     "precision": ("mixed precision", "mlp/default, single", _MLP,
@@ -63,14 +73,15 @@ SPEED_SETTINGS = {
 
 
 def speed_settings(args: argparse.Namespace) -> int:
-    """One table: each setting's values side by side, images/s as a ratio to the group's default."""
+    """One table: each setting's values side by side, the job's rate (its own unit) as a ratio to the group's
+    default."""
     from runner.tracking import ensure_experiment, resolve_uri
 
     uri, experiment = resolve_uri(args.tracking_uri), "bench_settings"
     ensure_experiment(uri, experiment)
     out: list[str] = []
     emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}; {machine()}", "",
-               "| setting | model, strategy | value | images/s ± stderr | x default | test accuracy |",
+               "| setting | model, strategy | value | rate ± stderr | x default | test metric |",
                "|---|---|---|---|---|---|"])
     failed = False
     for group in args.groups:
@@ -85,10 +96,12 @@ def speed_settings(args: argparse.Namespace) -> int:
                 emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', NO_TIMED_STEPS)[:80]} | | |"])
                 continue
             base = m["rate"] if i == 0 else base
-            rate = f"{m['rate']:,.0f} ± {m['rate_stderr']:,.0f}"
+            rate = f"{m['rate']:,.0f} ± {m['rate_stderr']:,.0f} {m['unit']}/s"
             ratio = f"{m['rate'] / base:.2f}" if base else "-"
-            emit(out, [f"| {what} | {where} | `{label}` | {rate} | {ratio} "
-                       f"| {m['test_accuracy']:.4f} |"])
+            chose = f" -> {m['xla']}" if "train.jit_compile=auto" in label else ""  # what auto decided, measured
+            metric = "auc" if "test_auc" in m else "accuracy"  # a click model's AUC, else accuracy
+            emit(out, [f"| {what} | {where} | `{label}`{chose} | {rate} | {ratio} | {metric} "
+                       f"{m[f'test_{metric}']:.4f} |"])
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")

@@ -102,7 +102,7 @@ def worker_suffix(_root_: Any) -> str:
     """`-worker1` etc. for a multi-worker task, '' otherwise: the `${worker_suffix:}` in hydra.run.dir, so each
     worker started on the same machine in the same second still gets its own output folder and log."""
     strategy = _root_.get("strategy") or {}
-    if strategy.get("name") != "multi_worker":
+    if "workers" not in strategy:  # a strategy of one process
         return ""
     try:
         spec = from_options(list(strategy.get("workers") or []), int(strategy.get("task_index") or 0))

@@ -297,6 +297,9 @@ class StrategyBase:
 
     min_gpus: ClassVar[int] = 1
     max_gpus: ClassVar[int | None] = None
+    # The reference every other strategy is compared with (its losses, its rate at one device): one registered
+    # strategy has it (`baseline()`)
+    baseline: ClassVar[bool] = False
     data_parallel: ClassVar[bool] = True  # one tower per device (else: one tower, the model split)
     multi_process: ClassVar[bool] = False  # needs one process per worker (a cluster), not one process
     # Why train.jit_compile=true cannot XLA-compile its step ("": it can: each tower's forward and backward)
@@ -363,6 +366,21 @@ class StrategyBase:
 
 
 STRATEGIES = Registry("strategy", __name__)
+
+
+def baseline() -> str:
+    """The registered strategy the others are compared with (`StrategyBase.baseline`: single)."""
+    return next(n for n in STRATEGIES.names() if getattr(STRATEGIES.get(n), "baseline", False))
+
+
+def data_parallel() -> list[str]:
+    """The registered strategies of one process that run a tower per device (the bench's and check's grid)."""
+    return [n for n in STRATEGIES.names() if _role(n, "data_parallel") and not _role(n, "multi_process")
+            and not _role(n, "baseline")]
+
+
+def _role(name: str, role: str) -> bool:
+    return bool(getattr(STRATEGIES.get(name), role, False))
 
 
 def predictable() -> list[str]:

@@ -27,6 +27,7 @@ class Single(StrategyBase):
 
     min_gpus: ClassVar[int] = 0
     max_gpus: ClassVar[int | None] = 1
+    baseline: ClassVar[bool] = True
     data_parallel: ClassVar[bool] = False
     loss_scaling: ClassVar[bool] = True
 
