@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from runner.data_pipelines import DATASETS, DataError, DatasetOptions, Feature, Spec
+from runner.data_pipelines.files import SHARDS
 from runner.registry import Rule
 
 # TF Model Garden's dlrm_criteo vocabulary sizes (official/recommendation/ranking/configs), feature C1 to C26.
@@ -93,7 +94,8 @@ class Hidden:
             ids[:, k] = (rank * _multiplier(vocabulary) + 7) % vocabulary
             effects.append(_normal(rank * 64 + k, self.seed) if informative[k] else np.zeros(n))
         logit += 0.6 * np.sum(effects, axis=0)
-        logit += 0.8 * effects[0] * effects[1] if informative[0] and informative[1] else 0.0  # one pair interacts
+        if len(effects) > 1 and informative[0] and informative[1]:  # one pair interacts (one table: no pair)
+            logit += 0.8 * effects[0] * effects[1]
         logit -= 1.6  # a click rate near Criteo's quarter
         labels = (rng.random(n) < 1 / (1 + np.exp(-logit))).astype(np.int32)
         return {"dense": dense, "categorical": ids}, labels, logit
@@ -160,17 +162,25 @@ def bayes_auc(tables: str = "default", n: int = 100_000, seed: int = 0, power: f
     return auc(labels, logits)
 
 
-# Your own click logs: Criteo's tab-separated layout (`data=files data.format=criteo_tsv`).
+# Your own click logs: Criteo's tab-separated layout (`data=files data.format=criteo_tsv`), or TFRecord shards.
 TSV = {"train": "train.tsv", "test": "test.tsv"}
+# What a refusal of a user's click logs names: the layouts data=files reads them in.
+LAYOUTS = (f"{TSV['train']} and {TSV['test']} (Criteo's tab-separated layout: a 0/1 label, "
+           f"{DENSE_FEATURES} dense counts, then one integer id per categorical column) or TFRecord shards "
+           f"{SHARDS['train']} and {SHARDS['test']} (tf.train.Examples of dense, categorical and label), each with "
+           "data.vocabulary_sizes")
 
 
 def tsv_spec(folder: Path, vocabularies: tuple[int, ...] | None) -> Spec:
     """The spec of `folder`'s click logs from the first line of train.tsv (label, 13 dense counts, then one id per
-    categorical column) and the declared vocabularies, one per categorical column; no TensorFlow."""
+    categorical column) and the declared vocabularies, one per categorical column; no TensorFlow. Both files must be
+    there: a missing test.tsv is found here, not when the run reads it."""
+    there = [name for name in TSV.values() if (folder / name).is_file()]
+    if len(there) < len(TSV):
+        missing = " and no ".join(name for name in TSV.values() if name not in there)
+        raise DataError(f"data.path={folder} has {f'{there[0]} but ' if there else ''}no {missing}: click logs "
+                        f"are {LAYOUTS}")
     path = folder / TSV["train"]
-    if not path.is_file():
-        raise DataError(f"data.path={folder}: data.format=criteo_tsv needs {TSV['train']} and {TSV['test']} there "
-                        f"(label, {DENSE_FEATURES} dense counts, then categorical ids, tab-separated)")
     with open(path) as f:
         columns = len(f.readline().rstrip("\n").split("\t")) - 1 - DENSE_FEATURES
     if not vocabularies or len(vocabularies) != columns:

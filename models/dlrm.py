@@ -104,8 +104,11 @@ class DLRM(ModelOptions):
     def check(self, spec: Spec) -> None:
         kinds = [(f.dtype, bool(f.vocabularies)) for f in spec.features]
         if spec.target != "binary" or kinds != [("float32", False), ("int32", True)]:
+            from runner.data_pipelines.clicks import LAYOUTS
+
             raise ConfigError(f"model=dlrm takes a dense float32 feature and a categorical id feature with a binary "
-                              f"label (data=clicks, or your own click data); the data gives {spec}")
+                              f"label, the data gives {spec}: use data=clicks, or your own click logs in data=files, "
+                              f"{LAYOUTS}")
 
     def table_bytes(self, spec: Spec) -> int:
         """Its tables' float32 weights: one row of the embedding dimension per id of every vocabulary."""
