@@ -93,6 +93,11 @@ class Files(DatasetOptions):
             from runner.data_pipelines.clicks import tsv_spec
 
             return tsv_spec(self._folder(), tuple(self.vocabulary_sizes or ()))
+        if self._format() == "npy" and self.vocabulary_sizes:  # click logs are not read from the npy layout
+            from runner.data_pipelines.clicks import LAYOUTS
+
+            raise DataError(f"data.vocabulary_sizes declares click logs and {self.path} holds x_train.npy, which "
+                            f"data=files reads as images or token ids: click logs are {LAYOUTS}")
         return self._npy_spec() if self._format() == "npy" else self._tfrecord_spec()
 
     def train_examples(self) -> int | None:
@@ -216,8 +221,10 @@ class Files(DatasetOptions):
     def _shards(self, split: str) -> tuple[str, ...]:
         files = tuple(sorted(str(p) for p in self._folder().glob(SHARDS[split])))
         if not files:
-            raise DataError(f"data.path={self.path} has no {SHARDS[split]} files (TFRecord shards) and no "
-                            "x_train.npy; see docs/your-model-your-data.md for the two layouts")
+            from runner.data_pipelines.clicks import LAYOUTS
+
+            raise DataError(f"data.path={self.path} has no {SHARDS[split]} files (TFRecord shards), no x_train.npy "
+                            f"(the npy layout) and no train.tsv; click logs are {LAYOUTS}")
         return files
 
     def _tfrecord_spec(self) -> Spec:
