@@ -38,10 +38,9 @@ def _gradient_graph(model: Any, batch: int, training: bool) -> Any:
             loss = tf.reduce_mean(cross_entropy(y, logits))
         return [loss, *tape.gradient(loss, weights)] if training else [logits]
 
-    x_spec = tf.TensorSpec((batch, *model.input_shape[1:]), model.inputs[0].dtype)  # images or token ids
-    y_spec = tf.TensorSpec((batch, *model.output_shape[1:-1]), tf.int32)  # a class, or one per position
+    y_spec = tf.TensorSpec((batch, *model.output_shape[1:-1]), tf.int32)  # a class, one per position, or a click
     func = tf.function(step).get_concrete_function(
-        x_spec, y_spec, specs(model.trainable_variables), specs(model.non_trainable_variables)
+        _input_specs(model, batch), y_spec, specs(model.trainable_variables), specs(model.non_trainable_variables)
     )
     pruned = tf.compat.v1.graph_util.extract_sub_graph(
         func.graph.as_graph_def(), [t.op.name for t in func.graph.outputs]
@@ -50,6 +49,16 @@ def _gradient_graph(model: Any, batch: int, training: bool) -> Any:
     with graph.as_default():
         tf.import_graph_def(pruned, name="")
     return graph
+
+
+def _input_specs(model: Any, batch: int) -> Any:
+    """A TensorSpec of `batch` examples for the model's input, as the runner feeds it: one tensor (images or token
+    ids), or for several inputs a dict of them by name (a recommender's named features, each its own shape and
+    dtype: `Spec.features`)."""
+    import tensorflow as tf
+
+    specs = {t.name: tf.TensorSpec((batch, *t.shape[1:]), t.dtype) for t in model.inputs}
+    return next(iter(specs.values())) if len(specs) == 1 else specs
 
 
 @contextlib.contextmanager
@@ -78,7 +87,8 @@ def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True) -> 
     """TensorFlow profiler FLOPs per example of the traced step, by op type (e.g. {"MatMul": 3.21e6, ...}).
 
     Args:
-        model: a built keras.Model mapping images to logits (loss: sparse categorical cross-entropy).
+        model: a built keras.Model mapping its inputs (images, token ids or named features) to logits (loss:
+            `runner.losses.cross_entropy`).
         batch: batch size traced; the counts are divided by it.
         training: profile forward + loss + gradients (no optimizer); False profiles the forward pass alone.
 
@@ -111,7 +121,7 @@ def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = Tru
     input area (see the module docstring for how that differs from `training_flops_per_example`).
 
     Args:
-        model: a built keras.Model mapping images to logits.
+        model: a built keras.Model mapping its inputs (one or several) to logits.
         batch: batch size traced (tracing only: nothing is run).
         training: False counts the forward pass alone.
 
