@@ -54,3 +54,32 @@ def with_python_step(input_shape=(28, 28, 1), classes: int = 10):
     x = inputs = keras.Input(input_shape)
     x = keras.layers.Flatten()(PythonStep()(inputs))  # (b, H*W*C)
     return keras.Model(inputs, keras.layers.Dense(classes)(x), name="python_step")  # (b, classes) logits
+
+
+def recommender(vocabulary_sizes: list[int], num_dense_features: int, embedding_dim: int = 8):
+    """A user's recommender, sized by the data's tables as the runner passes them: the dense features normalized
+    (batch normalization, which no FLOP formula covers) into a Dense layer, one table per categorical column, all
+    concatenated into one logit (b, 1)."""
+    import keras
+
+    dense = keras.Input((num_dense_features,), name="dense")
+    ids = keras.Input((len(vocabulary_sizes),), dtype="int32", name="categorical")
+    rows = [keras.layers.Embedding(v, embedding_dim, name=f"table{k}")(ids[:, k])  # (b, d) each
+            for k, v in enumerate(vocabulary_sizes)]
+    x = keras.layers.Dense(16, activation="relu", name="bottom")(keras.layers.BatchNormalization(name="norm")(dense))
+    joined = keras.layers.Concatenate(name="joined")([x, *rows])  # (b, 16 + tables * d)
+    return keras.Model({"dense": dense, "categorical": ids}, keras.layers.Dense(1, name="logit")(joined),
+                       name="recommender")
+
+
+def fixed_tables_recommender(tables: int = 3, rows: int = 100):
+    """A user's recommender with tables of its own size (`rows` each), whatever the data's: ids past them cannot be
+    looked up."""
+    import keras
+
+    dense = keras.Input((13,), name="dense")
+    ids = keras.Input((tables,), dtype="int32", name="categorical")
+    looked_up = [keras.layers.Embedding(rows, 4, name=f"table{k}")(ids[:, k]) for k in range(tables)]
+    joined = keras.layers.Concatenate(name="joined")([dense, *looked_up])
+    return keras.Model({"dense": dense, "categorical": ids}, keras.layers.Dense(1, name="logit")(joined),
+                       name="fixed_tables")

@@ -1,0 +1,170 @@
+"""Hostile input to recommenders (issue #61): one-table click logs, a user's tables smaller than the data's ids, click
+logs missing a file or in a layout data=files does not read them in, what a user's model function is given, and a
+user's recommender's FLOPs and optimizer."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+from conftest import compose, run_cli, runs
+
+from runner.config import ConfigError, validate
+from runner.data_pipelines import clicks
+
+# A short run of a click model: a few steps of tiny click logs, nothing measured beyond them.
+SHORT = ["debug=smoke", "train.steps=4", "train.steps_per_call=2", "train.warmup_calls=1", "train.checkpoint_every=0",
+         "mlflow.system_metrics_interval=0", "data.train_limit=512", "data.test_limit=256"]
+USERS = ["data=clicks", "model.name=mine"]  # a user's recommender (+model._target_=...) on synthetic click logs
+
+
+def one_line(e: BaseException, *words: str) -> str:
+    """The exception's message, checked to be one line holding every word."""
+    message = str(e)
+    assert "\n" not in message and all(w in message for w in words), message
+    return message
+
+
+# ---- item 8: one table ----------------------------------------------------------------------------------------------
+
+def test_click_logs_of_one_table_train_dlrm_under_hybrid_on_two_devices(tf_devices, store):
+    """The generator's one interacting pair needs two tables: with one, the seeds whose first table is informative
+    (1 and 3 of these) raised IndexError; now every seed draws, and the issue's command trains."""
+    from runner.experiment import run
+
+    for seed in range(4):
+        data = clicks.Clicks(vocabulary_sizes=[100], train_limit=300, test_limit=100).load(seed)
+        assert data.x_train["categorical"].shape == (300, 1) and (data.x_train["categorical"] < 100).all()
+    result = run(compose(*SHORT, "model=dlrm", "model.variant=tiny", "data=clicks", "data.vocabulary_sizes=[100]",
+                         "strategy=hybrid", "gpus=2", "train.seed=1", f"mlflow.tracking_uri={store}"))
+    assert result["unit"] == "examples" and runs(store, "smoke").iloc[0]["status"] == "FINISHED"
+
+
+# ---- item 9: a table smaller than the data's ids --------------------------------------------------------------------
+
+def test_a_users_table_smaller_than_the_datas_ids_is_one_line_before_training(tf_devices, store):
+    """fixed_tables_recommender's tables have 100 rows; the data's third column has 107,618 ids: refused as the model
+    is built (no step run, the run FAILED), naming the layer, its input_dim and the column's vocabulary size, where
+    the lookup failed mid-run before (`indices[0] = 107617 is not in [0, 100)`)."""
+    from runner.experiment import run
+
+    with pytest.raises(ConfigError) as err:
+        run(compose(*SHORT, *USERS, "+model._target_=user_models.fixed_tables_recommender",
+                    "data.vocabulary_sizes=[100,100,107618]", f"mlflow.tracking_uri={store}"))
+    one_line(err.value, "model=mine's embedding table2 has input_dim 100", "ids up to 107,617",
+             "categorical column 2 (vocabulary size 107,618)", "vocabulary_sizes")
+    row = runs(store, "smoke").iloc[0]
+    assert row["status"] == "FAILED" and "table2" in row["tags.error"]
+    assert not any(k.startswith("metrics.") and not np.isnan(v) for k, v in row.items())  # not a step trained
+
+
+def test_a_lookup_is_held_to_the_ids_it_is_given_through_an_offset(tf_devices):
+    """One table shared by every column, each column's ids offset by the sizes before it (a common layout): its
+    rows must cover the offsets too, which is what a probe of the graph finds and a comparison of sizes would not."""
+    import keras
+
+    from runner.models import check_lookups
+
+    spec = validate(compose("model=dlrm", "data=clicks", "data.vocabulary_sizes=[50,70]")).spec
+    dense = keras.Input((13,), name="dense")
+    ids = keras.Input((2,), dtype="int32", name="categorical")
+    rows = keras.layers.Embedding(100, 4, name="shared")(ids + np.array([0, 50], np.int32))  # ids up to 119
+    model = keras.Model({"dense": dense, "categorical": ids},
+                        keras.layers.Dense(1, name="logit")(keras.layers.Flatten(name="flat")(rows)))
+    with pytest.raises(ConfigError) as err:
+        check_lookups("mine", model, spec)
+    one_line(err.value, "embedding shared has input_dim 100", "ids up to 119", "categorical column 1",
+             "at least 120 rows")
+
+
+# ---- items 10 and 15: click logs data=files does not read -----------------------------------------------------------
+
+def _write(folder, files: dict[str, object]) -> str:
+    """`files` (name -> text, or an array saved as .npy) in `folder`; the folder's path."""
+    folder.mkdir()
+    for name, content in files.items():
+        np.save(folder / name, content) if name.endswith(".npy") else (folder / name).write_text(content)
+    return str(folder)
+
+
+TSV_LINE = "\t".join(["1", *map(str, range(13)), "4", "5"]) + "\n"  # a click, 13 counts, 2 ids
+NPY_CLICKS = {f"{split}_{part}.npy": np.zeros((8, width), dtype)
+              for split in ("train", "test") for part, width, dtype in (("dense", 13, "float32"),
+                                                                         ("categorical", 2, "int32"))}
+
+
+@pytest.mark.parametrize("files,said", [
+    ({"train.tsv": TSV_LINE}, "has train.tsv but no test.tsv: click logs are train.tsv and test.tsv"),  # item 10
+    (NPY_CLICKS, "no train.tsv"),  # item 15: .npy files of other names
+    ({"x_train.npy": np.zeros((8, 15), np.float32), "y_train.npy": np.zeros(8, np.int32),
+      "x_test.npy": np.zeros((8, 15), np.float32), "y_test.npy": np.zeros(8, np.int32)},
+     "data.vocabulary_sizes declares click logs"),  # item 15: the npy layout
+], ids=["no test.tsv", "npy files", "npy layout"])
+def test_click_logs_data_files_cannot_read_are_one_line_naming_its_layouts(tmp_path, files, said):
+    """Refused at validation, before any run opens: exit 2, one `error:` line naming what is there or missing and
+    the layouts click logs are read in (train.tsv/test.tsv, TFRecord shards). Was: a FileNotFoundError traceback
+    mid-run (no test.tsv); lines naming only the npy and TFRecord image layouts (.npy click files)."""
+    folder = _write(tmp_path / "logs", files)
+    proc = run_cli("debug=smoke", "model=dlrm", "data=files", f"data.path={folder}", "data.vocabulary_sizes=[10,10]",
+                   cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and said in line and "Traceback" not in proc.stdout, line
+    assert all(layout in line for layout in ("train.tsv and test.tsv", "TFRecord shards train-* and validation-*"))
+    assert len(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")) == 0  # nothing opened, nothing RUNNING
+
+
+def test_dlrm_on_data_that_is_not_click_logs_names_the_click_layouts():
+    with pytest.raises(ConfigError) as err:
+        validate(compose("model=dlrm", "data=mnist"))
+    one_line(err.value, "model=dlrm takes a dense float32 feature", "data=clicks", "train.tsv and test.tsv",
+             "TFRecord shards")
+
+
+# ---- items 16 and 18: a user's recommender -------------------------------------------------------------------------
+
+def test_a_model_function_is_given_the_datas_table_sizes_and_dense_features():
+    """`vocabulary_sizes` (one per categorical column: data.tables' own, which a user cannot know) and
+    `num_dense_features`, as `classes` is given: only to a function that takes them; a YAML repeating them is one
+    line (the data's are the ones that hold)."""
+    from runner.models import spec_arguments
+    from user_models import fixed_tables_recommender, recommender
+
+    plan = validate(compose(*USERS, "+model._target_=user_models.recommender", "data.tables=default"))
+    given = spec_arguments(recommender, plan.spec)
+    assert given == {"vocabulary_sizes": list(clicks.vocabularies("default")), "num_dense_features": 13}
+    assert spec_arguments(fixed_tables_recommender, plan.spec) == {}  # takes none of them: given none
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*USERS, "+model._target_=user_models.recommender", "+model.vocabulary_sizes=[5,5]"))
+    one_line(err.value, "model.vocabulary_sizes=[5, 5]", "vocabulary_sizes", "remove the key")
+
+
+def test_a_users_recommender_gets_its_flops_counted_and_one_warning_for_adam(tf_devices, store, caplog):
+    """recommender (batch normalization: no FLOP formula) with train.optimizer's default, Adam:
+    TensorFlow's graph statistics count its two-input step (they took one input: no FLOPs, MFU '-'), MFU is logged,
+    and the log says once that Adam updates every row of its tables, and what to use instead."""
+    from runner.experiment import run
+
+    caplog.set_level(logging.WARNING)
+    run(compose(*SHORT, *USERS, "+model._target_=user_models.recommender", "data.tables=tiny",
+                "train.optimizer=adam", "train.probe_peak=true",
+                f"mlflow.tracking_uri={store}"))
+    row = runs(store, "smoke").iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.flops.source"] == "TensorFlow's graph statistics"
+    assert row["metrics.flops_per_example"] > 0 and 0 < row["metrics.mfu"] < 1
+    (warning,) = [r.getMessage() for r in caplog.records if "embedding tables" in r.getMessage()]
+    assert warning.startswith("train.optimizer=adam updates every row of model=mine's embedding tables every step")
+    assert "train.optimizer=adagrad or sgd" in warning and "train.table_optimizer=sgd" in warning
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model=dlrm", "data=clicks"],  # its own recipe: adagrad
+    [*USERS, "+model._target_=user_models.recommender", "train.table_optimizer=sgd"],  # as the warning says
+    ["model=mlp", "train.optimizer=adam"],  # no tables
+])
+def test_no_warning_where_the_tables_update_the_rows_looked_up_or_there_are_none(overrides, caplog):
+    from runner.experiment import _warn_dense_tables
+
+    _warn_dense_tables(validate(compose(*overrides)))
+    assert not [r for r in caplog.records if "embedding tables" in r.getMessage()]
