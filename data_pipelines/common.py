@@ -26,6 +26,7 @@ EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every 
 # An in-memory test set's float batches are kept after the first evaluation up to this size (MNIST's: 31 MB); larger
 # ones (10,000 synthetic 224x224x3 images: 6 GB, which the memory check does not count) are converted every time.
 EVAL_CACHE_BYTES = 256 << 20
+ID_LIMIT = 2**31  # token ids are int32 once batched (`to_float`) and index an embedding: each below this
 
 
 class Examples(Protocol):
@@ -184,24 +185,35 @@ class Indexed:
         return finish(out.map(gather, num_parallel_calls=autotune(opts.map_parallelism)), opts)
 
 
-def read_rows(x: np.memmap, rows: np.ndarray) -> np.ndarray:
+def read_rows(x: np.memmap, rows: np.ndarray, width: int | None = None) -> np.ndarray:
     """Rows `rows` (b,) of a memory-mapped array whose first row starts at its file offset (the whole array, or a
     leading slice of it), read with pread: the kernel's page cache keeps them, not this process. (Indexing the
     mapping itself would leave every page it touched in the process's resident set: a run over a dataset larger than
-    memory would show the whole file in its peak RSS.)"""
+    memory would show the whole file in its peak RSS.) `width`: of a 1-D array (a token stream), the `width` values
+    starting at each of `rows` instead (b, width), overlapping windows of one file."""
     import os
 
     assert x.flags.c_contiguous, "a memory-mapped .npy array is stored in C order"
-    row = x.strides[0]  # bytes per example
-    out = np.empty((len(rows), *x.shape[1:]), x.dtype)
-    flat = out.reshape(len(rows), -1).view(np.uint8)
+    shape = x.shape[1:] if width is None else (width,)
+    out = np.empty((len(rows), *shape), x.dtype)
+    flat = out.reshape(len(rows), -1).view(np.uint8)  # (b, bytes a row)
     fd = os.open(x.filename, os.O_RDONLY)
     try:
-        for k, r in enumerate(rows):
-            flat[k] = np.frombuffer(os.pread(fd, row, x.offset + int(r) * row), np.uint8)
+        for k, r in enumerate(rows):  # a row (or a window) starts x.strides[0] bytes after the one before it
+            flat[k] = np.frombuffer(os.pread(fd, flat.shape[1], x.offset + int(r) * x.strides[0]), np.uint8)
     finally:
         os.close(fd)
     return out
+
+
+def mapped_rows(x: np.memmap, i: Any, width: int | None = None) -> Any:
+    """`read_rows` of a memory-mapped array inside a tf.data map: rows (or windows of `width`) at indices `i` (b,)
+    as a tensor of the stored dtype, its shape set."""
+    import tensorflow as tf
+
+    rows = tf.numpy_function(lambda j: read_rows(x, j, width), [i], tf.as_dtype(x.dtype))
+    rows.set_shape((None, *(x.shape[1:] if width is None else (width,))))
+    return rows
 
 
 def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:

@@ -4,8 +4,10 @@
   H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), or token ids (n, length) of an integer dtype (a text
   classifier's sequences: ids below `data.vocabulary_size`, else below the largest id + 1); integer labels (n,) or (n,
   1). Token ids without `y_*.npy` train a language model on the sequences themselves: each row's first length - 1 ids,
-  each labelled with the next. The inputs are memory-mapped, never read whole (token ids are scanned once for their
-  largest), so they may be larger than memory; the spec comes from the arrays' headers.
+  each labelled with the next; or, as one stream of ids (n,) each (nanoGPT's `train.bin` layout saved as .npy),
+  windows of `data.sequence_length` + 1 cut from it. The inputs are memory-mapped, never read whole (token ids are
+  scanned once for their largest), so they may be larger than memory; the spec comes from the arrays' headers. Every
+  file needs at least one example.
 - `criteo_tsv`: click logs `train.tsv` and `test.tsv` in Criteo's tab-separated layout (a 0/1 label, 13 dense
   counts, then one integer id per categorical column, below `data.vocabulary_sizes`, one per column; an empty field
   is 0), read and checked line by line before TensorFlow starts (`clicks.read_tsv`): a click model's examples.
@@ -14,13 +16,15 @@
   and resized to `data.shape`; `data.classes` says how many labels there are (`data.label_offset` is subtracted:
   1 for ImageNet records that count from 1). `pipeline=sharded` gives each tower its own files. Or records of token
   ids: `input_ids`, `data.sequence_length` int64s each, ids below `data.vocabulary_size` (which says they are
-  tokens), with `label` for a text classifier (`data.classes`), or without, a language model on the ids. Or click
+  tokens), with `label` for a text classifier (`data.classes`), or without, a language model on the ids. Each split
+  needs at least one record (a shard's first header is read at validation, each file's). Or click
   logs (`data.vocabulary_sizes` declared, one table size per categorical column): `dense` (13 float32s, used as they
   are), `categorical` (one int64 id per column, below its table's size) and `label` (0 or 1).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -29,11 +33,18 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from runner.data_pipelines import DATASETS, IMAGE_SHAPE_OR_NULL, DataError, DatasetOptions, Spec
+from runner.data_pipelines.common import ID_LIMIT
 from runner.registry import Rule, non_negative
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 SHARDS = {"train": "train-*", "test": "validation-*"}  # the TFRecord layout's file patterns
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
+UNLABELLED = "integer token ids, rows (n, length) or one stream (n,)"  # what the npy layout takes without labels
+
+
+def language_model(length: int, vocabulary: int) -> Spec:
+    """A language model's examples: `length` token ids below `vocabulary`, each labelled with the next id."""
+    return Spec((length,), vocabulary, "int32", "next_token", vocabulary)
 
 
 def labels(y: np.ndarray) -> np.ndarray:
@@ -54,7 +65,9 @@ class Files(DatasetOptions):
     classes: int | None = None  # null: npy, the largest training label + 1; tfrecord: required
     label_offset: int = 0  # subtracted from every stored label (1 for ImageNet records counting from 1)
     vocabulary_size: int | None = None  # token ids: how many ids the model's embedding has (null: largest id + 1)
-    sequence_length: int | None = None  # tfrecord token ids: ids per record (its input_ids)
+    # tfrecord token ids: ids per record (its input_ids); an npy token stream (n,): the context, each window this many
+    # ids and the next
+    sequence_length: int | None = None
     vocabulary_sizes: list[int] | None = None  # click logs (criteo_tsv, tfrecord): each categorical column's table size
 
     RULES: ClassVar[dict[str, Rule]] = {
@@ -62,7 +75,8 @@ class Files(DatasetOptions):
         "shape": IMAGE_SHAPE_OR_NULL,
         "classes": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
         "label_offset": (non_negative, "0 or a positive integer"),
-        "vocabulary_size": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
+        "vocabulary_size": (lambda v: v is None or 2 <= v <= ID_LIMIT, f"an integer from 2 to 2**31 ({ID_LIMIT:,}: "
+                            "token ids are int32), or null"),
         "vocabulary_sizes": (lambda v: v is None or (len(v) > 0 and all(int(x) >= 1 for x in v)),
                              "a list of positive table sizes, one per categorical column, or null"),
         "sequence_length": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
@@ -103,7 +117,8 @@ class Files(DatasetOptions):
     def train_examples(self) -> int | None:
         if self._format() != "npy":
             return self.train_limit
-        n = len(self._array("x_train"))
+        x = self._array("x_train")
+        n = len(x) - (self.sequence_length or 0) if self._layout() == "stream" else len(x)  # a stream: its windows
         return min(n, self.train_limit) if self.train_limit else n
 
     def load(self, seed: int) -> Any:
@@ -113,7 +128,9 @@ class Files(DatasetOptions):
             from runner.data_pipelines.clicks import load_tsv
 
             return load_tsv(self._folder(), self.spec(), self.train_limit, self.test_limit)
-        if self._format() == "npy" and self._unlabelled_tokens():
+        if self._format() == "npy" and self._layout() == "stream":
+            return self._stream(seed)
+        if self._format() == "npy" and self._layout() == "sequences":
             from runner.data_pipelines.text import SequenceFiles
 
             return SequenceFiles(self._array("x_train")[: self.train_limit], None,
@@ -133,27 +150,66 @@ class Files(DatasetOptions):
             if spec.token_ids else partial(decoder, spec, self.label_offset)
         return RecordData(train, test, spec, decode, self.train_limit, self.test_limit)
 
+    def _stream(self, seed: int) -> Any:
+        """The token streams, memory-mapped, the validation one cut to data.test_limit windows."""
+        from runner.data_pipelines.text import MappedStream
+
+        spec = self._npy_spec()
+        test = self._array("x_test")
+        if self.test_limit:
+            test = test[: self.test_limit * spec.shape[0] + 1]
+        return MappedStream(self._array("x_train"), test, spec, seed, self.train_limit)
+
     def _array(self, name: str) -> np.ndarray:
+        """`name`.npy memory-mapped; DataError where it is missing, not an array, or holds no example (an empty
+        split would end training or its final evaluation in an error, after the run had started)."""
         path = self._folder() / f"{name}.npy"
         try:
-            return np.load(path, mmap_mode="r")
+            x = np.load(path, mmap_mode="r")
         except FileNotFoundError:
             raise DataError(f"data.path={self.path} has no {name}.npy; the npy layout needs "
                             f"{', '.join(a + '.npy' for a in ARRAYS)}") from None
         except ValueError as e:
             raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
+        if x.ndim and not len(x):
+            raise DataError(f"{path} holds no examples ({x.dtype} {x.shape}); every file of data=files needs at "
+                            "least one")
+        return x
 
-    def _unlabelled_tokens(self) -> bool:
-        """Token sequences without y_train.npy and y_test.npy: a language model's data (both or neither)."""
+    def _layout(self) -> Literal["labelled", "sequences", "stream"]:
+        """What the npy files hold: examples with labels (y_train.npy and y_test.npy), or, without labels, a
+        language model's integer token ids: rows (n, length) or one stream (n,)."""
         labelled = [(self._folder() / f"{y}.npy").is_file() for y in ("y_train", "y_test")]
-        x = self._array("x_train")
-        if not any(labelled) and x.dtype.kind in "iu" and x.ndim == 2:
-            return True
-        if not all(labelled):
+        if all(labelled):
+            return "labelled"
+        if any(labelled):
             missing = [f"{y}.npy" for y, has in zip(("y_train", "y_test"), labelled) if not has]
             raise DataError(f"data.path={self.path} has no {' or '.join(missing)}: labels for both splits (a "
-                            "classifier), or for neither (token ids (n, length): a language model on them)")
-        return False
+                            f"classifier), or for neither ({UNLABELLED}: a language model on them)")
+        x = self._array("x_train")
+        if x.ndim not in (1, 2) or x.dtype.kind not in "iu":
+            floats = " (token ids stored as floats? save x.astype(np.int32))" if x.dtype.kind == "f" else ""
+            raise DataError(f"{self.path}/x_train.npy holds {x.dtype} {x.shape} and the folder has no y_train.npy or "
+                            f"y_test.npy: without labels data=files takes {UNLABELLED}{floats}; images need labels")
+        return "stream" if x.ndim == 1 else "sequences"
+
+    def _stream_spec(self) -> Spec:
+        """A language model on one stream of token ids: windows of data.sequence_length ids, each labelled with the
+        next id at every position."""
+        x_train, x_test = self._array("x_train"), self._array("x_test")
+        if x_test.ndim != 1 or x_test.dtype.kind not in "iu":
+            raise DataError(f"{self.path}: x_train.npy is a stream of token ids {x_train.dtype} {x_train.shape} and "
+                            f"x_test.npy holds {x_test.dtype} {x_test.shape}; a stream's validation ids are one too, "
+                            "integers (n,)")
+        length = self.sequence_length
+        if length is None:
+            raise DataError(f"{self.path}/x_train.npy is a stream of {len(x_train):,} token ids: set "
+                            "data.sequence_length, the context (ids a window takes; each labelled with the next)")
+        for x, split in ((x_train, "train"), (x_test, "test")):
+            if len(x) <= length:
+                raise DataError(f"{self.path}/x_{split}.npy holds {len(x):,} token ids, fewer than a window of "
+                                f"data.sequence_length + 1 = {length + 1:,}; use a shorter data.sequence_length")
+        return language_model(length, self._vocabulary(x_train, x_test))
 
     def _sequences_spec(self) -> Spec:
         """A language model on the token files: inputs (length - 1,), labels each position's next id."""
@@ -166,21 +222,20 @@ class Files(DatasetOptions):
             if not x.flags.c_contiguous:
                 raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by "
                                 "rows; save it with np.save(path, np.ascontiguousarray(x))")
-        vocabulary = self._vocabulary(x_train, x_test)
-        return Spec((int(x_train.shape[1]) - 1,), vocabulary, "int32", "next_token", vocabulary)
+        return language_model(int(x_train.shape[1]) - 1, self._vocabulary(x_train, x_test))
 
     def _npy_spec(self) -> Spec:
         if self.shape is not None:
             raise DataError(f"data.shape={self.shape} resizes TFRecord images; the npy layout in {self.path} is used "
                             "at its stored size: leave data.shape out, or store the arrays at the size you want")
-        if self._unlabelled_tokens():
-            return self._sequences_spec()
+        if (layout := self._layout()) != "labelled":
+            return self._stream_spec() if layout == "stream" else self._sequences_spec()
         x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
         tokens = x_train.dtype.kind in "iu" and x_train.ndim == 2
         if not tokens and (x_train.dtype.name not in DTYPES or x_train.ndim not in (3, 4)):
             raise DataError(f"{self.path}/x_train.npy holds {x_train.dtype} {x_train.shape}; data=files takes uint8 "
                             "or float32 images (n, height, width, channels) or (n, height, width), or integer token "
-                            "ids (n, length)")
+                            f"ids (n, length); without labels, {UNLABELLED}")
         shape = x_train.shape[1:] if x_train.ndim in (2, 4) else (*x_train.shape[1:], 1)
         for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
             if len(x) != len(y) or x.shape[1:] != x_train.shape[1:] or y.shape[1:] not in ((), (1,)):
@@ -199,9 +254,14 @@ class Files(DatasetOptions):
 
     def _vocabulary(self, x_train: np.ndarray, x_test: np.ndarray) -> int:
         """data.vocabulary_size, checked against both splits' ids; else the largest id + 1 (one pass over each)."""
-        ranges = {split: (int(x.min()), int(x.max())) if x.size else (0, 0)
-                  for x, split in ((x_train, "train"), (x_test, "test"))}  # each file's range found once
-        vocabulary = self.vocabulary_size or max(high for _, high in ranges.values()) + 1
+        ranges = {split: (int(x.min()), int(x.max())) for x, split in ((x_train, "train"), (x_test, "test"))}
+        vocabulary = self.vocabulary_size or max(high for _, high in ranges.values()) + 1  # each range found once
+        if vocabulary > ID_LIMIT:  # hashes, not ids: the embedding would have a row for each of 2**40 values
+            split = max(ranges, key=lambda k: ranges[k][1])
+            raise DataError(f"{self.path}/x_{split}.npy has token ids up to {vocabulary - 1:,}: a vocabulary of "
+                            f"{vocabulary:,} (2**{math.log2(vocabulary):.1f}) embedding rows; token ids are int32, "
+                            f"below 2**31 ({ID_LIMIT:,}): number the distinct ids 0 to n - 1 (np.unique(x, "
+                            "return_inverse=True))")
         for split, (low, high) in ranges.items():
             if low < 0 or high >= vocabulary:
                 raise DataError(f"{self.path}/x_{split}.npy has token ids from {low} to {high}; "
@@ -227,17 +287,25 @@ class Files(DatasetOptions):
                             f"(the npy layout) and no train.tsv; click logs are {LAYOUTS}")
         return files
 
+    def _check_shards(self) -> None:
+        """Both splits' shards framed as TFRecord files are, and each split holding a record (an empty one would
+        end training, or the final evaluation after all of it, in an error)."""
+        from runner.data_pipelines.records import check_framing
+
+        for split in SHARDS:
+            if not check_framing(files := self._shards(split)):
+                more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+                raise DataError(f"{files[0]}{more}: the {SHARDS[split]} shards of data.path={self.path} hold no "
+                                "records; each split needs at least one")
+
     def _tfrecord_spec(self) -> Spec:
         """data.shape and data.classes, once the shards of both splits are there and framed as TFRecord files are
         (their first headers: a cheap check that finds a file that is not one before anything starts)."""
-        from runner.data_pipelines.records import check_framing
-
         self._shards("train")
         if self.vocabulary_sizes:  # click logs: the declared tables say so
             from runner.data_pipelines.clicks import click_spec
 
-            for split in SHARDS:
-                check_framing(self._shards(split))
+            self._check_shards()
             return click_spec(tuple(int(v) for v in self.vocabulary_sizes))
         tokens = self.vocabulary_size is not None and self.shape is None
         if tokens and self.sequence_length is None:
@@ -248,11 +316,10 @@ class Files(DatasetOptions):
             raise DataError(f"data=files with TFRecord shards in {self.path} needs data.shape=[height,width,channels] "
                             "(each image is resized to it) and data.classes (how many labels); or, for token ids, "
                             "data.vocabulary_size and data.sequence_length")
-        for split in SHARDS:
-            check_framing(self._shards(split))
+        self._check_shards()
         if not tokens:
             return Spec(tuple(self.shape), self.classes)
         vocabulary, length = self.vocabulary_size, self.sequence_length
         if self.classes:  # a text classifier: a record's ids and its label
             return Spec((length,), self.classes, "int32", "class", vocabulary)
-        return Spec((length - 1,), vocabulary, "int32", "next_token", vocabulary)  # a language model on the ids
+        return language_model(length - 1, vocabulary)  # a language model on the ids

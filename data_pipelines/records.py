@@ -71,13 +71,17 @@ def record_length(header: bytes, path: str, offset: int, size: int) -> int:
     return length
 
 
-def check_framing(files: tuple[str, ...]) -> None:
+def check_framing(files: tuple[str, ...]) -> int:
     """The first record header of each file checked (12 bytes a file, no TensorFlow): what validation can afford
     to read of shards that are not TFRecord files at all. An empty file is a valid file of no records.
+
+    Returns:
+        How many of the files hold a record (0: the files hold none).
 
     Raises:
         DataError: a file that cannot be read, or whose first record is not framed as TFRecord's are.
     """
+    holding = 0
     for path in files:
         try:
             with open(path, "rb") as f:
@@ -86,6 +90,8 @@ def check_framing(files: tuple[str, ...]) -> None:
             raise DataError(f"{path} cannot be read ({e.strerror}); data shards must be readable files") from None
         if header:
             record_length(header, path, 0, size)
+            holding += 1
+    return holding
 
 
 def count_records(path: str) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from runner.data_pipelines import DataError, Spec
-from runner.data_pipelines.common import Arrays, Indexed, array_digest, eval_batches, eval_dataset, read_rows
+from runner.data_pipelines.common import Arrays, Indexed, array_digest, eval_batches, eval_dataset, mapped_rows
 
 
 def characters(text: str, vocabulary: str) -> np.ndarray:
@@ -32,15 +32,20 @@ def characters(text: str, vocabulary: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Windows(Indexed):
-    """Indexed examples whose `x` is a token stream (n,) and whose index i is the window starting at i."""
+    """Indexed examples whose `x` is a token stream (n,), a tensor or a memory-mapped array, and whose index i is the
+    window starting at i."""
 
     def take(self, i: Any) -> tuple[Any, Any]:
-        """The windows starting at `i` (b,): ids (b, length) and their next tokens (b, length), in one gather."""
+        """The windows starting at `i` (b,): ids (b, length) and their next tokens (b, length), in one gather (or one
+        read a window)."""
         import tensorflow as tf
 
-        offsets = tf.range(self.spec.shape[0] + 1, dtype=tf.int64)  # (length + 1,)
-        window = tf.gather(self.x, tf.cast(i, tf.int64)[:, None] + offsets)  # (b, length + 1)
-        return window[:, :-1], window[:, 1:]
+        width = self.spec.shape[0] + 1
+        if isinstance(self.x, np.memmap):  # a user's stream on disk: one pread a window
+            window = mapped_rows(self.x, i, width)
+        else:
+            window = tf.gather(self.x, tf.cast(i, tf.int64)[:, None] + tf.range(width, dtype=tf.int64))
+        return window[:, :-1], window[:, 1:]  # (b, length) each
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,25 @@ class Stream:
 
 
 @dataclass(frozen=True)
+class MappedStream(Stream):
+    """A user's token stream in memory-mapped files (`x_train.npy`, `x_test.npy` of shape (n,), nanoGPT's
+    `train.bin` layout), read a window at a time, never whole. The training windows start at every position in
+    stored order, shuffled by the pipeline's buffer as other files' examples are (`Stream`'s permutation of every
+    start would hold 4 bytes a token in memory); the validation windows are consecutive, as `Stream`'s."""
+
+    def train(self) -> Windows:
+        import tensorflow as tf
+
+        return Windows(self.train_ids, None, tf.data.Dataset.range(self.train_size), self.spec)
+
+    def test(self, limit: int | None = None) -> Any:
+        import tensorflow as tf
+
+        length, count = self.spec.shape[0], min(self.test_size, limit or self.test_size)
+        return eval_batches(Windows(self.test_ids, None, tf.data.Dataset.range(0, count * length, length), self.spec))
+
+
+@dataclass(frozen=True)
 class Sequences(Indexed):
     """Indexed examples whose `x` holds token sequences (n, length + 1), in memory or memory-mapped: example i is
     row i's first `length` ids, its labels the row's last `length` (each position's next token); `y` is unused."""
@@ -95,8 +119,7 @@ class Sequences(Indexed):
         import tensorflow as tf
 
         if isinstance(self.x, np.memmap):  # one pread per row, as Indexed reads a memory-mapped file
-            rows = tf.numpy_function(lambda j: read_rows(self.x, j), [i], tf.as_dtype(self.x.dtype))
-            rows.set_shape((None, *self.x.shape[1:]))
+            rows = mapped_rows(self.x, i)
         else:
             rows = tf.gather(self.x, i)  # (b, length + 1)
         return rows[:, :-1], rows[:, 1:]
