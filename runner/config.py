@@ -16,6 +16,7 @@ import importlib.resources
 import json
 import math
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
@@ -485,12 +486,55 @@ def _check_memory(train: dict[str, Any], model: Any, data: Dataset, spec: Spec, 
             f"data={data.name} holds {held / gb:,.1f} GiB of {spec} in memory, this machine has "
             f"{available / gb:,.1f} GiB; lower data.train_limit and data.test_limit"
         )
-    if held + inputs + activations > available:
-        raise ConfigError(
-            f"train.global_batch_size={train['global_batch_size']} needs at least {(inputs + activations) / gb:,.1f} "
+    if held + inputs + activations <= available:
+        return
+    need = (f"train.global_batch_size={train['global_batch_size']} needs at least {(inputs + activations) / gb:,.1f} "
             f"GiB ({inputs / gb:,.1f} GiB of input batches, {activations / gb:,.1f} GiB of activations for model="
-            f"{model.name}), this machine has {available / gb:,.1f} GiB; use a smaller batch"
-        )
+            f"{model.name}), this machine has {available / gb:,.1f} GiB")
+    if not spec.token_ids:
+        raise ConfigError(f"{need}; use a smaller batch")
+    raise ConfigError(_sequence_advice(train, model, data, spec, towers, available - held, need))
+
+
+def _sequence_advice(train: dict[str, Any], model: Any, data: Dataset, spec: Spec, towers: int, room: int,
+                     need: str) -> str:
+    """What to change when token sequences do not fit in `room` bytes: the batch, if one example per tower fits;
+    else the sequence length (the context the model is built for: a GPT's position embedding and attention span),
+    the longest that fits at this batch; or, where not even one token does, the vocabulary (a language model's
+    logits for each id at every position), the largest that fits."""
+    length, gb = spec.shape[0], 1 << 30
+
+    def needed(spec_: Spec, per_device: int = train["per_device_batch_size"]) -> int:
+        batch = {**train, "global_batch_size": per_device * towers, "per_device_batch_size": per_device}
+        return sum(memory_estimate(batch, model, spec_, towers))
+
+    longest = _largest(lambda n: needed(dataclasses.replace(spec, shape=(n,))) <= room, length)
+    keyed = getattr(data, "sequence_length", None) == length  # the length is this key's value (not a file's rows)
+    shorter = f"data.sequence_length={longest} or less" if keyed else f"sequences of {longest:,} tokens or fewer"
+    if needed(spec, 1) <= room:
+        return f"{need}; use a smaller batch" + (f" or {shorter} (what fits at this batch)" if longest else "")
+    source = f"data.sequence_length={length}" if keyed else data.describe()
+    said = (f"sequences of {length:,} token ids below {spec.vocabulary:,} ({source}), the context model="
+            f"{model.name} is built for, need {needed(spec, 1) / gb:,.1f} GiB at one example per tower, this machine "
+            f"has {room / gb:,.1f} GiB: no batch fits them")
+    if longest:
+        return f"{said}; use {shorter} (what fits at train.global_batch_size={train['global_batch_size']})"
+    if spec.target != "next_token":
+        return f"{said}, nor one token at this batch"
+    widest = _largest(lambda v: needed(dataclasses.replace(spec, classes=v, vocabulary=v)) <= room, spec.vocabulary)
+    return (f"{said}, nor one token at this batch: a vocabulary of {spec.vocabulary:,} ids is too large (logits for "
+            f"each at every position); {widest:,} at the most fit at this length and batch: number the distinct ids 0 "
+            "to n - 1, or use a smaller data.vocabulary_size")
+
+
+def _largest(fits: Callable[[int], bool], high: int) -> int:
+    """The largest n from 1 to `high` for which `fits(n)` (false for every n above one that is false), else 0: a
+    binary search."""
+    low = 0
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
 
 
 def _as_node(part: Any, composed: Any) -> dict[str, Any]:
