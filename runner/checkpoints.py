@@ -1,11 +1,13 @@
 """Periodic checkpoints of a run, and resuming a killed run from the last one.
 
 What is saved: every variable the strategy owns (model copies, optimizer slots and step counters, dropout seed
-states) plus the training step, through tf.train.CheckpointManager, every `train.checkpoint_every` steps (the
-training loop saves at the end of the compiled call that crosses the mark). The data position is not stored as
-iterator state (the sharded and distributed feeds cannot all be saved): the pipelines are deterministic for a seed,
-so a resumed run rebuilds its feed and fast-forwards it by the restored number of steps, and then sees exactly the
-batches the uninterrupted run would have seen.
+states) plus the training step and the run's training time so far with its target's crossing (`train.Elapsed`: a
+resumed run's time to target counts every part's training time), through tf.train.CheckpointManager, every
+`train.checkpoint_every` steps (the training loop saves at the end of the compiled call that crosses the mark, after
+the evaluation due there). The data position is not stored as iterator state (the sharded and distributed feeds
+cannot all be saved): the pipelines are deterministic for a seed, so a resumed run rebuilds its feed and
+fast-forwards it by the restored number of steps, and then sees exactly the batches the uninterrupted run would have
+seen.
 
 Where: `<train.checkpoint_dir>/<config hash>/` under the launch directory. Hydra gives every start a new output
 folder, so a restarted job finds its checkpoints by what it computes (the same hash sweeps resume by), not by
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -29,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from runner.errors import UserError, one_line
 from runner.lazy import lazy
 from runner.paths import locked, write_json
-from runner.train import Hook, crossed
+from runner.train import Elapsed, Hook, crossed
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -115,7 +118,15 @@ class Checkpointer(Hook):
                  scratch: Path | None = None):
         self.directory, self.every, self.run_id, self.writer = directory, every, run_id, writer
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="checkpoint_step")
-        self.checkpoint = tf.train.Checkpoint(step=self.step, **objects)
+        self.timing = {  # the run's `Elapsed` as of the step (`save`, `_restore`)
+            "elapsed_seconds": tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds"),
+            "reached_step": tf.Variable(-1, dtype=tf.int64, trainable=False, name="reached_step"),
+            "reached_seconds": tf.Variable(math.nan, dtype=tf.float64, trainable=False, name="reached_seconds"),
+        }
+        self.checkpoint = tf.train.Checkpoint(step=self.step, **self.timing, **objects)  # what is saved
+        self.state = tf.train.Checkpoint(step=self.step, **objects)  # all but the timing: an older runner's save
+        self.elapsed = Elapsed()  # the training loop's own once it starts (`start`)
+        self.restored = Elapsed()  # what the restored checkpoint held
         target = directory if writer else (scratch or directory / ".scratch")
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(target), max_to_keep=2)
 
@@ -133,7 +144,7 @@ class Checkpointer(Hook):
                 log.warning("checkpoint %s is damaged (%s); trying an older one", path, damage)
                 continue
             try:
-                self.checkpoint.restore(path).assert_existing_objects_matched()
+                self.restored = self._restore(path)
             except (AssertionError, ValueError) as e:
                 raise CheckpointError(
                     f"checkpoint {path} does not fit this run's variables (written by another strategy, model or "
@@ -147,9 +158,36 @@ class Checkpointer(Hook):
             log.warning("no intact checkpoint in %s: training starts from step 0", self.directory)
         return 0, None
 
+    def _restore(self, path: str) -> Elapsed:
+        """Restore the training state from the checkpoint at `path`, and return the run's `Elapsed` saved with it
+        (unknown, saying why, in a checkpoint of an older runner, saved without it, or saved by a part of the run
+        that did not know it). Raises AssertionError or ValueError where the checkpoint does not fit the variables."""
+        try:
+            self.checkpoint.restore(path).assert_existing_objects_matched()
+        except AssertionError:
+            self.state.restore(path).assert_existing_objects_matched()  # raises again where more than timing lacks
+            return Elapsed(unknown=f"checkpoint {path} holds no training time of the run's earlier part (saved by "
+                                   "an older runner)")
+        earlier = float(self.timing["elapsed_seconds"].numpy())
+        step, seconds = int(self.timing["reached_step"].numpy()), float(self.timing["reached_seconds"].numpy())
+        unknown = "" if not math.isnan(earlier) else \
+            f"checkpoint {path} was saved by a part of the run that resumed from one without its training time"
+        return Elapsed(earlier=0.0 if unknown else earlier, reached=(step, seconds) if step >= 0 else None,
+                       unknown=unknown)
+
+    def start(self, elapsed: Elapsed) -> None:
+        """The training loop's `elapsed` continues from the restored checkpoint's, and is saved with every
+        checkpoint from now on."""
+        elapsed.resume(self.restored)
+        self.elapsed = elapsed
+
     def save(self, step: int) -> None:
         """Save the training state as of `step` (all workers of a multi-worker job must call this together)."""
         self.step.assign(step)
+        reached_step, reached_seconds = self.elapsed.reached or (-1, math.nan)
+        self.timing["elapsed_seconds"].assign(self.elapsed.seconds)
+        self.timing["reached_step"].assign(reached_step)
+        self.timing["reached_seconds"].assign(reached_seconds)
         try:
             path = self.manager.save(checkpoint_number=step)
         except (OSError, tf.errors.OpError) as e:

@@ -37,6 +37,10 @@ class NonFiniteLoss(UserError):
 class Hook:
     """Something done around the training calls without changing them; subclasses override what they need."""
 
+    def start(self, elapsed: Elapsed) -> None:
+        """Training starts (from step 0 or a checkpoint's) with `elapsed`, the run's training time over all its
+        parts, which the loop keeps current; a hook that saves the run's state fills in what it restored."""
+
     def around(self, calls: int, n: int) -> ContextManager[None] | None:
         """A context to run the next call in (`calls` made so far, `n` steps in it); such a call is not timed."""
         return None
@@ -245,11 +249,40 @@ def target_of(train: TrainConf) -> Target | None:
 
 
 @dataclass
+class Elapsed:
+    """A run's training time over all its parts (evaluation excluded): a run stopped or killed and resumed from its
+    checkpoint trains in several processes, and its time to target counts every part's training time. A checkpoint
+    saves it with the training state (runner.checkpoints), and the part resumed from it starts where it was.
+
+    Attributes:
+        earlier: training seconds of the parts before this process, through the step it resumed from.
+        now: this process's training seconds through its last call.
+        reached: (step, training seconds of all parts) when the full test set first reached the target.
+        unknown: why the earlier parts' training time is not known (a checkpoint saved without it); '' when known.
+    """
+
+    earlier: float = 0.0
+    now: float = 0.0
+    reached: tuple[int, float] | None = None
+    unknown: str = ""
+
+    @property
+    def seconds(self) -> float:
+        """Training seconds of all parts so far; NaN when an earlier part's are not known."""
+        return math.nan if self.unknown else self.earlier + self.now
+
+    def resume(self, saved: Elapsed) -> None:
+        """Continue from what a checkpoint saved: its parts' seconds, its target's crossing, what is not known."""
+        self.earlier, self.reached, self.unknown = saved.earlier, saved.reached, saved.unknown
+
+
+@dataclass
 class Evaluations:
     """Evaluation during training, timed apart from it: the full test set every `eval_every` steps and at the end,
     and checks toward `target` (time to accuracy, or to a loss, as MLPerf's time-to-train and DAWNBench's
     time-to-accuracy): every `check_every` steps the `checks` subset is evaluated, and a check that meets the target
-    is confirmed on the full test set, whose crossing fixes the step and the training seconds.
+    is confirmed on the full test set, whose crossing fixes the step and the training seconds (of every part of the
+    run: `Elapsed`).
 
     Attributes:
         strategy: gives evaluate(dataset) -> {"loss", "accuracy"[, "auc"]}.
@@ -258,7 +291,7 @@ class Evaluations:
         target: the test accuracy or loss to time the run to (`Target`); None: no checks.
         eval_every, check_every: steps between full evaluations / checks (0: none).
         seconds: spent evaluating so far (not training time).
-        reached: (step, training seconds) when the full test set first reached the target.
+        elapsed: the run's training time and the target's crossing, over all its parts.
     """
 
     strategy: Any
@@ -269,43 +302,61 @@ class Evaluations:
     eval_every: int = 0
     check_every: int = 0
     seconds: float = 0.0
-    reached: tuple[int, float] | None = None
+    elapsed: Elapsed = field(default_factory=Elapsed)
 
-    def after_call(self, step: int, n: int, train_seconds: float, last: bool) -> None:
-        """Evaluate what is due after the call of `n` steps that ended at `step` (the last call: `final` does)."""
+    def after_call(self, step: int, n: int, train_seconds: float, evaluate: bool = True) -> None:
+        """Note this process's `train_seconds` after the call of `n` steps that ended at `step`, and evaluate what is
+        due then (`evaluate` False: nothing, the run's last call, which `final` evaluates, or a run stopping)."""
         t0 = time.perf_counter()
-        if not last and crossed(step, n, self.eval_every):
-            self._full(step, train_seconds)
-        elif not last and self.target and not self.reached and crossed(step, n, self.check_every):
+        self.elapsed.now = train_seconds
+        if evaluate and crossed(step, n, self.eval_every):
+            self._full(step)
+        elif evaluate and self.target and not self.elapsed.reached and crossed(step, n, self.check_every):
             scores = self.strategy.evaluate(self.checks)
+            seconds = self.elapsed.seconds
             self.record({f"check_{self.target.metric}": scores[self.target.metric],
-                         "check_train_seconds": train_seconds}, step)
+                         **({"check_train_seconds": seconds} if not math.isnan(seconds) else {})}, step)
             if self.target.met(scores):
-                self._full(step, train_seconds)
+                self._full(step)
         self.seconds += time.perf_counter() - t0
 
-    def _full(self, step: int, train_seconds: float) -> dict[str, float]:
+    def _full(self, step: int) -> dict[str, float]:
         """The full test set's scores, logged as test_<score>."""
         scores = {f"test_{k}": v for k, v in self.strategy.evaluate(self.full).items()}
         self.record(scores, step)
-        if self.target and not self.reached and self.target.met({k[5:]: v for k, v in scores.items()}):
-            self.reached = (step, train_seconds)
-            log.info("%s reached the target %s at step %d after %.1f s of training",
-                     ", ".join(f"{k[5:]} {v:.4f}" for k, v in scores.items()), self.target, step, train_seconds)
+        if self.target and not self.elapsed.reached and self.target.met({k[5:]: v for k, v in scores.items()}):
+            self.elapsed.reached = (step, self.elapsed.seconds)
+            after = (f"after {self.elapsed.seconds:.1f} s of training" if not self.elapsed.unknown else
+                     f"(its training time is not known: {self.elapsed.unknown})")
+            log.info("%s reached the target %s at step %d %s",
+                     ", ".join(f"{k[5:]} {v:.4f}" for k, v in scores.items()), self.target, step, after)
         return scores
 
     def final(self, step: int, train_seconds: float) -> dict[str, float]:
-        """The end-of-run evaluation, and the time-to-accuracy figures."""
+        """The end-of-run evaluation, and the time-to-accuracy figures (the steps alone where the run's training
+        time is not known)."""
         t0 = time.perf_counter()
-        scores = self._full(step, train_seconds)
+        self.elapsed.now = train_seconds
+        scores = self._full(step)
         self.seconds += time.perf_counter() - t0
         out = {**scores, "eval_seconds": self.seconds}
         if self.target:
             target, seconds, steps = self.target.keys
             out[target] = self.target.value
-            if self.reached:
-                out.update({steps: float(self.reached[0]), seconds: self.reached[1]})
+            if self.elapsed.reached:
+                out[steps] = float(self.elapsed.reached[0])
+                if not math.isnan(self.elapsed.reached[1]):
+                    out[seconds] = self.elapsed.reached[1]
+            if self.elapsed.unknown:
+                log.warning("time to %s not measured: %s", self.target, self.elapsed.unknown)
         return out
+
+    def tags(self) -> dict[str, str]:
+        """The run's tags about its target: whether it was reached and, where its time could not be measured, why."""
+        if not self.target:
+            return {}
+        said = {"target.reached": str(self.elapsed.reached is not None).lower()}
+        return {**said, "target.untimed": self.elapsed.unknown} if self.elapsed.unknown else said
 
 
 def check_cadence(train: TrainConf, steps: int) -> int:
@@ -389,17 +440,21 @@ def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, star
             seconds = _one_call(loop, done, n, hooks)
             done.first_step_at = done.first_step_at or time.time()
             done.step += n
+            last = done.step >= steps
             rate = n * train.global_batch_size * unit[1] / seconds
             record({"train_loss": done.loss, f"call_{unit[0]}_per_sec": rate}, done.step)
             progress.update(done.step, done.loss, rate)
+            # Evaluated before the hooks run, so that a checkpoint at this step holds a target reached at it; a run
+            # asked to stop does not evaluate (it stops after the running call).
+            evals.after_call(done.step, n, time.perf_counter() - t0 - evals.seconds,
+                             evaluate=not last and signals.requested() is None)
             for hook in hooks:
-                hook.after(done.step, n, seconds, last=done.step >= steps)
-            if signals.requested() is not None and done.step < steps:
+                hook.after(done.step, n, seconds, last=last)
+            if signals.requested() is not None and not last:
                 log.warning("stopping at step %d of %d on request", done.step, steps)
                 for hook in hooks:
                     hook.stopped(done.step)
                 signals.stop()
-            evals.after_call(done.step, n, time.perf_counter() - t0 - evals.seconds, last=done.step >= steps)
     done.train_seconds = time.perf_counter() - t0 - evals.seconds
     return done
 
@@ -421,12 +476,15 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
         unit: what the throughput counts and how many of it an example holds (`Spec.unit`, `units_per_example`).
 
     Returns:
-        train_loss, test_loss, test_accuracy, train_seconds (evaluation excluded), eval_seconds, steps,
-        resumed_from_step, seconds_to_first_step, <unit>_per_sec (± stderr), step_time_ms, timed_steps, with a target
-        target_accuracy (target_loss) and, once reached, time_to_accuracy_seconds and steps_to_accuracy
+        train_loss, test_loss, test_accuracy, train_seconds (this process's, evaluation excluded), eval_seconds,
+        steps, resumed_from_step, seconds_to_first_step, <unit>_per_sec (± stderr), step_time_ms, timed_steps, with a
+        target target_accuracy (target_loss) and, once reached, time_to_accuracy_seconds (the training seconds of
+        every part of a resumed run; left out where an earlier part's are not known) and steps_to_accuracy
         (time_to_loss_seconds, steps_to_loss), and the hooks' figures.
     """
     hooks = hooks or []
+    for hook in hooks:
+        hook.start(evals.elapsed)
     with user_errors(source):
         if start:
             fast_forward(strategy, batches, start)

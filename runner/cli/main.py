@@ -66,6 +66,9 @@ def result_line(result: dict) -> str:
         if f"time_to_{metric}_seconds" in result:
             rate += (f"  target {said}{result[f'target_{metric}']:.2f} reached in "
                      f"{result[f'time_to_{metric}_seconds']:.1f} s ({result[f'steps_to_{metric}']:.0f} steps)")
+        elif f"steps_to_{metric}" in result:  # resumed from a checkpoint without the earlier part's training time
+            rate += (f"  target {said}{result[f'target_{metric}']:.2f} reached in "
+                     f"{result[f'steps_to_{metric}']:.0f} steps (time not known)")
         elif f"target_{metric}" in result:
             rate += f"  target {said}{result[f'target_{metric}']:.2f} not reached"
     if unit == "tokens":  # a language model: its held-out loss first, in nats per token
