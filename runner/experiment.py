@@ -180,8 +180,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
                        (plan.spec.unit, plan.spec.units_per_example))
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
     _check_moving_state(plan, strategy, run)
-    if target := train.target_of(plan.train):
-        run.tags({"target.reached": str(target.keys[1] in result).lower()})
+    run.tags(evals.tags())  # reached or not; untimed where an earlier part's training time is not known
     if plan.spec.rate_key not in result:
         why = train.untimed(plan.train, steps, plan.spec.unit)
         log.warning(why)
