@@ -210,3 +210,40 @@ def test_the_child_counts_the_placements_logged_while_its_combination_ran(tmp_pa
         bad = check.measured(["bad"], 1, 1, log)
     assert good == {"losses": [0.5], "compute": {"CPU:0": 1, "CPU:1": 1}}
     assert bad == {"error": "ValueError: no such thing", "compute": {"CPU:0": 1, "CPU:1": 1}}
+
+
+TOKENS = ["model=gpt", "data=synthetic", "data.task=next_token", "data.vocabulary_size=50", "data.sequence_length=16"]
+
+
+def test_a_language_models_check_counts_tokens_per_second_in_its_table_and_its_record(tf_devices, monkeypatch,
+                                                                                       store):
+    """#61 item 4: a GPT's 64 sequences of 16 tokens a step were shown as 'images/s'. Each call of the stand-in
+    loop takes 1 s of the check's clock."""
+    import argparse
+    import types
+
+    from runner import experiment
+    from runner.cli import check
+
+    clock = types.SimpleNamespace(now=0.0)
+
+    def loop(n):
+        clock.now += 1.0
+        return 1.0, int(n)
+
+    strategy = types.SimpleNamespace(batches=lambda *a: None, train_loop=lambda batches: loop,
+                                     variable_devices=lambda: {"w": "/device:CPU:0"}, describe=lambda: {})
+    devices = types.SimpleNamespace(names=("/device:CPU:0",), as_tags=lambda: {"devices.count": "1"})
+    monkeypatch.setattr(experiment, "build", lambda plan, run, log_placement: types.SimpleNamespace(
+        strategy=strategy, devices=devices, examples=None))
+    monkeypatch.setattr(check, "time", types.SimpleNamespace(perf_counter=lambda: clock.now))
+    result = check.measure([*check.BASE, *TOKENS, *check.REFERENCE], steps=2, timed=3)
+    assert (result["unit"], result["rate"]) == ("tokens", 3 * 64 * 16)  # 3 steps of 64 sequences of 16 tokens in 1 s
+
+    reference = check.Outcome("one device: single / split", **{k: result[k] for k in ("losses", "rate", "unit")})
+    text = check.table([], reference)
+    assert markdown_rows(text)[0]["tokens/s (1 call)"] == "3,072" and "images" not in text
+    args = argparse.Namespace(steps=2, timed=3, tolerance=1e-3, overrides=TOKENS)
+    run_id = check._record([], reference, text, args, 1, [*check.BASE, f"mlflow.tracking_uri={store}"])
+    metrics = mlflow.MlflowClient(store).get_run(run_id).data.metrics
+    assert metrics["tokens_per_sec.one_device_single_split"] == 3072 and not any("images" in k for k in metrics)

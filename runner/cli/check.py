@@ -13,7 +13,8 @@ one-device reference run (a process of its own), and reports:
   that fell back to the CPU shows as such). OK when every device of the run computes and nothing else does.
 - **loss**: the largest relative difference of the per-step losses from the one-device run's. With the same
   examples in the same order, towers only change the summation order: OK within `--tolerance`.
-- **images/s** of a timed call, and its ratio to the one-device run.
+- the **rate** of a timed call in the data's own unit (images/s, a language model's tokens/s, a click model's
+  examples/s: `Spec.unit`), and its ratio to the one-device run.
 
 Then one table, one line `check: N of M combinations OK` (exit 1 if any is not, naming it) and one MLflow run in
 experiment `check` holding the table (`check.md`), a metric per combination and what it ran on.
@@ -63,7 +64,8 @@ class Outcome:
     variables: list[str] = field(default_factory=list)  # devices holding variables, e.g. ["CPU:0", "CPU:1"]
     compute: dict[str, int] = field(default_factory=dict)  # device -> matmuls/convolutions placed there
     devices: list[str] = field(default_factory=list)  # the run's devices
-    images_per_sec: float = 0.0
+    rate: float = 0.0  # `unit`s per second of the timed call
+    unit: str = ""  # what the rate counts: images, tokens or examples (the data's Spec.unit)
     tags: dict[str, str] = field(default_factory=dict)
     error: str = ""
     diff: float = float("nan")
@@ -98,7 +100,8 @@ def measure(overrides: list[str], steps: int, timed: int) -> dict[str, Any]:
     start = time.perf_counter()
     done = int(loop(tf.constant(timed))[1])  # steps run: fewer if the loss stopped being finite
     seconds = time.perf_counter() - start
-    return {"losses": losses, "images_per_sec": done * plan.train.global_batch_size / seconds,
+    units = done * plan.train.global_batch_size * plan.spec.units_per_example
+    return {"losses": losses, "rate": units / seconds, "unit": plan.spec.unit,
             "variables": sorted({_short(d) for d in built.strategy.variable_devices().values()}),
             "devices": [_short(d) for d in built.devices.names],
             "tags": {**built.devices.as_tags(), **built.strategy.describe()}}
@@ -249,13 +252,13 @@ def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tup
 
 def table(outcomes: list[Outcome], reference: Outcome) -> str:
     """The check's table in Markdown: one row per combination, the one-device reference first."""
-    head = ["combination", "variables on", "matmuls/convs per device", "max loss diff", "images/s (1 call)",
+    head = ["combination", "variables on", "matmuls/convs per device", "max loss diff", f"{reference.unit}/s (1 call)",
             "x one device", "result"]
     rows = [head, ["---"] * len(head)]
     for o in [reference, *outcomes]:
         compute = ", ".join(f"{d} {n}" for d, n in sorted(o.compute.items()))
-        rate = f"{o.images_per_sec:,.0f}" if o.images_per_sec else ""
-        ratio = f"{o.images_per_sec / reference.images_per_sec:.2f}" if rate and reference.images_per_sec else ""
+        rate = f"{o.rate:,.0f}" if o.rate else ""
+        ratio = f"{o.rate / reference.rate:.2f}" if rate and reference.rate else ""
         result = "reference" if o is reference else ("OK" if o.ok else "; ".join([o.error] if o.error else o.problems))
         diff = "" if o is reference or o.diff != o.diff else f"{o.diff:.1e}"  # NaN: no losses to compare
         rows.append([o.label, ", ".join(o.variables), compute, diff, rate, ratio, result])
@@ -313,7 +316,7 @@ def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argpar
     metrics = {"combinations": len(outcomes), "combinations_ok": sum(o.ok for o in outcomes)}
     for o in [reference, *outcomes]:
         key = re.sub(r"[^\w]+", "_", o.label).strip("_")
-        metrics[f"images_per_sec.{key}"] = o.images_per_sec
+        metrics[f"{reference.unit}_per_sec.{key}"] = o.rate  # every row's unit: the config's data is the same
         if o.diff == o.diff:
             metrics[f"max_loss_diff.{key}"] = o.diff
     run.metrics(metrics, 0)
