@@ -46,5 +46,9 @@ cost model (runner/predict/) and prints predicted beside measured, with the accu
 runs a user's ResNet-20 (runner/bench/user_resnet.py, brought with `_target_`) against tf_cnn_benchmarks' resnet20
 from a checkout of github.com/tensorflow/benchmarks (runner/bench/peers.py): the runner with XLA off and on, the peer
 with --xla off and on, per tower count, in rounds; the ratio is the runner's default over the faster peer.
+    python -m runner.bench peers --gpt --nanogpt DIR --python VENV/bin/python [--rounds 2] [--iters 2000]
+
+runs the runner's GPT against nanoGPT (runner/bench/nanogpt.py) on the runner's Shakespeare, nanoGPT with
+--compile=False and True: tokens/s and validation loss on the same windows per round, the ratio over the faster.
 Runner jobs land in the MLflow experiment `bench_<command>` with their config and devices.
 """

@@ -13,6 +13,7 @@ from runner.models import MODELS
 from runner.bench.floors import built_in, floor_settings, floors
 from runner.bench.grid import DATA_PARALLEL, grid, settings
 from runner.bench.jobs import too_few_timed
+from runner.bench.nanogpt import add_arguments as add_gpt_arguments
 from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
@@ -133,16 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     pu = sub.add_parser("published", help="spec-sheet predictions against published tables (runner/bench/published/)")
     pu.add_argument("--hardware", type=_names, default=[], help="only these systems (default: every table's)")
     pu.add_argument("--out", default=None, help="also write the markdown to this file")
-    pe = sub.add_parser("peers", help="a user's ResNet-20 against tf_cnn_benchmarks' resnet20, in rounds")
-    pe.add_argument("--peer", required=True, help="a checkout of github.com/tensorflow/benchmarks")
+    pe = sub.add_parser("peers", help="a user's ResNet-20 against tf_cnn_benchmarks' resnet20, or (--gpt) the GPT "
+                                      "against nanoGPT, in rounds")
+    pe.add_argument("--peer", default=None, help="a checkout of github.com/tensorflow/benchmarks (without --gpt)")
     pe.add_argument("--towers", type=_ints, default=[1, 2])
-    pe.add_argument("--rounds", type=_positive, default=3)
+    pe.add_argument("--rounds", type=_positive, default=None, help="default 3; with --gpt 2")
     pe.add_argument("--batch", type=_positive, default=64, help="images per tower")
     pe.add_argument("--steps", type=_positive, default=200,
                     help="steps of each job (the peer times them all after its warm-up; the runner, all but its "
                          "first call)")
     pe.add_argument("--tracking-uri", default=None)
     pe.add_argument("--out", default=None, help="also write the markdown to this file")
+    add_gpt_arguments(pe)
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
     st.add_argument("--steps", type=_positive, default=None, help="steps per job (default: the group's)")

@@ -7,6 +7,8 @@ process, on synthetic 32x32x3 images, SGD, `--batch` images per tower. The ratio
 
 The peer is not a dependency: give its checkout (github.com/tensorflow/benchmarks, `scripts/tf_cnn_benchmarks`) with
 `--peer`; it runs on TensorFlow's legacy Keras (`pip install --no-deps tf-keras==<TensorFlow's version>`).
+
+`peers --gpt` is the runner's GPT against nanoGPT instead: runner/bench/nanogpt.py.
 """
 
 from __future__ import annotations
@@ -62,6 +64,20 @@ def runner_overrides(towers: int, batch: int, steps: int, xla: str) -> list[str]
 
 
 def peers(args: argparse.Namespace) -> int:
+    """With --gpt the GPT against nanoGPT (2 rounds by default); else the runner's ResNet-20 against
+    tf_cnn_benchmarks' in `args.rounds` (default 3) interleaved rounds. 0 when the target is met, else 1."""
+    from runner.bench.nanogpt import gpt_peers
+
+    if args.gpt:
+        args.rounds = args.rounds or 2  # the issue's two interleaved rounds of 2,000 steps: about 10 minutes
+        return gpt_peers(args)
+    if not args.peer:
+        raise ConfigError("peers needs --peer DIR (a checkout of github.com/tensorflow/benchmarks), or --gpt")
+    args.rounds = args.rounds or 3
+    return resnet_peers(args)
+
+
+def resnet_peers(args: argparse.Namespace) -> int:
     """The runner's ResNet-20 against tf_cnn_benchmarks' in `args.rounds` interleaved rounds; 0 when every tower
     count meets TARGET, else 1."""
     from runner.tracking import ensure_experiment, resolve_uri
