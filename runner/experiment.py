@@ -79,25 +79,22 @@ def training_for(plan: Plan, devices: Devices, jit_compile: bool = False) -> Any
 
 
 def jit_decision(plan: Plan, devices: Devices, data: Data) -> Any:
-    """train.jit_compile resolved for the run (a `runner.measure.xla.Decision`: on or off, and why). `auto` times the
-    run's model at its per-device batch on its first device both ways, once per machine (cached), and keeps the
-    faster; off, unmeasured, where the strategy cannot compile its step. A multi-worker job reads a cached decision
-    only: its strategy must exist before any op runs, so nothing can be timed first."""
-    from runner.measure import peak, xla
+    """train.jit_compile resolved for the run (a `runner.measure.xla.Decision`: on or off, and why): `xla.setting`,
+    else (auto, not cached) the run's model timed at its per-device batch on its first device both ways, once per
+    machine, the faster kept. A multi-worker job reads a cached decision only: its strategy must exist before any op
+    runs, so nothing can be timed first."""
+    from runner.measure import xla
 
-    if plan.train.jit_compile != "auto":
-        return xla.Decision(bool(plan.train.jit_compile), f"train.jit_compile={str(plan.train.jit_compile).lower()}")
-    if refusal := plan.strategy.jit_refusal():
-        return xla.Decision(False, f"off: {refusal}")
-    batch = plan.train.global_batch_size // plan.strategy.towers(plan.gpus)
-    device = f"{peak.describe_device(devices.names[0])}|{devices.count} {devices.kind} devices"
-    key = xla.key(device, repr((plan.model, plan.spec)), batch, plan.train.precision)
+    found = xla.setting(plan, devices.names[0])
+    if found is not None:
+        return found
     if plan.cluster is not None:
-        return xla.cached(key) or xla.Decision(False, "off: not measured (a multi-worker job cannot time a step "
-                                                      "before its strategy starts; a one-process run of the same "
-                                                      "model and batch measures it)")
+        return xla.Decision(False, "off: not measured (a multi-worker job cannot time a step before its strategy "
+                                   "starts; a one-process run of the same model and batch measures it)")
+    batch = plan.train.per_device_batch_size
     label = f"model={plan.model.name} at {batch} examples a step on one {devices.kind} device"
-    return xla.decide(key, label, lambda jit: _timed_step(plan, devices, data, batch, jit))
+    return xla.decide(xla.key(plan, devices.names[0]), label,
+                      lambda jit: _timed_step(plan, devices, data, batch, jit))
 
 
 def _timed_step(plan: Plan, devices: Devices, data: Data, batch: int, jit: bool) -> Any:
@@ -303,7 +300,8 @@ def _floor(plan: Plan, devices: Devices, result: dict, run: tracking.Recorder) -
     towers = list(devices.names[:plan.local_towers])
     try:
         models = tower_models(plan.model, plan.spec, plan.train.seed, towers, plan.train.fused_batch_norm)
-        figures = floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers)
+        figures = floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers,
+                                      xla=not plan.strategy.jit_refusal())
     except Exception as e:  # noqa: BLE001 - a figure added after training must not fail the run it describes
         log.warning("no floor for this run: %s", one_line(e))
         run.tags({"floor": f"failed: {one_line(e)}"})

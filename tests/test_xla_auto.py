@@ -62,3 +62,36 @@ def test_a_strategy_that_cannot_compile_its_step_is_off_unmeasured(tf_devices, s
     row = runs(store, "smoke").iloc[0]
     assert row["tags.xla"] == "off" and row["tags.jit_compile_reason"].startswith("off: ")
     assert "an XLA cluster runs on one device" in row["tags.jit_compile_reason"]
+
+
+def test_the_cost_model_prices_the_passes_as_the_run_compiles_them(tmp_path, monkeypatch):
+    """calibrate.compiled reads the same decision a run takes (xla.setting): a fixed setting, a refusal, or the
+    cached measurement; the towers' calibration key says which, so an XLA run is never priced from plain passes."""
+    from runner.config import validate
+    from runner.predict import calibrate
+
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path))
+    auto = validate(compose("model=mlp", "train.jit_compile=auto"))
+    assert not calibrate.compiled(auto)  # nothing measured yet: priced plain
+    plain_key = calibrate.towers_key(auto)
+    xla.write_cache(tmp_path / xla.CACHE_FILE, xla.key(auto, "/device:CPU:0"),
+                    {"plain_ms": 2.0, "xla_ms": 1.0, "label": "model=mlp", "measured": "now"})
+    assert calibrate.compiled(auto) and calibrate.towers_key(auto) != plain_key
+    assert calibrate.compiled(validate(compose("model=mlp", "train.jit_compile=true")))
+    assert not calibrate.compiled(validate(compose("model=mlp", "strategy=model_parallel", "gpus=2",
+                                                   "train.jit_compile=auto")))
+
+
+def test_the_floor_counts_the_faster_of_plain_and_compiled_passes(tf_devices):
+    """With train.jit_compile possible the floor's passes are timed compiled too (a step compiled by XLA must not
+    beat its floor); a model XLA cannot compile keeps the plain figure instead of losing its floor."""
+    import keras
+    import user_models
+
+    from runner.measure import floor
+
+    dense = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
+    assert floor.towers_seconds([dense], 32, ["/device:CPU:0"], calls=3, repeats=2, jit=True) > 0
+    python_step = user_models.with_python_step()
+    figures = floor.floor_step_ms([python_step], 32, "sgd", ["/device:CPU:0"], xla=True)
+    assert figures["floor_compute_ms"] > 0 and figures["floor_step_ms"] >= figures["floor_compute_ms"]

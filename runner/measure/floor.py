@@ -99,13 +99,14 @@ def random_batch(model: Any, batch: int) -> tuple[Any, Any]:
 
 def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5,
                    call_seconds: float | None = None, fastest: bool = False,
-                   batches: list[tuple[Any, Any]] | None = None) -> float:
+                   batches: list[tuple[Any, Any]] | None = None, jit: bool = False) -> float:
     """Seconds per step of forward and backward passes of every tower at once: `models[i]` on `batch` images on
     `devices[i]`, as the towers of a data-parallel step run (what N towers on shared cores do to each other shows).
     `call_seconds`: instead of `calls` steps per timed call, as many (3 to 20) as make a call last about that long,
     so that a call's own cost is noise beside its steps. `fastest`: the fastest repeat, not the median (a floor:
     a slow spell of the host only ever adds time). `batches`: tower i's (x, y), real examples, in place of random
-    ones (embedding lookups cost what their ids' spread makes them cost)."""
+    ones (embedding lookups cost what their ids' spread makes them cost). `jit`: each tower's passes one XLA
+    cluster on its device."""
     import tensorflow as tf
 
     feeds = []
@@ -121,6 +122,9 @@ def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int
         grads = tape.gradient(loss, model.trainable_variables)
         values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]  # a table's rows: its values
         return tf.add_n([tf.reduce_sum(v[..., :1]) for v in values])  # every gradient is needed
+
+    if jit:
+        tower = tf.function(tower, jit_compile=True, autograph=False)
 
     @tf.function(autograph=False)
     def passes(steps: tf.Tensor) -> tf.Tensor:  # one trace for any number of steps
@@ -166,10 +170,20 @@ def first_layer_weights(model: Any) -> int:
     return sum(int(v.shape.num_elements()) for v in first.trainable_variables) if first else 0
 
 
-def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str]) -> dict[str, float]:
+def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str],
+                  xla: bool = False) -> dict[str, float]:
     """The floor of one training step in ms and its parts: the towers `models[i]` on `devices[i]` at `batch`
-    examples each, all at once, then the update of the first layer's weights (see the module's docstring)."""
+    examples each, all at once, then the update of the first layer's weights (see the module's docstring). `xla`:
+    where the step may be XLA-compiled (train.jit_compile), the passes are timed compiled too and the faster counts:
+    a floor no step can beat, whichever way it is compiled."""
     compute = towers_seconds(models, batch, devices, repeats=7, fastest=True)
+    if xla:
+        import tensorflow as tf
+
+        try:
+            compute = min(compute, towers_seconds(models, batch, devices, repeats=7, fastest=True, jit=True))
+        except tf.errors.OpError:  # an op XLA cannot compile: the step cannot be compiled either
+            pass
     traffic = TOUCHED[optimizer] * 4 * first_layer_weights(models[0]) / bandwidth_bytes_per_second(devices)
     return {"floor_step_ms": 1000 * (compute + traffic), "floor_compute_ms": 1000 * compute,
             "floor_update_ms": 1000 * traffic}

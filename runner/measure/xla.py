@@ -14,7 +14,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from runner.measure.peak import read_cache, write_cache
 from runner.paths import cache_dir
@@ -38,12 +38,24 @@ class Decision:
     reason: str
 
 
-def key(device: str, model: str, batch: int, precision: str) -> str:
-    """The cache entry of a decision: the device (peak.cache_key's description: CPU model, flags, cores), a digest
-    of the model's options and data (`model`: any text that changes when they do), the per-device batch, the
-    precision."""
-    digest = hashlib.sha256(model.encode()).hexdigest()[:16]
-    return f"{device}|{digest}|b{batch}|{precision}"
+def key(plan: Any, device_name: str) -> str:
+    """The cache entry of a run's decision: the device (`peak.describe_device`: a CPU's model, flags and cores), a
+    digest of the model's options and the data's spec, the per-device batch, the precision."""
+    from runner.measure.peak import describe_device
+
+    digest = hashlib.sha256(repr((plan.model, plan.spec)).encode()).hexdigest()[:16]
+    return f"{describe_device(device_name)}|{digest}|b{plan.train.per_device_batch_size}|{plan.train.precision}"
+
+
+def setting(plan: Any, device_name: str, folder: Path | None = None) -> Decision | None:
+    """train.jit_compile resolved without measuring, or None (auto, and nothing cached for this model and batch):
+    a fixed true or false; off where the strategy cannot compile its step; the decision cached by an earlier run.
+    A run measures what this leaves open (runner.experiment.jit_decision); the cost model reads it as it is."""
+    if plan.train.jit_compile != "auto":
+        return Decision(bool(plan.train.jit_compile), f"train.jit_compile={str(plan.train.jit_compile).lower()}")
+    if refusal := plan.strategy.jit_refusal():
+        return Decision(False, f"off: {refusal}")
+    return cached(key(plan, device_name), folder)
 
 
 def cached(entry_key: str, folder: Path | None = None) -> Decision | None:

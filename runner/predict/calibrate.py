@@ -63,7 +63,19 @@ def towers_key(plan: Any) -> str:
 
     spec = (plan.spec.shape, plan.spec.dtype, plan.spec.classes)
     what = [asdict(plan.model), spec, plan.train.per_device_batch_size, plan.train.precision, plan.train.seed]
+    what += ["xla"] if compiled(plan) else []  # the passes timed as the run compiles them
     return f"{device_set_key(plan)}|towers={plan.local_towers}|{plan.model.name}|{_digest(what)}"
+
+
+def compiled(plan: Any) -> bool:
+    """Whether the plan's runs XLA-compile their towers (`xla.setting`: a fixed train.jit_compile, the strategy's
+    refusal, or the decision an auto run measured and cached; not yet measured: off): the cost model prices the
+    passes the way the run will run them."""
+    from runner.measure import xla
+    from runner.runtime.devices import nvidia_gpus_present
+
+    decision = xla.setting(plan, "/device:GPU:0" if plan.gpus and nvidia_gpus_present() else "/device:CPU:0")
+    return bool(decision and decision.on)
 
 
 def input_key(plan: Any) -> str:
@@ -298,7 +310,8 @@ def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
     batch = plan.train.per_device_batch_size
     found = {id(t) for t in tables(models[0])}
     real = real_batches(plan, examples, batch, len(devices)) if found else None
-    seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS, batches=real)
+    seconds = towers_seconds(models, batch, devices, repeats=5, call_seconds=CALL_SECONDS, batches=real,
+                             jit=compiled(plan))
     variables = [v for v in models[0].trainable_variables if id(v) not in found]
     floats = sum(int(v.shape.num_elements()) for v in variables)
     out = {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
