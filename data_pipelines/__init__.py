@@ -138,6 +138,19 @@ MNIST = Spec((28, 28, 1), 10)  # the default data's examples
 IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d in v),
                      "[height, width, channels] of positive integers")
 IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_SHAPE[1]}, or null")
+
+
+def _table_sizes(v: Any) -> bool:
+    """Whether `v` is null or a non-empty list of table sizes, integers from 1 to common.ID_LIMIT (ids are int32)."""
+    from runner.data_pipelines.common import ID_LIMIT
+
+    sizes = v if isinstance(v, (list, tuple)) else [None]
+    return v is None or (len(sizes) > 0 and all(type(x) is int and 1 <= x <= ID_LIMIT for x in sizes))
+
+
+# `data.vocabulary_sizes` where click logs take one (clicks, files): one table size per categorical column.
+TABLE_SIZES: Rule = (_table_sizes, "null or a list of table sizes, one per categorical column, each an integer from 1 "
+                                   "to 2**31 (ids are int32)")
 TARGETS = ("class", "next_token", "binary")
 
 

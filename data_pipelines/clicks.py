@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, DataError, DatasetOptions, Feature, Spec
+from runner.data_pipelines import DATASETS, TABLE_SIZES, DataError, DatasetOptions, Feature, Spec
 from runner.data_pipelines.files import SHARDS
 from runner.registry import Rule
 
@@ -118,8 +118,7 @@ class Clicks(DatasetOptions):
 
     RULES: ClassVar[dict[str, Rule]] = {
         **DatasetOptions.RULES,
-        "vocabulary_sizes": (lambda v: v is None or (len(v) > 0 and all(int(x) >= 1 for x in v)),
-                             "a list of positive table sizes, one per categorical feature, or null"),
+        "vocabulary_sizes": TABLE_SIZES,
         "power": (lambda v: 1 < v <= 3, "a number in (1, 3]"),
     }
 

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, IMAGE_SHAPE_OR_NULL, DataError, DatasetOptions, Spec
+from runner.data_pipelines import DATASETS, IMAGE_SHAPE_OR_NULL, TABLE_SIZES, DataError, DatasetOptions, Spec
 from runner.data_pipelines.common import ID_LIMIT
 from runner.registry import Rule, non_negative
 
@@ -77,8 +77,7 @@ class Files(DatasetOptions):
         "label_offset": (non_negative, "0 or a positive integer"),
         "vocabulary_size": (lambda v: v is None or 2 <= v <= ID_LIMIT, f"an integer from 2 to 2**31 ({ID_LIMIT:,}: "
                             "token ids are int32), or null"),
-        "vocabulary_sizes": (lambda v: v is None or (len(v) > 0 and all(int(x) >= 1 for x in v)),
-                             "a list of positive table sizes, one per categorical column, or null"),
+        "vocabulary_sizes": TABLE_SIZES,
         "sequence_length": (lambda v: v is None or v >= 2, "an integer of at least 2, or null"),
     }
 

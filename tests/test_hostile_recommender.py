@@ -115,6 +115,16 @@ def test_click_logs_data_files_cannot_read_are_one_line_naming_its_layouts(tmp_p
     assert len(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")) == 0  # nothing opened, nothing RUNNING
 
 
+@pytest.mark.parametrize("data", [["data=clicks"], ["data=files", "data.path=."]])
+@pytest.mark.parametrize("sizes", ["[[1,2]]", "[3000000000]"])
+def test_table_sizes_that_are_not_int32_tables_are_one_line(data, sizes):
+    """A nested list (a TypeError in the rule before) or a table past int32's ids (which would wrap round) is the
+    rule's one line, for both datasets that take data.vocabulary_sizes."""
+    with pytest.raises(ConfigError) as err:
+        validate(compose("model=dlrm", *data, f"data.vocabulary_sizes={sizes}"))
+    one_line(err.value, "data.vocabulary_sizes=", "is not allowed", "an integer from 1 to 2**31")
+
+
 def test_dlrm_on_data_that_is_not_click_logs_names_the_click_layouts():
     with pytest.raises(ConfigError) as err:
         validate(compose("model=dlrm", "data=mnist"))
