@@ -164,3 +164,47 @@ def test_a_sigkilled_run_resumed_is_timed_to_where_its_first_part_reached_the_ta
     assert metrics["resumed_from_step"] >= 200 and metrics["steps_to_accuracy"] == reached
     assert metrics["time_to_accuracy_seconds"] == pytest.approx(seconds)
     assert client.get_run(resumed).data.tags["target.reached"] == "true"
+
+
+def _view(uri: str, experiment: str) -> list[str]:
+    """The columns of the experiment's runs view `runner`, as the MLflow UI reads them."""
+    from runner.tracking import ui
+
+    tag = mlflow.MlflowClient(uri).get_experiment_by_name(experiment).tags[ui.VIEW_TAG]
+    return json.loads(json.loads(tag)["state"])["selectedColumns"]
+
+
+GPT = ("model=gpt", "data=synthetic", "data.task=next_token", "data.vocabulary_size=50", "data.sequence_length=16",
+       "train.target_loss=3.5")
+TAGS = ["tags.`model`", "tags.`pipeline`", "tags.`strategy`", "tags.`devices.count`", "tags.`devices.kind`"]
+
+
+def test_the_ui_view_shows_each_runs_own_rate_score_and_time_to_its_target(store):
+    """#61 item 4: the view's columns were images/s, test accuracy and time to accuracy whatever the run. A language
+    model's run shows tokens/s, its next-token accuracy, its validation loss and its time to that loss; a click
+    model's run then adds examples/s, its AUC and its time to an AUC; an image classifier's adds its own."""
+    from runner.config import validate
+    from runner.tracking import tracked
+
+    for overrides in (GPT, ("model=dlrm", "data=clicks", "train.target_auc=0.7"), ()):
+        with tracked(store, validate(compose("debug=smoke", f"mlflow.tracking_uri={store}", *overrides))):
+            pass
+        if overrides == GPT:
+            assert _view(store, "smoke") == ["metrics.`tokens_per_sec`", "metrics.`test_accuracy`",
+                                             "metrics.`test_loss`", "metrics.`time_to_loss_seconds`", *TAGS]
+    assert _view(store, "smoke") == [
+        "metrics.`tokens_per_sec`", "metrics.`test_accuracy`", "metrics.`test_loss`", "metrics.`time_to_loss_seconds`",
+        "metrics.`examples_per_sec`", "metrics.`test_auc`", "metrics.`time_to_auc_seconds`",
+        "metrics.`images_per_sec`", "metrics.`time_to_accuracy_seconds`", *TAGS]
+
+
+def test_an_experiment_with_the_old_view_gets_a_runs_own_columns_and_keeps_its_own(store):
+    """An experiment whose view an older runner saved (images/s, accuracy, time to accuracy) gains a language
+    model's columns when one of its runs starts; one without a target gets no time column."""
+    from runner.tracking import ui
+    from runner.tracking.store import ensure_experiment
+
+    old = ("metrics.`images_per_sec`", "metrics.`test_accuracy`", "metrics.`time_to_accuracy_seconds`")
+    experiment = mlflow.MlflowClient(store).create_experiment("old", tags={ui.VIEW_TAG: ui.view_tag_value(old)})
+    assert ensure_experiment(store, "old", ui.figures("tokens", "accuracy", None)) == experiment
+    assert _view(store, "old") == [*old, "metrics.`tokens_per_sec`", *TAGS]

@@ -1,6 +1,7 @@
 """The MLflow UI as a user opens it after a sweep, in a real browser (Debian's chromium and chromium-driver, driven by
 selenium; `.ci/run` installs them): the link the runner prints opens the runs table (not MLflow 3's GenAI overview),
-the sweep's parent with its children, and images/s and test accuracy for each child without configuring anything.
+the sweep's parent with its children, images/s and test accuracy for each child, and a language model's run beside
+them with its tokens/s and time to its loss target, without configuring anything.
 The screenshot is kept as a test artifact (`RUNNER_UI_SCREENSHOT=path` chooses where)."""
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def test_the_printed_link_opens_the_sweep_with_its_figures_in_a_real_browser(tmp
     (parent,) = [r for r in runs if r.data.tags.get("sweep") == "parent"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(children) == 2
+    language = _language_models_run(f"sqlite:///{tmp_path / 'mlflow.db'}")
 
     _wait_for_server(port)
     browser.get(f"http://127.0.0.1:{port}/health")
@@ -81,11 +83,15 @@ def test_the_printed_link_opens_the_sweep_with_its_figures_in_a_real_browser(tmp
     WebDriverWait(browser, 60).until(lambda d: d.find_elements(By.CSS_SELECTOR, rows))
     assert "/runs" in browser.current_url and "overview" not in browser.current_url  # the runs table, not GenAI
     headers = [h.get_attribute("col-id") for h in browser.find_elements(By.CSS_SELECTOR, ".ag-header-cell")]
-    for column in ("metrics.`images_per_sec`", "metrics.`test_accuracy`", "tags.`strategy`"):
+    for column in ("metrics.`images_per_sec`", "metrics.`test_accuracy`", "metrics.`tokens_per_sec`",
+                   "metrics.`time_to_loss_seconds`", "tags.`strategy`"):
         assert column in headers, headers
+    gpt = browser.find_element(By.CSS_SELECTOR, f"{rows}[row-id='{language}']")
+    for column, value in (("tokens_per_sec", 12345.0), ("time_to_loss_seconds", 6.5)):  # its own unit and target
+        assert float(gpt.find_element(By.CSS_SELECTOR, f".ag-cell[col-id='metrics.`{column}`']").text) == value
     pinned = f".ag-pinned-left-cols-container .ag-row[row-id='{parent.info.run_id}']"
     browser.find_element(By.CSS_SELECTOR, f"{pinned} button[data-component-id*='runnamecellrenderer']").click()
-    WebDriverWait(browser, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) >= 3)
+    WebDriverWait(browser, 20).until(lambda d: len(d.find_elements(By.CSS_SELECTOR, rows)) >= 4)
     for child in children:
         row = browser.find_element(By.CSS_SELECTOR, f"{rows}[row-id='{child.info.run_id}']")
 
@@ -99,6 +105,23 @@ def test_the_printed_link_opens_the_sweep_with_its_figures_in_a_real_browser(tmp
     time.sleep(1)  # cells settle before the picture
     shot = Path(os.environ.get("RUNNER_UI_SCREENSHOT", tmp_path / "runs_view.png"))
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+
+
+def _language_models_run(uri: str) -> str:
+    """A language model's run beside the sweep, its figures logged as a run logs them (without training): the view
+    gains its columns (tokens/s, validation loss, time to a loss) as the run starts."""
+    from conftest import compose
+
+    from runner.config import validate
+    from runner.tracking import tracked
+
+    plan = validate(compose("debug=smoke", "model=gpt", "data=synthetic", "data.task=next_token",
+                            "data.vocabulary_size=50", "data.sequence_length=16", "train.target_loss=3.5",
+                            f"mlflow.tracking_uri={uri}"))
+    with tracked(uri, plan) as run:
+        run.metrics({"tokens_per_sec": 12345.0, "test_accuracy": 0.25, "test_loss": 3.4, "time_to_loss_seconds": 6.5},
+                    20)
+    return run.run_id
 
 
 def _wait_for_server(port: int, timeout: float = 90) -> None:

@@ -33,6 +33,12 @@ class Kind:
         return f"{self.unit}/s, test {SCORES[self.score]}, time to {TARGETS[self.target]}"
 
 
+def score_of(spec: Any) -> str:
+    """The test score a run on data of `spec` (data_pipelines.Spec) reports besides its loss, before it logged any:
+    a binary label's AUC (a click model's: the evaluation logs `test_auc` for it), else the accuracy."""
+    return "auc" if spec.target == "binary" else "accuracy"
+
+
 def _said(row: Any) -> dict[str, str]:
     """What a row says of its own kind: only the figures it measured (a rate, a score, a target) say anything."""
     said = {}

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import one_line
 from runner.runtime.signals import Terminated
-from runner.tracking import system
+from runner.tracking import system, ui
 from runner.tracking.journal import NAME as JOURNAL_NAME
 from runner.tracking.journal import Journal, send
 from runner.tracking.redact import redact
@@ -190,7 +190,8 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None) -> Iterato
     """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING
     (a store that cannot be written at the end: a StoreError naming the journal that holds the rest)."""
     cfg = plan.cfg
-    open_store(uri, cfg.mlflow.experiment)  # an unusable store fails here, in one line, before anything else
+    # An unusable store fails here, in one line, before anything else; the runs view gets this run's own figures.
+    open_store(uri, cfg.mlflow.experiment, ui.figures_of(plan))
     tags = {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}
     close_dead_runs(uri, cfg.mlflow.experiment, tags["config_hash"])
     run = None

@@ -119,8 +119,9 @@ def _sqlite_problem(uri: str) -> str | None:
     return unwritable(Path(path), "file")
 
 
-def open_store(uri: str, experiment: str) -> str:
-    """`ensure_experiment`, with an unusable store reported as one StoreError line naming it and the fix.
+def open_store(uri: str, experiment: str, columns: tuple[str, ...] = ()) -> str:
+    """`ensure_experiment` (its runs view showing `columns` too), with an unusable store reported as one StoreError
+    line naming it and the fix.
 
     Raises:
         StoreError: the store cannot be created, opened or written.
@@ -130,7 +131,7 @@ def open_store(uri: str, experiment: str) -> str:
     if problem:
         raise StoreError(f"tracking store {uri} cannot be used: {problem}; {fix}")
     try:
-        return ensure_experiment(uri, experiment)
+        return ensure_experiment(uri, experiment, columns)
     except StoreError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the store's failure, the user's fix is the same
@@ -154,9 +155,10 @@ def schema_lock(uri: str) -> Iterator[None]:
         yield
 
 
-def ensure_experiment(uri: str, name: str) -> str:
+def ensure_experiment(uri: str, name: str, columns: tuple[str, ...] = ()) -> str:
     """Create the store's schema and the experiment if missing (under `schema_lock`, so any number of processes
-    may start at once on a fresh store); return the experiment id.
+    may start at once on a fresh store), set up its UI with `columns` in its runs view (`ui.set_up`: the figures of
+    the run about to start); return the experiment id.
 
     Raises:
         StoreError: the experiment exists but was deleted.
@@ -170,15 +172,12 @@ def ensure_experiment(uri: str, name: str) -> str:
         exp = client.get_experiment_by_name(name)
         if exp is None:
             experiment_id = client.create_experiment(name, artifact_location=_artifact_root(uri))
-            ui.set_up(client, experiment_id, {})
+            ui.set_up(client, experiment_id, {}, columns)
             return experiment_id
-    if exp.lifecycle_stage == "deleted":
-        raise StoreError(
-            f"experiment {name!r} was deleted in {uri}; restore it (mlflow experiments restore --experiment-id "
-            f"{exp.experiment_id}) or choose another mlflow.experiment"
-        )
-    if ui.VIEW_TAG not in exp.tags:  # an experiment made before the runner set up its view, or by someone else
-        ui.set_up(client, exp.experiment_id, exp.tags)
-    return exp.experiment_id
-
-
+        if exp.lifecycle_stage == "deleted":
+            raise StoreError(
+                f"experiment {name!r} was deleted in {uri}; restore it (mlflow experiments restore --experiment-id "
+                f"{exp.experiment_id}) or choose another mlflow.experiment"
+            )
+        ui.set_up(client, exp.experiment_id, exp.tags, columns)  # an experiment made before its view, or another kind
+        return exp.experiment_id

@@ -3,8 +3,12 @@
 - The experiment gets a description (the tag `mlflow.note.content`, shown under its title) and the model-training
   kind (`mlflow.experimentKind`, which MLflow UIs before 3.17 read to choose the page).
 - A saved runs-table view, `runner` (the experiment tag `mlflow.sharedViewState.runner`: a JSON envelope holding the
-  view state, the format the UI's "share view" writes), shows images/s, test accuracy, time to accuracy, model,
-  pipeline, strategy and devices as columns, sorted by start time so that sweep children nest under their parent.
+  view state, the format the UI's "share view" writes), shows each kind of run's own figures (`figures`: its rate
+  in its unit, its test score, what it is timed to and its time to that target: images/s, test accuracy and time to
+  accuracy for an image classifier; tokens/s, next-token accuracy, validation loss and time to a loss for a
+  language model; examples/s, test AUC and time to an AUC for a click model), then model, pipeline, strategy and
+  devices, sorted by start time so that sweep children nest under their parent. A run adds its kind's columns to
+  the view when it starts (`set_up`), so an experiment shows the figures of the kinds it holds and no others.
 - `view_url` opens that view on the runs table. MLflow 3.17 chooses between its GenAI overview and the runs table
   from a `workflowType` URL parameter (else the browser's last choice, by default GenAI), not from the experiment,
   so the URL names `workflowType=machine_learning`.
@@ -14,45 +18,76 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runner.config import Plan
 
 VIEW_KEY = "runner"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
-COLUMNS = (
-    "metrics.`images_per_sec`", "metrics.`test_accuracy`", "metrics.`time_to_accuracy_seconds`",
-    "tags.`model`", "tags.`pipeline`", "tags.`strategy`", "tags.`devices.count`", "tags.`devices.kind`",
-)
+TAG_COLUMNS = ("tags.`model`", "tags.`pipeline`", "tags.`strategy`", "tags.`devices.count`", "tags.`devices.kind`")
 DESCRIPTION = (
     "Runs of the runner (python -m runner): one run per model x pipeline x strategy x devices; a sweep is a parent "
-    "run with one child per job. Compare them in the view 'runner' (images/s, test accuracy, time to accuracy), with "
-    "`runner report` (table, verdict, plots), or by the tags model, pipeline, strategy, devices.count."
+    "run with one child per job. Compare them in the view 'runner' (each run's rate in its own unit, test score and "
+    "time to its target), with `runner report` (table, verdict, plots), or by the tags model, pipeline, strategy, "
+    "devices.count."
 )
 
 
-def view_state() -> dict[str, Any]:
-    """The runs-table view: the columns above, newest first (start time: sweep children nest under their parent)."""
+def figures(unit: str, score: str, target: str | None) -> tuple[str, ...]:
+    """The view's columns for a run's own figures: its rate (`<unit>_per_sec`: images, tokens or examples), its test
+    score (`accuracy` or a click model's `auc`), the test figure it is timed to where that is another (a language
+    model's `loss`) and its time to that target (none without a target)."""
+    keys = [f"{unit}_per_sec", f"test_{score}"]
+    if target:
+        keys += [*([f"test_{target}"] if target != score else []), f"time_to_{target}_seconds"]
+    return tuple(f"metrics.`{key}`" for key in keys)
+
+
+def figures_of(plan: Plan) -> tuple[str, ...]:
+    """`figures` of a run of `plan`: its data's unit and score, the metric of its target."""
+    from runner.report.kinds import score_of
+    from runner.train import target_of
+
+    target = target_of(plan.train)
+    return figures(plan.spec.unit, score_of(plan.spec), target.metric if target else None)
+
+
+def view_state(columns: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The runs-table view: the figures' `columns`, then the tags, newest first (start time: sweep children nest
+    under their parent)."""
     return {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False,
-            "selectedColumns": list(COLUMNS), "groupBy": None}
+            "selectedColumns": list(dict.fromkeys([*columns, *TAG_COLUMNS])), "groupBy": None}
 
 
-def view_tag_value() -> str:
+def view_tag_value(columns: tuple[str, ...] = ()) -> str:
     """The tag's value: the envelope the UI reads ({name, createdAt, updatedAt, state}), the state as plain JSON."""
     now = int(time.time() * 1000)
     return json.dumps({"name": "runner: speed and accuracy", "createdAt": now, "updatedAt": now,
-                       "state": json.dumps(view_state())})
+                       "state": json.dumps(view_state(columns))})
 
 
-def experiment_tags() -> dict[str, str]:
-    """The tags an experiment the runner creates carries (besides its runs view)."""
-    return {"mlflow.note.content": DESCRIPTION, "mlflow.experimentKind": "custom_model_development",
-            VIEW_TAG: view_tag_value()}
+def shown(value: str | None) -> tuple[str, ...]:
+    """The figures' columns a view tag's value selects (none from a missing or unreadable value)."""
+    try:
+        columns = json.loads(json.loads(value or "")["state"])["selectedColumns"]
+    except (ValueError, KeyError, TypeError):
+        return ()
+    return tuple(c for c in columns if isinstance(c, str) and c not in TAG_COLUMNS)
 
 
-def set_up(client: Any, experiment_id: str, existing: dict[str, str]) -> None:
-    """Tag an experiment for the UI, leaving alone what it already has (a user may have edited its description)."""
-    for key, value in experiment_tags().items():
+def set_up(client: Any, experiment_id: str, existing: dict[str, str], columns: tuple[str, ...] = ()) -> None:
+    """Tag an experiment for the UI, leaving alone what it already has (a user may have edited its description),
+    and add the figures' `columns` (`figures`: the run about to start's) to its view where they are missing. Runs
+    of two kinds starting at once on a tracking server may each write the view without the other's columns; the
+    next run of that kind adds them again."""
+    tags = {"mlflow.note.content": DESCRIPTION, "mlflow.experimentKind": "custom_model_development"}
+    for key, value in tags.items():
         if key not in existing:
             client.set_experiment_tag(experiment_id, key, value)
+    had = shown(existing.get(VIEW_TAG))
+    if VIEW_TAG not in existing or not set(columns) <= set(had):
+        client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value((*had, *columns)))
 
 
 def base_url(uri: str) -> str:
