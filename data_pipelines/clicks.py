@@ -173,20 +173,32 @@ LAYOUTS = (f"{TSV['train']} and {TSV['test']} (Criteo's tab-separated layout: a 
 def tsv_spec(folder: Path, vocabularies: tuple[int, ...] | None) -> Spec:
     """The spec of `folder`'s click logs from the first line of train.tsv (label, 13 dense counts, then one id per
     categorical column) and the declared vocabularies, one per categorical column; no TensorFlow. Both files must be
-    there: a missing test.tsv is found here, not when the run reads it."""
+    there, each with a line at least: a missing or empty test.tsv is found here, not when the run reads it."""
     there = [name for name in TSV.values() if (folder / name).is_file()]
     if len(there) < len(TSV):
         missing = " and no ".join(name for name in TSV.values() if name not in there)
         raise DataError(f"data.path={folder} has {f'{there[0]} but ' if there else ''}no {missing}: click logs "
                         f"are {LAYOUTS}")
+    first = {name: _first_line(folder / name) for name in TSV.values()}
+    if empty := [name for name, line in first.items() if not line]:
+        raise DataError(f"{folder / empty[0]} is empty: each split of click logs needs at least one example (a line: "
+                        f"a 0/1 label, {DENSE_FEATURES} dense counts, then one id per categorical column)")
     path = folder / TSV["train"]
-    with open(path) as f:
-        columns = len(f.readline().rstrip("\n").split("\t")) - 1 - DENSE_FEATURES
+    columns = first[TSV["train"]].rstrip(b"\r\n").count(b"\t") - DENSE_FEATURES  # fields after the label's
     if not vocabularies or len(vocabularies) != columns:
         given = f"{len(vocabularies)} sizes" if vocabularies else "none"
         raise DataError(f"{path} has {max(columns, 0)} categorical columns after the label and {DENSE_FEATURES} dense "
                         f"counts, data.vocabulary_sizes gives {given}: give one table size per categorical column")
     return click_spec(tuple(vocabularies))
+
+
+def _first_line(path: Path) -> bytes:
+    """The first line of `path` as bytes (b"" for an empty file); DataError (one line) where it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.readline()
+    except OSError as e:
+        raise DataError(f"{path} cannot be read: {e.strerror or e}") from None
 
 
 def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -209,10 +221,10 @@ def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.nd
                         f"spec {width} (label, {DENSE_FEATURES} dense, {len(vocabularies)} categorical: "
                         "data.vocabulary_sizes)")
     table = pandas.read_csv(io.BytesIO(b"".join(lines)), sep="\t", header=None, names=range(width), dtype=str,
-                            keep_default_na=False)
+                            keep_default_na=False, encoding="latin-1")  # any byte reads: what is not a number says so
     values = table.replace("", "0")
     numbers = values.apply(pandas.to_numeric, errors="coerce")
-    bad = numbers.isna()
+    bad = numbers.isna() | (numbers % 1 != 0) | (numbers.abs() >= 2**53)  # not a number, 3.5, beyond an exact int
     if bad.any().any():
         line, column = np.argwhere(bad.to_numpy())[0]
         raise DataError(f"{path} line {line + 1}: field {column + 1} is {values.iat[line, column]!r}, not an integer "

@@ -81,14 +81,14 @@ def test_a_lookup_is_held_to_the_ids_it_is_given_through_an_offset(tf_devices):
 # ---- items 10 and 15: click logs data=files does not read -----------------------------------------------------------
 
 def _write(folder, files: dict[str, object]) -> str:
-    """`files` (name -> text, or an array saved as .npy) in `folder`; the folder's path."""
+    """`files` (name -> bytes, or an array saved as .npy) in `folder`; the folder's path."""
     folder.mkdir()
     for name, content in files.items():
-        np.save(folder / name, content) if name.endswith(".npy") else (folder / name).write_text(content)
+        np.save(folder / name, content) if name.endswith(".npy") else (folder / name).write_bytes(content)
     return str(folder)
 
 
-TSV_LINE = "\t".join(["1", *map(str, range(13)), "4", "5"]) + "\n"  # a click, 13 counts, 2 ids
+TSV_LINE = "\t".join(["1", *map(str, range(13)), "4", "5"]).encode() + b"\n"  # a click, 13 counts, 2 ids
 NPY_CLICKS = {f"{split}_{part}.npy": np.zeros((8, width), dtype)
               for split in ("train", "test") for part, width, dtype in (("dense", 13, "float32"),
                                                                          ("categorical", 2, "int32"))}
@@ -113,6 +113,34 @@ def test_click_logs_data_files_cannot_read_are_one_line_naming_its_layouts(tmp_p
     assert line.startswith("error: ") and said in line and "Traceback" not in proc.stdout, line
     assert all(layout in line for layout in ("train.tsv and test.tsv", "TFRecord shards train-* and validation-*"))
     assert len(runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")) == 0  # nothing opened, nothing RUNNING
+
+
+@pytest.mark.parametrize("test,said", [
+    (b"", "test.tsv is empty: each split of click logs needs at least one example"),  # was accepted, then pandas'
+    (TSV_LINE.replace(b"\t4\t5\n", b"\t\xff\xfe\t5\n"), "line 1: field 15 is '\xff\xfe', not an integer"),  # not UTF-8
+    (TSV_LINE.replace(b"\t4\t5\n", b"\t3.5\t5\n"), "line 1: field 15 is '3.5', not an integer"),  # was read as id 3
+])
+def test_click_logs_with_an_empty_split_or_a_field_that_is_no_integer_are_one_line(tmp_path, test, said):
+    """An empty test.tsv is refused at validation (it was an EmptyDataError traceback as the run read it); a field
+    that is not an integer, whatever its bytes, stops the read in one line naming the file, line and value."""
+    from runner.data_pipelines import DataError
+
+    folder = _write(tmp_path / "logs", {"train.tsv": TSV_LINE, "test.tsv": test})
+    with pytest.raises((ConfigError, DataError)) as err:
+        validate(compose("model=dlrm", "data=files", f"data.path={folder}", "data.vocabulary_sizes=[10,10]")).data \
+            .load(0)
+    one_line(err.value, said)
+
+
+def test_a_subclassed_recommender_is_one_line_asking_for_named_inputs(tf_devices):
+    """A keras.Model subclass has no keras.Input to hold to the data's features: an AttributeError traceback before."""
+    from runner.strategies.common import build_model
+
+    plan = validate(compose(*USERS, "+model._target_=user_models.subclassed_recommender", "data.tables=tiny"))
+    with pytest.raises(ConfigError) as err:
+        build_model(plan.model, plan.spec, 0)
+    one_line(err.value, "model=mine: _target_ user_models.subclassed_recommender returned a Subclassed without a "
+             "keras.Input", "keras.Inputs named as the features")
 
 
 @pytest.mark.parametrize("data", [["data=clicks"], ["data=files", "data.path=."]])

@@ -83,3 +83,19 @@ def fixed_tables_recommender(tables: int = 3, rows: int = 100):
     joined = keras.layers.Concatenate(name="joined")([dense, *looked_up])
     return keras.Model({"dense": dense, "categorical": ids}, keras.layers.Dense(1, name="logit")(joined),
                        name="fixed_tables")
+
+
+def subclassed_recommender():
+    """A user's recommender as a keras.Model subclass: no keras.Input until it is called."""
+    import keras
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.table, self.logit = keras.layers.Embedding(100, 4), keras.layers.Dense(1)
+
+        def call(self, x):
+            rows = keras.ops.sum(self.table(x["categorical"]), axis=1)  # (b, 4)
+            return self.logit(keras.ops.concatenate([x["dense"], rows], axis=1))
+
+    return Subclassed()

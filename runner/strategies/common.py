@@ -42,6 +42,10 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
         raise ConfigError(f"model={model.name}: {_builder(model)} returned {reprlib.repr(built)} (a "
                           f"{type(built).__name__}), not a keras.Model; it must return one mapping "
                           "(batch, *input_shape) images to (batch, classes) logits")
+    if not getattr(built, "inputs", None):  # subclassed, or a Sequential without one: nothing to check the data by
+        raise ConfigError(f"model={model.name}: {_builder(model)} returned a {type(built).__name__} without a "
+                          f"keras.Input; build it from keras.Input{'s named as the features' if spec.features else ''} "
+                          f"of the data ({spec}), as a functional or Sequential model")
     if spec.features:
         _check_features(model.name, built, spec)
         check_lookups(model.name, built, spec)
