@@ -97,6 +97,19 @@ def test_the_configuration_page_is_what_the_schema_writes():
     assert (REPO / "docs" / "configuration.md").read_text() == page(), "run `python -m runner.cli.docs`"
 
 
+def test_the_readmes_config_at_a_glance_is_what_the_registries_write():
+    """#61 item 5: the table listed no gpt, dlrm, shakespeare, clicks or hybrid. Every option of every group is in
+    it now, the built-in models under the task they take, and the committed README is what the registries write."""
+    from runner.cli.docs import glance, readme
+    from runner.config import GROUPS, group_options
+
+    table = glance()
+    assert all(f"`{option}`" in table for group in GROUPS for option in group_options(group))
+    assert "; text (token ids): `gpt`; click logs: `dlrm`;" in table and "`mnist` (default)" in table
+    text = (REPO / "README.md").read_text()
+    assert readme(text) == text, "run `python -m runner.cli.docs`"
+
+
 def test_every_key_in_the_schema_is_on_the_configuration_page_and_the_other_way_round():
     from runner.config import COMPONENTS, Config
     from runner.registry import fields

@@ -1,8 +1,11 @@
-"""`python -m runner.cli.docs`: write docs/configuration.md from the config schema, so that the page cannot drift.
+"""`python -m runner.cli.docs`: write docs/configuration.md from the config schema, and README.md's "config at a
+glance" from the registries, so that neither can drift.
 
 Every key comes from the dataclasses themselves: the top level (runner/config.py) and each registered component's
 options (its module), with its type, default, what is allowed (the `Literal` choices and `RULES`) and the comment
-written beside the field. tests/test_docs.py checks that the committed page is what this writes.
+written beside the field. The README's table lists every option of every group (the registries and conf/), the
+default marked, and the built-in models by the task they take (each model's own check against a task's data).
+tests/test_docs.py checks that the committed pages are what this writes.
 """
 
 from __future__ import annotations
@@ -15,10 +18,25 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from runner.config import COMPONENTS, Config
+from runner.config import COMPONENTS, PRESETS, Config, ConfigError, group_options
 from runner.registry import fields
 
 PAGE = Path("docs/configuration.md")
+README = Path("README.md")
+GLANCE = ("<!-- the config at a glance: written by `python -m runner.cli.docs` from the registries -->",
+          "<!-- end of the config at a glance -->")  # the README's lines around the table
+WHAT = {  # what each group chooses (its options come from the registries and conf/)
+    "model": "the network, built for the data's examples (input shape and classes, vocabulary or tables); "
+             "`keras_app`: any `keras.applications` constructor (`model.app`), untrained",
+    "pipeline": "how each step's batches reach the towers",
+    "strategy": "how the model and its update are placed on the devices (`hybrid`: a recommender's tables, one per "
+                "device; [which when](docs/pipelines-and-strategies.md))",
+    "data": "the examples: images (real, verified MNIST; random ones for throughput), token ids (Shakespeare's "
+            "text), click logs (synthetic, in Criteo's layout), or your own `.npy` arrays, TFRecord shards or TFDS "
+            "dataset",
+    "hardware": "what `runner predict` prices: this machine (calibrated), or a spec sheet's GPUs and nodes "
+                "(conf/hardware/, or your own YAML)",
+}
 INTRO = """# Configuration: every key
 
 What each key does, its default and what it allows, for the top level and for every component. This page is
@@ -102,9 +120,68 @@ def page() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
+def _tasks() -> dict[str, list[Any]]:
+    """A task's name -> data of it (Specs) that a model of it takes: images (MNIST's, and ImageNet's size for the
+    networks that need larger ones), text (Shakespeare's token ids) and click logs (the synthetic clicks')."""
+    from runner.data_pipelines import Spec
+
+    data = COMPONENTS["data"]
+    return {"images": [data.get("mnist")().spec(), Spec((224, 224, 3), 1000)],
+            "text (token ids)": [data.get("shakespeare")().spec()], "click logs": [data.get("clicks")().spec()]}
+
+
+def _takes(model: Any, specs: list[Any]) -> bool:
+    """Whether the model's own check (no TensorFlow) accepts data of any of `specs`."""
+    for spec in specs:
+        try:
+            model.check(spec)
+            return True
+        except ConfigError:
+            continue
+    return False
+
+
+def _names(names: list[str], default: str | None = None) -> str:
+    """`b` (default), `a`, `c`, ...: the default first."""
+    first = [f"`{default}` (default)"] if default in names else []
+    return ", ".join([*first, *(f"`{n}`" for n in names if n != default)])
+
+
+def _models(default: str) -> str:
+    """The built-in models by the task they take, and the variants they have."""
+    models = COMPONENTS["model"]
+    by_task = [f"{task}: {_names([n for n in models.names() if _takes(models.get(n)(), specs)], default)}"
+               for task, specs in _tasks().items()]
+    variants = dict.fromkeys(v for n in models.names() for v in typing.get_args(fields(models.get(n)).get("variant")))
+    return (f"{'; '.join(by_task)}; your own (`model._target_`). `model.variant`: {_names(list(variants))}, where "
+            "the model has them")
+
+
+def glance() -> str:
+    """README.md's table of every group's options, between the GLANCE lines."""
+    from runner.config import compose
+
+    cfg = compose([])
+    rows = ["| group | options | what it chooses |", "|---|---|---|"]
+    for group in COMPONENTS:
+        options = _models(cfg.model.name) if group == "model" else _names(group_options(group), cfg[group].name)
+        rows.append(f"| `{group}` | {options} | {WHAT[group]} |")
+    presets = "; ".join(_names(group_options(group)) for group in PRESETS)
+    rows.append(f"| {', '.join(f'`{group}`' for group in PRESETS)} | {presets} | presets; each file opens with its "
+                "command |")
+    return "\n".join([GLANCE[0], *rows, GLANCE[1]])
+
+
+def readme(text: str) -> str:
+    """README.md's text with its table replaced by `glance()`."""
+    start, end = text.index(GLANCE[0]), text.index(GLANCE[1]) + len(GLANCE[1])
+    return text[:start] + glance() + text[end:]
+
+
 def main() -> int:
     PAGE.write_text(page())
-    print(f"wrote {PAGE}")
+    README.write_text(readme(README.read_text()))
+    print(f"wrote {PAGE} and the config at a glance in {README}")
     return 0
 
 
