@@ -217,9 +217,9 @@ def check_lookups(name: str, built: keras.Model, spec: Spec) -> None:
 
 
 def _largest_ids(spec: Spec) -> tuple[Any, list[tuple[str, int]]]:
-    """Examples of the data's largest ids and, for each, where its ids come from and their vocabulary: token ids,
-    one example of vocabulary - 1 everywhere; named features, one example per categorical column holding that
-    column's largest id (every other input 0)."""
+    """Examples of the data's largest ids (an array, or one per feature by name) and, for each example, where its
+    ids come from and their vocabulary: token ids, one example of vocabulary - 1 everywhere; named features, one
+    example per categorical column holding that column's largest id (every other input 0)."""
     import numpy as np
 
     if spec.token_ids:
@@ -232,13 +232,16 @@ def _largest_ids(spec: Spec) -> tuple[Any, list[tuple[str, int]]]:
 
 
 def _ids_given(built: keras.Model, tensors: list, x: Any) -> list[Any]:
-    """What each of `tensors` (lookups' ids) holds when `built` is given `x`; None for one not computed from the
-    inputs alone (a constant, a tensor of another model), which is not checked."""
+    """What each of `tensors` (lookups' ids) holds when `built` is given `x` (named features by its Inputs' names);
+    None for one not computed from the inputs alone (a constant, a tensor of another model), which is not checked.
+    The model's flat `inputs`, not its `input`: a Sequential model has no `input` until called."""
     import keras
     import numpy as np
 
+    feed = [x[t.name] for t in built.inputs] if isinstance(x, dict) else [x]
+
     def run(outputs: list) -> list:
-        return [np.asarray(t) for t in keras.tree.flatten(keras.Model(built.input, outputs)(x))]
+        return [np.asarray(t) for t in keras.tree.flatten(keras.Model(built.inputs, outputs)(feed))]
 
     try:
         return run(tensors)

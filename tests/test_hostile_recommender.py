@@ -78,6 +78,20 @@ def test_a_lookup_is_held_to_the_ids_it_is_given_through_an_offset(tf_devices):
              "at least 120 rows")
 
 
+def test_a_sequential_models_lookups_are_held_to_the_token_ids_as_before(tf_devices):
+    """A Sequential model has no `input` until called: the probe reads its flat `inputs`, as the token check did."""
+    import keras
+
+    from runner.data_pipelines import Spec
+    from runner.models import check_lookups
+
+    model = keras.Sequential([keras.Input((16,), dtype="int32"), keras.layers.Embedding(30, 4, name="words"),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+    with pytest.raises(ConfigError) as err:
+        check_lookups("seq", model, Spec((16,), 2, "int32", "class", 50))
+    one_line(err.value, "model=seq's embedding words has 30 rows and the data's token ids go up to 49")
+
+
 # ---- items 10 and 15: click logs data=files does not read -----------------------------------------------------------
 
 def _write(folder, files: dict[str, object]) -> str:
