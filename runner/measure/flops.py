@@ -7,7 +7,10 @@ Conventions (shared by every function here):
   (Dense and Conv1D/2D/3D): forward `2 * kernel size * output positions` per layer (Dense: `2*in*out`; Conv2D:
   `2*kh*kw*cin*cout*out_h*out_w`); self-attention: its four projections and its two (t, t) products; an embedding
   lookup and LayerNormalization: none (a tied output layer counts its own matmul). Bias adds, activations, pooling, dropout, the loss and the optimizer are left
-  out: together they are under 2% of the total for every model of this project (see the profiler comparison).
+  out: together they are under 2% of the total for every model of this project (see the profiler comparison). A
+  layer that counts itself (`forward_flops_per_example`: the GPT's tied output layer, DLRM's pairwise interaction)
+  is counted whether or not it has weights; the interaction's product x x^T takes its input twice, so its backward
+  is two products too (3x forward, as a weighted layer's).
 - A training step is forward + backward, the backward being 2x forward for each weighted layer (gradient with
   respect to its input and with respect to its weights), except that the first weighted layer's input gradient is
   *subtracted*: its input is the data, TensorFlow never computes it (MatMul's gradient skips it; Conv2D's gradient
@@ -56,13 +59,14 @@ def _output_positions(layer: Any) -> int:
 
 
 def _forward_flops(layer: Any) -> float:
-    """Forward multiply-accumulate FLOPs per example of one layer (0 if it has no trainable weights)."""
+    """Forward multiply-accumulate FLOPs per example of one layer (0 if it has no trainable weights and does not
+    count itself)."""
     import keras
 
+    if _counts_itself(layer):  # models/gpt.py's tied embedding, models/dlrm.py's interaction (no weights)
+        return float(layer.forward_flops_per_example())
     if not layer.trainable_weights:  # Flatten, pooling, Dropout (its seed state is not trainable), ...
         return 0.0
-    if hasattr(layer, "forward_flops_per_example"):  # a layer that counts itself (models/gpt.py's tied embedding)
-        return float(layer.forward_flops_per_example())
     if isinstance(layer, (keras.layers.Embedding, keras.layers.LayerNormalization)):
         return 0.0  # a lookup; an element-wise scale and shift (left out, as bias adds are)
     if isinstance(layer, keras.layers.MultiHeadAttention):
@@ -74,6 +78,11 @@ def _forward_flops(layer: Any) -> float:
     # The kernel is (in, out) for Dense and (k..., cin / groups, cout) for convolutions: every entry is one
     # multiply-accumulate per output position, whatever the padding, stride or groups.
     return 2.0 * math.prod(layer.kernel.shape) * _output_positions(layer)
+
+
+def _counts_itself(layer: Any) -> bool:
+    """Whether the layer gives its own forward FLOPs per example (`forward_flops_per_example`)."""
+    return hasattr(layer, "forward_flops_per_example")
 
 
 def _attention_flops(layer: Any) -> float:
@@ -104,7 +113,8 @@ def forward_flops_per_example(model: Any) -> float:
 def training_flops_per_example(model: Any) -> float:
     """FLOPs of one training step per example: forward + backward, without the optimizer (module docstring).
 
-    Each weighted layer costs 3x its forward FLOPs (forward, input gradient, weight gradient), except the first
+    Each weighted layer (and each that counts itself) costs 3x its forward FLOPs (forward, input gradient, weight
+    gradient; DLRM's interaction: forward and the gradient for each of its two operands), except the first
     weighted layer, whose input gradient is not computed (its input is the data): 2x. Exact for Sequential chains;
     in a graph with several layers reading the input directly only the first of them is discounted.
 
@@ -119,7 +129,7 @@ def training_flops_per_example(model: Any) -> float:
     """
     import keras
 
-    weighted = [layer for layer in leaf_layers(model) if layer.trainable_weights]
+    weighted = [layer for layer in leaf_layers(model) if layer.trainable_weights or _counts_itself(layer)]
     if not weighted:
         return 0.0
     forwards = [_forward_flops(layer) for layer in weighted]
