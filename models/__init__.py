@@ -131,19 +131,20 @@ class FunctionModel(ModelOptions):
 
 def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
     """The spec's `input_shape` and `classes` (token ids: also `vocabulary_size` and `sequence_length`; named
-    features: `vocabulary_sizes`, one table size per categorical column, and `num_dense_features`) for those `fn`
-    takes, so a function that takes none of them still works; `classifier_activation=None` where it takes
+    features: `classes`, `vocabulary_sizes`, one table size per categorical column, and `num_dense_features`) for
+    those `fn` takes, so a function that takes none of them still works; `classifier_activation=None` where it takes
     that (a keras.applications constructor ends in softmax by default; the runner trains on logits); and
     `include_preprocessing=False` where it takes that (EfficientNetV2, ConvNeXt and MobileNetV3 rescale 0-255 pixels
     by default; the runner's images are in [0, 1]); the model's own keyword arguments may set it again."""
     parameters = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    given = {"input_shape": tuple(spec.shape), "classes": spec.classes}
-    if spec.token_ids:  # token ids: keras_hub's names for what the data says
-        given.update(vocabulary_size=spec.vocabulary, sequence_length=spec.shape[0])
+    # Named features have no one input shape (an image model given input_shape=() fails inside Keras: IndexError).
+    given = {**({} if spec.features else {"input_shape": tuple(spec.shape)}), "classes": spec.classes}
     if spec.features:  # the tables the runner knows (data.tables' too): TF Model Garden's ranking config's names
         given.update(vocabulary_sizes=[v for f in spec.features for v in f.vocabularies],
                      num_dense_features=sum(math.prod(f.shape) for f in spec.features if f.dtype == "float32"))
+    if spec.token_ids:  # token ids: keras_hub's names for what the data says
+        given.update(vocabulary_size=spec.vocabulary, sequence_length=spec.shape[0])
     out = {k: v for k, v in given.items() if k in parameters or takes_any}
     if "classifier_activation" in parameters:
         out["classifier_activation"] = None

@@ -157,6 +157,18 @@ def test_a_subclassed_recommender_is_one_line_asking_for_named_inputs(tf_devices
              "keras.Input", "keras.Inputs named as the features")
 
 
+def test_an_image_model_on_click_logs_is_one_line(tf_devices):
+    """A keras.applications constructor given input_shape=() (named features have no one shape) failed inside Keras
+    with IndexError; it is not given one, builds for its own images and is refused for its inputs' names."""
+    from runner.strategies.common import build_model
+
+    plan = validate(compose("+model._target_=keras.applications.MobileNetV2", "+model.alpha=0.35", "model.name=mine",
+                            "data=clicks", "data.tables=tiny"))
+    with pytest.raises(ConfigError) as err:
+        build_model(plan.model, plan.spec, 0)
+    one_line(err.value, "model=mine takes inputs named", "(inputs ['categorical', 'dense'])")
+
+
 @pytest.mark.parametrize("data", [["data=clicks"], ["data=files", "data.path=."]])
 @pytest.mark.parametrize("sizes", ["[[1,2]]", "[3000000000]"])
 def test_table_sizes_that_are_not_int32_tables_are_one_line(data, sizes):
