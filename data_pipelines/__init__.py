@@ -140,10 +140,11 @@ IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d
 IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_SHAPE[1]}, or null")
 
 
-def _table_sizes(v: Any) -> bool:
-    """Whether `v` is null or a non-empty list of table sizes, integers from 1 to common.ID_LIMIT (ids are int32)."""
-    from runner.data_pipelines.common import ID_LIMIT
+ID_LIMIT = 2**31  # token ids are int32 once batched (`to_float`) and index an embedding: each below this
 
+
+def _table_sizes(v: Any) -> bool:
+    """Whether `v` is null or a non-empty list of table sizes, integers from 1 to ID_LIMIT (ids are int32)."""
     sizes = v if isinstance(v, (list, tuple)) else [None]
     return v is None or (len(sizes) > 0 and all(type(x) is int and 1 <= x <= ID_LIMIT for x in sizes))
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from runner.data_pipelines import DATASETS, TABLE_SIZES, DataError, DatasetOptions, Feature, Spec
-from runner.data_pipelines.files import SHARDS
+from runner.data_pipelines.records import SHARDS
 from runner.registry import Rule
 
 # TF Model Garden's dlrm_criteo vocabulary sizes (official/recommendation/ranking/configs), feature C1 to C26.

@@ -26,7 +26,6 @@ EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every 
 # An in-memory test set's float batches are kept after the first evaluation up to this size (MNIST's: 31 MB); larger
 # ones (10,000 synthetic 224x224x3 images: 6 GB, which the memory check does not count) are converted every time.
 EVAL_CACHE_BYTES = 256 << 20
-ID_LIMIT = 2**31  # token ids are int32 once batched (`to_float`) and index an embedding: each below this
 
 
 class Examples(Protocol):

@@ -32,12 +32,11 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, IMAGE_SHAPE_OR_NULL, TABLE_SIZES, DataError, DatasetOptions, Spec
-from runner.data_pipelines.common import ID_LIMIT
+from runner.data_pipelines import DATASETS, ID_LIMIT, IMAGE_SHAPE_OR_NULL, TABLE_SIZES, DataError, DatasetOptions, Spec
+from runner.data_pipelines.records import SHARDS
 from runner.registry import Rule, non_negative
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
-SHARDS = {"train": "train-*", "test": "validation-*"}  # the TFRecord layout's file patterns
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
 UNLABELLED = "integer token ids, rows (n, length) or one stream (n,)"  # what the npy layout takes without labels
 

@@ -19,6 +19,8 @@ from typing import Any, Callable
 from runner.data_pipelines import DataError, Spec
 from runner.data_pipelines.common import autotune, eval_batches, finish, to_float
 
+SHARDS = {"train": "train-*", "test": "validation-*"}  # the TFRecord layout's file patterns
+
 IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"  # tf_cnn_benchmarks' and TF's ImageNet records
 BAD_LABEL = "label out of range"  # the decoder's assertion message, which training turns into one DataError line
 TOKENS_KEY = "input_ids"  # a token record's ids (keras_hub's and BERT's name); its class, if any, under "label"
