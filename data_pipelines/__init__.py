@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from runner.errors import UserError
 from runner.registry import Registry, Rule, non_negative, positive
+from runner.tasks import TASKS, Task
 
 if TYPE_CHECKING:
     from runner.data_pipelines.common import Data, Examples
@@ -64,13 +65,11 @@ class Spec:
       [0, 1] when batched) or "float32" (as is); or a sequence (length,) of "int32" token ids below `vocabulary`;
       or named `features` (a recommender's dense values and categorical ids: `Feature`), given to the model as a
       dict of tensors (b, *feature.shape) (then `shape` is () and `dtype` "features").
-    - The target: "class", one of `classes` per example, labels (b,); "next_token", one of `classes` (the
-      vocabulary) at every input position, labels (b, length): a language model; or "binary", labels (b,) in {0, 1}
-      and one logit (the log-odds of 1) per example: a click model.
-    - The loss is cross-entropy on the model's logits (`runner.losses.cross_entropy`: sparse categorical, averaged
-      over the target's positions; sigmoid for one logit); the metrics are that loss, the accuracy (per position
-      for "next_token"; logit > 0 for "binary") and for "binary" the AUC; the throughput unit is images for images,
-      tokens for "next_token", examples otherwise.
+    - The target: `target` names the task (`runner.tasks.TASKS`), which owns the loss, the metrics and the labels:
+      "class", one of `classes` per example, labels (b,); "next_token", one of `classes` (the vocabulary) at every
+      input position, labels (b, length): a language model; "binary", labels (b,) in {0, 1} and one logit (the
+      log-odds of 1) per example: a click model.
+    - The throughput unit: tokens for a task with a label at every position, images for images, examples otherwise.
 
     Datasets declare it without TensorFlow, validation carries it in the plan, models are built for it, and every
     later stage reads shapes and units from it.
@@ -79,18 +78,22 @@ class Spec:
     shape: tuple[int, ...]
     classes: int
     dtype: str = "uint8"  # "uint8" images (scaled by 1/255), "float32" images (as is), "int32" token ids, "features"
-    target: str = "class"  # "class" (b,), "next_token" (b, length) or "binary" (b,)
+    target: str = "class"  # the task's name in runner.tasks.TASKS: "class", "next_token", "binary"
     vocabulary: int = 0  # token ids are below it (0: the input is not token ids)
     features: tuple[Feature, ...] = ()  # named inputs (dtype "features")
 
     def __str__(self) -> str:
+        what = self.task.said.format(classes=self.classes)
         if self.features:
-            return f"examples of {', '.join(map(str, self.features))}, a binary label" if self.target == "binary" \
-                else f"examples of {', '.join(map(str, self.features))}, {self.classes} classes"
+            return f"examples of {', '.join(map(str, self.features))}, {what}"
         if not self.token_ids:
-            return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {self.classes} classes"
-        what = "the next token at each position" if self.target == "next_token" else f"{self.classes} classes"
+            return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {what}"
         return f"sequences of {self.shape[0]} token ids below {self.vocabulary}, {what}"
+
+    @property
+    def task(self) -> Task:
+        """The task its target names: the loss, the metrics, the labels (runner/tasks.py)."""
+        return TASKS[self.target]
 
     @property
     def token_ids(self) -> bool:
@@ -100,7 +103,7 @@ class Spec:
     @property
     def unit(self) -> str:  # one of UNITS
         """What a run's throughput counts: images, tokens or examples (`<unit>_per_sec`)."""
-        if self.target == "next_token":
+        if self.task.per_position:
             return "tokens"
         return "examples" if self.token_ids or self.features else "images"
 
@@ -116,13 +119,14 @@ class Spec:
 
     @property
     def labels_shape(self) -> tuple[int, ...]:
-        """One example's labels: () for a class or a binary label, (length,) for the next token at every position."""
-        return self.shape[:1] if self.target == "next_token" else ()
+        """One example's labels: () for one per example, (length,) for one at every position (the task's)."""
+        return self.shape[:1] if self.task.per_position else ()
 
     @property
     def outputs_shape(self) -> tuple[int, ...]:
-        """One example's logits, as the model must give them: one for a binary label, else one per class."""
-        return (1,) if self.target == "binary" else (*self.labels_shape, self.classes)
+        """One example's outputs, as the model must give them: one (a binary label's log-odds) where the task has
+        one output, else a logit per class (at every position where it labels each)."""
+        return (1,) if self.task.one_output else (*self.labels_shape, self.classes)
 
     @property
     def input_bytes(self) -> int:
@@ -152,7 +156,6 @@ def _table_sizes(v: Any) -> bool:
 # `data.vocabulary_sizes` where click logs take one (clicks, files): one table size per categorical column.
 TABLE_SIZES: Rule = (_table_sizes, "null or a list of table sizes, one per categorical column, each an integer from 1 "
                                    "to 2**31 (ids are int32)")
-TARGETS = ("class", "next_token", "binary")
 
 
 @runtime_checkable

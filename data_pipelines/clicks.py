@@ -155,7 +155,7 @@ def click_spec(vocabularies: tuple[int, ...]) -> Spec:
 
 def bayes_auc(tables: str = "default", n: int = 100_000, seed: int = 0, power: float = 1.1) -> float:
     """The AUC of the hidden model's own logits on `n` test examples: what no model can beat on average."""
-    from runner.losses import auc
+    from runner.tasks import auc
 
     _, labels, logits = Hidden(vocabularies(tables), seed, power).draw(n, 1)
     return auc(labels, logits)

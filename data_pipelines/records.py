@@ -148,7 +148,7 @@ def token_decoder(spec: Spec, length: int) -> Decoder:
     vocabulary stops training (BAD_TOKEN) instead of being looked up."""
     import tensorflow as tf
 
-    classify = spec.target == "class"
+    classify = not spec.task.per_position  # a label per record, else each position's next id
     features = {TOKENS_KEY: tf.io.FixedLenFeature([length], tf.int64)}
     if classify:
         features["label"] = tf.io.FixedLenFeature([], tf.int64)

@@ -25,6 +25,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from runner.data_pipelines import DATASETS, PIPELINES, DataError, Spec
+from runner.tasks import METRICS
 from runner.hardware import HARDWARE
 from runner.models import MODELS
 from runner.errors import ConfigError
@@ -377,18 +378,18 @@ def validate(cfg: DictConfig) -> Plan:
 
 
 def _resolve_target(train: dict, parts: dict, spec: Spec) -> None:
-    """One target: train.target_loss, train.target_auc (data with a binary label), or train.target_accuracy (-1: the
-    model's own, which is an MNIST accuracy)."""
-    given = [k for k in ("target_accuracy", "target_loss", "target_auc") if train[k] not in (None, MODEL_TARGET)]
+    """One target, train.target_<metric>, of a metric the data's task has (runner/tasks.py: its loss and metrics);
+    train.target_accuracy=-1 is the model's own, which is an MNIST accuracy (null elsewhere, or beside another)."""
+    given = [f"target_{m}" for m in METRICS if train.get(f"target_{m}") not in (None, MODEL_TARGET)]
     if len(given) > 1:
         raise ConfigError(f"train.{given[0]}={train[given[0]]} and train.{given[1]}={train[given[1]]} are two "
                           "targets; a run is timed to one: set the other to null")
-    if train["target_auc"] is not None and spec.target != "binary":
-        raise ConfigError(f"train.target_auc={train['target_auc']}: an AUC needs data with a binary label, "
-                          f"data={parts['data'].name} gives {spec}; use train.target_accuracy or "
-                          "train.target_loss")
-    if train["target_loss"] is not None or train["target_auc"] is not None:
-        train["target_accuracy"] = None
+    allowed = [f"train.target_{m.name}" for m in spec.task.targets]
+    if given and given[0].removeprefix("target_") not in [m.name for m in spec.task.targets]:
+        raise ConfigError(f"train.{given[0]}={train[given[0]]}: data={parts['data'].name} gives {spec}, whose runs "
+                          f"are timed to {' or '.join(allowed)}")
+    if given:
+        train["target_accuracy"] = train["target_accuracy"] if given[0] == "target_accuracy" else None
     elif train["target_accuracy"] == MODEL_TARGET:
         own = getattr(parts["model"], "target_accuracy", None)
         train["target_accuracy"] = own if parts["data"].name == "mnist" else None

@@ -21,6 +21,7 @@ from runner.measure import hooks
 from runner.config import ConfigError, Plan, validate
 from runner.runtime.devices import Devices  # no TensorFlow import: devices.setup imports it
 from runner.runtime.output import OutputFolder
+from runner.tasks import target_of
 
 if TYPE_CHECKING:
     from runner.data_pipelines import Spec
@@ -159,7 +160,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
     data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
     _log_dataset(plan, data, run)
-    run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling,
+    run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling, "task": plan.spec.target,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
               "xla": "on" if built.xla.on else "off", "jit_compile_reason": built.xla.reason, **strategy.describe()})
     run.params({"train.effective_learning_rate": f"{effective_learning_rate(plan.train):.6g}"})
@@ -232,7 +233,7 @@ def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder, jit_co
 def _evaluations(plan: Plan, strategy: Any, data: Data, steps: int, run: tracking.Recorder) -> train.Evaluations:
     """The test set, its first `train.check_examples` examples for the accuracy checks, and the target."""
     return train.Evaluations(
-        strategy, data.test(), data.test(plan.train.check_examples), run.metrics, train.target_of(plan.train),
+        strategy, data.test(), data.test(plan.train.check_examples), run.metrics, target_of(plan.train),
         plan.train.eval_every, train.check_cadence(plan.train, steps),
     )
 
@@ -301,7 +302,7 @@ def _floor(plan: Plan, devices: Devices, result: dict, run: tracking.Recorder) -
     try:
         models = tower_models(plan.model, plan.spec, plan.train.seed, towers, plan.train.fused_batch_norm)
         figures = floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers,
-                                      xla=not plan.strategy.jit_refusal())
+                                      xla=not plan.strategy.jit_refusal(), task=plan.spec.task)
     except Exception as e:  # noqa: BLE001 - a figure added after training must not fail the run it describes
         log.warning("no floor for this run: %s", one_line(e))
         run.tags({"floor": f"failed: {one_line(e)}"})
@@ -436,7 +437,8 @@ def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> d
     figures: dict[str, Any] = {}
     # On Keras' own layers: the fused batch norm kernel does their arithmetic in one op TensorFlow's FLOP statistics
     # have no formula for (counted, it would leave batch norm out: 6% of a small ResNet's FLOPs).
-    count = flops.count_training_flops(build_model(plan.model, plan.spec, plan.train.seed, fused_batch_norm=False))
+    count = flops.count_training_flops(build_model(plan.model, plan.spec, plan.train.seed, fused_batch_norm=False),
+                                       plan.spec.task)
     if count is not None:
         figures["flops_per_example"] = count.flops_per_example
     run.tags({"flops.source": count.source if count else "not counted"})
@@ -558,4 +560,5 @@ def run(cfg: DictConfig) -> dict:
     result["experiment_id"] = mlrun.experiment_id
     result["tracking_uri"] = uri
     result["unit"] = plan.spec.unit  # what its throughput counts (images, tokens, examples)
+    result["task"] = plan.spec.target  # what its test figures are (runner/tasks.py)
     return result

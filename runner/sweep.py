@@ -30,6 +30,7 @@ from runner import tracking
 from runner.errors import UserError, one_line
 from runner.report import kinds
 from runner.runtime import signals
+from runner.tasks import METRICS
 from runner.tracking.redact import redact
 
 log = logging.getLogger(__name__)
@@ -302,7 +303,8 @@ def _summarise_on_parent(client: Any, parent: str) -> None:
 
 def parent_figures(jobs: list[Any]) -> dict[str, float]:
     """The best figures of a sweep's finished jobs (report rows), each in the unit and metric its runs logged: the
-    highest `<unit>_per_sec` and test score (`test_accuracy`, a click model's `test_auc`), the shortest time to
+    highest `<unit>_per_sec`, the best test score of their task (`test_accuracy`, a click model's `test_auc`), the
+    shortest time to
     the target (`time_to_accuracy_seconds`, `time_to_loss_seconds`, `time_to_auc_seconds`). Jobs of several kinds
     (runner/report/kinds.py: an image model's, a language model's, a click model's) are summarised per model, under
     its name (`gpt/tiny/tokens_per_sec`): a figure never picks between two units or metrics."""
@@ -318,7 +320,8 @@ def parent_figures(jobs: list[Any]) -> dict[str, float]:
     figures = {}
     for prefix, rows in groups:
         kind = kinds.one(rows)
-        for key, field, pick in ((f"{kind.unit}_per_sec", "rate", max), (f"test_{kind.score}", kind.score, max),
+        best_score = METRICS[kind.score].best  # the highest accuracy or AUC; the lowest of a figure to minimise
+        for key, field, pick in ((f"{kind.unit}_per_sec", "rate", max), (f"test_{kind.score}", "score", best_score),
                                  (f"time_to_{kind.target}_seconds", "time_to_target", min)):
             values = [v for r in rows if not math.isnan(v := getattr(r, field))]
             if values:

@@ -21,6 +21,7 @@ import numpy as np
 import runner
 from runner.errors import UserError
 from runner.runtime import signals
+from runner.tasks import Target
 
 if TYPE_CHECKING:
     from runner.config import TrainConf
@@ -213,39 +214,6 @@ def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
     if done < n:
         raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
     return loss, seconds
-
-
-@dataclass(frozen=True)
-class Target:
-    """What a run is timed to: a test accuracy or AUC at or over `value` (`metric` accuracy: an image classifier's;
-    auc: a click model's), or a test loss at or under it (`metric` loss: a language model's validation loss in nats
-    per token)."""
-
-    metric: str  # "accuracy", "auc" or "loss"
-    value: float
-
-    def met(self, scores: dict[str, float]) -> bool:
-        """Whether an evaluation's scores ({"loss", "accuracy"[, "auc"]}) reach the target."""
-        value = scores[self.metric]
-        return value <= self.value if self.metric == "loss" else value >= self.value
-
-    @property
-    def keys(self) -> tuple[str, str, str]:
-        """The run's metric names: the target, the training seconds and the steps to it."""
-        return f"target_{self.metric}", f"time_to_{self.metric}_seconds", f"steps_to_{self.metric}"
-
-    def __str__(self) -> str:
-        return f"test {self.metric} {self.value:.4g}"
-
-
-def target_of(train: TrainConf) -> Target | None:
-    """The run's target: train.target_loss, train.target_auc or train.target_accuracy (validation allows one of
-    them), else None."""
-    if train.target_loss is not None:
-        return Target("loss", float(train.target_loss))
-    if train.target_auc is not None:
-        return Target("auc", float(train.target_auc))
-    return Target("accuracy", float(train.target_accuracy)) if train.target_accuracy else None
 
 
 @dataclass

@@ -107,6 +107,36 @@ def test_no_module_of_the_project_imports_another_in_a_circle():
     assert _cycles(graph) == []
 
 
+# The layers, top to bottom (docs/architecture.md): a module imports only from its own layer or the ones below it.
+LAYERS = (
+    ("__main__", "cli", "bench"),  # commands
+    ("sweep",),  # many runs: launcher jobs, the parent, repeats
+    ("experiment",),  # one run from a config
+    ("report", "predict"),  # what runs measured and what they would measure
+    ("checkpoints", "measure", "tracking"),  # around the loop: saved state, measurements, the store
+    ("train",),  # the loop
+    ("config",),  # validation: the plan
+    ("hardware", "strategies"),  # where variables live and how a step runs
+    ("models", "optimizers"),  # components the strategies place
+    ("data_pipelines",),  # examples and feeds
+    ("tasks", "runtime", "registry", "paths", "lazy", "errors", ""),  # the contract's facts and the plumbing
+)
+
+
+def _layer(module: str) -> int:
+    """The layer of a project module (its first name under `runner`; the package itself is '')."""
+    part = (module.split(".") + [""])[1]
+    return next(i for i, names in enumerate(LAYERS) if part in names)
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    modules = _modules()
+    assert {m.split(".")[1] for m in modules if "." in m} <= {n for names in LAYERS for n in names}
+    upward = sorted(f"{name} -> {imported}" for name, path in modules.items()
+                    for imported in _imports(name, path, modules) if _layer(imported) < _layer(name))
+    assert upward == []
+
+
 def test_every_package_says_in_one_line_what_it_owns():
     packages = [importlib.import_module(name) for name, path in _modules().items() if path.name == "__init__.py"]
     assert {"runner.cli", "runner.tracking", "runner.measure", "runner.report", "runner.models"} <= {

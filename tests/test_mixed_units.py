@@ -86,10 +86,10 @@ def test_a_mixed_sweeps_report_has_one_table_per_unit_and_each_score_in_its_own_
     by_model = {rows[0]["model"]: (head, rows) for head, rows in tables}
     assert {m: {r["model"] for r in rows} for m, (_, rows) in by_model.items()} == {
         "dlrm/tiny": {"dlrm/tiny"}, "gpt/tiny": {"gpt/tiny"}, "mlp/tiny": {"mlp/tiny"}}
-    assert [r["test acc"] for r in by_model["mlp/tiny"][1]] == ["0.9600", "0.9500"]
+    assert [r["test acc."] for r in by_model["mlp/tiny"][1]] == ["0.9600", "0.9500"]
     assert [r["test AUC"] for r in by_model["dlrm/tiny"][1]] == ["0.7300", "0.7200"]
     gpt = by_model["gpt/tiny"][1]
-    assert [(r["strategy"], r["time to loss (s)"], r["test acc"]) for r in gpt] == [
+    assert [(r["strategy"], r["time to loss (s)"], r["test acc."]) for r in gpt] == [
         ("mirrored", "4.0", "0.4100"), ("replicated", "-", "-"), ("single", "5.0", "0.4000")]
     assert "test AUC" not in by_model["mlp/tiny"][0] + by_model["gpt/tiny"][0]
     assert sorted(line.split(":")[1].strip() for line in made.lines) == ["dlrm/tiny", "gpt/tiny", "mlp/tiny"]
@@ -173,8 +173,8 @@ def test_a_model_whose_own_jobs_count_two_units_is_summarised_per_unit_on_the_pa
     from runner.sweep import parent_figures
 
     def job(model, unit, rate, accuracy):
-        return SimpleNamespace(model=model, unit=unit, rate=rate, accuracy=accuracy, auc=math.nan, target=math.nan,
-                               target_metric="accuracy", time_to_target=math.nan)
+        return SimpleNamespace(model=model, unit=unit, rate=rate, score=accuracy, score_metric="accuracy",
+                               target=math.nan, target_metric="accuracy", time_to_target=math.nan)
 
     jobs = [job("mine", "images", 1_000, 0.9), job("mine", "tokens", 30_000, 0.4), job("mlp", "images", 2_000, 0.8)]
     assert parent_figures(jobs) == {"mine/images/images_per_sec": 1_000, "mine/images/test_accuracy": 0.9,

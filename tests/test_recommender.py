@@ -43,7 +43,7 @@ def test_the_spec_says_named_features_a_binary_label_and_examples_per_second():
 
 
 def test_auc_is_the_share_of_positive_negative_pairs_ordered_right():
-    from runner.losses import auc
+    from runner.tasks import auc
 
     rng = np.random.default_rng(0)
     labels, scores = rng.integers(0, 2, 300), rng.normal(size=300).round(1)  # rounded: ties count half

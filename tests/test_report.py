@@ -243,7 +243,7 @@ def test_the_time_to_accuracy_plot_stars_only_the_confirmed_targets(monkeypatch,
 
     drawn = []
     monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.append(fig))
-    figures = dict(rate=math.nan, unit="images", accuracy=math.nan, auc=math.nan)  # (the plot reads their kind)
+    figures = dict(rate=math.nan, unit="images", score=math.nan, score_metric="accuracy")  # (the plot reads their kind)
     rows = [SimpleNamespace(run_id="a", model="mlp", strategy="replicated", pipeline="split", devices=2, target=0.98,
                             time_to_target=5.7, target_metric="accuracy", **figures),
             SimpleNamespace(run_id="b", model="mlp", strategy="mirrored", pipeline="split", devices=2, target=0.98,

@@ -98,7 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     import keras
     import tensorflow as tf
 
-    from runner.losses import cross_entropy
     from runner.measure.hooks import peak_rss_mb
     from runner.strategies.common import build_model, build_optimizer
     from runner.train import Timer
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(plan.model, plan.spec, 0, fused_batch_norm=False)  # Keras' own layers
         optimizer = build_optimizer(OmegaConf.merge(plan.train, {"fused_optimizer": False}), model.trainable_variables)
         optimizer.global_clipnorm = plan.train.clip_norm  # Keras clips the gradients it applies (None: not at all)
-        model.compile(optimizer=optimizer, loss=cross_entropy)  # the runner's loss, per example; Keras averages it
+        model.compile(optimizer=optimizer, loss=plan.spec.task.loss)  # the runner's loss per example; Keras averages
     timer = EpochTimer()
     model.fit(_dataset(data, batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
               verbose=0, callbacks=[timer.cb], shuffle=False)  # the dataset shuffles itself (_dataset)

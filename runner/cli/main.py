@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from runner.cli.overrides import explain, preflight
 from runner.config import CONF_DIR
 from runner.errors import UserError
+from runner.tasks import METRICS, TASKS
 
 log = logging.getLogger("runner")
 USER_ERROR_EXIT = 2
@@ -58,11 +59,11 @@ def main(cfg: DictConfig) -> Any:
 
 
 def result_line(result: dict) -> str:
-    """A finished run's last line: its held-out scores (what they are depends on the task: accuracy, a language
+    """A finished run's last line: its held-out scores as its task says them (runner/tasks.py: accuracy, a language
     model's loss per token, a click model's AUC), its rate, its target and its MLflow run."""
     unit = result["unit"]
     rate = f"{result[f'{unit}_per_sec']:,.0f} {unit}/s" if f"{unit}_per_sec" in result else f"{unit}/s not measured"
-    for metric, said in (("accuracy", ""), ("loss", "loss "), ("auc", "AUC ")):  # accuracy's line as it always was
+    for metric, said in ((m.name, "" if m.name == "accuracy" else f"{m.said} ") for m in METRICS.values()):
         if f"time_to_{metric}_seconds" in result:
             rate += (f"  target {said}{result[f'target_{metric}']:.2f} reached in "
                      f"{result[f'time_to_{metric}_seconds']:.1f} s ({result[f'steps_to_{metric}']:.0f} steps)")
@@ -71,14 +72,7 @@ def result_line(result: dict) -> str:
                      f"{result[f'steps_to_{metric}']:.0f} steps (time not known)")
         elif f"target_{metric}" in result:
             rate += f"  target {said}{result[f'target_{metric}']:.2f} not reached"
-    if unit == "tokens":  # a language model: its held-out loss first, in nats per token
-        scores = (f"validation loss {result['test_loss']:.4f} nats/token  next-token accuracy "
-                  f"{result['test_accuracy']:.4f}")
-    elif "test_auc" in result:  # a binary label: its AUC first, then the log loss (nats per example)
-        scores = (f"test AUC {result['test_auc']:.4f}  test log loss {result['test_loss']:.4f}  accuracy "
-                  f"{result['test_accuracy']:.4f}")
-    else:
-        scores = f"test accuracy {result['test_accuracy']:.4f}  test loss {result['test_loss']:.4f}"
+    scores = TASKS[result.get("task", "class")].scores_line(result)  # as its task says them
     where = f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)"
     return f"{scores}  {rate}  ({result['steps']:.0f} steps, {result['wall_seconds']:.1f} s)  {where}"
 

@@ -36,7 +36,7 @@ import statistics
 import time
 from typing import Any
 
-from runner.losses import cross_entropy
+from runner.tasks import CLASSES, Task
 
 # Values an optimizer keeps per weight (slots: adam's m and v; momentum's velocity; rmsprop's mean square; adagrad's
 # accumulator; sgd none), and the arrays an update touches per weight (read + written): weight and gradient read,
@@ -81,10 +81,10 @@ def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 1
     return towers_seconds([model], batch, [device], calls)
 
 
-def random_batch(model: Any, batch: int) -> tuple[Any, Any]:
+def random_batch(model: Any, batch: int, task: Task = CLASSES) -> tuple[Any, Any]:
     """Random inputs of `model`'s shapes and dtypes (float values in [0, 1); ids 0 and 1, which any vocabulary or
-    table has), a dict by name for a model of several named inputs, and random labels in its classes, (b,
-    *positions) as its outputs have them (a single logit: label 0)."""
+    table has), a dict by name for a model of several named inputs, and random labels of the task's dtype in its
+    classes, (b, *positions) as its outputs have them (a single output: label 0, or a value in [0, 1))."""
     import tensorflow as tf
 
     def one(t: Any) -> tf.Tensor:
@@ -93,32 +93,35 @@ def random_batch(model: Any, batch: int) -> tuple[Any, Any]:
             tf.random.uniform(shape)
 
     x = {t.name: one(t) for t in model.inputs} if len(model.inputs) > 1 else one(model.inputs[0])
-    y = tf.random.uniform((batch, *model.output_shape[1:-1]), maxval=model.output_shape[-1], dtype=tf.int32)
-    return x, y
+    shape = (batch, *model.output_shape[1:-1])
+    if task.labels_dtype != "int32":
+        return x, tf.random.uniform(shape, dtype=task.labels_dtype)
+    return x, tf.random.uniform(shape, maxval=model.output_shape[-1], dtype=tf.int32)
 
 
 def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int = 10, repeats: int = 5,
                    call_seconds: float | None = None, fastest: bool = False,
-                   batches: list[tuple[Any, Any]] | None = None, jit: bool = False) -> float:
+                   batches: list[tuple[Any, Any]] | None = None, jit: bool = False,
+                   task: Task = CLASSES) -> float:
     """Seconds per step of forward and backward passes of every tower at once: `models[i]` on `batch` images on
     `devices[i]`, as the towers of a data-parallel step run (what N towers on shared cores do to each other shows).
     `call_seconds`: instead of `calls` steps per timed call, as many (3 to 20) as make a call last about that long,
     so that a call's own cost is noise beside its steps. `fastest`: the fastest repeat, not the median (a floor:
     a slow spell of the host only ever adds time). `batches`: tower i's (x, y), real examples, in place of random
     ones (embedding lookups cost what their ids' spread makes them cost). `jit`: each tower's passes one XLA
-    cluster on its device."""
+    cluster on its device. `task`: what the outputs are scored by (its loss, its labels)."""
     import tensorflow as tf
 
     feeds = []
     for i, (model, device) in enumerate(zip(models, devices)):
         with tf.device(device):
-            feeds.append(random_batch(model, batch) if batches is None else tf.nest.map_structure(tf.identity,
+            feeds.append(random_batch(model, batch, task) if batches is None else tf.nest.map_structure(tf.identity,
                                                                                                   batches[i]))
 
     def tower(model: Any, device: str, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         with tf.device(device), tf.GradientTape() as tape:
             logits = tf.cast(model(x, training=True), tf.float32)  # (b, *positions, classes)
-            loss = tf.reduce_mean(cross_entropy(y, logits))
+            loss = tf.reduce_mean(task.loss(y, logits))
         grads = tape.gradient(loss, model.trainable_variables)
         values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]  # a table's rows: its values
         return tf.add_n([tf.reduce_sum(v[..., :1]) for v in values])  # every gradient is needed
@@ -170,18 +173,19 @@ def first_layer_weights(model: Any) -> int:
     return sum(int(v.shape.num_elements()) for v in first.trainable_variables) if first else 0
 
 
-def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str],
-                  xla: bool = False) -> dict[str, float]:
+def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str], xla: bool = False,
+                  task: Task = CLASSES) -> dict[str, float]:
     """The floor of one training step in ms and its parts: the towers `models[i]` on `devices[i]` at `batch`
     examples each, all at once, then the update of the first layer's weights (see the module's docstring). `xla`:
     where the step may be XLA-compiled (train.jit_compile), the passes are timed compiled too and the faster counts:
     a floor no step can beat, whichever way it is compiled."""
-    compute = towers_seconds(models, batch, devices, repeats=7, fastest=True)
+    compute = towers_seconds(models, batch, devices, repeats=7, fastest=True, task=task)
     if xla:
         import tensorflow as tf
 
         try:
-            compute = min(compute, towers_seconds(models, batch, devices, repeats=7, fastest=True, jit=True))
+            compute = min(compute, towers_seconds(models, batch, devices, repeats=7, fastest=True, jit=True,
+                                                  task=task))
         except tf.errors.OpError:  # an op XLA cannot compile: the step cannot be compiled either
             pass
     traffic = TOUCHED[optimizer] * 4 * first_layer_weights(models[0]) / bandwidth_bytes_per_second(devices)

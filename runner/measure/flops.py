@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from runner.errors import one_line
+from runner.tasks import CLASSES, Task
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +147,7 @@ class Count:
     source: str  # "layer formulas" or "TensorFlow's graph statistics"
 
 
-def count_training_flops(model: Any) -> Count | None:
+def count_training_flops(model: Any, task: Task = CLASSES) -> Count | None:
     """The training step's FLOPs per example: the layer formulas where they cover every weighted layer, else
     TensorFlow's own count of the traced step (a user's model with batch normalization, attention, ...).
 
@@ -161,7 +162,7 @@ def count_training_flops(model: Any) -> Count | None:
         # a second or two for a large model (ResNet50: 2.4 s), after the run's last step: said before it starts
         log.info("counting the training step's FLOPs from TensorFlow's graph statistics (%s)", str(gap).split(";")[0])
         try:
-            return Count(profiler_flops_per_example(model), "TensorFlow's graph statistics")
+            return Count(profiler_flops_per_example(model, task=task), "TensorFlow's graph statistics")
         except Exception as e:  # noqa: BLE001 - a count is a figure of the run, not a condition of it
             log.warning("FLOPs not counted (%s; TensorFlow's graph statistics failed too: %s): achieved GFLOP/s and "
                         "MFU are left out", gap, one_line(e))

@@ -16,10 +16,10 @@ import contextlib
 import logging
 from typing import Any, Iterator
 
-from runner.losses import cross_entropy
+from runner.tasks import CLASSES, Task
 
 
-def _gradient_graph(model: Any, batch: int, training: bool) -> Any:
+def _gradient_graph(model: Any, batch: int, training: bool, task: Task) -> Any:
     """The traced step (loss gradients, or logits if not `training`) as a pruned tf.Graph with static shapes.
 
     Weights enter as placeholders (`stateless_call`), so every shape is static and the model's variables, wherever
@@ -35,10 +35,11 @@ def _gradient_graph(model: Any, batch: int, training: bool) -> Any:
         with tf.GradientTape() as tape:
             tape.watch(weights)
             logits, _ = model.stateless_call(weights, states, x, training=training)
-            loss = tf.reduce_mean(cross_entropy(y, logits))
+            loss = tf.reduce_mean(task.loss(y, logits))
         return [loss, *tape.gradient(loss, weights)] if training else [logits]
 
-    y_spec = tf.TensorSpec((batch, *model.output_shape[1:-1]), tf.int32)  # a class, one per position, or a click
+    # the task's labels: a class, one per position, a click
+    y_spec = tf.TensorSpec((batch, *model.output_shape[1:-1]), task.labels_dtype)
     func = tf.function(step).get_concrete_function(
         _input_specs(model, batch), y_spec, specs(model.trainable_variables), specs(model.non_trainable_variables)
     )
@@ -83,12 +84,13 @@ def _collect(node: Any, totals: dict[str, float]) -> None:
         _collect(child, totals)
 
 
-def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True) -> dict[str, float]:
+def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True,
+                         task: Task = CLASSES) -> dict[str, float]:
     """TensorFlow profiler FLOPs per example of the traced step, by op type (e.g. {"MatMul": 3.21e6, ...}).
 
     Args:
-        model: a built keras.Model mapping its inputs (images, token ids or named features) to logits (loss:
-            `runner.losses.cross_entropy`).
+        model: a built keras.Model mapping its inputs (images, token ids or named features) to its outputs.
+        task: what the outputs are scored by (its loss is traced; runner/tasks.py).
         batch: batch size traced; the counts are divided by it.
         training: profile forward + loss + gradients (no optimizer); False profiles the forward pass alone.
 
@@ -101,7 +103,7 @@ def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True) -> 
     import tensorflow as tf
 
     with _quiet_tf_logging():
-        graph = _gradient_graph(model, batch, training)
+        graph = _gradient_graph(model, batch, training, task)
     partial = [op.name for op in graph.get_operations() for t in op.outputs if not t.shape.is_fully_defined()]
     if partial:
         raise ValueError(f"the traced step has tensors without static shapes, e.g. {partial[:3]}")
@@ -113,7 +115,7 @@ def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True) -> 
     return {name: flops / batch for name, flops in totals.items()}
 
 
-def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = True) -> float:
+def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = True, task: Task = CLASSES) -> float:
     """An independent FLOP count: TensorFlow's profiler on the traced training step, per example.
 
     Forward + loss + gradients with respect to every trainable weight, no optimizer (as the analytic count); it
@@ -124,8 +126,9 @@ def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = Tru
         model: a built keras.Model mapping its inputs (one or several) to logits.
         batch: batch size traced (tracing only: nothing is run).
         training: False counts the forward pass alone.
+        task: what the outputs are scored by (its loss is traced).
 
     Returns:
         FLOPs per example.
     """
-    return sum(profiler_flops_by_op(model, batch, training).values())
+    return sum(profiler_flops_by_op(model, batch, training, task).values())

@@ -3,8 +3,8 @@ a plot's axis or a sweep parent's metric.
 
 A run's kind is read from the run itself, as the report's rows (runner/report/table.py) and the verdict's runs carry
 it: the unit its throughput counts (images, tokens or examples: `data_pipelines.Spec.unit`, which the run logged as
-`<unit>_per_sec`), its score (a test accuracy, or a click model's test AUC where it logged one) and what it was timed
-to (`train.Target`'s metric: accuracy, loss or AUC). A sweep over an image model, a language model and a click model
+`<unit>_per_sec`), its score (its task's: a test accuracy, a click model's test AUC) and what it was timed to
+(`tasks.Target`'s metric: accuracy, loss or AUC). A sweep over an image model, a language model and a click model
 is three kinds, reported one part each (one table, one set of plots, its own verdicts); a sweep of one kind is one
 part, as before. A run that says nothing (refused before it timed or evaluated anything) takes its model's kind.
 """
@@ -15,10 +15,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, TypeVar
 
+from runner.tasks import METRICS
+
 T = TypeVar("T")  # a report row or a verdict run: anything with the fields `_said` reads
 
-SCORES = {"accuracy": "accuracy", "auc": "AUC"}  # the score's name in a column or on an axis
-TARGETS = {"accuracy": "accuracy", "loss": "loss", "auc": "AUC"}  # what time to target counts, as said
 
 
 @dataclass(frozen=True)
@@ -26,17 +26,11 @@ class Kind:
     """The unit and metrics a part of a report shares."""
 
     unit: str = "images"  # images, tokens or examples: what its rates count
-    score: str = "accuracy"  # accuracy or auc: its final test score
-    target: str = "accuracy"  # accuracy, loss or auc: what its time to target is timed to
+    score: str = "accuracy"  # its task's final test score (runner.tasks.METRICS: accuracy, auc)
+    target: str = "accuracy"  # what its time to target is timed to (accuracy, loss, auc)
 
     def __str__(self) -> str:
-        return f"{self.unit}/s, test {SCORES[self.score]}, time to {TARGETS[self.target]}"
-
-
-def score_of(spec: Any) -> str:
-    """The test score a run on data of `spec` (data_pipelines.Spec) reports besides its loss, before it logged any:
-    a binary label's AUC (a click model's: the evaluation logs `test_auc` for it), else the accuracy."""
-    return "auc" if spec.target == "binary" else "accuracy"
+        return f"{self.unit}/s, test {METRICS[self.score].said}, time to {METRICS[self.target].said}"
 
 
 def _said(row: Any) -> dict[str, str]:
@@ -44,10 +38,8 @@ def _said(row: Any) -> dict[str, str]:
     said = {}
     if not math.isnan(row.rate):
         said["unit"] = row.unit
-    if not math.isnan(row.auc):
-        said["score"] = "auc"
-    elif not math.isnan(row.accuracy):
-        said["score"] = "accuracy"
+    if not math.isnan(row.score):
+        said["score"] = row.score_metric
     if not math.isnan(row.target):
         said["target"] = row.target_metric
     return said

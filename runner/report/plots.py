@@ -4,10 +4,10 @@ refuses rows of several), readable at the size MLflow previews them (labels and 
 - `scaling.png`: images/s (or tokens/s, examples/s: what the data counts) (left) and speedup (right) against device
   count, one line per pipeline x strategy, with the ideal linear line drawn; with a single device count, a sorted
   horizontal bar chart of the throughput instead.
-- `time_to_accuracy.png`: test accuracy (test loss where runs were timed to a loss) against training seconds, one
-  curve per combination (its checks and final evaluation), the target as a horizontal line, a star where the target
+- `time_to_accuracy.png`: the test figure the runs were timed to (accuracy, a language model's loss, a click model's
+  AUC: their target's metric) against training seconds, one curve per combination (its checks and final evaluation), the target as a horizontal line, a star where the target
   was confirmed on the full test set.
-- `accuracy.png`: final test accuracy (a click model's: test AUC) per combination as dots on an axis zoomed to the
+- `accuracy.png`: the final test score of the runs' task (accuracy, a click model's AUC) per combination as dots on an axis zoomed to the
   data, values printed.
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.report import kinds
+from runner.tasks import METRICS
 
 FONT = 10  # points, for labels, ticks and legends
 
@@ -95,36 +96,35 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
     if stars:  # one legend entry for every star, in no run's colour
         ax.plot([], [], "*", markersize=12, color="w", markeredgecolor="k",
                 label="target confirmed on the full test set")
-    metric = kinds.one(rows).target
-    loss, named = metric == "loss", f"test {kinds.TARGETS[metric]}"
+    metric = METRICS[kinds.one(rows).target]
+    named = f"test {metric.said}"
     targets = {r.target for r in rows if not math.isnan(r.target)}
     for target in targets:
         ax.axhline(target, color="k", linestyle="--", alpha=0.6,
-                   label=f"target {target:.0%}" if metric == "accuracy" else f"target {target:.4g}")
+                   label=f"target {target:.0%}" if metric.name == "accuracy" else f"target {target:.4g}")
     ax.set(xlabel="training seconds (evaluation excluded)", ylabel=named,
-           title="Time to accuracy" if metric == "accuracy" else f"Time to a {named}")
+           title="Time to accuracy" if metric.name == "accuracy" else f"Time to a {named}")
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend(loc="best" if loss else "lower right")  # loss curves fall toward the lower right
+        ax.legend(loc="lower right" if metric.higher else "best")  # falling curves end at the lower right
     _save(plt, fig, path)
 
 
 def accuracy(rows: list[Any], path: Path) -> None:
     """Final test accuracy (a click model's test AUC) per combination: dots on an axis zoomed to the data, values
     printed."""
-    plt, score = _pyplot(), kinds.one(rows).score
-    done = sorted([r for r in rows if r.status == "FINISHED" and not math.isnan(getattr(r, score))],
-                  key=lambda r: getattr(r, score))
+    plt, score = _pyplot(), METRICS[kinds.one(rows).score]
+    done = sorted([r for r in rows if r.status == "FINISHED" and not math.isnan(r.score)], key=lambda r: r.score)
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
     labels = [f"{_label(r)} x{r.devices}" for r in done]
-    values = [getattr(r, score) for r in done]
+    values = [r.score for r in done]
     ax.plot(values, labels, "o", color="tab:green", markersize=8)
     for value, label in zip(values, labels):
         ax.annotate(f"{value:.4f}", (value, label), textcoords="offset points", xytext=(8, -3))
     low, high = (min(values), max(values)) if values else (0.0, 1.0)
     pad = max((high - low) * 0.25, 0.002)
     ax.set_xlim(low - pad, high + pad * 2)
-    named = kinds.SCORES[score]
+    named = score.said
     ax.set(xlabel=f"final test {named}", title=f"Test {named} per combination (axis zoomed to the data)")
     ax.grid(axis="x", alpha=0.3)
     _save(plt, fig, path)

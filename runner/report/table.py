@@ -28,7 +28,10 @@ from typing import Any, Callable
 
 from runner import tracking
 from runner.data_pipelines import rate_unit
+from runner import tasks
 from runner.report import kinds, plots, prediction, verdict
+from runner.strategies import baseline
+from runner.tasks import METRICS
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class Row:
     simulated: bool
     rate: float  # throughput in `unit`/s
     stderr: float
-    accuracy: float
+    score: float  # the final test figure of the run's task (`score_metric`: accuracy, a click model's AUC)
     wall_seconds: float
     status: str
     scaling: str = "strong"
@@ -65,8 +68,8 @@ class Row:
     same: bool | None = None  # learns the same as the model's 1-device run
     predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
-    target_metric: str = "accuracy"  # accuracy, loss (a language model's) or auc (a click model's): train.target_*
-    auc: float = math.nan  # a click model's test AUC (data with a binary label)
+    target_metric: str = "accuracy"  # what the run was timed to (train.target_<metric>: runner.tasks.METRICS)
+    score_metric: str = "accuracy"  # what `score` is: its task's score (runner.tasks.Task.score)
 
     @property
     def device_label(self) -> str:
@@ -81,17 +84,17 @@ def row_of(run: Any, status: str | None = None) -> Row:
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
     unit = rate_unit({**m, **tags}) or "images"
-    metric = next((k for k in ("loss", "auc") if f"target_{k}" in m), "accuracy")  # what the run was timed to
+    score = tasks.of_run(tags, m).score.name
+    metric = next((k for k in tasks.METRICS if f"target_{k}" in m), score)  # what the run was timed to
     return Row(
         run.info.run_id, f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
         tags.get("pipeline", "?"), tags.get("strategy", "?"), int(tags.get("devices.count", 0)),
         tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true", m.get(f"{unit}_per_sec", math.nan),
-        m.get(f"{unit}_per_sec_stderr", math.nan), m.get("test_accuracy", math.nan), m.get("wall_seconds", math.nan),
+        m.get(f"{unit}_per_sec_stderr", math.nan), m.get(f"test_{score}", math.nan), m.get("wall_seconds", math.nan),
         status or run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
         m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
         m.get(f"time_to_{metric}_seconds", math.nan), m.get(f"target_{metric}", math.nan),
-        predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric,
-        auc=m.get("test_auc", math.nan),
+        predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric, score_metric=score,
     )
 
 
@@ -184,8 +187,8 @@ def _ago(seconds: float) -> str:
 def _baseline(row: Row, finished: list[Row]) -> Row | None:
     key = (row.model, row.pipeline, row.strategy, row.scaling, 1)
     same = [r for r in finished if (r.model, r.pipeline, r.strategy, r.scaling, r.devices) == key]
-    single_key = (row.model, "single", row.scaling, 1)
-    single = [r for r in finished if (r.model, r.strategy, r.scaling, r.devices) == single_key]
+    reference = (row.model, baseline(), row.scaling, 1)  # the strategy every other is compared with
+    single = [r for r in finished if (r.model, r.strategy, r.scaling, r.devices) == reference]
     return (same or single or [None])[0]
 
 
@@ -206,14 +209,13 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
 
 
 def _time_to(kind: kinds.Kind) -> str:
-    """The time column's name: `time to acc.` (as image tables always said), `time to loss` or `time to AUC`."""
-    return {"accuracy": "time to acc.", "loss": "time to loss", "auc": "time to AUC"}[kind.target]
+    """The time column's name: `time to acc.`, `time to loss`, `time to AUC` (the target's metric, as said)."""
+    return f"time to {METRICS[kind.target].short}"
 
 
-def _score(kind: kinds.Kind) -> tuple[str, str]:
-    """The score column: (its name, the Row field): a click model's test AUC, else the test accuracy (as image and
-    text tables always said)."""
-    return ("test AUC", "auc") if kind.score == "auc" else ("test acc", "accuracy")
+def _score(kind: kinds.Kind) -> str:
+    """The score column's name: `test acc.`, a click model's `test AUC` (its task's score, as said)."""
+    return f"test {METRICS[kind.score].short}"
 
 
 def _by_kind(rows: list[Row], each: Callable[[list[Row], kinds.Kind], str]) -> str:
@@ -237,7 +239,7 @@ def table(rows: list[Row]) -> str:
 
 def _table(rows: list[Row], kind: kinds.Kind) -> str:
     """The Markdown table of rows of one kind."""
-    unit, (score, field) = kind.unit, _score(kind)
+    unit, score = kind.unit, _score(kind)
     head = (f"| model | pipeline | strategy | devices | scaling | {unit}/s | ± stderr | predicted {unit}/s "
             f"| speedup | efficiency | {_time_to(kind)} (s) | {score} | learns same | MFU | wall s | status |\n"
             + "|---" * 16 + "|")
@@ -246,7 +248,7 @@ def _table(rows: list[Row], kind: kinds.Kind) -> str:
         f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
         f"| {_fmt(r.rate, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.predicted, ',.0f')} "
         f"| {_fmt(r.speedup, '.2f')} "
-        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_target, '.1f')} | {_fmt(getattr(r, field), '.4f')} "
+        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_target, '.1f')} | {_fmt(r.score, '.4f')} "
         f"| {same[r.same]} | {_fmt(r.mfu, '.1%')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
         for r in rows
     ]
@@ -336,12 +338,12 @@ def compact(rows: list[Row]) -> str:
 def _compact(rows: list[Row], kind: kinds.Kind) -> str:
     """The compact Markdown table of rows of one kind."""
     predicted = any(not math.isnan(r.predicted) for r in rows)
-    unit, (score, field) = kind.unit, _score(kind)
+    unit, score = kind.unit, _score(kind)
     head = (f"| model | combination | {unit}/s | " + (f"predicted {unit}/s | " if predicted else "")
             + f"{_time_to(kind)} (s) | {score} | status |\n" + "|---" * (7 if predicted else 6) + "|")
     lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.rate, ',.0f')} "
              + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
-             + f"| {_fmt(r.time_to_target, '.1f')} | {_fmt(getattr(r, field), '.4f')} | {r.status} |" for r in rows]
+             + f"| {_fmt(r.time_to_target, '.1f')} | {_fmt(r.score, '.4f')} | {r.status} |" for r in rows]
     return "\n".join([head, *lines])
 
 

@@ -12,7 +12,8 @@ exceed the run-to-run spread measured in the same table, from the repeats of any
 runs of different strategies (the same work under other names) other than the two compared (their own difference
 would always exceed the spread it makes). A run's own standard error (the spread of its calls) says nothing about
 that, so with neither the verdict says "noise unknown" and how to know (sweep.repeats=3).
-"Learns the same" compares each run's final test accuracy and loss with the 1-device run of its model.
+"Learns the same" compares each run's final test score (its task's: accuracy, AUC) and loss with the 1-device run of
+its model.
 """
 
 from __future__ import annotations
@@ -23,17 +24,34 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from runner.report import kinds
+from runner.strategies import baseline
+from runner.tasks import METRICS
 
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How close a run's final test figures must be to the 1-device run's to count as learning the same."""
+    """How close a run's final test figures (its task's score and its loss) must be to the 1-device run's to count
+    as learning the same: a score in [0, 1] (accuracy, AUC) by its difference, an unbounded one (the loss) by its
+    difference relative to the 1-device run's."""
 
-    accuracy: float = 0.01  # absolute difference of test accuracy
-    loss: float = 0.10  # relative difference of test loss
+    accuracy: float = 0.01  # absolute difference of a bounded score (test accuracy, AUC)
+    loss: float = 0.10  # relative difference of an unbounded figure (test loss)
+
+    def within(self, metric: str, value: float, base: float) -> bool:
+        """Whether `value` of `metric` is within tolerance of the 1-device run's `base`."""
+        if METRICS[metric].bounded:
+            return abs(value - base) <= self.accuracy
+        return abs(value - base) <= self.loss * abs(base)
+
+    def said(self, score: str) -> str:
+        """The tolerance, in the words of a run whose score is `score`."""
+        bounded = METRICS[score].bounded
+        first = f"|Δ test {METRICS[score].said}| <= {self.accuracy:g}" if bounded else \
+            f"|Δ test {METRICS[score].said}| <= {self.loss:.0%}"
+        return f"{first}, |Δ test loss| <= {self.loss:.0%}"
 
     def __str__(self) -> str:
-        return f"|Δ test accuracy| <= {self.accuracy:g}, |Δ test loss| <= {self.loss:.0%}"
+        return self.said("accuracy")
 
 
 @dataclass
@@ -46,7 +64,7 @@ class Run:
     devices: int
     rate: float = math.nan  # throughput in `unit`/s
     stderr: float = math.nan
-    accuracy: float = math.nan
+    score: float = math.nan  # the final test figure of its task (`score_metric`)
     loss: float = math.nan
     time_to_target: float = math.nan  # NaN: the target was not reached (or none was set)
     target: float = math.nan
@@ -54,8 +72,8 @@ class Run:
     scaling: str = "strong"
     host_only: bool = False  # gpus=0: the host CPU, not one of the devices
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
-    target_metric: str = "accuracy"  # what `target` is: a test accuracy or AUC (at or over it) or loss (at or under)
-    auc: float = math.nan  # a click model's test AUC (data with a binary label)
+    target_metric: str = "accuracy"  # what `target` is (runner.tasks.METRICS: met at or over a score, under a loss)
+    score_metric: str = "accuracy"  # what `score` is: its task's score (accuracy, a click model's AUC)
 
     @property
     def combination(self) -> str:
@@ -86,16 +104,15 @@ class Combination:
 def learns_same(run: Run, base: Run | None, tolerance: Tolerance) -> bool | None:
     """Whether `run` ends within `tolerance` of `base` (its model's 1-device run); None when there is nothing to
     compare (no base, or a figure missing)."""
-    if base is None or any(math.isnan(v) for v in (run.accuracy, run.loss, base.accuracy, base.loss)):
+    if base is None or any(math.isnan(v) for v in (run.score, run.loss, base.score, base.loss)):
         return None
-    close_loss = abs(run.loss - base.loss) <= tolerance.loss * abs(base.loss)
-    return abs(run.accuracy - base.accuracy) <= tolerance.accuracy and close_loss
+    return tolerance.within(run.score_metric, run.score, base.score) and tolerance.within("loss", run.loss, base.loss)
 
 
 def one_device(runs: Iterable[Run]) -> Run | None:
     """The reference run of a model: on 1 device, `single` first (the strategy every other is compared with)."""
     candidates = [r for r in runs if r.devices == 1 and not r.host_only and r.status == "FINISHED"]
-    return min(candidates, key=lambda r: (r.strategy != "single", r.pipeline != "split"), default=None)
+    return min(candidates, key=lambda r: (r.strategy != baseline(), r.pipeline != "split"), default=None)
 
 
 def _combinations(runs: list[Run]) -> list[Combination]:
@@ -169,7 +186,7 @@ class Verdict:
         value = self.best.median(key)
         metric = self.best.runs[0].target_metric
         target = f"{self.target:.0%} test accuracy" if metric == "accuracy" else \
-            f"test {'AUC' if metric == 'auc' else metric} {self.target:.4g}"
+            f"test {METRICS[metric].said} {self.target:.4g}"
         figure = f"{value:.1f} s to {target}" if key == "time_to_target" else \
             f"{value:,.0f} {self.best.runs[0].unit}/s"
         parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
@@ -184,7 +201,8 @@ class Verdict:
         if self.over_one_device is not None:
             parts.append(f"{self.over_one_device:.2f}x 1 device")
         agree, compared = self.same
-        parts.append(f"learns the same as 1 device: {agree} of {compared} ({self.tolerance})" if compared else
+        said = self.tolerance.said(self.best.runs[0].score_metric)
+        parts.append(f"learns the same as 1 device: {agree} of {compared} ({said})" if compared else
                      "learns the same: no 1-device run to compare with")
         return "; ".join(parts)
 
@@ -242,6 +260,6 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
 
 def runs_from(rows: Iterable[Any]) -> list[Run]:
     """Verdict runs from report rows (anything with the same field names)."""
-    return [Run(r.model, r.pipeline, r.strategy, r.devices, r.rate, r.stderr, r.accuracy, r.loss,
-                r.time_to_target, r.target, r.status, r.scaling, r.host_only, r.unit, r.target_metric, r.auc)
+    return [Run(r.model, r.pipeline, r.strategy, r.devices, r.rate, r.stderr, r.score, r.loss,
+                r.time_to_target, r.target, r.status, r.scaling, r.host_only, r.unit, r.target_metric, r.score_metric)
             for r in rows]

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
     from runner.data_pipelines import Spec
     from runner.models import Model
+    from runner.tasks import Task
 else:
     keras, tf = lazy("keras"), lazy("tensorflow")
 
@@ -200,14 +201,12 @@ def update(scale: Any, grads: Any, clip_norm: float | None, apply: Any, finite: 
     scale.apply_if_finite(finite or (lambda: all_finite(flat)), applied)
 
 
-def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool) -> tuple[tf.Tensor, tf.Tensor]:
-    """The task's loss (`Spec`): cross-entropy per example (b,), averaged over its positions where it has labels at
-    every position (b, length); and the logits (b, *labels, classes). Both float32 whatever the compute precision.
-    The loss is `runner.losses.cross_entropy`, which model_parallel's step, the floor and the FLOP count call too."""
-    from runner.losses import cross_entropy
-
-    logits = tf.cast(model(x, training=training), tf.float32)  # a no-op in float32; keeps the loss out of bfloat16
-    return cross_entropy(y, logits), logits
+def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool,
+                     task: Task) -> tuple[tf.Tensor, tf.Tensor]:
+    """The task's loss per example (b,) (`Task.loss`: every strategy's step, evaluation, the floor and the FLOP count
+    call it) and the model's outputs (b, *labels, classes or 1), both float32 whatever the compute precision."""
+    outputs = tf.cast(model(x, training=training), tf.float32)  # a no-op in float32; keeps the loss out of bfloat16
+    return task.loss(y, outputs), outputs
 
 
 def input_signature(spec: Spec) -> Any:
@@ -219,36 +218,37 @@ def input_signature(spec: Spec) -> Any:
 
 
 def make_evaluate(model: keras.Model, device: str, spec: Spec):
-    """A function dataset -> {"loss", "accuracy"[, "auc"]} over every example of `dataset` (inputs as
-    `input_signature(spec)`), computed on `device`: the mean loss; the accuracy (per position where the labels are;
-    logit > 0 for a binary label); for a binary label also the AUC, exact over the whole set (`losses.auc`)."""
-    from runner.losses import auc
+    """A function dataset -> {"loss", *the task's metrics} over every example of `dataset` (inputs as
+    `input_signature(spec)`), computed on `device`: the mean loss and the mean of each metric the task sums per batch
+    (`Task.sums`: an accuracy per position where the labels are); an AUC exact over the whole set (`tasks.auc`)."""
+    from runner.tasks import AUC, auc
 
-    binary = spec.target == "binary"
+    task = spec.task
+    ranked = AUC in task.metrics  # an AUC needs every example's output, not a sum
 
     # One trace for every batch size (the last test batch is usually smaller).
-    @tf.function(input_signature=[input_signature(spec), tf.TensorSpec((None, *spec.labels_shape), tf.int32)])
+    labels_spec = tf.TensorSpec((None, *spec.labels_shape), task.labels_dtype)
+
+    @tf.function(input_signature=[input_signature(spec), labels_spec])
     def batch_sums(x, y):
         with tf.device(device):
-            loss, logits = per_example_loss(model, x, y, training=False)
-            guess = tf.cast(logits[:, 0] > 0, y.dtype) if binary else tf.argmax(logits, -1, output_type=y.dtype)
-            correct = tf.reduce_sum(tf.cast(tf.equal(guess, y), tf.float32))
-            examples = tf.cast(tf.shape(y)[0], tf.float32)
-            if spec.labels_shape:  # each example's share of correct positions
-                correct = correct / tf.cast(tf.size(y), tf.float32) * examples
-            return tf.reduce_sum(loss), correct, examples, logits[:, 0] if binary else examples
+            loss, outputs = per_example_loss(model, x, y, training=False, task=task)
+            sums = {"loss": tf.reduce_sum(loss), **task.sums(y, outputs)}
+            return sums, tf.cast(tf.shape(y)[0], tf.float32), outputs[:, 0] if ranked else loss
 
     def evaluate(dataset) -> dict[str, float]:
-        loss = correct = count = 0.0
+        totals: dict[str, float] = {}
+        count = 0.0
         labels, scores = [], []
         for x, y in dataset:
-            dl, dc, dn, logit = batch_sums(x, y)
-            loss, correct, count = loss + float(dl), correct + float(dc), count + float(dn)
-            if binary:
+            sums, n, first = batch_sums(x, y)
+            totals = {k: totals.get(k, 0.0) + float(v) for k, v in sums.items()}
+            count += float(n)
+            if ranked:
                 labels.append(y.numpy())
-                scores.append(logit.numpy())
-        out = {"loss": loss / count, "accuracy": correct / count}
-        return {**out, "auc": auc(np.concatenate(labels), np.concatenate(scores))} if binary else out
+                scores.append(first.numpy())
+        out = {k: v / count for k, v in totals.items()}
+        return {**out, "auc": auc(np.concatenate(labels), np.concatenate(scores))} if ranked else out
 
     return evaluate
 
@@ -329,22 +329,20 @@ def maybe_jit(fn, jit_compile: bool):
     return tf.function(fn, jit_compile=True) if jit_compile else fn
 
 
-def tower_step(model: keras.Model, loss_of: Any, scale: Any, jit_compile: bool) -> Any:
+def tower_step(model: keras.Model, task: Task, loss_of: Any, scale: Any, jit_compile: bool) -> Any:
     """One tower's forward and backward: fn(x, y) -> (loss, gradients of the model's trainable variables for the
-    loss times `scale`'s factor), where loss = loss_of(per-example losses (b,)).
+    loss times `scale`'s factor), where loss = loss_of(the task's per-example losses (b,)).
 
     Under `jit_compile`, one XLA cluster on the device it is called under. An XLA cluster cannot read a variable held
     on another device (parameter_server's weights, the loss scale on the first device), so the model is called
     statelessly (Keras' `stateless_call`) on its variables' values, read outside the cluster (a copy to the tower's
     device, which the tower's reads make anyway); the moving statistics it computes are assigned after it.
     """
-    from runner.losses import cross_entropy
-
     trainable, state = model.trainable_variables, model.non_trainable_variables
 
     def stateful(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
         with tf.GradientTape() as tape:
-            loss = loss_of(per_example_loss(model, x, y, training=True)[0])
+            loss = loss_of(per_example_loss(model, x, y, training=True, task=task)[0])
             scaled = scale.scaled(loss)  # recorded on the tape
         return loss, tape.gradient(scaled, trainable)
 
@@ -357,7 +355,7 @@ def tower_step(model: keras.Model, loss_of: Any, scale: Any, jit_compile: bool) 
         with tf.GradientTape() as tape:
             tape.watch(weights)
             logits, values = model.stateless_call(weights, values, x, training=True)
-            loss = loss_of(cross_entropy(y, tf.cast(logits, tf.float32)))  # as per_example_loss
+            loss = loss_of(task.loss(y, tf.cast(logits, tf.float32)))  # as per_example_loss
             scaled = loss * factor
         return loss, tape.gradient(scaled, weights), values
 

@@ -177,7 +177,7 @@ class Replicas(Built, Strategy):
         def average_loss(per_example: tf.Tensor) -> tf.Tensor:  # (G/replicas,) -> this replica's part of the mean
             return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
 
-        forward_backward = tower_step(model, average_loss, scale, self.training.jit_compile)
+        forward_backward = tower_step(model, self.training.spec.task, average_loss, scale, self.training.jit_compile)
 
         def replica_gradients(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
             loss, grads = forward_backward(x, y)

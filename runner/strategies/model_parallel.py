@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 import numpy as np
 
 from runner.errors import ConfigError
-from runner.losses import cross_entropy
 from runner.lazy import lazy
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
 from runner.strategies.common import Built, copies_of_moving_state, tables, update
@@ -479,7 +478,7 @@ class SplitModel(Built, Strategy):
                 with tf.GradientTape() as tape:
                     tape.watch(outs[-1])
                     logits = tf.cast(outs[-1], tf.float32)  # the loss in float32 under train.precision=mixed_bfloat16
-                    loss = tf.reduce_mean(cross_entropy(y, logits))
+                    loss = tf.reduce_mean(self.training.spec.task.loss(y, logits))
                     scaled = self.loss_scale.scaled(loss)  # recorded on the tape
                 d_logits = tape.gradient(scaled, outs[-1])  # (G, 10)
             backward_and_apply(cells, tapes, outs, d_logits, self.loss_scale, self.training.clip_norm)

@@ -31,13 +31,13 @@ else:
     tf = lazy("tensorflow")
 
 
-def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any,
-                    jit_compile: bool = False) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """Forward and backward of one tower on `device`: (mean loss, gradients of the model's trainable variables for
-    the loss times `scale`'s factor: still to be unscaled under mixed_float16); one XLA cluster under
-    `jit_compile` (common.tower_step)."""
+def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any, training: Training
+                    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+    """Forward and backward of one tower on `device`: (mean loss of `training`'s task, gradients of the model's
+    trainable variables for the loss times `scale`'s factor: still to be unscaled under mixed_float16); one XLA
+    cluster under `training.jit_compile` (common.tower_step)."""
     with tf.device(device):
-        return tower_step(model, tf.reduce_mean, scale, jit_compile)(x, y)
+        return tower_step(model, training.spec.task, tf.reduce_mean, scale, training.jit_compile)(x, y)
 
 
 def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
@@ -164,7 +164,7 @@ class Towers(Built, Strategy):
             losses, grads = [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
                 loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i], self.loss_scale,
-                                          self.training.jit_compile)
+                                          self.training)
                 losses.append(loss)
                 grads.append(g)
             mean_grads = self._average(grads)  # a non-finite tower gradient makes its mean non-finite

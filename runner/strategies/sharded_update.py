@@ -167,8 +167,7 @@ class ShardedTowers(Towers):
         def step() -> tf.Tensor:
             losses, slices, rows = [], [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
-                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale,
-                                              self.training.jit_compile)
+                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale, self.training)
                 with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
                     flats = [grads[k] for k in self.flat_index]
                     slices.append([self._slice(flats, j) for j in range(n)])  # each (P/N,)

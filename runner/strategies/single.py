@@ -62,11 +62,11 @@ class SingleDevice(Built, Strategy):
     def step(self, batches: Any):
         """fn() -> the loss of one optimizer step; under train.jit_compile one XLA cluster, the update included."""
         model, optimizer, scale, clip_norm = self.model, self.optimizer, self.loss_scale, self.training.clip_norm
-        variables = model.trainable_variables
+        variables, task = model.trainable_variables, self.training.spec.task
 
         def train(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
             with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(per_example_loss(model, x, y, training=True)[0])
+                loss = tf.reduce_mean(per_example_loss(model, x, y, training=True, task=task)[0])
                 scaled = scale.scaled(loss)  # recorded on the tape
             grads = tape.gradient(scaled, variables)
             common.update(scale, grads, clip_norm, lambda clipped: optimizer.apply_gradients(zip(clipped, variables)))

@@ -36,8 +36,8 @@ DESCRIPTION = (
 
 def figures(unit: str, score: str, target: str | None) -> tuple[str, ...]:
     """The view's columns for a run's own figures: its rate (`<unit>_per_sec`: images, tokens or examples), its test
-    score (`accuracy` or a click model's `auc`), the test figure it is timed to where that is another (a language
-    model's `loss`) and its time to that target (none without a target)."""
+    score (its task's: `accuracy`, a click model's `auc`), the test figure it is timed to where that is another (a
+    language model's `loss`) and its time to that target (none without a target)."""
     keys = [f"{unit}_per_sec", f"test_{score}"]
     if target:
         keys += [*([f"test_{target}"] if target != score else []), f"time_to_{target}_seconds"]
@@ -46,11 +46,10 @@ def figures(unit: str, score: str, target: str | None) -> tuple[str, ...]:
 
 def figures_of(plan: Plan) -> tuple[str, ...]:
     """`figures` of a run of `plan`: its data's unit and score, the metric of its target."""
-    from runner.report.kinds import score_of
-    from runner.train import target_of
+    from runner.tasks import target_of
 
     target = target_of(plan.train)
-    return figures(plan.spec.unit, score_of(plan.spec), target.metric if target else None)
+    return figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None)
 
 
 def view_state(columns: tuple[str, ...] = ()) -> dict[str, Any]:
