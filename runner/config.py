@@ -47,6 +47,11 @@ COMPONENTS: dict[str, Registry] = {"model": MODELS, "pipeline": PIPELINES, "stra
 PRESETS = ("experiment", "debug")  # groups that only set values of the others
 GROUPS = (*COMPONENTS, *PRESETS)
 OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop", "adagrad"]  # built by runner.optimizers.make
+# Values an optimizer keeps per weight (slots: adam's m and v; momentum's velocity; rmsprop's mean square; adagrad's
+# accumulator; sgd none), and the arrays an update touches per weight (read + written): weight and gradient read,
+# weight written, each slot read and written (the floor and the cost models count them).
+SLOTS = {"adam": 2, "adamw": 2, "momentum": 1, "rmsprop": 1, "adagrad": 1, "sgd": 0}
+TOUCHED = {name: 3 + 2 * slots for name, slots in SLOTS.items()}
 ROWS_ONLY = ("adagrad", "sgd")  # those whose update of an embedding table changes only its looked-up rows
 
 
@@ -434,7 +439,6 @@ def memory_estimate(train: dict[str, Any], model: Any, spec: Spec, towers: int) 
 def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, gpus: int) -> None:
     """Refuse embedding tables that do not fit: their weights and optimizer state, times the copies the strategy
     keeps (on simulated devices every copy is in this host's memory), in one line with each strategy's need."""
-    from runner.measure.floor import SLOTS
     from runner.runtime.devices import memory_bytes
     from runner.strategies import STRATEGIES
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import compose, markdown_rows, subcommand
 
 from runner.config import ConfigError, validate
-from runner.measure.floor import TOUCHED
+from runner.config import TOUCHED
 from runner.predict import calibrate, grid
 from runner.predict.costs import TERMS, predict
 from runner.strategies import STRATEGIES, Rows, Traffic, predictable

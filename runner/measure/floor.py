@@ -36,13 +36,9 @@ import statistics
 import time
 from typing import Any
 
+from runner.config import TOUCHED
 from runner.tasks import CLASSES, Task
 
-# Values an optimizer keeps per weight (slots: adam's m and v; momentum's velocity; rmsprop's mean square; adagrad's
-# accumulator; sgd none), and the arrays an update touches per weight (read + written): weight and gradient read,
-# weight written, each slot read and written.
-SLOTS = {"adam": 2, "adamw": 2, "momentum": 1, "rmsprop": 1, "adagrad": 1, "sgd": 0}
-TOUCHED = {name: 3 + 2 * slots for name, slots in SLOTS.items()}
 
 
 def not_a_bound(simulated: bool, kind: str, count: int, cores: int | None = None) -> str | None:

@@ -26,8 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from runner.measure.floor import TOUCHED
-from runner.config import ROWS_ONLY, table_optimizer
+from runner.config import ROWS_ONLY, TOUCHED, table_optimizer
 from runner.strategies import Rows
 
 TERMS = ("towers", "update", "reduce", "ops", "input")

@@ -5,7 +5,7 @@ the model's own layers, without running anything there.
   class: the slower of its FLOPs at the accelerator's peak times the class's efficiency and its bytes at the memory
   bandwidth times MEMORY, plus a fixed cost per kernel. Convolutions and matmuls are compute (3x3 stride-1
   convolutions at cuDNN's Winograd saving), batch norm, activations, additions and pooling memory traffic.
-- `update`: the optimizer's bytes (runner/measure/floor.py's TOUCHED per weight) where the strategy applies it: the
+- `update`: the optimizer's bytes (runner/config.py's TOUCHED per weight) where the strategy applies it: the
   device's memory, or the host's for a parameter server on the CPU, plus the gradient copies summed there.
 - `reduce`: the strategy's `Exchange` over the links (device to device, device to host, node to node), less what
   TensorFlow overlaps with the backward pass (gradients are sent as they are computed): OVERLAP of it.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.errors import ConfigError
-from runner.measure.floor import SLOTS, TOUCHED
+from runner.config import SLOTS, TOUCHED
 
 log = logging.getLogger(__name__)
 
