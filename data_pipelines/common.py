@@ -106,7 +106,7 @@ class Arrays:
 @dataclass(frozen=True)
 class Table(Arrays):
     """Examples of named features (`Spec.features`): `x_train` and `x_test` are dicts of arrays (n, *feature.shape),
-    the labels (n,) int32."""
+    the labels (n,) in the task's dtype."""
 
     @property
     def train_size(self) -> int:
@@ -147,7 +147,7 @@ class Indexed:
     """
 
     x: Any  # (n, ...) images in their stored dtype: a tf.Tensor, or a memory-mapped numpy array; or a dict of them
-    y: Any  # (n,) int32 labels, likewise
+    y: Any  # (n,) labels in the task's dtype (int32 classes), likewise
     indices: Any  # tf.data.Dataset of int64 indices into x and y: all of them, a shard, shuffled...
     spec: Spec = field(default=MNIST)
 
@@ -169,14 +169,13 @@ class Indexed:
 
         if not isinstance(self.x, np.memmap):  # a dict of named features: each gathered
             return tf.nest.map_structure(lambda a: tf.gather(a, i), self.x), tf.gather(self.y, i)
-        x, y = tf.numpy_function(lambda j: (read_rows(self.x, j), self.y[j]), [i], (tf.as_dtype(self.x.dtype), tf.int32))
+        x, y = tf.numpy_function(lambda j: (read_rows(self.x, j), self.y[j]), [i],
+                                 (tf.as_dtype(self.x.dtype), tf.as_dtype(self.y.dtype)))
         x.set_shape((None, *self.x.shape[1:]))
         y.set_shape((None, *self.y.shape[1:]))
         return x, y
 
     def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
-        import tensorflow as tf
-
         def gather(i):  # i: (batch,) int64 indices
             return to_float(*self.take(i), self.spec)
 
@@ -216,26 +215,26 @@ def mapped_rows(x: np.memmap, i: Any, width: int | None = None) -> Any:
 
 
 def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
-    """The examples (images (n, ...) in their stored dtype, int32 labels (n,)) in their stored order; memory-mapped
-    arrays stay on disk."""
+    """The examples (images (n, ...) in their stored dtype, labels (n,) in the task's: int32 classes) in their stored
+    order; memory-mapped arrays stay on disk."""
     import tensorflow as tf
 
     if isinstance(x, np.memmap):
-        return Indexed(x, np.asarray(y, np.int32), tf.data.Dataset.range(len(x)), spec)
+        return Indexed(x, np.asarray(y, spec.task.labels_dtype), tf.data.Dataset.range(len(x)), spec)
     return Indexed(tf.nest.map_structure(tf.constant, x), tf.constant(y), tf.data.Dataset.range(len(y)), spec)
 
 
 def to_float(x, y, spec: Spec = MNIST):
     """Stored examples -> what the model takes (`Spec`): images (b, ...) -> float32 (b, H, W, C), uint8 scaled to
     [0, 1] and float32 as is; token ids -> int32 (b, length); named features -> a dict of each (b, *shape) in its
-    dtype; labels -> int32 (b, *spec.labels_shape)."""
+    dtype; labels -> the task's dtype (int32 classes) (b, *spec.labels_shape)."""
     import tensorflow as tf
 
+    y = tf.reshape(tf.cast(y, spec.task.labels_dtype), (-1, *spec.labels_shape))
     if spec.features:
-        return {f.name: tf.cast(x[f.name], f.dtype) for f in spec.features}, tf.cast(y, tf.int32)
+        return {f.name: tf.cast(x[f.name], f.dtype) for f in spec.features}, y
     if spec.token_ids:
-        return tf.reshape(tf.cast(x, tf.int32), (-1, *spec.shape)), tf.reshape(tf.cast(y, tf.int32),
-                                                                               (-1, *spec.labels_shape))
+        return tf.reshape(tf.cast(x, tf.int32), (-1, *spec.shape)), y
     x = tf.reshape(tf.cast(x, tf.float32), (-1, *spec.shape))
     return (x / 255.0 if spec.dtype == "uint8" else x), y
 

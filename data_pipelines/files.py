@@ -35,6 +35,7 @@ import numpy as np
 from runner.data_pipelines import DATASETS, ID_LIMIT, IMAGE_SHAPE_OR_NULL, TABLE_SIZES, DataError, DatasetOptions, Spec
 from runner.data_pipelines.records import SHARDS
 from runner.registry import Rule, non_negative
+from runner.tasks import TASKS, from_labels
 
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
@@ -47,8 +48,9 @@ def language_model(length: int, vocabulary: int) -> Spec:
 
 
 def labels(y: np.ndarray) -> np.ndarray:
-    """Labels of shape (n,) or (n, 1) (keras.datasets' CIFAR arrays) as int32 (n,)."""
-    return np.asarray(y, np.int32).reshape(-1)
+    """Labels of shape (n,) or (n, 1) (keras.datasets' CIFAR arrays) as (n,), in their task's dtype (integers: int32
+    classes)."""
+    return np.asarray(y, TASKS[from_labels(y.dtype.name) or "class"].labels_dtype).reshape(-1)
 
 
 @DATASETS.register
@@ -239,16 +241,19 @@ class Files(DatasetOptions):
             if len(x) != len(y) or x.shape[1:] != x_train.shape[1:] or y.shape[1:] not in ((), (1,)):
                 raise DataError(f"{self.path}: x_{split}.npy {x.shape} and y_{split}.npy {y.shape} do not match "
                                 f"(one label per image, (n,) or (n, 1); every image {x_train.shape[1:]})")
-            if y.dtype.kind not in "iu":
+            if from_labels(y.dtype.name) is None:
+                takes = ", ".join(f"{t.labels_dtype} ({t.said.format(classes='N')})" for t in TASKS.values()
+                                  if not t.per_position and t.labels_dtype != "int32")
                 raise DataError(f"{self.path}/y_{split}.npy holds {y.dtype} labels; data=files takes integer class "
-                                "labels 0 to classes - 1")
+                                f"labels 0 to classes - 1{', or ' + takes if takes else ''}")
             if not x.flags.c_contiguous:
                 raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by rows; "
                                 "save it with np.save(path, np.ascontiguousarray(x))")
-        classes = self._classes(y_train, y_test)
+        task = from_labels(y_train.dtype.name)  # integers: classes; else the task of labels of that dtype
+        classes = self._classes(y_train, y_test) if task == "class" else 1  # one output otherwise
         if tokens:
-            return Spec((int(shape[0]),), classes, "int32", "class", self._vocabulary(x_train, x_test))
-        return Spec(tuple(int(d) for d in shape), classes, x_train.dtype.name)
+            return Spec((int(shape[0]),), classes, "int32", task, self._vocabulary(x_train, x_test))
+        return Spec(tuple(int(d) for d in shape), classes, x_train.dtype.name, task)
 
     def _vocabulary(self, x_train: np.ndarray, x_test: np.ndarray) -> int:
         """data.vocabulary_size, checked against both splits' ids; else the largest id + 1 (one pass over each)."""
