@@ -66,7 +66,9 @@ class Synthetic(DatasetOptions):
     test_limit: int = 10000  # number of synthetic test examples
     shape: list[int] = field(default_factory=lambda: list(MNIST.shape))  # [height, width, channels]
     classes: int = MNIST.classes
-    task: Literal["image", "next_token"] = "image"  # next_token: token sequences for a language model
+    # next_token: token sequences for a language model; regression: images, each with a value a model can learn (a
+    # fixed random linear function of its pixels, scaled to mean 0 and variance 1)
+    task: Literal["image", "next_token", "regression"] = "image"
     sequence_length: int = 64  # next_token: tokens per example (train_limit, test_limit: examples)
     vocabulary_size: int = 256  # next_token: ids from 0 to vocabulary_size - 1
 
@@ -82,6 +84,8 @@ class Synthetic(DatasetOptions):
         if self.task == "next_token":
             v = self.vocabulary_size
             return Spec((self.sequence_length,), v, "int32", "next_token", v)
+        if self.task == "regression":
+            return Spec(tuple(self.shape), 1, target="regression")
         return Spec(tuple(self.shape), self.classes)
 
     def in_memory_bytes(self) -> int:
@@ -105,6 +109,10 @@ class Synthetic(DatasetOptions):
         spec = self.spec()
         # MNIST's shape keeps its (n, 28, 28) arrays, so the default run's examples are the ones it always had.
         shape = MNIST.shape[:2] if spec.shape == MNIST.shape else spec.shape
-        (xtr, ytr), (xte, yte) = load(self.train_limit, self.test_limit, seed, shape, spec.classes)
+        (xtr, ytr), (xte, yte) = load(self.train_limit, self.test_limit, seed, shape, max(spec.classes, 2))
+        if self.task == "regression":  # each image's value: the same linear function of every image's pixels
+            w = np.random.default_rng(seed + 1).standard_normal(int(np.prod(shape)))
+            ytr, yte = ((x.reshape(len(x), -1) / 255.0 - 0.5) @ w / np.sqrt(np.sum(w**2) / 12) for x in (xtr, xte))
+            return Arrays(xtr, ytr.astype(np.float32), xte, yte.astype(np.float32), synthetic=True, spec=spec)
         log.warning("data=synthetic: random images and labels; accuracy figures mean nothing")
         return Arrays(xtr, ytr.astype(np.int32), xte, yte.astype(np.int32), synthetic=True, spec=spec)

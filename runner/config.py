@@ -101,6 +101,8 @@ class TrainConf:
     target_loss: float | None = None
     # The test AUC the run is timed to instead (time_to_auc_seconds): a click model's (data with a binary label).
     target_auc: float | None = None
+    # The test mean absolute error the run is timed to instead (time_to_mae_seconds): a regression's (float labels).
+    target_mae: float | None = None
     check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
     check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
     # XLA-compile each tower's forward and backward (strategy=single: its whole update); auto: the faster of the
@@ -145,6 +147,7 @@ class TrainConf:
                             f"a test accuracy in (0, 1], {MODEL_TARGET:g} (the model's own) or null (none)"),
         "target_loss": (lambda v: v is None or 0 < v < math.inf, "a positive finite test loss or null (none)"),
         "target_auc": (lambda v: v is None or 0.5 < v <= 1, "a test AUC in (0.5, 1] or null (none)"),
+        "target_mae": (lambda v: v is None or 0 < v < math.inf, "a positive finite test MAE or null (none)"),
         "check_every": (non_negative, "0 (about 20 checks per run) or a positive number of steps"),
         "check_examples": (positive, "a positive number of test examples"),
         "loss_scale": (lambda v: 1 <= v < math.inf, "a finite number from 1 (2**15 is Keras' start)"),

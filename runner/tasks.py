@@ -47,7 +47,8 @@ class Metric:
 LOSS = Metric("loss", "loss", higher=False, bounded=False)
 ACCURACY = Metric("accuracy", "accuracy", higher=True)
 AUC = Metric("auc", "AUC", higher=True)
-METRICS = {m.name: m for m in (ACCURACY, LOSS, AUC)}
+MAE = Metric("mae", "MAE", higher=False, bounded=False)
+METRICS = {m.name: m for m in (ACCURACY, LOSS, AUC, MAE)}
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,21 @@ class Binary(Task):
         return {"accuracy": tf.reduce_sum(tf.cast(tf.equal(guess, y), tf.float32))}
 
 
+@dataclass(frozen=True)
+class Regression(Task):
+    """A float value per example and one output: mean squared error; the mean absolute error, the score."""
+
+    def loss(self, y: Any, outputs: Any) -> Any:
+        import tensorflow as tf
+
+        return tf.square(outputs[:, 0] - tf.cast(y, outputs.dtype))  # (b,)
+
+    def sums(self, y: Any, outputs: Any) -> dict[str, Any]:
+        import tensorflow as tf
+
+        return {"mae": tf.reduce_sum(tf.abs(outputs[:, 0] - tf.cast(y, outputs.dtype)))}
+
+
 CLASSES = Classes("class", ACCURACY, metrics=(ACCURACY,))  # the default: images to classes
 TASKS: dict[str, Task] = {
     "class": CLASSES,
@@ -147,6 +163,8 @@ TASKS: dict[str, Task] = {
     "binary": Binary("binary", AUC, one_output=True, metrics=(ACCURACY, AUC), said="a binary label",
                      headline=(("auc", "test AUC {:.4f}"), ("loss", "test log loss {:.4f}"),
                                ("accuracy", "accuracy {:.4f}"))),
+    "regression": Regression("regression", MAE, labels_dtype="float32", one_output=True, metrics=(MAE,),
+                             said="a value"),
 }
 
 
@@ -188,7 +206,9 @@ def of_run(tags: dict[str, str], metrics: dict[str, float]) -> Task:
 
 def from_labels(dtype: str) -> str | None:
     """The task of labels stored as `dtype` (a user's y file): integers are classes; None: no task takes them."""
-    return "class" if "int" in dtype else next((n for n, t in TASKS.items() if t.labels_dtype == dtype), None)
+    kind = dtype.rstrip("0123456789")  # float64 labels are a float32 task's, as they are cast
+    return "class" if "int" in dtype else next((n for n, t in TASKS.items()
+                                                if t.labels_dtype.rstrip("0123456789") == kind), None)
 
 
 def auc(labels: Any, scores: Any) -> float:
