@@ -92,10 +92,14 @@ def jit_decision(plan: Plan, devices: Devices, data: Data) -> Any:
     if plan.cluster is not None:
         return xla.Decision(False, "off: not measured (a multi-worker job cannot time a step before its strategy "
                                    "starts; a one-process run of the same model and batch measures it)")
+    import gc
+
     batch = plan.train.per_device_batch_size
     label = f"model={plan.model.name} at {batch} examples a step on one {devices.kind} device"
-    return xla.decide(xla.key(plan, devices.names[0]), label,
-                      lambda jit: _timed_step(plan, devices, data, batch, jit))
+    decision = xla.decide(xla.key(plan, devices.names[0]), label,
+                          lambda jit: _timed_step(plan, devices, data, batch, jit))
+    gc.collect()  # the probe's two models and their compiled loops, before the run's own are built
+    return decision
 
 
 def _timed_step(plan: Plan, devices: Devices, data: Data, batch: int, jit: bool) -> Any:

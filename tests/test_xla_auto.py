@@ -95,3 +95,18 @@ def test_the_floor_counts_the_faster_of_plain_and_compiled_passes(tf_devices):
     python_step = user_models.with_python_step()
     figures = floor.floor_step_ms([python_step], 32, "sgd", ["/device:CPU:0"], xla=True)
     assert figures["floor_compute_ms"] > 0 and figures["floor_step_ms"] >= figures["floor_compute_ms"]
+
+
+def test_a_step_xla_cannot_compile_is_off_with_its_reason_and_cached(tmp_path):
+    """DLRM's sparse Adagrad update has no XLA kernel: the probe's compiled side fails as it compiles; the decision
+    is off, names why, and is cached like a measured one (the run goes on plain: it was a traceback)."""
+    plain = sleeper(0.002, [])
+
+    def refused(steps: int) -> float:
+        raise ValueError("Detected unsupported operations when trying to compile graph: ResourceSparseApplyAdagradV2")
+
+    decision = xla.decide("sparse", "model=dlrm at 512 examples", lambda jit: refused if jit else plain,
+                          folder=tmp_path)
+    assert not decision.on and decision.reason.startswith("off: XLA cannot compile the step of model=dlrm")
+    assert "ResourceSparseApplyAdagradV2" in decision.reason
+    assert xla.cached("sparse", tmp_path).reason.endswith("(cached)")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from runner.errors import one_line
 from runner.measure.peak import read_cache, write_cache
 from runner.paths import cache_dir
 
@@ -61,7 +62,7 @@ def setting(plan: Any, device_name: str, folder: Path | None = None) -> Decision
 def cached(entry_key: str, folder: Path | None = None) -> Decision | None:
     """The decision cached for `entry_key`, or None: the cost model and the bench read it without measuring."""
     entry = read_cache(_path(folder)).get(entry_key)
-    return _decision(entry, True) if isinstance(entry, dict) and "xla_ms" in entry else None
+    return _decision(entry, True) if isinstance(entry, dict) and {"xla_ms", "xla_error"} & set(entry) else None
 
 
 def decide(entry_key: str, label: str, timed: Callable[[bool], Timed], folder: Path | None = None) -> Decision:
@@ -93,7 +94,12 @@ def measure(timed: Callable[[bool], Timed]) -> dict[str, float]:
     loops = {False: timed(False), True: timed(True)}
     per_step = {}
     for on, loop in loops.items():
-        loop(2)  # traces and compiles (XLA: the cluster too)
+        try:
+            loop(2)  # traces and compiles (XLA: the cluster too)
+        except Exception as e:  # noqa: BLE001 - an op XLA cannot compile (a sparse update): the step stays plain
+            if not on:
+                raise
+            return {"plain_ms": round(per_step[False] * 1e3, 3), "xla_error": one_line(e)}
         per_step[on] = loop(2) / 2
     steps = {on: max(1, math.ceil(CALL_SECONDS / max(s, 1e-6))) for on, s in per_step.items()}
     best = {False: math.inf, True: math.inf}
@@ -104,14 +110,19 @@ def measure(timed: Callable[[bool], Timed]) -> dict[str, float]:
 
 
 def _decision(entry: dict, was_cached: bool) -> Decision:
-    """On when XLA's step is more than TIE faster; the reason names both figures and what was timed."""
+    """On when XLA's step is more than TIE faster; the reason names both figures (or why XLA could not compile the
+    step) and what was timed."""
+    cached_said = " (cached)" if was_cached else ""
+    if "xla_error" in entry:
+        return Decision(False, f"off: XLA cannot compile the step of {entry.get('label', 'this model')} "
+                               f"({entry['xla_error']}), {entry.get('measured', '')}{cached_said}")
     plain, xla = float(entry["plain_ms"]), float(entry["xla_ms"])
     on = xla < plain * (1 - TIE)
     verdict = "on" if on else "off"
     ratio = plain / xla if xla > 0 else math.inf
     return Decision(on, f"{verdict}: measured {xla:.3g} ms/step with XLA against {plain:.3g} without ({ratio:.2f}x) "
                         f"for {entry.get('label', 'this model')}, {entry.get('measured', '')}"
-                        f"{' (cached)' if was_cached else ''}")
+                        f"{cached_said}")
 
 
 def _path(folder: Path | None) -> Path:
