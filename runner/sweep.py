@@ -126,20 +126,34 @@ def combination_key(overrides: list[str]) -> str:
 
 
 def choose_top(sweep_dir: str, overrides: list[str], k: int) -> list[str]:
-    """Before the jobs (sweep.only_top=K): predict every combination of the sweep, keep the K predicted fastest in
-    the sweep dir for the jobs to read, and return lines naming the ones left out with their predictions."""
+    """Before the jobs (sweep.only_top=K): predict every combination of the sweep, keep the K predicted fastest of
+    each unit (a sweep over an image model and a language model: K of each, never ranked against each other) in the
+    sweep dir for the jobs to read, and return lines naming the ones left out with their predictions."""
     from runner.predict.grid import expand, predict_elsewhere, ranked
 
     combos = {combination_key(c): c for c in expand(overrides)}
     order = ranked(predict_elsewhere(list(combos.values())))
-    keep = {combination_key(o.overrides) for o in order[:k] if o.prediction}
+    keep, seen = top_of_each_unit(order, k)
     others = {combination_key(o.overrides): (f"predicted {o.prediction.rate:,.0f} {o.prediction.unit}/s, not "
                                              f"in the top {k}" if o.prediction else f"not predicted ({o.error})")
               for o in order if combination_key(o.overrides) not in keep}
     Path(sweep_dir).mkdir(parents=True, exist_ok=True)
     Path(sweep_dir, CHOSEN_FILE).write_text(json.dumps({"run": sorted(keep), "skip": others}, indent=2))
-    return [f"sweep.only_top={k}: running the {len(keep)} predicted fastest of {len(combos)} combinations"] + [
+    each = f" ({k} of each unit: {', '.join(seen)})" if len(seen) > 1 else ""
+    return [f"sweep.only_top={k}: running the {len(keep)} predicted fastest{each} of {len(combos)} combinations"] + [
         f"  skipped {key}: {why}" for key, why in others.items()]
+
+
+def top_of_each_unit(order: list[Any], k: int) -> tuple[set[str], list[str]]:
+    """The combination keys of the first `k` predicted outcomes of each unit in `order` (ranked fastest first within
+    each unit: predict.grid.ranked), and the units, in the order they come."""
+    seen: dict[str, int] = {}  # unit -> its outcomes so far
+    keep = set()
+    for o in (o for o in order if o.prediction):
+        seen[o.prediction.unit] = seen.get(o.prediction.unit, 0) + 1
+        if seen[o.prediction.unit] <= k:
+            keep.add(combination_key(o.overrides))
+    return keep, list(seen)
 
 
 def _not_chosen(sweep_dir: str, overrides: list[str]) -> str | None:

@@ -194,3 +194,22 @@ def test_a_run_is_sped_up_and_compared_only_against_one_device_runs_of_its_own_u
     images, tokens = add_speedups([row("images", 1, 1_000), row("tokens", 2, 30_000), row("images", 2, 1_500)])[:2]
     assert (images.devices, images.unit, images.speedup, images.same) == (1, "images", 1.0, True)
     assert tokens.unit == "tokens" and math.isnan(tokens.speedup) and tokens.same is None
+
+
+def test_only_top_keeps_the_predicted_fastest_of_each_unit():
+    """Was: sweep.only_top=K kept the first K of one ranking that listed every image combination before any token
+    one, so a sweep over an image model and a language model with K=1 ran the fastest image combination only."""
+    from runner.predict.costs import Prediction
+    from runner.predict.grid import Outcome, ranked
+    from runner.sweep import top_of_each_unit
+
+    def outcome(strategy: str, unit: str, step: float) -> Outcome:
+        return Outcome([f"strategy={strategy}", f"data.unit={unit}"], strategy,
+                       Prediction(strategy, 64, {"compute": step}, unit=unit))
+
+    order = ranked([outcome("mirrored", "images", 0.02), outcome("single", "images", 0.01),
+                    outcome("replicated", "tokens", 0.03), outcome("sharded_update", "tokens", 0.02),
+                    Outcome(["strategy=model_parallel"], "model_parallel", error="no cost model")])
+    keep, units = top_of_each_unit(order, 1)
+    assert units == ["images", "tokens"]
+    assert keep == {"data.unit=images strategy=single", "data.unit=tokens strategy=sharded_update"}
