@@ -170,8 +170,8 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
     (lambda t: t / "tfr", [], ["needs data.shape=[height,width,channels]", "data.classes"]),
     (lambda t: write_npy(t / "ds", classes=7) and (np.save(t / "ds" / "y_test.npy", np.full(100, 9)) or t / "ds"),
      [], ["y_test.npy has labels from 9 to 9", "data.classes=7"]),
-    (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "y_train.npy", np.full(600, 1.5)) or t / "ds"),
-     [], ["y_train.npy holds float64 labels", "integer class labels"]),
+    (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "y_train.npy", np.full(600, 1.5 + 1j)) or t / "ds"),
+     [], ["y_train.npy holds complex128 labels", "integer class labels", "or float32 (a value)"]),  # float: a regression
     (lambda t: write_npy(t / "ds"), ["data.shape=[32,32,3]"], ["data.shape=[32, 32, 3] resizes TFRecord images"]),
     (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "x_train.npy", np.asfortranarray(
         np.zeros((600, 20, 24, 3), np.uint8))) or t / "ds"), [], ["x_train.npy is stored in Fortran order"]),
