@@ -34,7 +34,7 @@ class OwnGradients(Towers):
         def step():
             losses = []
             for i, (x, y) in enumerate(batches.next()):
-                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale)
+                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale, self.training)
                 with tf.device(self.devices[i]):
                     self.optimizers[i].apply_gradients(zip(grads, self.models[i].trainable_variables))
                 losses.append(loss)

@@ -90,8 +90,12 @@ def test_the_floor_counts_the_faster_of_plain_and_compiled_passes(tf_devices):
 
     from runner.measure import floor
 
-    dense = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])
-    assert floor.towers_seconds([dense], 32, ["/device:CPU:0"], calls=3, repeats=2, jit=True) > 0
+    devices = ["/device:CPU:0", "/device:CPU:1"]
+    towers = []
+    for device in devices:  # each tower's variables on its device: its XLA cluster must run there (cannot read across)
+        with tf_devices.device(device):
+            towers.append(keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)]))
+    assert floor.towers_seconds(towers, 32, devices, calls=3, repeats=2, jit=True) > 0
     python_step = user_models.with_python_step()
     figures = floor.floor_step_ms([python_step], 32, "sgd", ["/device:CPU:0"], xla=True)
     assert figures["floor_compute_ms"] > 0 and figures["floor_step_ms"] >= figures["floor_compute_ms"]

@@ -127,8 +127,12 @@ def towers_seconds(models: list[Any], batch: int, devices: list[str], calls: int
 
     @tf.function(autograph=False)
     def passes(steps: tf.Tensor) -> tf.Tensor:  # one trace for any number of steps
+        def on(device: str, *args: Any) -> tf.Tensor:
+            with tf.device(device):  # where an XLA cluster runs: the device it is called under
+                return tower(*args)
+
         def one(i, total):
-            return i + 1, total + tf.add_n([tower(m, d, x, y) for m, d, (x, y) in zip(models, devices, feeds)])
+            return i + 1, total + tf.add_n([on(d, m, d, x, y) for m, d, (x, y) in zip(models, devices, feeds)])
 
         # One pass at a time: left to overlap (the loop's default), independent passes fill the cores in a way no
         # training step can, and the floor of a model of small matmuls (the MLP) comes out below what it costs.
