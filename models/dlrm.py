@@ -15,7 +15,7 @@ top 1024-1024-512-256-1; with Criteo's vocabularies (data.tables=criteo) 188M ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from runner.data_pipelines import Spec
 from runner.errors import ConfigError
@@ -95,8 +95,6 @@ class DLRM(ModelOptions):
 
     name: str = "dlrm"
     variant: Variant = "default"
-
-    target_accuracy: ClassVar[float | None] = None
 
     def build(self, spec: Spec) -> Any:
         return build_dlrm(SIZES[self.variant], spec, f"dlrm_{self.variant}")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from runner.data_pipelines import Spec
 from runner.errors import ConfigError
@@ -111,28 +111,6 @@ def build_gpt(variant: Variant, vocabulary: int, context: int, name: str = "") -
     return keras.Model(ids, logits, name=name or f"gpt_{variant}")
 
 
-@dataclass(frozen=True)
-class Recipe:
-    """nanoGPT's training recipe for a variant: AdamW, linear warm-up, cosine decay to `min_learning_rate`."""
-
-    steps: int
-    batch: int
-    context: int
-    learning_rate: float
-    min_learning_rate: float
-    warmup_steps: int
-    beta2: float = 0.99
-    weight_decay: float = 0.1
-    clip_norm: float = 1.0
-
-
-RECIPES: dict[Variant, Recipe] = {
-    "tiny": Recipe(200, 16, 32, 1e-3, 1e-4, 20),
-    "default": Recipe(2000, 12, 64, 1e-3, 1e-4, 100),  # README's CPU run: --max_iters=2000 --lr_decay_iters=2000
-    "baby": Recipe(5000, 64, 256, 1e-3, 1e-4, 100),  # config/train_shakespeare_char.py
-}
-
-
 @MODELS.register
 @dataclass
 class GPT(ModelOptions):
@@ -140,8 +118,6 @@ class GPT(ModelOptions):
 
     name: str = "gpt"
     variant: Variant = "default"
-
-    target_accuracy: ClassVar[float | None] = None
 
     def build(self, spec: Spec) -> Any:
         """(b, length) token ids -> (b, length, vocabulary) logits of the next token."""

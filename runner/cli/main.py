@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -119,11 +120,13 @@ def subcommand(name: str, argv: list[str]) -> int:
     from mlflow.exceptions import MlflowException
     from omegaconf.errors import OmegaConfBaseException
 
+    from runner.runtime import signals
+
     try:
         return importlib.import_module(f"runner.cli.{name}").main(argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return signals.EXIT_CODES[signal.SIGINT]
     except (UserError, HydraException, OmegaConfBaseException, MlflowException) as e:
         _report(e)
 
@@ -166,7 +169,7 @@ def cli() -> None:
     except (KeyboardInterrupt, signals.Terminated) as e:
         sweep.close_open_parent("KILLED")
         print("interrupted" if isinstance(e, KeyboardInterrupt) else f"terminated ({e})", file=sys.stderr)
-        _exit_now(130 if isinstance(e, KeyboardInterrupt) else 143)
+        _exit_now(signals.EXIT_CODES[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM])
     except (UserError, HydraException, OmegaConfBaseException) as e:
         sweep.close_open_parent("FAILED")
         _report(e)

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training, rows_to_owners
+from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, rows_to_owners
 from runner.strategies.common import deal, share, tables
-from runner.strategies.replicated import TOWER_BATCH_NORM, Replicated, Towers, average, mean_of
+from runner.strategies.replicated import Replicated, Towers, TowersOptions, average, mean_of
 
 if TYPE_CHECKING:
     import keras
@@ -36,12 +36,10 @@ else:
 
 @STRATEGIES.register
 @dataclass
-class Hybrid(StrategyBase):
+class Hybrid(TowersOptions):
     """Embedding tables one per device (dealt by size), the other weights replicated: DLRM's scheme."""
 
     name: str = "hybrid"
-    loss_scaling: ClassVar[bool] = True
-    batch_norm: ClassVar[str] = TOWER_BATCH_NORM
     no_jit: ClassVar[str] = ("its towers look rows up in tables held on other devices, inside their forward pass, and "
                              "an XLA cluster runs on one device")
 

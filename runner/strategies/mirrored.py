@@ -42,9 +42,23 @@ _CROSS_DEVICE_OPS = {
 }
 
 
+class SyncBatchNorm:
+    """The batch normalization option of the tf.distribute strategies (mirrored, multi_worker): statistics per
+    replica with moving statistics averaged after every step, or over the global batch (`sync_batch_norm`: an
+    all-reduce inside the forward pass, which an XLA cluster cannot hold)."""
+
+    sync_batch_norm: bool
+
+    def describe_batch_norm(self) -> str:
+        return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
+
+    def jit_refusal(self) -> str:
+        return SYNC_BATCH_NORM_NO_JIT if self.sync_batch_norm else super().jit_refusal()  # type: ignore[misc]
+
+
 @STRATEGIES.register
 @dataclass
-class Mirrored(StrategyBase):
+class Mirrored(SyncBatchNorm, StrategyBase):
     """tf.distribute.MirroredStrategy over the selected devices, trained by the runner's own compiled loop."""
 
     name: str = "mirrored"
@@ -55,12 +69,6 @@ class Mirrored(StrategyBase):
     # Batch normalization's batch statistics over the global batch (Keras' synchronized=True) instead of per replica
     sync_batch_norm: bool = False
     loss_scaling: ClassVar[bool] = True
-
-    def describe_batch_norm(self) -> str:
-        return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
-
-    def jit_refusal(self) -> str:
-        return SYNC_BATCH_NORM_NO_JIT if self.sync_batch_norm else super().jit_refusal()
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)

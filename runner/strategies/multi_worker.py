@@ -22,7 +22,7 @@ from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.registry import Rule
 from runner.strategies import STRATEGIES, Exchange, StrategyBase, Training, ring
-from runner.strategies.mirrored import REPLICA_BATCH_NORM, SYNC_BATCH_NORM, SYNC_BATCH_NORM_NO_JIT, Replicas
+from runner.strategies.mirrored import Replicas, SyncBatchNorm
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 @STRATEGIES.register
 @dataclass
-class MultiWorker(StrategyBase):
+class MultiWorker(SyncBatchNorm, StrategyBase):
     """Several processes (usually machines) training one model in sync; worker 0 (the chief) logs to MLflow.
 
     Start one process per worker with the same config, or leave `workers` empty and export TF_CONFIG (what cluster
@@ -62,12 +62,6 @@ class MultiWorker(StrategyBase):
 
     def peer_wait(self) -> float:
         return self.peer_timeout
-
-    def describe_batch_norm(self) -> str:
-        return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
-
-    def jit_refusal(self) -> str:
-        return SYNC_BATCH_NORM_NO_JIT if self.sync_batch_norm else super().jit_refusal()
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)

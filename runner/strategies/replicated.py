@@ -60,18 +60,22 @@ def mean_of(grads: list[Any]) -> Any:
     return tf.IndexedSlices(values, tf.concat([g.indices for g in grads], 0), grads[0].dense_shape)
 
 
-TOWER_BATCH_NORM = ("batch statistics per tower (G/N examples); each copy's moving statistics set to their mean over "
-                    "the copies after every step")
+@dataclass
+class TowersOptions(StrategyBase):
+    """The options the in-graph tower strategies share (replicated, parameter_server, hybrid, sharded_update): their
+    step applies the shared loss scale (common.update), and each tower's copy keeps its own batch statistics."""
+
+    loss_scaling: ClassVar[bool] = True
+    batch_norm: ClassVar[str] = ("batch statistics per tower (G/N examples); each copy's moving statistics set to "
+                                 "their mean over the copies after every step")
 
 
 @STRATEGIES.register
 @dataclass
-class Replicated(StrategyBase):
+class Replicated(TowersOptions):
     """A full copy of the variables on every device, each updated with the averaged gradient."""
 
     name: str = "replicated"
-    loss_scaling: ClassVar[bool] = True
-    batch_norm: ClassVar[str] = TOWER_BATCH_NORM
 
     def build(self, devices: Devices, training: Training) -> Towers:
         return Towers(list(devices.names), training)
@@ -94,14 +98,13 @@ class Replicated(StrategyBase):
 
 @STRATEGIES.register
 @dataclass
-class ParameterServer(StrategyBase):
+class ParameterServer(TowersOptions):
     """One copy of the variables on `ps_device`, read by every tower (Keras' multi_gpu_model layout)."""
 
     name: str = "parameter_server"
     ps_device: Literal["cpu", "first_device"] = "cpu"  # the host CPU | the first training device
     # Embedding tables: on ps_device with the rest | spread: each on one training device, dealt by size (as hybrid)
     tables: Literal["ps_device", "spread"] = "ps_device"
-    loss_scaling: ClassVar[bool] = True
     batch_norm: ClassVar[str] = ("batch statistics per tower (G/N examples); every tower updates the one copy's moving "
                                  "statistics in turn (N updates of the moving averages a step)")
 

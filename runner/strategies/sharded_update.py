@@ -36,15 +36,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from runner.lazy import lazy
-from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training,
+from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, Traffic, Training,
                                loss_scale, ring)
 from runner.strategies.common import tables, update
-from runner.strategies.replicated import TOWER_BATCH_NORM, Towers, mean_of, tower_gradients
+from runner.strategies.replicated import Towers, TowersOptions, mean_of, tower_gradients
 
 if TYPE_CHECKING:
     import keras
@@ -57,12 +57,10 @@ else:
 
 @STRATEGIES.register
 @dataclass
-class ShardedUpdate(StrategyBase):
+class ShardedUpdate(TowersOptions):
     """replicated's towers; each device updates 1/N of the weights and holds 1/N of the optimizer state."""
 
     name: str = "sharded_update"
-    loss_scaling: ClassVar[bool] = True
-    batch_norm: ClassVar[str] = TOWER_BATCH_NORM
 
     def table_copies(self, devices: int) -> tuple[float, float]:
         return max(devices, 1), 1  # a copy per tower to look rows up in; each row's optimizer state once
