@@ -3,7 +3,8 @@
 Each round runs, for each tower count, the runner (strategy single on one device, replicated on more: the peer's
 `--variable_update=replicated`) with XLA off and on, then tf_cnn_benchmarks with `--xla` off and on, each in a fresh
 process, on synthetic 32x32x3 images, SGD, `--batch` images per tower. The ratio of a round is the runner's default
-(train.jit_compile=auto: off on CPUs) over the faster of the peer's two; rows show medians over the rounds.
+(train.jit_compile=auto: measured, off for this ResNet on CPUs) over the faster of the peer's two; rows show medians
+over the rounds.
 
 The peer is not a dependency: give its checkout (github.com/tensorflow/benchmarks, `scripts/tf_cnn_benchmarks`) with
 `--peer`; it runs on TensorFlow's legacy Keras (`pip install --no-deps tf-keras==<TensorFlow's version>`).
