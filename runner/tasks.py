@@ -13,13 +13,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+
 @dataclass(frozen=True)
 class Metric:
     """A test figure a run logs as `test_<name>` and may be timed to (`train.target_<name>`).
 
     Attributes:
-        name: its key in metrics and config (accuracy, auc, loss).
-        said: as a column, an axis or a sentence names it (accuracy, AUC, loss).
+        name: its key in metrics and config (accuracy, auc, loss, mae).
+        said: as a column, an axis or a sentence names it (accuracy, AUC, loss, MAE).
         higher: higher is better (a target is met at or over it; else at or under it).
         bounded: a figure in [0, 1] (accuracy, AUC): "learns the same" compares two runs' by their difference.
     """
