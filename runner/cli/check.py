@@ -23,6 +23,7 @@ experiment `check` holding the table (`check.md`), a metric per combination and 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -229,9 +230,11 @@ def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tup
     from runner.strategies import STRATEGIES
 
     rest = [o for o in overrides if not o.startswith(CHOICES)]
-    variants = [[f"strategy={s}"] for s in _chosen("strategy", overrides, dirs)]
-    if ["strategy=mirrored"] in variants:  # NVIDIA's all-reduce, where GPUs have it (else refused in one line)
-        variants.append(["strategy=mirrored", "strategy.cross_device_ops=nccl"])
+    chosen = _chosen("strategy", overrides, dirs)
+    variants = [[f"strategy={s}"] for s in chosen]
+    # NVIDIA's all-reduce, where GPUs have it (else refused in one line), for a strategy with that choice
+    variants += [[f"strategy={s}", "strategy.cross_device_ops=nccl"] for s in chosen
+                 if "cross_device_ops" in {f.name for f in dataclasses.fields(STRATEGIES.get(s))}]
     found, skipped = [], []
     for variant in variants:
         for pipeline in _chosen("pipeline", overrides, dirs):
