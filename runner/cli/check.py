@@ -233,8 +233,8 @@ def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tup
     chosen = _chosen("strategy", overrides, dirs)
     variants = [[f"strategy={s}"] for s in chosen]
     # NVIDIA's all-reduce, where GPUs have it (else refused in one line), for a strategy with that choice
-    variants += [[f"strategy={s}", "strategy.cross_device_ops=nccl"] for s in chosen
-                 if "cross_device_ops" in {f.name for f in dataclasses.fields(STRATEGIES.get(s))}]
+    variants += [[f"strategy={s}", "strategy.cross_device_ops=nccl"] for s in chosen if s in STRATEGIES.names()
+                 and "cross_device_ops" in {f.name for f in dataclasses.fields(STRATEGIES.get(s))}]
     found, skipped = [], []
     for variant in variants:
         for pipeline in _chosen("pipeline", overrides, dirs):
