@@ -105,7 +105,7 @@ class TrainConf:
     target_mae: float | None = None
     check_every: int = 0  # steps between accuracy checks on the first check_examples test examples (0: ~20 per run)
     check_examples: int = 1000  # test examples of a check; one at or over the target is confirmed on the full set
-    # XLA-compile each tower's forward and backward (strategy=single: its whole update); auto: the faster of the
+    # XLA-compile each tower's forward and backward (the one-device baseline: its whole update); auto: the faster of the
     # two, timed once for the model, batch and device (cached; the run's jit_compile_reason tag says which and why)
     jit_compile: Literal["auto", True, False] = "auto"
     # float32 | mixed_bfloat16 (bfloat16 compute, float32 variables and loss; float32's range) | mixed_float16

@@ -53,7 +53,7 @@ def test_keras_baseline_times_plain_fit(tf_devices, capsys):
     figures = _baseline(capsys, "--variant", "tiny", "--steps", "60", "--chunk", "10", "--batch", "64",
                         "--optimizer", "sgd")
     assert figures["images_per_sec"] > 0 and figures["timed_steps"] == 50  # first 10-step epoch excluded
-    assert figures["devices"] == 1 and figures["mirrored"] is False
+    assert figures["devices"] == 1 and figures["distributed"] is False
     assert figures["optimizer"] == "SGD"  # Keras' own optimizer of the name given
 
 
@@ -256,7 +256,7 @@ def test_repeats_combine_into_the_median_row_with_its_range():
     assert jobs.combine([runs[0], {"error": "boom"}]) == {"error": "boom"}  # a failed repeat fails the row
     assert jobs.combine(runs[:1]) is runs[0]
     setting = jobs.Setting("mlp", "tiny", 60, 10, 128, "mnist")
-    single = jobs.Job("single", 1, "runner single (before the grid)", "single", "split")
+    single = jobs.Job("baseline", 1, "runner single (before the grid)", "single", "split")
     table = jobs.Table(setting, "now", rows=[(single, row)], repeats=3)
     lines = grid.format_table(table)
     assert "images/s, median (lowest-highest) of 3 runs" in lines[4] and "median of 3 runs" in lines[2]
@@ -270,7 +270,7 @@ def test_sharded_update_targets_compare_rows_of_the_same_pipeline_and_devices():
     from runner.bench.jobs import Job, Setting, Table
 
     single = {"rate": 100.0, "optimizer_state_bytes_per_device": 4000.0, "step_time_over_floor": 1.12}
-    rows = [(Job("single", 1, "runner single"), single),
+    rows = [(Job("baseline", 1, "runner single"), single),
             (Job("runner", 4, "r", "replicated", "split"), {"rate": 80.0}),
             (Job("runner", 4, "s", "sharded_update", "split"), {"rate": 88.0,
                                                                  "optimizer_state_bytes_per_device": 1008.0}),
@@ -370,7 +370,7 @@ def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
         return {"rate": rate, "rate_runs": [low, high], "repeats": 2,
                 "timed_steps": 50.0, "predicted_rate": predicted}
 
-    rows = [(Job("single", 1, "runner single", "single", "split"), {"rate": 100.0, "timed_steps": 50.0,
+    rows = [(Job("baseline", 1, "runner single", "single", "split"), {"rate": 100.0, "timed_steps": 50.0,
                                                                      "rate_stderr": 1.0}),
             (Job("runner", 2, "r", "replicated", "split"), row(120.0, 110.0, 115.0, 125.0)),
             (Job("runner", 2, "p", "parameter_server", "split"), row(80.0, 90.0, 78.0, 82.0))]

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
+import re
 import sys
 import textwrap
 from pathlib import Path
+from typing import Iterator
 
 from conftest import REPO, cli_env, new_store, runs
 
@@ -193,3 +196,30 @@ def test_a_project_with_its_own_models_and_data_pipelines_runs_and_brings_its_ow
     assert list(table["status"]) == ["FINISHED"] and list(table["tags.model"]) == ["small"]
     # A run shorter than the system-metrics interval still records a sample (taken at its end).
     assert any(c.startswith("metrics.system/") and table[c].notna().all() for c in table.columns), list(table.columns)
+
+
+def _strings(tree: ast.AST) -> Iterator[str]:
+    """The string constants of a module's code, its docstrings left out (they show users how to run things)."""
+    docs = {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+            and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            yield node.value
+
+
+def test_no_strategy_is_named_outside_its_own_module():
+    """Roles, not names (issue #63): the registry says which strategy is the baseline, which are data-parallel, which
+    split the model and which stands for each tf_cnn_benchmarks mode; code elsewhere asks it. A strategy's name as a
+    string, or `strategy=<name>` in one, appears only in the module that registers it (and its YAML)."""
+    from runner.strategies import STRATEGIES
+
+    names = STRATEGIES.names()
+    owners = {n: Path(inspect.getfile(STRATEGIES.get(n))).resolve() for n in names}
+    named = re.compile(r"strategy=(%s)\b" % "|".join(names))
+    found = []
+    for name, path in _modules().items():
+        for text in _strings(ast.parse(path.read_text())):
+            said = {text} & set(names) | set(named.findall(text))
+            found += [f"{name}: {s!r}" for s in said if owners[s] != path.resolve()]
+    assert found == []

@@ -41,12 +41,12 @@ def test_each_preset_is_the_published_setting_with_a_global_batch_of_batch_per_g
 
 def test_the_modes_table_names_the_strategies_the_published_tables_are_predicted_with():
     """docs/pipelines-and-strategies.md says what differs between each tf_cnn_benchmarks mode and the strategy
-    `runner.bench published` predicts it with: the same strategies as its MODES."""
-    from runner.bench.published import MODES
+    `runner.bench published` predicts it with: the same strategies as the registry's (each strategy's `tf_cnn`)."""
+    from runner.strategies import tf_cnn_modes
 
     rows = markdown_rows((REPO / "docs" / "pipelines-and-strategies.md").read_text())
     named = {row["predicted with"].strip("`") for row in rows if row.get("predicted with", "none") != "none"}
-    assert named == {" ".join(overrides) for overrides in MODES.values()}
+    assert named == {" ".join(overrides) for overrides in tf_cnn_modes().values()}
 
 
 @pytest.fixture(scope="module")

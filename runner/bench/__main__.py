@@ -10,7 +10,7 @@ import typing
 import runner.bench
 from runner.data_pipelines import DATASETS, PIPELINES
 from runner.models import MODELS
-from runner.bench.floors import built_in, floor_settings, floors
+from runner.bench.floors import built_in, floor_settings, floors, multi_jobs
 from runner.bench.grid import DATA_PARALLEL, grid, settings
 from runner.bench.jobs import too_few_timed
 from runner.bench.nanogpt import add_arguments as add_gpt_arguments
@@ -21,6 +21,7 @@ from runner.bench.published import published
 from runner.bench.settings import SPEED_SETTINGS, check_settings_steps, speed_settings
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
+from runner.strategies import baseline, doing, name_of
 
 
 def _ints(text: str) -> list[int]:
@@ -48,7 +49,7 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
     g.add_argument("--variants", "--variant", dest="variants", type=_names,
                    default=["tiny", "default"] if full else ["default"])
     g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])
-    g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, "single"] if full else list(DATA_PARALLEL))
+    g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, baseline()] if full else list(DATA_PARALLEL))
     g.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model/variant)")
     g.add_argument("--steps-per-call", type=_positive, default=None,
                    help="steps per compiled call (default: per model)")
@@ -84,9 +85,9 @@ def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
     from runner.errors import ConfigError
 
     first = (floor_settings if args.command == "floors" else settings)(args)[0]
-    strategies = ["mirrored"] if args.command == "floors" else args.strategies
+    strategies = [job.strategy for job in multi_jobs([2])] if args.command == "floors" else args.strategies
     for n in args.gpus:
-        strategy = "single" if n == 1 else next((s for s in strategies if s != "single"), None)
+        strategy = baseline() if n == 1 else next((s for s in strategies if s != baseline()), None)
         if strategy is None:
             continue
         try:
@@ -101,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pipelines", help="input pipeline alone vs training step, per pipeline x strategy x N")
     p.add_argument("--gpus", type=_ints, default=[1, 2, 4])
-    p.add_argument("--strategies", type=_names, default=["replicated", "mirrored"])
+    all_reduce = [name_of(doing(f"--variable_update=replicated{n}")) for n in ("", " --all_reduce_spec=nccl")]
+    p.add_argument("--strategies", type=_names, default=all_reduce)
     p.add_argument("--model", default="mlp")
     p.add_argument("--variant", default="default")
     p.add_argument("--steps", type=_positive, default=400)
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     fl.add_argument("--models", "--model", dest="models", type=_names, default=built_in())
     fl.add_argument("--rounds", type=_positive, default=3, help="rounds over every model's runner and Keras jobs")
     fl.add_argument("--gpus", type=_ints, default=[1, 2, 4],
-                    help="device counts (above 1: mirrored/split and parameter_server/per_tower on simulated devices)")
+                    help="device counts (above 1: the data-parallel extremes, all-reduced and on the host, on "
+                         "simulated devices)")
     fl.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model)")
     fl.add_argument("--steps-per-call", type=_positive, default=None,
                     help="steps per compiled call (default: per model)")

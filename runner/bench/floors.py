@@ -1,7 +1,7 @@
 """`floors`: each built-in model's step beside its floor at 1, 2 and 4 devices, its MFU and plain Keras fit, in rounds.
 
-Every round runs, for each model, the runner on one device, Keras fit, and the runner on each `--gpus` count
-(mirrored / split, and parameter_server / per_tower: the data-parallel extremes), each in a fresh process, so that a
+Every round runs, for each model, the runner on one device, Keras fit, and the runner on each `--gpus` count (the
+data-parallel extremes: a copy per device, all-reduced; one copy on the host), each in a fresh process, so that a
 slow spell of the host hits every model and job alike; rows show medians over the rounds and their range. The
 runner / Keras ratio is taken within each round (the two jobs ran back to back) before its median. The floor is a
 lower bound (runner/measure/floor.py): a median step / floor below 1.0 fails, as would a measurement beating a limit.
@@ -16,16 +16,24 @@ import time
 from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
 from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, median_range, run_one
 from runner.models import MODELS, variants
+from runner.strategies import baseline, doing, name_of
 
 MFU_LIMIT = 1.0  # above it the peak is wrong, not the machine
-JOBS = (Job("single", 1, "runner single", "single", "split"), Job("keras", 1, "keras fit"))
-# On N devices: the one-copy, all-reduce strategy and the one-copy-on-the-host one, each with its own default pipeline
-MULTI = (("mirrored", "split"), ("parameter_server", "per_tower"))
+# On N devices the data-parallel extremes, each with its own default pipeline: a copy per device, all-reduced
+# (tf_cnn_benchmarks' replicated with NCCL), and one copy on the host (its parameter server on the CPU)
+MULTI = (("--variable_update=replicated --all_reduce_spec=nccl", "split"),
+         ("--variable_update=parameter_server --local_parameter_device=cpu", "per_tower"))
+
+
+def jobs() -> tuple[Job, Job]:
+    """The runner's baseline and Keras fit on one device."""
+    return Job("baseline", 1, f"runner {baseline()}", baseline(), "split"), Job("keras", 1, "keras fit")
 
 
 def multi_jobs(gpus: list[int]) -> list[Job]:
     """The runner's jobs on each device count above 1."""
-    return [Job("runner", n, f"runner {s} / {p}", s, p) for n in gpus if n > 1 for s, p in MULTI]
+    named = [(name_of(doing(flags)), pipeline) for flags, pipeline in MULTI]
+    return [Job("runner", n, f"runner {s} / {p}", s, p) for n in gpus if n > 1 for s, p in named]
 
 
 def built_in() -> list[str]:
@@ -82,30 +90,31 @@ def floors(args: argparse.Namespace) -> int:
 
     uri, experiment = resolve_uri(args.tracking_uri), "bench_floors"
     ensure_experiment(uri, experiment)
-    todo, jobs = floor_settings(args), [*JOBS, *multi_jobs(args.gpus)]
-    progress, t0 = Progress(len(todo) * len(jobs) * args.rounds), time.perf_counter()
-    runs: dict[tuple[Setting, Job], list[dict]] = {(s, j): [] for s in todo for j in jobs}
+    todo, (base, keras) = floor_settings(args), jobs()
+    every = [base, keras, *multi_jobs(args.gpus)]
+    progress, t0 = Progress(len(todo) * len(every) * args.rounds), time.perf_counter()
+    runs: dict[tuple[Setting, Job], list[dict]] = {(s, j): [] for s in todo for j in every}
     for _ in range(args.rounds):
         for setting in todo:
-            for job in jobs:
+            for job in every:
                 runs[setting, job].append(run_one(setting, job, uri, experiment, progress))
     out: list[str] = []
     unit = next((m["unit"] for done in runs.values() for m in done if "unit" in m), "images")  # the data's
     emit(out, [
         f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
-        f"Runner single (split pipeline) and Keras fit on one device, then the runner on {_counts(args.gpus)} devices, "
+        f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on {_counts(args.gpus)} devices, "
         f"each in a fresh process, every model and job in every round; optimizer {args.optimizer}, data {args.data}; "
-        f"{len(todo) * len(jobs) * args.rounds} jobs in "
+        f"{len(todo) * len(every) * args.rounds} jobs in "
         f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
         f"| model | global batch | runner {unit}/s | keras fit {unit}/s | runner / keras (per round) | step ms "
         "| floor: forward + backward ms | floor: update ms | step / floor | MFU | peak GFLOP/s |",
         "|---|---|---|---|---|---|---|---|---|---|---|"])
     judged = []
     for setting in todo:
-        line, figures = _row(setting, runs[setting, JOBS[0]], runs[setting, JOBS[1]])
+        line, figures = _row(setting, runs[setting, base], runs[setting, keras])
         emit(out, [line])
         judged.append((setting, figures))
-    above = [(f"{s.name} runner single x1", f["step_over_floor"]) for s, f in judged]
+    above = [(f"{s.name} {base.where}", f["step_over_floor"]) for s, f in judged]
     unbounded: dict[int, str] = {}  # devices -> why the floor was not measured there
     if multi := multi_jobs(args.gpus):
         emit(out, ["", f"| model | job | devices | {unit}/s | step ms | floor: forward + backward ms "
@@ -146,7 +155,7 @@ def targets(judged: list[tuple[Setting, dict[str, list[float | None]]]]) -> list
         vs = statistics.median(figures["vs_keras"]) if figures["vs_keras"] else None
         need = KERAS_TARGET.get(s.model, 1.0)
         lines.append(check(f"{s.name}: one-device step <= {FLOOR_TARGET}x its floor (median)",
-                           [("runner single", floor)], lambda v: v <= FLOOR_TARGET, "highest", lambda v: f"{v:.2f}x"))
+                           [(f"runner {baseline()}", floor)], lambda v: v <= FLOOR_TARGET, "highest", lambda v: f"{v:.2f}x"))
         lines.append(check(f"{s.name}: runner 1 device >= {need}x keras fit (median of rounds)",
                            [("runner / keras", vs)], lambda v, n=need: v >= n, "lowest", lambda v: f"{v:.2f}x"))
     mfu = [(s.name, v) for s, figures in judged for v in figures["mfu"]]

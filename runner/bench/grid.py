@@ -20,7 +20,7 @@ from runner.bench.jobs import (
     measure,
 )
 from runner.measure.hooks import INPUT_BOUND_RATIO
-from runner.strategies import data_parallel
+from runner.strategies import baseline, data_parallel, sharding
 
 # The strategies of one process that train a model replica per device, from the registry's roles.
 DATA_PARALLEL = tuple(data_parallel())
@@ -36,17 +36,18 @@ RSS_TARGET_MB = 1536.0  # a tiny (smoke) MLP job
 
 def plan(strategies: list[str], pipelines: list[str], gpus: list[int]) -> list[Job]:
     """The jobs of one table, in the order they run: single device and Keras fit first, single again last."""
-    jobs = [Job("single", 1, "runner single (before the grid)", "single", "split"), Job("keras", 1, "keras fit")]
+    base = baseline()
+    jobs = [Job("baseline", 1, f"runner {base} (before the grid)", base, "split"), Job("keras", 1, "keras fit")]
     for n in gpus:
         jobs.append(Job("keras_mirrored", n, "keras fit + MirroredStrategy"))
         for strategy in strategies:
-            if strategy == "single" and n != 1:
-                continue  # single takes one device
+            if strategy == base and n != 1:
+                continue  # the baseline takes one device
             jobs += [Job("runner", n, f"runner {strategy} / {p}", strategy, p) for p in pipelines]
-    return jobs + [Job("single", 1, "runner single (after the grid)", "single", "split")]
+    return jobs + [Job("baseline", 1, f"runner {base} (after the grid)", base, "split")]
 
 
-COLUMNS = ("what", "devices", "{unit}/s ± stderr", "predicted {unit}/s", "timed steps", "x runner single",
+COLUMNS = ("what", "devices", "{unit}/s ± stderr", "predicted {unit}/s", "timed steps", "x runner {base}",
            "x keras fit", "step / floor", "MFU", "optimizer state / device (MB)", "pipeline alone (batches/s)", "pipeline / step",
            "peak RSS (MB)", "overhead (s)")
 
@@ -65,7 +66,7 @@ def format_row(job: Job, m: dict, table: Table) -> str:
     predicted = f"{m['predicted_rate']:,.0f}" if "predicted_rate" in m else "-"
     cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}", predicted,
              f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
-             _ratio(ips, table.rate("single")), _ratio(ips, table.rate("keras")),
+             _ratio(ips, table.rate("baseline")), _ratio(ips, table.rate("keras")),
              f"{m['step_time_over_floor']:.2f}" if "step_time_over_floor" in m else "-",
              f"{m['mfu']:.1%}" if "mfu" in m else "-",
              f"{m['optimizer_state_bytes_per_device'] / 2**20:.2f}" if "optimizer_state_bytes_per_device" in m else "-"]
@@ -81,9 +82,9 @@ def format_row(job: Job, m: dict, table: Table) -> str:
 
 def format_table(table: Table) -> list[str]:
     """The header naming the setting, the two bases of the ratios, and the rows."""
-    s, single, keras = table.setting, table.rate("single"), table.rate("keras")
+    s, single, keras = table.setting, table.rate("baseline"), table.rate("keras")
     unit = table.unit
-    columns = [c.format(unit=unit) for c in COLUMNS]  # images/s, tokens/s or examples/s: the data's unit
+    columns = [c.format(unit=unit, base=baseline()) for c in COLUMNS]  # images/s, tokens/s, examples/s: the data's
     if table.repeats > 1:
         columns[2] = f"{unit}/s, median (lowest-highest) of {table.repeats} runs"
     each = (f" Each row is the median of {table.repeats} runs of its job, run in {table.repeats} rounds over all "
@@ -92,7 +93,7 @@ def format_table(table: Table) -> list[str]:
         f"## {s.name}: global batch {s.batch}, {s.steps} steps ({s.steps_per_call} per call, the first call "
         f"untimed), data {s.data}, optimizer {s.optimizer}, {table.date}",
         "",
-        f"x runner single: over {single or 0:,.0f} {unit}/s (the mean of the two runner single rows); "
+        f"x runner {baseline()}: over {single or 0:,.0f} {unit}/s (the mean of the two runner {baseline()} rows); "
         f"x keras fit: over {keras or 0:,.0f} {unit}/s. {len(table.rows)} jobs in {table.seconds:.0f} s.{each}",
         "",
         "| " + " | ".join(columns) + " |",
@@ -126,7 +127,7 @@ def predict_rows(table: Table) -> None:
     now, after the table's jobs, where the cache lacks it."""
     from runner.predict.grid import predict_all
 
-    rows = [(job, m) for job, m in table.rows if job.kind in ("single", "runner") and "error" not in m]
+    rows = [(job, m) for job, m in table.rows if job.kind in ("baseline", "runner") and "error" not in m]
     combos = [[f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}", *table.setting.overrides()]
               for job, _ in rows]
     for (_, m), outcome in zip(rows, predict_all(combos)):
@@ -150,9 +151,9 @@ def prediction_lines(table: Table) -> list[str]:
 
 def table_targets(table: Table) -> list[str]:
     """Per model/variant: runner single vs Keras fit, and every data-parallel strategy x pipeline per N."""
-    s, single, keras = table.setting, table.rate("single"), table.rate("keras")
+    s, single, keras = table.setting, table.rate("baseline"), table.rate("keras")
     need = 1.0 if s.extra else KERAS_TARGET.get(s.model, 1.0)  # the built-in model's own target, not a user's
-    vs_keras = [("runner single / keras fit", single / keras if single and keras else None)]
+    vs_keras = [(f"runner {baseline()} / keras fit", single / keras if single and keras else None)]
     lines = [check(f"{s.name}: runner 1 device >= {need}x keras fit", vs_keras, lambda v: v >= need, "lowest",
                    lambda v: f"{v:.2f}x")]
     for n, floor in SCALING_TARGET.items():
@@ -160,35 +161,37 @@ def table_targets(table: Table) -> list[str]:
                  if job.kind == "runner" and job.gpus == n and job.strategy in DATA_PARALLEL]
         if items:
             lines.append(check(f"{s.name}: every data-parallel strategy x pipeline at {n} devices >= {floor}x "
-                               "runner single", items, lambda v, f=floor: v >= f, "lowest", lambda v: f"{v:.2f}x"))
+                               f"runner {baseline()}", items, lambda v, f=floor: v >= f, "lowest",
+                               lambda v: f"{v:.2f}x"))
     return lines + prediction_lines(table)
 
 
 def sharded_update_targets(table: Table) -> list[str]:
-    """sharded_update against replicated (same pipeline and N), its optimizer state per device against one device's,
-    and the one-device step against the step's own floor (runner/measure/floor.py)."""
+    """Each strategy that shards the weight update against the one whose step it shards (`StrategyBase.unsharded`,
+    same pipeline and N), its optimizer state per device against one device's, and the one-device step against the
+    step's own floor (runner/measure/floor.py)."""
     s, rows = table.setting, {(job.strategy, job.pipeline, job.gpus): m for job, m in table.rows
                               if job.kind == "runner"}
-    single = [m for job, m in table.rows if job.kind == "single"]
+    single = [m for job, m in table.rows if job.kind == "baseline"]
     key = "optimizer_state_bytes_per_device"
     state = next((m[key] for m in single if key in m), None)
-    versus, shares = [], []
-    for (strategy, pipeline, n), m in rows.items():
-        other = rows.get(("replicated", pipeline, n), {})
-        if strategy == "sharded_update":
-            both = "rate" in m and "rate" in other
-            versus.append((f"{pipeline} x{n}", m["rate"] / other["rate"] if both else None))
-            per_device = m.get(key)
-            shares.append((f"{pipeline} x{n}", per_device * n / state if per_device and state else None))
-    floors = [("runner single", m.get("step_time_over_floor")) for m in single]
-    return [
-        check(f"{s.name}: sharded_update >= replicated, same pipeline and devices", versus, lambda v: v >= 1.0,
-              "lowest", lambda v: f"{v:.2f}x"),
-        check(f"{s.name}: sharded_update optimizer state per device x N <= one device's + 1%", shares,
-              lambda v: v <= 1.01, "highest", lambda v: f"{v:.3f}"),
-        check(f"{s.name}: runner single step <= {FLOOR_TARGET}x its floor", floors, lambda v: v <= FLOOR_TARGET,
-              "highest", lambda v: f"{v:.2f}x"),
-    ]
+    lines = []
+    for sharded, unsharded in ((n, sharding(n)) for n in DATA_PARALLEL if sharding(n)):
+        versus, shares = [], []
+        for (strategy, pipeline, n), m in rows.items():
+            if strategy == sharded:
+                other = rows.get((unsharded, pipeline, n), {})
+                both = "rate" in m and "rate" in other
+                versus.append((f"{pipeline} x{n}", m["rate"] / other["rate"] if both else None))
+                per_device = m.get(key)
+                shares.append((f"{pipeline} x{n}", per_device * n / state if per_device and state else None))
+        lines += [check(f"{s.name}: {sharded} >= {unsharded}, same pipeline and devices", versus, lambda v: v >= 1.0,
+                        "lowest", lambda v: f"{v:.2f}x"),
+                  check(f"{s.name}: {sharded} optimizer state per device x N <= one device's + 1%", shares,
+                        lambda v: v <= 1.01, "highest", lambda v: f"{v:.3f}")]
+    floors = [(f"runner {baseline()}", m.get("step_time_over_floor")) for m in single]
+    return lines + [check(f"{s.name}: runner {baseline()} step <= {FLOOR_TARGET}x its floor", floors,
+                          lambda v: v <= FLOOR_TARGET, "highest", lambda v: f"{v:.2f}x")]
 
 
 def _items(tables: list[Table], value: Callable[[dict], float | None], kinds: tuple[str, ...],
@@ -203,7 +206,7 @@ def _get(key: str) -> Callable[[dict], float | None]:
 
 def targets(tables: list[Table]) -> list[str]:
     """The summary block: each target of the issue and whether it holds in this run."""
-    runner_kinds = ("single", "runner")
+    runner_kinds = ("baseline", "runner")
     lines = ["## Targets (this run)", ""]
     for table in tables:
         lines += table_targets(table) + sharded_update_targets(table)
@@ -217,7 +220,7 @@ def targets(tables: list[Table]) -> list[str]:
     rss = _items(tables, _get("peak_rss_mb"), runner_kinds, lambda s: s.model == "mlp" and s.variant == "tiny")
     lines.append(check(f"peak RSS of a tiny (smoke) MLP runner job <= {RSS_TARGET_MB:g} MB, any devices", rss,
                        lambda v: v <= RSS_TARGET_MB, "highest", lambda v: f"{v:,.0f} MB"))
-    steps = _items(tables, _get("timed_steps"), ("single", "runner", "keras", "keras_mirrored"))
+    steps = _items(tables, _get("timed_steps"), ("baseline", "runner", "keras", "keras_mirrored"))
     lines.append(check(f"at least {MIN_TIMED_STEPS} timed steps after warm-up, every job", steps,
                        lambda v: v >= MIN_TIMED_STEPS, "fewest", lambda v: f"{v:.0f}"))
     return lines
@@ -241,7 +244,7 @@ def grid(args: argparse.Namespace) -> int:
     uri, experiment = resolve_uri(args.tracking_uri), f"bench_{args.command}"
     ensure_experiment(uri, experiment)  # create the store once, before the jobs
     jobs, todo = plan(args.strategies, args.pipelines, args.gpus), settings(args)
-    runner_jobs = sum(job.kind in ("single", "runner") for job in jobs) * len(todo) * args.repeats
+    runner_jobs = sum(job.kind in ("baseline", "runner") for job in jobs) * len(todo) * args.repeats
     total = len(jobs) * len(todo) * args.repeats
     rounds = f" in {args.repeats} rounds" if args.repeats > 1 else ""
     out: list[str] = []

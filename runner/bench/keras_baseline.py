@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         timed.add(args.chunk, seconds)
     print(json.dumps({
         **timed.summary(batch * plan.spec.units_per_example, plan.spec.unit), "devices": devices.count, "simulated": devices.simulated,
-        "mirrored": args.mirrored, "optimizer": type(model.optimizer).__name__,
+        "distributed": args.mirrored, "optimizer": type(model.optimizer).__name__,
         "clip_norm": model.optimizer.global_clipnorm,
         "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT, "peak_rss_mb": peak_rss_mb(),
     }))

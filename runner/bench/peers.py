@@ -25,11 +25,13 @@ from pathlib import Path
 
 from runner.bench.jobs import Progress, emit, machine, median_range, run_job
 from runner.errors import ConfigError
+from runner.strategies import baseline, doing
 
 RESNET = ["+model._target_=runner.bench.user_resnet.resnet20", "model.name=resnet20", "data=synthetic",
           "data.shape=[32,32,3]", "data.classes=10", "data.test_limit=256", "train.optimizer=sgd",
           "train.learning_rate=0.01", "train.target_accuracy=null", "train.predict=false",
           "train.checkpoint_every=0"]
+PEER_MODE = "--variable_update=replicated"  # the peer's on more than one tower; the runner's strategy doing it
 TARGET = 1.0  # runner / peer, median of the rounds, at every tower count (issue #48)
 
 
@@ -46,7 +48,7 @@ def peer_job(script: Path, towers: int, batch: int, steps: int, xla: bool) -> di
     """tf_cnn_benchmarks' resnet20 in a fresh process: {'rate': its total images/s, 'unit': 'images'}, or
     {'error': ...}."""
     args = [sys.executable, script.name, "--model=resnet20", "--data_name=cifar10", "--device=cpu",
-            "--data_format=NHWC", "--variable_update=replicated", "--optimizer=sgd", f"--batch_size={batch}",
+            "--data_format=NHWC", PEER_MODE, "--optimizer=sgd", f"--batch_size={batch}",
             f"--num_gpus={towers}", f"--num_batches={steps}", "--num_warmup_batches=10", f"--xla={xla}"]
     env = {**os.environ, "TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(args, cwd=script.parent, capture_output=True, text=True, env=env)
@@ -59,7 +61,8 @@ def peer_job(script: Path, towers: int, batch: int, steps: int, xla: bool) -> di
 
 def runner_overrides(towers: int, batch: int, steps: int, xla: str) -> list[str]:
     """The runner's job: the user's ResNet-20 on `towers` devices, `batch` images per tower."""
-    return [*RESNET, "strategy=single" if towers == 1 else "strategy=replicated", f"gpus={towers}",
+    strategy = [f"strategy={baseline()}"] if towers == 1 else doing(PEER_MODE)
+    return [*RESNET, *strategy, f"gpus={towers}",
             f"train.global_batch_size={batch * towers}", f"data.train_limit={max(4096, batch * towers * 8)}",
             f"train.steps={steps}", "train.steps_per_call=10", f"train.jit_compile={xla}"]
 

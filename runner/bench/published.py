@@ -15,16 +15,16 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.strategies import doing
+
 TABLES = Path(__file__).with_name("published")
-# tf_cnn_benchmarks' --variable_update (and --local_parameter_device, or the all-reduce) -> this runner's strategy
-# (docs/pipelines-and-strategies.md says what differs)
-MODES = {
-    ("parameter_server", "cpu"): ["strategy=parameter_server", "strategy.ps_device=cpu"],
-    ("parameter_server", "gpu"): ["strategy=sharded_update"],  # variables spread over the GPUs, each updating its own
-    ("replicated", "nccl"): ["strategy=mirrored"],  # tf.distribute all-reduces with NCCL on GPUs
-    ("replicated", "no_nccl"): ["strategy=replicated"],  # each variable summed on one device, copied back
-    ("distributed_replicated", ""): ["strategy=multi_worker"],
-}
+
+
+def flags(mode: str, device: str) -> str:
+    """A table's mode and device columns as tf_cnn_benchmarks' flags (what `strategies.doing` reads)."""
+    extra = {"cpu": " --local_parameter_device=cpu", "gpu": " --local_parameter_device=gpu",
+             "nccl": " --all_reduce_spec=nccl"}.get(device, "")  # no_nccl, or none: the mode's default
+    return f"--variable_update={mode}{extra}"
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def cells(folder: Path = TABLES) -> list[Cell]:
     for path in sorted(folder.glob("*.csv")):
         lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
         for row in csv.DictReader(lines):
-            overrides = (f"experiment=tf_cnn_{row['model']}", *MODES[(row["mode"], row["device"])],
+            overrides = (f"experiment=tf_cnn_{row['model']}", *doing(flags(row["mode"], row["device"])),
                          f"hardware={row['hardware']}", f"hardware.nodes={row['nodes']}", f"gpus={row['gpus']}",
                          f"train.per_device_batch_size={row['batch_per_gpu']}")
             mode = f"{row['mode']} {row['device']}".strip()

@@ -7,6 +7,7 @@ import time
 
 from runner.bench.jobs import NO_TIMED_STEPS, emit, machine, run_job, too_few_timed
 from runner.bench.peers import runner_overrides
+from runner.strategies import baseline, doing, name_of
 
 
 def _values(option: str, default: str, *others: str) -> list[tuple[str, list[str]]]:
@@ -24,48 +25,54 @@ _GPT = ["model=gpt", "data=shakespeare", "train.steps=300", "train.steps_per_cal
 _DLRM = ["model=dlrm", "data=clicks", "train.steps=200", "train.steps_per_call=20"]
 # train.jit_compile's rows: auto's row says what it chose (its run's `xla` tag), beside both fixed settings
 _XLA = _values("train.jit_compile", "auto", "false", "true")
+# The strategies of the groups below by what they do (tf_cnn_benchmarks' modes): towers written by the runner, each
+# variable summed on one device; tf.distribute's all-reduce (the one with `input` and `cross_device_ops` options)
+_TOWERS = doing("--variable_update=replicated")
+_ALL_REDUCE = doing("--variable_update=replicated --all_reduce_spec=nccl")
+_TOWERS_NAME, _ALL_REDUCE_NAME = name_of(_TOWERS), name_of(_ALL_REDUCE)
+_BASE_NAME = baseline()  # the one-device groups run the default strategy
 # TensorFlow's generator datasets (behind tf.distribute's per-device input iterators) are what set the malloc trap.
-_DISTRIBUTE = ["strategy=mirrored", "gpus=2", "strategy.input=distribute"]
+_DISTRIBUTE = [*_ALL_REDUCE, "gpus=2", "strategy.input=distribute"]
 # group -> (what, where, the group's job, [(value, its overrides)]); the first value is the default.
 SPEED_SETTINGS = {
-    "calls": ("steps per compiled call", "mlp/default, single", _MLP,
+    "calls": ("steps per compiled call", f"mlp/default, {_BASE_NAME}", _MLP,
               _values("train.steps_per_call", "50", "10", "1")),
-    "fused": ("fused optimizer update", "mlp/default, replicated x4", [*_MLP, "strategy=replicated", "gpus=4"],
+    "fused": ("fused optimizer update", f"mlp/default, {_TOWERS_NAME} x4", [*_MLP, *_TOWERS, "gpus=4"],
               _values("train.fused_optimizer", "true", "false")),
-    "fused1": ("fused optimizer update", "mlp/default, single", _MLP,
+    "fused1": ("fused optimizer update", f"mlp/default, {_BASE_NAME}", _MLP,
                _values("train.fused_optimizer", "true", "false")),
-    "xla": ("XLA compilation", "mlp/default, single", _MLP, _XLA),
-    "xla_cnn": ("XLA compilation", "cnn/default, single", _CNN, _XLA),
-    "xla_towers": ("XLA compilation", "cnn/default, replicated x2", [*_CNN, "strategy=replicated", "gpus=2"], _XLA),
-    "xla_lenet": ("XLA compilation", "lenet, single", _LENET, _XLA),
-    "xla_nin": ("XLA compilation", "nin/default, single", _NIN, _XLA),
-    "xla_resnet": ("XLA compilation", "a user's ResNet-20, single", _RESNET20, _XLA),
-    "xla_gpt": ("XLA compilation", "gpt/default (nanoGPT's CPU recipe), single", _GPT, _XLA),
-    "xla_dlrm": ("XLA compilation", "dlrm/default, single", _DLRM, _XLA),
-    "fused_bn": ("fused batch norm", "a user's ResNet-20, single", _RESNET20,
+    "xla": ("XLA compilation", f"mlp/default, {_BASE_NAME}", _MLP, _XLA),
+    "xla_cnn": ("XLA compilation", f"cnn/default, {_BASE_NAME}", _CNN, _XLA),
+    "xla_towers": ("XLA compilation", f"cnn/default, {_TOWERS_NAME} x2", [*_CNN, *_TOWERS, "gpus=2"], _XLA),
+    "xla_lenet": ("XLA compilation", f"lenet, {_BASE_NAME}", _LENET, _XLA),
+    "xla_nin": ("XLA compilation", f"nin/default, {_BASE_NAME}", _NIN, _XLA),
+    "xla_resnet": ("XLA compilation", f"a user's ResNet-20, {_BASE_NAME}", _RESNET20, _XLA),
+    "xla_gpt": ("XLA compilation", f"gpt/default (nanoGPT's CPU recipe), {_BASE_NAME}", _GPT, _XLA),
+    "xla_dlrm": ("XLA compilation", f"dlrm/default, {_BASE_NAME}", _DLRM, _XLA),
+    "fused_bn": ("fused batch norm", f"a user's ResNet-20, {_BASE_NAME}", _RESNET20,
                  _values("train.fused_batch_norm", "true", "false")),
-    "precision": ("mixed precision", "mlp/default, single", _MLP,
+    "precision": ("mixed precision", f"mlp/default, {_BASE_NAME}", _MLP,
                   _values("train.precision", "float32", "mixed_bfloat16")),
-    "precision_cnn": ("mixed precision", "cnn/default, single", _CNN,
+    "precision_cnn": ("mixed precision", f"cnn/default, {_BASE_NAME}", _CNN,
                       _values("train.precision", "float32", "mixed_bfloat16")),
-    "threads": ("host threads", "mlp/default, replicated x2", [*_MLP, "strategy=replicated", "gpus=2"], [
+    "threads": ("host threads", f"mlp/default, {_TOWERS_NAME} x2", [*_MLP, *_TOWERS, "gpus=2"], [
         ("train.intra_op_threads=-1 (default: cores / devices)", []),
         ("train.intra_op_threads=0 (TensorFlow's default)", ["train.intra_op_threads=0"]),
         ("train.intra_op_threads=2", ["train.intra_op_threads=2"]),
         ("train.inter_op_threads=1", ["train.inter_op_threads=1"]),
         ("train.inter_op_threads=4", ["train.inter_op_threads=4"])]),
-    "threads1": ("host threads", "mlp/tiny, single", _MLP_TINY, [
+    "threads1": ("host threads", f"mlp/tiny, {_BASE_NAME}", _MLP_TINY, [
         ("train.intra_op_threads=-1 (default: TensorFlow's own on one device)", []),
         ("train.intra_op_threads=1", ["train.intra_op_threads=1"])]),
-    "malloc": ("freed memory kept for reuse", "mlp/default, mirrored x2, tf.distribute input",
+    "malloc": ("freed memory kept for reuse", f"mlp/default, {_ALL_REDUCE_NAME} x2, tf.distribute input",
                [*_MLP, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
-    "malloc_cnn": ("freed memory kept for reuse", "cnn/default, mirrored x2, tf.distribute input",
+    "malloc_cnn": ("freed memory kept for reuse", f"cnn/default, {_ALL_REDUCE_NAME} x2, tf.distribute input",
                    [*_CNN, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
-    "input": ("mirrored's input", "mlp/tiny, mirrored x2", [*_MLP_TINY, "strategy=mirrored", "gpus=2"],
+    "input": (f"{_ALL_REDUCE_NAME}'s input", f"mlp/tiny, {_ALL_REDUCE_NAME} x2", [*_MLP_TINY, *_ALL_REDUCE, "gpus=2"],
               _values("strategy.input", "towers", "distribute")),
-    "input4": ("mirrored's input", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"],
+    "input4": (f"{_ALL_REDUCE_NAME}'s input", f"mlp/default, {_ALL_REDUCE_NAME} x4", [*_MLP, *_ALL_REDUCE, "gpus=4"],
                _values("strategy.input", "towers", "distribute")),
-    "reduce": ("cross-device reduction", "mlp/default, mirrored x4", [*_MLP, "strategy=mirrored", "gpus=4"], [
+    "reduce": ("cross-device reduction", f"mlp/default, {_ALL_REDUCE_NAME} x4", [*_MLP, *_ALL_REDUCE, "gpus=4"], [
         ("strategy.cross_device_ops=auto (default: reduce_to_one_device on CPUs)", []),
         ("strategy.cross_device_ops=tensorflow (collective ring)", ["strategy.cross_device_ops=tensorflow"]),
         ("strategy.cross_device_ops=hierarchical_copy", ["strategy.cross_device_ops=hierarchical_copy"])]),

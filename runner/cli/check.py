@@ -39,7 +39,6 @@ STEPS = 10  # compiled one-step calls whose losses are compared
 TIMED_STEPS = 30  # steps of the one timed call
 TOLERANCE = 1e-3  # float32 on CPUs agrees to ~1e-6; GPUs' TF32 matmuls and reduction orders need more room
 BASE = ["debug=smoke", "pipeline.shuffle_buffer=0", "mlflow.experiment=check"]  # unshuffled: the same data order
-REFERENCE = ["strategy=single", "pipeline=split", "gpus=1"]
 RESULT = "check-result: "  # the child's line on stdout: one combination's measurement, as JSON
 BEGIN = "check-begin: "  # the child's line on stderr before each combination: its placer log follows
 CHOICES = ("strategy=", "pipeline=", "gpus=")  # what the check varies; every other override applies to all rows
@@ -358,9 +357,17 @@ def reprobe() -> int:
     return 0
 
 
+def one_device() -> list[str]:
+    """The reference every combination is checked against: the baseline strategy (the registry's) on one device."""
+    from runner.strategies import baseline
+
+    return [f"strategy={baseline()}", "pipeline=split", "gpus=1"]
+
+
 def check(args: argparse.Namespace) -> int:
     """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
     from runner.cli.overrides import searchpath
+    from runner.strategies import baseline
 
     dirs = tuple(Path(d).expanduser().resolve() for d in args.config_dir)
     search = searchpath(dirs)
@@ -369,8 +376,8 @@ def check(args: argparse.Namespace) -> int:
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
     print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "
           f"(unshuffled, same seed; loss tolerance {args.tolerance:g} relative)", flush=True)
-    (reference,) = measure_all([Combination("one device: single / split", [*common, *REFERENCE])], args.steps,
-                               args.timed)
+    (reference,) = measure_all([Combination(f"one device: {baseline()} / split", [*common, *one_device()])],
+                               args.steps, args.timed)
     if reference.error:
         print(f"error: the one-device reference run failed: {reference.error}", file=sys.stderr)
         return 2

@@ -111,9 +111,12 @@ class SpecSheet:
     measured: ClassVar[bool] = False
 
     def check_devices(self, gpus: int, multi_process: bool) -> None:
+        from runner.strategies import with_role
+
         most = self.devices_per_node * (self.nodes if multi_process else 1)
+        spans = " or ".join(f"strategy={n}" for n in with_role("multi_process"))
         where = (f"{self.devices_per_node} per node x hardware.nodes={self.nodes}" if multi_process else
-                 f"one node of {self.devices_per_node}: a single-process strategy; strategy=multi_worker spans nodes")
+                 f"one node of {self.devices_per_node}: a single-process strategy; {spans} spans nodes")
         check("gpus", gpus, (lambda v: 1 <= v <= most, f"1 to {most} on hardware={self.name} ({where})"))
 
     def nodes_for(self, gpus: int) -> int:

@@ -24,6 +24,7 @@ from typing import Any
 
 from runner.errors import ConfigError
 from runner.config import SLOTS, TOUCHED
+from runner.strategies import splitting
 
 log = logging.getLogger(__name__)
 
@@ -237,8 +238,9 @@ def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
     most = largest_fitting_batch(model_layers, str(train.optimizer), str(train.precision),
                                  hw.accelerator.memory_bytes)
     gb = 1e9
+    split = " or ".join(f"strategy={n}" for n in splitting())
     fix = (f"use train.per_device_batch_size={most} or less" if most else
-           "its weights and optimizer state alone do not fit: use a device with more memory or strategy=model_parallel")
+           f"its weights and optimizer state alone do not fit: use a device with more memory or {split}")
     raise ConfigError(f"train.per_device_batch_size={batch} needs {need / gb:,.1f} GB per device on hardware="
                       f"{hw.name} ({hw.accelerator.name}: {hw.accelerator.memory_bytes / gb:,.1f} GB); {fix}")
 

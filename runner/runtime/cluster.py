@@ -76,7 +76,7 @@ def parse(text: str, source: str = ENV) -> Cluster:
     return Cluster(tasks, task_type, index)
 
 
-def from_options(workers: list[str], task_index: int) -> Cluster:
+def from_options(workers: list[str], task_index: int, strategy: str) -> Cluster:
     """The cluster of `strategy.workers` / `strategy.task_index`, else of TF_CONFIG when `workers` is empty.
 
     Raises:
@@ -87,7 +87,7 @@ def from_options(workers: list[str], task_index: int) -> Cluster:
         return parse(text, "strategy.workers/strategy.task_index")
     if not os.environ.get(ENV):
         raise ConfigError(
-            f"strategy=multi_worker needs the cluster: set strategy.workers=[host:port,...] and strategy.task_index, "
+            f"strategy={strategy} needs the cluster: set strategy.workers=[host:port,...] and strategy.task_index, "
             f"or the {ENV} environment variable"
         )
     return parse(os.environ[ENV])
@@ -105,7 +105,8 @@ def worker_suffix(_root_: Any) -> str:
     if "workers" not in strategy:  # a strategy of one process
         return ""
     try:
-        spec = from_options(list(strategy.get("workers") or []), int(strategy.get("task_index") or 0))
+        spec = from_options(list(strategy.get("workers") or []), int(strategy.get("task_index") or 0),
+                            str(strategy.get("name")))
     except (ConfigError, ValueError, TypeError):  # a malformed cluster: validation reports it once the job starts
         return ""
     return f"-{spec.name}"

@@ -310,6 +310,11 @@ class StrategyBase:
     # What it does with batch normalization (and any non-trainable state a layer updates while training): the
     # `batch_norm` tag of a run whose model has such state, and docs/your-model-your-data.md.
     batch_norm: ClassVar[str] = "batch statistics of the global batch; one copy of the moving statistics"
+    # What it stands for in tf_cnn_benchmarks' vocabulary: that tool's flags -> the option overrides that make this
+    # strategy do the same; how published tables and peer benchmarks name a strategy (`doing`)
+    tf_cnn: ClassVar[dict[str, tuple[str, ...]]] = {}
+    # The strategy whose step this one runs with the weight update sharded: the bench judges it against that one
+    unsharded: ClassVar[type | None] = None
 
     def describe_batch_norm(self) -> str:
         """What this strategy, with these options, does with batch normalization's statistics."""
@@ -377,6 +382,40 @@ def data_parallel() -> list[str]:
     """The registered strategies of one process that run a tower per device (the bench's and check's grid)."""
     return [n for n in STRATEGIES.names() if _role(n, "data_parallel") and not _role(n, "multi_process")
             and not _role(n, "baseline")]
+
+
+def tf_cnn_modes() -> dict[str, list[str]]:
+    """tf_cnn_benchmarks' modes (its flags: `--variable_update=replicated --all_reduce_spec=nccl`, ...), each with the
+    overrides of the registered strategy that does the same (`StrategyBase.tf_cnn`): how published tables and peer
+    benchmarks name a strategy, so that no other module spells one."""
+    return {flags: [f"strategy={name}", *extra] for name in STRATEGIES.names()
+            for flags, extra in getattr(STRATEGIES.get(name), "tf_cnn", {}).items()}
+
+
+def doing(flags: str) -> list[str]:
+    """The overrides of the strategy doing what tf_cnn_benchmarks does with `flags`."""
+    return tf_cnn_modes()[flags]
+
+
+def name_of(overrides: list[str]) -> str:
+    """The strategy that `overrides` (from `doing`) choose."""
+    return overrides[0].removeprefix("strategy=")
+
+
+def sharding(name: str) -> str:
+    """The strategy whose step `name` runs with its weight update sharded ('' for any other)."""
+    unsharded = getattr(STRATEGIES.get(name), "unsharded", None)
+    return unsharded.name if unsharded else ""
+
+
+def with_role(role: str) -> list[str]:
+    """The registered strategies with a role (`multi_process`, ...), for lines that tell a user which to choose."""
+    return [n for n in STRATEGIES.names() if _role(n, role)]
+
+
+def splitting() -> list[str]:
+    """The registered strategies that split one model over the devices instead of copying it."""
+    return [n for n in STRATEGIES.names() if not _role(n, "data_parallel") and not _role(n, "baseline")]
 
 
 def _role(name: str, role: str) -> bool:

@@ -62,6 +62,7 @@ class Mirrored(SyncBatchNorm, StrategyBase):
     """tf.distribute.MirroredStrategy over the selected devices, trained by the runner's own compiled loop."""
 
     name: str = "mirrored"
+    tf_cnn: ClassVar[dict[str, tuple[str, ...]]] = {"--variable_update=replicated --all_reduce_spec=nccl": ()}
     # auto: reduce_to_one_device on CPUs, TensorFlow's choice elsewhere | tensorflow (collective ring on CPUs, NCCL on
     # GPUs) | nccl | hierarchical_copy | reduce_to_one_device
     cross_device_ops: CrossDeviceOps = "auto"

@@ -44,6 +44,7 @@ class MultiWorker(SyncBatchNorm, StrategyBase):
     """
 
     name: str = "multi_worker"
+    tf_cnn: ClassVar[dict[str, tuple[str, ...]]] = {"--variable_update=distributed_replicated": ()}
     workers: list[str] = field(default_factory=list)  # host:port of every worker, the same list on each; [] = TF_CONFIG
     task_index: int = 0  # this process's index in `workers`
     communication: Literal["auto", "ring", "nccl"] = "auto"  # how the workers' gradients are all-reduced
@@ -58,7 +59,7 @@ class MultiWorker(SyncBatchNorm, StrategyBase):
 
     def cluster(self) -> cluster.Cluster:
         """The cluster from `workers`/`task_index`, else from TF_CONFIG. Raises ConfigError if neither is usable."""
-        return cluster.from_options(self.workers, self.task_index)
+        return cluster.from_options(self.workers, self.task_index, self.name)
 
     def peer_wait(self) -> float:
         return self.peer_timeout

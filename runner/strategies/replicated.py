@@ -76,6 +76,7 @@ class Replicated(TowersOptions):
     """A full copy of the variables on every device, each updated with the averaged gradient."""
 
     name: str = "replicated"
+    tf_cnn: ClassVar[dict[str, tuple[str, ...]]] = {"--variable_update=replicated": ()}
 
     def build(self, devices: Devices, training: Training) -> Towers:
         return Towers(list(devices.names), training)
@@ -102,6 +103,8 @@ class ParameterServer(TowersOptions):
     """One copy of the variables on `ps_device`, read by every tower (Keras' multi_gpu_model layout)."""
 
     name: str = "parameter_server"
+    tf_cnn: ClassVar[dict[str, tuple[str, ...]]] = {
+        "--variable_update=parameter_server --local_parameter_device=cpu": ("strategy.ps_device=cpu",)}
     ps_device: Literal["cpu", "first_device"] = "cpu"  # the host CPU | the first training device
     # Embedding tables: on ps_device with the rest | spread: each on one training device, dealt by size (as hybrid)
     tables: Literal["ps_device", "spread"] = "ps_device"

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -44,7 +44,7 @@ from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, Traffic, Training,
                                loss_scale, ring)
 from runner.strategies.common import tables, update
-from runner.strategies.replicated import Towers, TowersOptions, mean_of, tower_gradients
+from runner.strategies.replicated import Replicated, Towers, TowersOptions, mean_of, tower_gradients
 
 if TYPE_CHECKING:
     import keras
@@ -61,6 +61,10 @@ class ShardedUpdate(TowersOptions):
     """replicated's towers; each device updates 1/N of the weights and holds 1/N of the optimizer state."""
 
     name: str = "sharded_update"
+    # variables spread over the devices, each updating its own: tf_cnn_benchmarks' parameter server on the GPUs
+    tf_cnn: ClassVar[dict[str, tuple[str, ...]]] = {
+        "--variable_update=parameter_server --local_parameter_device=gpu": ()}
+    unsharded: ClassVar[type] = Replicated  # the same towers and reduction, every device updating every weight
 
     def table_copies(self, devices: int) -> tuple[float, float]:
         return max(devices, 1), 1  # a copy per tower to look rows up in; each row's optimizer state once
