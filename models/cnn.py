@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, Literal
 
 from runner.data_pipelines import MNIST, Spec
-from runner.models import MODELS, ModelOptions
+from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default", "paper"]
 # variant -> (filters of each 3x3 conv layer, index after which the single 2x2 max-pool sits, dense units)
@@ -19,32 +19,26 @@ LAYERS: dict[Variant, tuple[tuple[int, ...], int, int]] = {
 
 @MODELS.register
 @dataclass
-class CNN(ModelOptions):
+class CNN(SequentialModel):
     """3x3 convolutions, one max-pool, dense: tiny, default (trains in minutes on a CPU), paper (5 convs of 128)."""
 
     name: str = "cnn"
     variant: Variant = "default"
 
-    target_accuracy: ClassVar[float] = 0.99  # the test accuracy a run is timed to by default
-
-    def build(self, spec: Spec = MNIST):
-        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits."""
-        import keras
-
+    def layers(self, keras: Any, spec: Spec) -> list[Any]:
         filters, pool_after, dense = LAYERS[self.variant]
-        layers = [keras.Input(spec.shape)]
+        layers = []
         for i, f in enumerate(filters):
             layers.append(keras.layers.Conv2D(f, 3, activation="relu"))  # valid padding: side shrinks by 2
             if i == pool_after:
                 layers.append(keras.layers.MaxPooling2D(2))  # side halves
-        layers += [
+        return layers + [
             keras.layers.Dropout(0.25),
             keras.layers.Flatten(),
             keras.layers.Dense(dense, activation="relu"),
             keras.layers.Dropout(0.5),
             keras.layers.Dense(spec.classes),  # (b, classes) logits
         ]
-        return keras.Sequential(layers, name=f"cnn_{self.variant}")
 
     def check(self, spec: Spec) -> None:
         """Each valid 3x3 convolution takes 2 off each side and the pool halves it: at least 1x1 must remain."""

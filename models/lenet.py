@@ -5,10 +5,10 @@ at 8 and 16 filters, dense 32, for smoke runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, Literal
 
 from runner.data_pipelines import MNIST, Spec
-from runner.models import MODELS, ModelOptions
+from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default"]
 WIDTHS: dict[Variant, tuple[int, int, int]] = {"tiny": (8, 16, 32), "default": (32, 64, 512)}  # conv, conv, dense
@@ -16,33 +16,23 @@ WIDTHS: dict[Variant, tuple[int, int, int]] = {"tiny": (8, 16, 32), "default": (
 
 @MODELS.register
 @dataclass
-class LeNet(ModelOptions):
+class LeNet(SequentialModel):
     """conv 5x5 SAME, pool 2x2, conv 5x5 SAME, pool 2x2, dense, dense classes (ReLU)."""
 
     name: str = "lenet"
     variant: Variant = "default"
 
-    target_accuracy: ClassVar[float] = 0.99  # the test accuracy a run is timed to by default
-
-    def build(self, spec: Spec = MNIST):
-        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits; shapes below are
-        MNIST's."""
-        import keras
-
+    def layers(self, keras: Any, spec: Spec) -> list[Any]:
         conv1, conv2, dense = WIDTHS[self.variant]
-        return keras.Sequential(
-            [
-                keras.Input(spec.shape),
-                keras.layers.Conv2D(conv1, 5, padding="same", activation="relu"),  # (b, 28, 28, conv1)
-                keras.layers.MaxPooling2D(2),  # (b, 14, 14, conv1)
-                keras.layers.Conv2D(conv2, 5, padding="same", activation="relu"),  # (b, 14, 14, conv2)
-                keras.layers.MaxPooling2D(2),  # (b, 7, 7, conv2)
-                keras.layers.Flatten(),  # (b, 49 * conv2)
-                keras.layers.Dense(dense, activation="relu"),
-                keras.layers.Dense(spec.classes),  # (b, classes) logits
-            ],
-            name=f"lenet_{self.variant}",
-        )
+        return [
+            keras.layers.Conv2D(conv1, 5, padding="same", activation="relu"),  # (b, 28, 28, conv1)
+            keras.layers.MaxPooling2D(2),  # (b, 14, 14, conv1)
+            keras.layers.Conv2D(conv2, 5, padding="same", activation="relu"),  # (b, 14, 14, conv2)
+            keras.layers.MaxPooling2D(2),  # (b, 7, 7, conv2)
+            keras.layers.Flatten(),  # (b, 49 * conv2)
+            keras.layers.Dense(dense, activation="relu"),
+            keras.layers.Dense(spec.classes),  # (b, classes) logits
+        ]
 
     def check(self, spec: Spec) -> None:
         """Two 2x2 pools (valid padding): at least 4x4, so one pixel remains."""

@@ -8,10 +8,10 @@ into the logits, so there is no dense layer at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, Literal
 
 from runner.data_pipelines import MNIST, Spec
-from runner.models import MODELS, ModelOptions
+from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default", "paper"]
 CHANNELS: dict[Variant, tuple[int, int, int]] = {"tiny": (16, 16, 16), "default": (64, 96, 96), "paper": (192, 192, 192)}
@@ -30,28 +30,20 @@ def mlpconv(keras, channels: int, kernel: int, out: int | None = None) -> list:
 
 @MODELS.register
 @dataclass
-class NIN(ModelOptions):
+class NIN(SequentialModel):
     """Channels of the three mlpconv blocks: tiny 16/16/16, default 64/96/96, paper 192 each."""
 
     name: str = "nin"
     variant: Variant = "default"
 
-    target_accuracy: ClassVar[float] = 0.99  # the test accuracy a run is timed to by default
-
-    def build(self, spec: Spec = MNIST):
-        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits; shapes below are
-        MNIST's."""
-        import keras
-
+    def layers(self, keras: Any, spec: Spec) -> list[Any]:
         c1, c2, c3 = CHANNELS[self.variant]
-        layers = [keras.Input(spec.shape)]
-        layers += mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
+        layers = mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
         layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 14, 14, c1)
         layers += mlpconv(keras, c2, _KERNELS[1])  # (b, 14, 14, c2)
         layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
         layers += mlpconv(keras, c3, _KERNELS[2], out=spec.classes)  # (b, 7, 7, classes)
-        layers.append(keras.layers.GlobalAveragePooling2D())  # (b, classes) logits
-        return keras.Sequential(layers, name=f"nin_{self.variant}")
+        return layers + [keras.layers.GlobalAveragePooling2D()]  # (b, classes) logits
 
     def activations_per_example(self, spec: Spec = MNIST) -> int:
         c1, c2, c3 = CHANNELS[self.variant]
