@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -107,11 +107,17 @@ def _builder(model: Model) -> str:
 
 def tower_models(model: Model, spec: Spec, seed: int, devices: list[str],
                  fused_batch_norm: bool = True) -> list[keras.Model]:
-    """One copy of `model` per device, each built (its variables placed) on that device, with the same weights."""
+    """One copy of `model` per device (`placed_copies` of `build_model`)."""
+    return placed_copies(lambda s: build_model(model, spec, s, fused_batch_norm), seed, devices)
+
+
+def placed_copies(model_fn: Callable[[int], keras.Model], seed: int, devices: list[str]) -> list[keras.Model]:
+    """`model_fn(seed)` once per device, each built (its variables placed) on that device: the same initial weights
+    on every device."""
     copies = []
     for device in devices:
         with tf.device(device):
-            copies.append(build_model(model, spec, seed, fused_batch_norm))
+            copies.append(model_fn(seed))
     return copies
 
 

@@ -22,16 +22,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, rows_to_owners
-from runner.strategies.common import deal, share, tables
+from runner.strategies.common import deal, placed_copies, share, tables
 from runner.strategies.replicated import Replicated, Towers, TowersOptions, average, mean_of
 
 if TYPE_CHECKING:
-    import keras
     import tensorflow as tf
 
     from runner.runtime.devices import Devices
 else:
-    keras, tf = lazy("keras"), lazy("tensorflow")
+    tf = lazy("tensorflow")
 
 
 @STRATEGIES.register
@@ -63,10 +62,7 @@ class HybridTowers(Towers):
 
     def __init__(self, devices: list[str], training: Training):
         self.devices, self.training, self.replicated, self.homes = devices, training, True, devices
-        self.models = []
-        for device in devices:  # the same seed for every copy: identical initial weights
-            with tf.device(device):
-                self.models.append(training.model_fn(training.seed))
+        self.models = placed_copies(training.model_fn, training.seed, devices)
         first = tables(self.models[0])
         self.owners = deal([math.prod(t.shape) for t in first], len(devices))
         self.shared = share(self.models, self.owners, devices)

@@ -43,7 +43,7 @@ import numpy as np
 from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, Traffic, Training,
                                loss_scale, ring)
-from runner.strategies.common import tables, update
+from runner.strategies.common import placed_copies, tables, update
 from runner.strategies.replicated import Replicated, Towers, TowersOptions, mean_of, tower_gradients
 
 if TYPE_CHECKING:
@@ -133,10 +133,7 @@ class ShardedTowers(Towers):
 
     def __init__(self, devices: list[str], training: Training):
         self.devices, self.training, self.replicated, self.homes = devices, training, True, devices
-        self.models = []
-        for device in devices:  # the same seed for every copy: identical initial weights
-            with tf.device(device):
-                self.models.append(training.model_fn(training.seed))
+        self.models = placed_copies(training.model_fn, training.seed, devices)
         variables = self.models[0].trainable_variables
         table_ids = {id(t) for t in tables(self.models[0])}
         self.table_index = [i for i, v in enumerate(variables) if id(v) in table_ids]  # row-sharded
