@@ -83,11 +83,11 @@ class Arrays:
 
     @property
     def train_size(self) -> int:
-        return len(self.x_train)
+        return count_examples(self.x_train)
 
     @property
     def test_size(self) -> int:
-        return len(self.x_test)
+        return count_examples(self.x_test)
 
     def train(self) -> Indexed:
         return examples(self.x_train, self.y_train, self.spec)
@@ -108,26 +108,22 @@ class Table(Arrays):
     """Examples of named features (`Spec.features`): `x_train` and `x_test` are dicts of arrays (n, *feature.shape),
     the labels (n,) in the task's dtype."""
 
-    @property
-    def train_size(self) -> int:
-        return len(self.y_train)
-
-    @property
-    def test_size(self) -> int:
-        return len(self.y_test)
-
     def test(self, limit: int | None = None) -> Any:
         return eval_dataset({k: v[:limit] for k, v in self.x_test.items()}, self.y_test[:limit], self.spec)
 
-    def digest(self, split: str) -> str:
-        x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
-        return array_digest(np.concatenate([np.ascontiguousarray(v).view(np.uint8).reshape(len(y), -1)
-                                            for _, v in sorted(x.items())], axis=1), y)
+
+def count_examples(x: Any) -> int:
+    """The examples in `x`: an array's rows, or those of each array of a dict of named features (`Table`)."""
+    return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
 
 
-def array_digest(x: np.ndarray, y: np.ndarray) -> str:
+def array_digest(x: Any, y: np.ndarray) -> str:
     """sha256 of the images' and labels' bytes (8 hex digits); of a memory-mapped array only its shape and first
-    2**20 values, since reading it whole would pull the file into memory."""
+    2**20 values, since reading it whole would pull the file into memory; of named features (a dict of arrays),
+    each example's bytes of every feature, by name, side by side."""
+    if isinstance(x, dict):
+        x = np.concatenate([np.ascontiguousarray(v).view(np.uint8).reshape(len(y), -1) for _, v in sorted(x.items())],
+                           axis=1)
     digest = hashlib.sha256()
     if isinstance(x, np.memmap):
         digest.update(repr((x.shape, x.dtype.str)).encode() + x.reshape(-1)[: 1 << 20].tobytes())
