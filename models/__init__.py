@@ -1,12 +1,13 @@
 """Models: one module each, holding a dataclass of the model's options whose `build(spec)` returns a Keras model.
 
 The contract is `Model` below: a model is built for the data's example spec (input shape, classes), and refuses in
-one line, before TensorFlow starts, a spec it cannot take. A module imports Keras inside `build`, never at top
-level, so config validation reads the options without loading TensorFlow. Adding a model is one module here (a
-dataclass registered with `@MODELS.register`, see `lenet.py`) plus one YAML in conf/model/. A user's own model
-needs neither: a YAML in their config directory whose `_target_` names their dataclass, or any function returning a
-Keras model, called with `input_shape` and `classes` as keras.applications' constructors are (and what else the data
-says, where it takes it: `spec_arguments`). `check_lookups` holds a built model's embeddings to the data's ids.
+one line, before TensorFlow starts, a spec it cannot take. A module imports Keras inside `build` (a
+`SequentialModel`'s `layers` are handed it), never at top level, so config validation reads the options without
+loading TensorFlow. Adding a model is one module here (a dataclass registered with `@MODELS.register`, see
+`lenet.py`: a `SequentialModel`) plus one YAML in conf/model/. A user's own model needs neither: a YAML in their
+config directory whose `_target_` names their dataclass, or any function returning a Keras model, called with
+`input_shape` and `classes` as keras.applications' constructors are (and what else the data says, where it takes
+it: `spec_arguments`). `check_lookups` holds a built model's embeddings to the data's ids.
 """
 
 from __future__ import annotations
@@ -114,9 +115,9 @@ class ModelOptions:
 class SequentialModel(ModelOptions):
     """Base of the MNIST study's image models (mlp, cnn, lenet, nin), each one stack of layers in a few sizes:
     `build` puts the data's Input before the model's `layers` and names the Keras model `<name>_<variant>`
-    (`lenet_default`), so a model lists only its layers. They are timed to 99% MNIST test accuracy by default."""
+    (`lenet_default`), so a model lists only its layers. The MNIST target is the convnets' 99% (mlp sets its own)."""
 
-    variant: str = "default"  # each model's own sizes, a Literal of them
+    variant: str = "default"  # each model narrows it to a Literal of its sizes
 
     target_accuracy: ClassVar[float | None] = 0.99
 
