@@ -100,13 +100,25 @@ def run_isolated(cfg: DictConfig) -> dict:
         if done:
             log.info("resume: %s already FINISHED as run %s; skipped", outcome["overrides"], done)
             return _write(job_dir, {**outcome, "status": "SKIPPED", "run_id": done})
-    env = {**os.environ, tracking.ENV_CHILD: "1", tracking.ENV_PARENT: _read_parent(hc.sweep.dir) or ""}
-    code, stdout, stderr = _run_child(_child_command(hc, job_dir), env)
+    return _write(job_dir, {**outcome, **launch(_child_command(hc, job_dir), job_dir, _read_parent(hc.sweep.dir))})
+
+
+def launch(command: list[str], job_dir: str, parent: str | None) -> dict[str, str]:
+    """Run one job's process to its end, as a job of the sweep whose parent run is `parent`, its stdout and stderr
+    kept in `job_dir`: the one way a sweep or a benchmark starts a job.
+
+    Returns:
+        status FINISHED or FAILED, the id of the run it opened (`run_id`, when it got that far) and, if it failed,
+        its `error` line.
+    """
+    env = {**os.environ, tracking.ENV_CHILD: "1", tracking.ENV_PARENT: parent or ""}
+    code, stdout, stderr = _run_child(command, env)
+    Path(job_dir).mkdir(parents=True, exist_ok=True)
     Path(job_dir, "child.stdout").write_text(stdout)
     Path(job_dir, "child.stderr").write_text(stderr)
-    if code == 0:
-        return _write(job_dir, {**outcome, "status": "FINISHED"})
-    return _write(job_dir, {**outcome, "status": "FAILED", "error": _error_line(stderr, code)})
+    found = re.search(r"mlflow run ([0-9a-f]{32})", stdout)
+    outcome = {"status": "FINISHED" if code == 0 else "FAILED", **({"run_id": found.group(1)} if found else {})}
+    return outcome if code == 0 else {**outcome, "error": _error_line(stderr, code)}
 
 
 def _record_invalid(cfg: DictConfig, error: Exception, sweep_dir: str) -> None:
@@ -245,21 +257,15 @@ class SweepCallback(Callback):
         from runner.config import SweepConf
         from runner.registry import typed_values
         from runner.tracking.redact import redact_files, redact_logs
-        from runner.tracking import open_store, resolve_uri, whole_write
+        from runner.tracking import resolve_uri
 
         # The sweep's own settings, checked against their rules before anything opens: the jobs check the rest, but
         # these act before any job (sweep.only_top=-1 would leave every job out).
         typed_values(SweepConf, config.sweep, "sweep")
         redact_logs()  # Hydra logs each job's overrides
         redact_files(Path(config.hydra.sweep.dir))
-        uri = resolve_uri(config.mlflow.tracking_uri)
-        experiment_id = open_store(uri, config.mlflow.experiment)  # schema + experiment, once, up front
-        with whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
-            parent = _create_parent(uri, experiment_id, config)
-            _open_parent.update(uri=uri, run_id=parent)
-        sweep_dir = Path(config.hydra.sweep.dir)
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / PARENT_FILE).write_text(parent)
+        uri, sweep_dir = resolve_uri(config.mlflow.tracking_uri), Path(config.hydra.sweep.dir)
+        parent = open_parent(uri, config.mlflow.experiment, list(config.hydra.overrides.task), sweep_dir)
         os.environ[tracking.ENV_PARENT] = parent
         failures.clear()
         log.info("sweep parent run %s in %s", parent, uri)
@@ -273,28 +279,50 @@ class SweepCallback(Callback):
             print("\n".join(redact(line) for line in chosen), file=sys.stderr)
 
     def _end(self, config: DictConfig) -> None:
-        from mlflow.tracking import MlflowClient
-
-        from runner.report.table import sweep_end
-        from runner.tracking import resolve_uri, whole_write
+        from runner.tracking import resolve_uri
 
         outcomes = _outcomes(config.hydra.sweep.dir)
-        lines = summary_lines(outcomes)
         failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
-        parent = _read_parent(config.hydra.sweep.dir)
-        client = MlflowClient(resolve_uri(config.mlflow.tracking_uri))
+        close_parent(resolve_uri(config.mlflow.tracking_uri), _read_parent(config.hydra.sweep.dir),
+                     summary_lines(outcomes), failed=bool(failures))
+
+
+def open_parent(uri: str, experiment: str, overrides: list[str], sweep_dir: Path) -> str:
+    """Before a sweep's (or a benchmark's) jobs: the store's schema and experiment, once, and the parent run its jobs'
+    runs hang under (`runner report --parent`), its id in `sweep_dir` for jobs on any launcher; returns the id."""
+    from runner.tracking import open_store, whole_write
+
+    experiment_id = open_store(uri, experiment)
+    with whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
+        parent = _create_parent(uri, experiment_id, overrides, sweep_dir)
+        _open_parent.update(uri=uri, run_id=parent)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / PARENT_FILE).write_text(parent)
+    return parent
+
+
+def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> list[str]:
+    """After the jobs: `lines` (what the sweep says of its jobs) and the jobs' table and verdict, printed to stderr and
+    logged to the parent run, which ends FAILED if a job failed, else FINISHED; returns the lines."""
+    from mlflow.tracking import MlflowClient
+
+    from runner.report.table import sweep_end
+    from runner.tracking import whole_write
+
+    client = MlflowClient(uri)
+    try:
+        lines = lines + sweep_end(client, parent)
+    except Exception as e:  # noqa: BLE001 - the table is a convenience; closing the parent is what matters
+        lines = lines + [f"(no table of the jobs: {type(e).__name__}: {e})"]
+    print("\n".join(lines), file=sys.stderr)
+    with whole_write():
         try:
-            lines += sweep_end(client, parent)
-        except Exception as e:  # noqa: BLE001 - the table is a convenience; closing the parent is what matters
-            lines.append(f"(no table of the jobs: {type(e).__name__}: {e})")
-        print("\n".join(lines), file=sys.stderr)
-        with whole_write():
-            try:
-                _summarise_on_parent(client, parent)
-                client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
-            finally:  # the parent is closed even if the summary cannot be stored
-                client.set_terminated(parent, "FAILED" if failures else "FINISHED")
-                _open_parent.clear()
+            _summarise_on_parent(client, parent)
+            client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
+        finally:  # the parent is closed even if the summary cannot be stored
+            client.set_terminated(parent, "FAILED" if failed else "FINISHED")
+            _open_parent.clear()
+    return lines
 
 
 def _summarise_on_parent(client: Any, parent: str) -> None:
@@ -364,16 +392,15 @@ def close_open_parent(status: str) -> None:
         _open_parent.clear()
 
 
-def _create_parent(uri: str, experiment_id: str, config: DictConfig) -> str:
+def _create_parent(uri: str, experiment_id: str, overrides: list[str], sweep_dir: Path) -> str:
     from mlflow.tracking import MlflowClient
 
-    overrides = list(config.hydra.overrides.task)
     tags = {
         "sweep": "parent",
         "sweep.command": redact(tracking.command_line()),
         "sweep.overrides": redact(" ".join(overrides)),
-        "sweep.dir": str(Path(config.hydra.sweep.dir).resolve()),
-        "mlflow.runName": "sweep " + "/".join(Path(config.hydra.sweep.dir).parts[-2:]),
+        "sweep.dir": str(sweep_dir.resolve()),
+        "mlflow.runName": "sweep " + "/".join(sweep_dir.parts[-2:]),
         **tracking.process_tags(),  # how `runner report` tells a parent its killed sweep left open (tracking/stale.py)
     }
     return MlflowClient(uri).create_run(experiment_id, tags=tags).info.run_id

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import called, compose, markdown_rows
+from conftest import called, compose, markdown_rows, runs
 
 from runner.data_pipelines import PIPELINES
 
@@ -183,6 +183,18 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     assert all(detail.split(" of ")[1].startswith(str(len(runner))) for name, (_, detail) in targets.items()
                if "every runner job" in name or "tiny (smoke)" in name)
     assert out.read_text().strip() == proc.stdout.strip()
+    # The runner jobs are one sweep (runner.sweep.launch): a parent run closed FINISHED, its 8 jobs under it, each
+    # round a config of its own; the sweep's table and verdict end the bench, and `runner report` finds it.
+    table = runs(uri, "bench_grid")
+    (parent,) = table[table["tags.sweep"] == "parent"].itertuples()
+    children = table[table["tags.mlflow.parentRunId"] == parent.run_id]
+    assert parent.status == "FINISHED" and len(children) == 8 and set(children["status"]) == {"FINISHED"}
+    assert sorted(children["params.sweep.round"]) == ["0"] * 4 + ["1"] * 4
+    assert "bench: 8 runner jobs, 0 failed" in proc.stderr and "verdict: mlp/tiny: fastest" in proc.stderr
+    report = subprocess.run([sys.executable, "-m", "runner", "report", "--experiment", "bench_grid", "--latest-sweep", "--tracking-uri",
+                             uri, "--out", str(tmp_path / "report")], capture_output=True, text=True, env=ENV,
+                            cwd=tmp_path, timeout=300)
+    assert report.returncode == 0 and f"(parent run {parent.run_id})" in report.stdout, report.stderr[-2000:]
 
 
 def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):

@@ -14,7 +14,7 @@ import statistics
 import time
 
 from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
-from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, median_range, run_one
+from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, median_range, run_one, sweep
 from runner.models import MODELS, variants
 from runner.strategies import baseline, doing, name_of
 
@@ -86,18 +86,15 @@ def _multi_row(setting: Setting, job: Job, runs: list[dict]) -> tuple[str, list[
 
 def floors(args: argparse.Namespace) -> int:
     """Each built-in model's one-device step against its floor and Keras fit, in `args.rounds` rounds."""
-    from runner.tracking import ensure_experiment, resolve_uri
-
-    uri, experiment = resolve_uri(args.tracking_uri), "bench_floors"
-    ensure_experiment(uri, experiment)
     todo, (base, keras) = floor_settings(args), jobs()
     every = [base, keras, *multi_jobs(args.gpus)]
     progress, t0 = Progress(len(todo) * len(every) * args.rounds), time.perf_counter()
     runs: dict[tuple[Setting, Job], list[dict]] = {(s, j): [] for s in todo for j in every}
-    for _ in range(args.rounds):
-        for setting in todo:
-            for job in every:
-                runs[setting, job].append(run_one(setting, job, uri, experiment, progress))
+    with sweep(args.tracking_uri, "bench_floors") as bench:
+        for r in range(args.rounds):
+            for setting in todo:
+                for job in every:
+                    runs[setting, job].append(run_one(setting, job, bench, progress, r))
     out: list[str] = []
     unit = next((m["unit"] for done in runs.values() for m in done if "unit" in m), "images")  # the data's
     emit(out, [

@@ -18,6 +18,7 @@ from runner.bench.jobs import (
     emit,
     machine,
     measure,
+    sweep,
 )
 from runner.measure.hooks import INPUT_BOUND_RATIO
 from runner.strategies import baseline, data_parallel, sharding
@@ -239,10 +240,6 @@ def settings(args: argparse.Namespace) -> list[Setting]:
 
 def grid(args: argparse.Namespace) -> int:
     """Every model/variant x strategy x pipeline x N beside the runner's single device and Keras fit."""
-    from runner.tracking import ensure_experiment, resolve_uri
-
-    uri, experiment = resolve_uri(args.tracking_uri), f"bench_{args.command}"
-    ensure_experiment(uri, experiment)  # create the store once, before the jobs
     jobs, todo = plan(args.strategies, args.pipelines, args.gpus), settings(args)
     runner_jobs = sum(job.kind in ("baseline", "runner") for job in jobs) * len(todo) * args.repeats
     total = len(jobs) * len(todo) * args.repeats
@@ -251,10 +248,11 @@ def grid(args: argparse.Namespace) -> int:
     emit(out, [f"# benchmark {args.command}: {total} jobs{rounds} ({runner_jobs} runner, {total - runner_jobs} keras "
                f"fit), each in a fresh process; {time.ctime()}; {machine()}", ""])
     progress, tables = Progress(total), []
-    for setting in todo:
-        tables.append(measure(setting, jobs, uri, experiment, progress, args.repeats))
-        predict_rows(tables[-1])
-        emit(out, format_table(tables[-1]))
+    with sweep(args.tracking_uri, f"bench_{args.command}") as bench:
+        for setting in todo:
+            tables.append(measure(setting, jobs, bench, progress, args.repeats))
+            predict_rows(tables[-1])
+            emit(out, format_table(tables[-1]))
     emit(out, targets(tables))
     if args.out:
         with open(args.out, "w") as f:

@@ -1,17 +1,20 @@
-"""Benchmark jobs: each measurement in a fresh process (runner jobs are normal runs read back from MLflow, Keras fit
-runs in `runner.bench.keras_baseline`), repeated in rounds and combined into rows."""
+"""Benchmark jobs: each measurement in a fresh process, repeated in rounds and combined into rows. Runner jobs are
+the jobs of one sweep per benchmark (`runner.sweep.launch`: a parent run in the store, each job's folder and error
+line, a SIGTERM passed on; `runner report` shows them with the verdict), read back from MLflow; Keras fit runs in
+`runner.bench.keras_baseline`."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterator
 
 from runner.data_pipelines import rate_unit
 
@@ -40,21 +43,57 @@ def with_rate(metrics: dict) -> dict:
     return out
 
 
-def run_job(overrides: list[str], uri: str, experiment: str) -> dict:
-    """Run one job in a fresh process; return its final MLflow metrics (and `floor`: why it measured no floor, if
-    it says), or {'error': ...} if it failed."""
+@dataclass
+class Sweep:
+    """A benchmark's runner jobs as one sweep: the store and experiment, the parent run, a folder per job."""
+
+    uri: str
+    experiment: str
+    folder: Path
+    parent: str
+    jobs: int = 0
+    failed: int = 0
+
+
+@contextmanager
+def sweep(tracking_uri: str | None, experiment: str) -> Iterator[Sweep]:
+    """Open a benchmark's sweep (its parent run, its folder under multirun/), close it after the jobs with the
+    sweep's summary, the jobs' table and the verdict (printed, and logged to the parent); an interruption or a crash
+    closes the parent KILLED or FAILED instead of leaving it RUNNING."""
+    from runner import sweep as sweeps
+    from runner.tracking import resolve_uri
+
+    uri, now = resolve_uri(tracking_uri), time.localtime()
+    folder = Path("multirun", time.strftime("%Y-%m-%d", now), time.strftime("%H-%M-%S", now) + f"-{experiment}")
+    out = Sweep(uri, experiment, folder, sweeps.open_parent(uri, experiment, sys.argv[1:], folder))
+    try:
+        yield out
+    except BaseException as e:
+        sweeps.close_open_parent("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        raise
+    sweeps.close_parent(uri, out.parent, [f"bench: {out.jobs} runner jobs, {out.failed} failed; in {folder}"],
+                        failed=bool(out.failed))
+
+
+def run_job(overrides: list[str], sweep: Sweep, round: int = 0) -> dict:
+    """Run one job of the benchmark's sweep in a fresh process (`round`: its repeat, 0 the first); return its final
+    MLflow metrics (and `floor`: why it measured no floor, if it says), or {'error': ...} if it failed."""
     from mlflow.tracking import MlflowClient
 
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    args = [sys.executable, "-m", "runner", *overrides, f"mlflow.tracking_uri={uri}", f"mlflow.experiment={experiment}"]
-    proc = subprocess.run(args, capture_output=True, text=True, env=env)
-    match = re.search(r"mlflow run ([0-9a-f]{32})", proc.stdout)
-    if proc.returncode != 0 or not match:
-        lines = [line for line in proc.stderr.splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
-    data = MlflowClient(uri).get_run(match.group(1)).data
+    from runner.sweep import launch
+
+    folder, sweep.jobs = sweep.folder / str(sweep.jobs), sweep.jobs + 1
+    command = [sys.executable, "-m", "runner", *overrides, f"mlflow.tracking_uri={sweep.uri}",
+               f"mlflow.experiment={sweep.experiment}", f"hydra.run.dir={folder}"]
+    outcome = launch(command + ([f"sweep.round={round}"] if round else []), str(folder), sweep.parent)
+    if outcome["status"] != "FINISHED" or "run_id" not in outcome:
+        sweep.failed += 1
+        return {"error": outcome.get("error", "the job opened no run")}
+    from runner.tasks import of_run
+
+    data = MlflowClient(sweep.uri).get_run(outcome["run_id"]).data
     tags = {k: data.tags[k] for k in ("floor", "xla") if k in data.tags}  # why no floor; XLA on or off
-    return with_rate({**data.metrics, **tags})
+    return with_rate({**data.metrics, **tags, "score_metric": of_run(data.tags, data.metrics).score.name})
 
 
 @dataclass(frozen=True)
@@ -174,13 +213,13 @@ class Progress:
         return metrics
 
 
-def run_one(setting: Setting, job: Job, uri: str, experiment: str, progress: Progress) -> dict:
-    """One job of one setting in a fresh process: its figures, or {'error': ...}."""
+def run_one(setting: Setting, job: Job, sweep: Sweep, progress: Progress, round: int = 0) -> dict:
+    """One job of one setting in a fresh process, in its `round`: its figures, or {'error': ...}."""
     if job.kind.startswith("keras"):
         run = lambda: keras_job(setting, job.gpus, job.kind == "keras_mirrored")  # noqa: E731
     else:
         overrides = [f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}"]
-        run = lambda: run_job([*overrides, *setting.overrides()], uri, experiment)  # noqa: E731
+        run = lambda: run_job([*overrides, *setting.overrides()], sweep, round)  # noqa: E731
     metrics = progress.run(f"{setting.name} {job.where}", run)
     if "error" not in metrics and "rate" not in metrics:
         metrics = {"error": NO_TIMED_STEPS}
@@ -201,15 +240,14 @@ def combine(runs: list[dict]) -> dict:
     return out
 
 
-def measure(setting: Setting, jobs: list[Job], uri: str, experiment: str, progress: Progress,
-            repeats: int = 1) -> Table:
+def measure(setting: Setting, jobs: list[Job], sweep: Sweep, progress: Progress, repeats: int = 1) -> Table:
     """Run every job of one setting `repeats` times, each in a fresh process, one round over all jobs at a time
     (so a slow spell of the host hits every row alike); each row is the combination of its job's runs."""
     table, t0 = Table(setting, time.strftime("%Y-%m-%d %H:%M"), repeats=repeats), time.perf_counter()
     runs: dict[Job, list[dict]] = {job: [] for job in jobs}
-    for _ in range(repeats):
+    for r in range(repeats):
         for job in jobs:
-            runs[job].append(run_one(setting, job, uri, experiment, progress))
+            runs[job].append(run_one(setting, job, sweep, progress, r))
     table.rows = [(job, combine(runs[job])) for job in jobs]
     table.seconds = time.perf_counter() - t0
     return table

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from runner.bench.jobs import Progress, emit, machine, median_range, run_job
+from runner.bench.jobs import Progress, emit, machine, median_range, run_job, sweep
 from runner.errors import ConfigError
 
 DATASET = "runner_shakespeare"  # nanoGPT's data/<name>/, written from the runner's Shakespeare
@@ -206,18 +206,15 @@ def _checked(args: argparse.Namespace) -> tuple[Path, str, str, Any]:
 
 def _measure(args: argparse.Namespace, repo: Path, python: str, plan: Any, windows: int) -> dict[str, list[dict]]:
     """Every round: the runner, then nanoGPT at each --compile setting, each in a fresh process."""
-    from runner.tracking import ensure_experiment, resolve_uri
-
-    uri, experiment = resolve_uri(args.tracking_uri), "bench_peers"
-    ensure_experiment(uri, experiment)
     overrides = runner_overrides(args.iters, args.override)
-    jobs = {"runner": lambda: run_job(overrides, uri, experiment)}
-    for setting in args.compile:
-        jobs[peer_name(setting)] = lambda s=setting: nanogpt_job(python, repo, plan, s, windows)
-    progress, got = Progress(len(jobs) * args.rounds), {name: [] for name in jobs}
-    for _ in range(args.rounds):
-        for name, run in jobs.items():
-            got[name].append(progress.run(f"gpt {name}", run))
+    names = ["runner", *(peer_name(setting) for setting in args.compile)]
+    progress, got = Progress(len(names) * args.rounds), {name: [] for name in names}
+    with sweep(args.tracking_uri, "bench_peers") as bench:
+        for r in range(args.rounds):
+            got["runner"].append(progress.run("gpt runner", lambda: run_job(overrides, bench, r)))
+            for setting in args.compile:
+                run = lambda: nanogpt_job(python, repo, plan, setting, windows)  # noqa: E731
+                got[peer_name(setting)].append(progress.run(f"gpt {peer_name(setting)}", run))
     return got
 
 

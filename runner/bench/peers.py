@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.bench.jobs import Progress, emit, machine, median_range, run_job
+from runner.bench.jobs import Progress, emit, machine, median_range, run_job, sweep
 from runner.errors import ConfigError
 from runner.strategies import baseline, doing
 
@@ -84,23 +84,20 @@ def peers(args: argparse.Namespace) -> int:
 def resnet_peers(args: argparse.Namespace) -> int:
     """The runner's ResNet-20 against tf_cnn_benchmarks' in `args.rounds` interleaved rounds; 0 when every tower
     count meets TARGET, else 1."""
-    from runner.tracking import ensure_experiment, resolve_uri
-
     script = peer_script(args.peer)
-    uri, experiment = resolve_uri(args.tracking_uri), "bench_peers"
-    ensure_experiment(uri, experiment)
     jobs = {"runner": "auto", "runner xla": "true", "peer": False, "peer xla": True}
     progress, t0 = Progress(len(args.towers) * len(jobs) * args.rounds), time.perf_counter()
     rates: dict[tuple[int, str], list[dict]] = {(n, j): [] for n in args.towers for j in jobs}
-    for _ in range(args.rounds):
-        for n in args.towers:
-            for name, setting in jobs.items():
-                if name.startswith("peer"):
-                    run = lambda: peer_job(script, n, args.batch, args.steps, setting)  # noqa: E731
-                else:
-                    overrides = runner_overrides(n, args.batch, args.steps, setting)
-                    run = lambda: run_job(overrides, uri, experiment)  # noqa: E731
-                rates[n, name].append(progress.run(f"resnet20 {name} x{n}", run))
+    with sweep(args.tracking_uri, "bench_peers") as bench:
+        for r in range(args.rounds):
+            for n in args.towers:
+                for name, setting in jobs.items():
+                    if name.startswith("peer"):
+                        run = lambda: peer_job(script, n, args.batch, args.steps, setting)  # noqa: E731
+                    else:
+                        overrides = runner_overrides(n, args.batch, args.steps, setting)
+                        run = lambda: run_job(overrides, bench, r)  # noqa: E731
+                    rates[n, name].append(progress.run(f"resnet20 {name} x{n}", run))
     out: list[str] = []
     emit(out, [f"## A user's ResNet-20 against tf_cnn_benchmarks' resnet20: {args.rounds} rounds, {time.ctime()}; "
                f"{machine()}", "",

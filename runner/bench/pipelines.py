@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Iterator
 
-from runner.bench.jobs import NO_TIMED_STEPS, run_job
+from runner.bench.jobs import NO_TIMED_STEPS, Sweep, run_job, sweep
 
 
 def _row(pipeline: str, strategy: str, gpus: int, m: dict) -> str:
@@ -22,15 +23,20 @@ def _row(pipeline: str, strategy: str, gpus: int, m: dict) -> str:
 
 def pipelines(args: argparse.Namespace) -> int:
     """The pipeline table: input-alone vs training-step batches/s for every pipeline x strategy x N."""
-    from runner.tracking import ensure_experiment, resolve_uri
-
-    uri = resolve_uri(args.tracking_uri)
-    ensure_experiment(uri, "bench_pipelines")  # create the store once, before the jobs
     print(f"# pipeline benchmark: model={args.model} steps={args.steps} global batch={args.batch}, {time.ctime()}")
     print("| pipeline | strategy | devices | pipeline alone (batches/s) | training step (batches/s) | ratio "
           "| input-bound | images/s |")
     print("|---|---|---|---|---|---|---|---|")
     failed = 0
+    with sweep(args.tracking_uri, "bench_pipelines") as bench:
+        for row in _rows(args, bench):
+            failed += "| failed: " in row
+            print(row, flush=True)
+    return 1 if failed else 0
+
+
+def _rows(args: argparse.Namespace, bench: Sweep) -> Iterator[str]:
+    """Each combination's row, as its job ends."""
     for gpus in args.gpus:
         for strategy in args.strategies:
             for pipeline in args.pipelines:
@@ -40,7 +46,4 @@ def pipelines(args: argparse.Namespace) -> int:
                     f"train.global_batch_size={args.batch}",
                     f"data={args.data}", f"train.steps_per_call={args.steps_per_call}",
                 ]
-                metrics = run_job(overrides, uri, "bench_pipelines")
-                failed += "error" in metrics
-                print(_row(pipeline, strategy, gpus, metrics), flush=True)
-    return 1 if failed else 0
+                yield _row(pipeline, strategy, gpus, run_job(overrides, bench))

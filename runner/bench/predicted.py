@@ -38,7 +38,7 @@ def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
     if exp is None:
         raise SystemExit(f"error: no experiment {experiment!r} in {uri}")
     found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=5000)
-    timed = [(r, f"{rate_unit(r.data.metrics)}_per_sec") for r in found]
+    timed = [(r, f"{rate_unit(r.data.metrics)}_per_sec") for r in found if r.data.tags.get("sweep") != "parent"]
     return [(r.data.tags["mlflow.source.name"], r.data.metrics[key]) for r, key in timed
             if key in r.data.metrics and "mlflow.source.name" in r.data.tags]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from runner.bench.jobs import NO_TIMED_STEPS, emit, machine, run_job, too_few_timed
+from runner.bench.jobs import NO_TIMED_STEPS, Sweep, emit, machine, run_job, sweep, too_few_timed
 from runner.bench.peers import runner_overrides
 from runner.strategies import baseline, doing, name_of
 
@@ -82,37 +82,41 @@ SPEED_SETTINGS = {
 def speed_settings(args: argparse.Namespace) -> int:
     """One table: each setting's values side by side, the job's rate (its own unit) as a ratio to the group's
     default."""
-    from runner.tracking import ensure_experiment, resolve_uri
-
-    uri, experiment = resolve_uri(args.tracking_uri), "bench_settings"
-    ensure_experiment(uri, experiment)
     out: list[str] = []
     emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}; {machine()}", "",
                "| setting | model, strategy | value | rate ± stderr | x default | test metric |",
                "|---|---|---|---|---|---|"])
     failed = False
-    for group in args.groups:
-        what, where, job, values = SPEED_SETTINGS[group]
-        base = None  # the default's images/s (the group's first row); None if that job failed
-        for i, (label, extra) in enumerate([*values, (f"{values[0][0]}, again", values[0][1])]):
-            steps = [f"train.steps={args.steps}"] if args.steps else []
-            m = run_job([*job, *extra, *steps, "train.checkpoint_every=0", f"data.test_limit={args.test_limit}"],
-                        uri, experiment)
-            if "error" in m or "rate" not in m:
-                failed = True
-                emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', NO_TIMED_STEPS)[:80]} | | |"])
-                continue
-            base = m["rate"] if i == 0 else base
-            rate = f"{m['rate']:,.0f} ± {m['rate_stderr']:,.0f} {m['unit']}/s"
-            ratio = f"{m['rate'] / base:.2f}" if base else "-"
-            chose = f" -> {m['xla']}" if "train.jit_compile=auto" in label else ""  # what auto decided, measured
-            metric = "auc" if "test_auc" in m else "accuracy"  # a click model's AUC, else accuracy
-            emit(out, [f"| {what} | {where} | `{label}`{chose} | {rate} | {ratio} | {metric} "
-                       f"{m[f'test_{metric}']:.4f} |"])
+    with sweep(args.tracking_uri, "bench_settings") as bench:
+        for group in args.groups:
+            failed = _group(group, args, bench, out) or failed
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(out) + "\n")
     return 1 if failed else 0
+
+
+def _group(group: str, args: argparse.Namespace, bench: Sweep, out: list[str]) -> bool:
+    """One group's rows: each value, then the default again (its second round: the verdict's noise); True if a job
+    failed."""
+    what, where, job, values = SPEED_SETTINGS[group]
+    base, failed = None, False  # the default's rate (the group's first row); None if that job failed
+    for i, (label, extra) in enumerate([*values, (f"{values[0][0]}, again", values[0][1])]):
+        steps = [f"train.steps={args.steps}"] if args.steps else []
+        m = run_job([*job, *extra, *steps, "train.checkpoint_every=0", f"data.test_limit={args.test_limit}"],
+                    bench, round=int(i == len(values)))
+        if "error" in m or "rate" not in m:
+            failed = True
+            emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', NO_TIMED_STEPS)[:80]} | | |"])
+            continue
+        base = m["rate"] if i == 0 else base
+        rate = f"{m['rate']:,.0f} ± {m['rate_stderr']:,.0f} {m['unit']}/s"
+        ratio = f"{m['rate'] / base:.2f}" if base else "-"
+        chose = f" -> {m['xla']}" if "train.jit_compile=auto" in label else ""  # what auto decided, measured
+        metric = m["score_metric"]  # its task's: accuracy, a click model's AUC, a regression's MAE
+        emit(out, [f"| {what} | {where} | `{label}`{chose} | {rate} | {ratio} | {metric} "
+                   f"{m.get(f'test_{metric}', float('nan')):.4f} |"])
+    return failed
 
 
 def check_settings_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
