@@ -27,27 +27,35 @@ def _handle(variable: Any) -> tf.Tensor:
     return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
+def _apply_adam(optimizer: keras.optimizers.Adam, gradient: Any, variable: Any, learning_rate: Any) -> bool:
+    """Adam's update of one variable by `ResourceApplyAdam`, with Keras' formula and slots (epsilon added to sqrt(v),
+    as Keras); False where the kernel does not apply (amsgrad, a sparse gradient): Keras' own update then."""
+    if optimizer.amsgrad or isinstance(gradient, tf.IndexedSlices):
+        return False
+    dtype = variable.dtype
+    step = tf.cast(optimizer.iterations + 1, dtype)
+    index = optimizer._get_variable_index(variable)
+    tf.raw_ops.ResourceApplyAdam(
+        var=_handle(variable),
+        m=_handle(optimizer._momentums[index]),
+        v=_handle(optimizer._velocities[index]),
+        beta1_power=tf.pow(tf.cast(optimizer.beta_1, dtype), step),
+        beta2_power=tf.pow(tf.cast(optimizer.beta_2, dtype), step),
+        lr=tf.cast(learning_rate, dtype),
+        beta1=tf.cast(optimizer.beta_1, dtype),
+        beta2=tf.cast(optimizer.beta_2, dtype),
+        epsilon=tf.cast(optimizer.epsilon, dtype),
+        grad=tf.cast(gradient, dtype),
+    )
+    return True
+
+
 class FusedAdam(keras.optimizers.Adam):
-    """Adam with Keras' formula and slots, applied by `ResourceApplyAdam` (epsilon added to sqrt(v), as Keras)."""
+    """Adam applied by `ResourceApplyAdam` (`_apply_adam`)."""
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
-            return super().update_step(gradient, variable, learning_rate)
-        dtype = variable.dtype
-        step = tf.cast(self.iterations + 1, dtype)
-        index = self._get_variable_index(variable)
-        tf.raw_ops.ResourceApplyAdam(
-            var=_handle(variable),
-            m=_handle(self._momentums[index]),
-            v=_handle(self._velocities[index]),
-            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
-            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
-            lr=tf.cast(learning_rate, dtype),
-            beta1=tf.cast(self.beta_1, dtype),
-            beta2=tf.cast(self.beta_2, dtype),
-            epsilon=tf.cast(self.epsilon, dtype),
-            grad=tf.cast(gradient, dtype),
-        )
+        if not _apply_adam(self, gradient, variable, learning_rate):
+            super().update_step(gradient, variable, learning_rate)
 
 
 class FusedMomentum(keras.optimizers.SGD):
@@ -89,6 +97,16 @@ class AdamW(keras.optimizers.AdamW):
                 distribution.extended.update(variable, decay, group=False)
 
         tf.__internal__.distribute.interim.maybe_merge_call(distributed, self._distribution_strategy, variables)
+
+
+class FusedAdamW(AdamW):
+    """AdamW (`AdamW`'s decoupled decay first) whose Adam update is one `ResourceApplyAdam` a variable (`_apply_adam`)
+    instead of Keras' ~10 element-wise ops: each a pass over the variable's memory in every step, and ops to trace
+    and optimise for every variable of every device's copy when a run starts."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        if not _apply_adam(self, gradient, variable, learning_rate):
+            super().update_step(gradient, variable, learning_rate)
 
 
 def deduplicated(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
@@ -182,20 +200,22 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
 
 def make(name: str, learning_rate: Any, fused: bool, beta2: float = 0.999,
          weight_decay: float = 0.0) -> keras.optimizers.Optimizer:
-    """The optimizer `name` (one of `runner.config.OptimizerName`); fused kernels for adam and momentum when `fused`.
+    """The optimizer `name` (one of `runner.config.OptimizerName`); fused kernels for adam, adamw and momentum when
+    `fused`.
 
     Adagrad is TensorFlow's kernel always (`SparseAdagrad`: sparse gradients update their rows only). Plain SGD and
     RMSprop stay Keras' own: SGD's update is already one op (a scatter of the rows for a sparse gradient), and
-    TensorFlow's RMSProp kernel needs a momentum slot Keras' RMSprop does not have. AdamW is Keras' (decoupled decay
-    before Adam's update; `AdamW`: its rate read once). Gradient clipping is not the optimizer's: Keras clips what it
+    TensorFlow's RMSProp kernel needs a momentum slot Keras' RMSprop does not have. AdamW is Keras' decoupled decay
+    before Adam's update (`AdamW`: its rate read once). Gradient clipping is not the optimizer's: Keras clips what it
     is given, which under MirroredStrategy is one replica's part before its own all-reduce, and a shard's or a stage's
     part elsewhere (runner.strategies.common.clip).
     """
     adam = FusedAdam if fused else keras.optimizers.Adam
+    adamw = FusedAdamW if fused else AdamW
     momentum = FusedMomentum if fused else keras.optimizers.SGD
     return {
         "adam": lambda: adam(learning_rate, beta_2=beta2),
-        "adamw": lambda: AdamW(learning_rate, weight_decay=weight_decay, beta_2=beta2),
+        "adamw": lambda: adamw(learning_rate, weight_decay=weight_decay, beta_2=beta2),
         "sgd": lambda: keras.optimizers.SGD(learning_rate),
         "momentum": lambda: momentum(learning_rate, momentum=0.9),
         "rmsprop": lambda: keras.optimizers.RMSprop(learning_rate),

@@ -37,7 +37,7 @@ def _train(tf, name: str, fused: bool, steps: int = 20, strategy=None, **options
 
 
 @pytest.mark.parametrize("name,options", [("adam", {}), ("adam", {"epsilon": 0.1}), ("momentum", {}),
-                                          ("momentum", {"nesterov": True})])
+                                          ("momentum", {"nesterov": True}), ("adamw", {"weight_decay": 0.1})])
 def test_fused_update_matches_keras_update(tf_devices, name, options):
     fused = _train(tf_devices, name, True, **options)
     keras_own = _train(tf_devices, name, False, **options)
@@ -106,7 +106,8 @@ def test_adamw_decays_as_keras_does_reading_the_schedule_once_a_step(tf_devices)
     ours, ours_reads = _decayed(tf, optimizers.AdamW, strategy)
     keras_own, keras_reads = _decayed(tf, keras.optimizers.AdamW, strategy)
     np.testing.assert_array_equal(ours, keras_own)
-    assert type(optimizers.make("adamw", 1e-3, fused=True, weight_decay=0.1)) is optimizers.AdamW
+    assert type(optimizers.make("adamw", 1e-3, fused=False, weight_decay=0.1)) is optimizers.AdamW
+    assert type(optimizers.make("adamw", 1e-3, fused=True, weight_decay=0.1)) is optimizers.FusedAdamW
     # each replica's update reads it once (2); the decay: ours once a replica (2), Keras' once per variable and
     # device (2 x 2): with the tiny GPT's 28 decayed variables, 2 reads against 56 on two devices
     assert (ours_reads, keras_reads) == (2 + 2, 2 + 2 * 2)
