@@ -12,7 +12,12 @@ click rate near Criteo's 25%; a model that learns it well reaches an AUC near th
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import logging
 import math
+import os
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -21,7 +26,10 @@ import numpy as np
 
 from runner.data_pipelines import DATASETS, TABLE_SIZES, DataError, DatasetOptions, Feature, Spec
 from runner.data_pipelines.records import SHARDS
+from runner.paths import cache_dir
 from runner.registry import Rule
+
+log = logging.getLogger(__name__)
 
 # TF Model Garden's dlrm_criteo vocabulary sizes (official/recommendation/ranking/configs), feature C1 to C26.
 CRITEO_VOCABULARIES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
@@ -136,13 +144,37 @@ class Clicks(DatasetOptions):
         return f"data=clicks (synthetic, Criteo's layout, tables={self.tables})"
 
     def load(self, seed: int) -> Any:
-        """The training and test logs, drawn from the seed's hidden model."""
+        """The training and test logs, drawn from the seed's hidden model (kept in the cache: `drawn`)."""
         from runner.data_pipelines.common import Table
 
         hidden = Hidden(self.vocabularies(), seed, self.power)
-        x_train, y_train, _ = hidden.draw(self.train_limit, 0)
-        x_test, y_test, _ = hidden.draw(self.test_limit, 1)
+        (x_train, y_train), (x_test, y_test) = drawn(hidden, self.train_limit, 0), drawn(hidden, self.test_limit, 1)
         return Table(x_train, y_train, x_test, y_test, synthetic=True, spec=self.spec())
+
+
+def drawn(hidden: Hidden, n: int, split: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """`hidden.draw(n, split)`'s features and labels, read back from the cache (`paths.cache_dir("clicks")`) where an
+    earlier run drew them: drawing a million examples takes seconds of every DLRM job's start, reading them a tenth
+    of one. The file's name is a digest of the draw's arguments and of this module's source, so a change to the
+    generator draws anew; an unreadable file is drawn again, an unwritable cache only not kept."""
+    key = hashlib.sha256(repr((hidden, n, split)).encode() + Path(__file__).read_bytes()).hexdigest()[:16]
+    path = cache_dir("clicks") / f"{key}.npz"
+    try:
+        with np.load(path) as kept:
+            return {"dense": kept["dense"], "categorical": kept["categorical"]}, kept["labels"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile):  # not there yet, or cut short
+        pass
+    x, labels, _ = hidden.draw(n, split)
+    partial = path.with_name(f"{path.stem}.{os.getpid()}.npz")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(partial, labels=labels, **x)
+        os.replace(partial, path)  # whole or not at all, whoever else draws the same at once
+    except OSError as e:  # a full disk, a read-only cache
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        log.info("the drawn click logs are not kept (%s): the next run draws them again", e)
+    return x, labels
 
 
 def click_spec(vocabularies: tuple[int, ...]) -> Spec:

@@ -4,6 +4,7 @@ tests/test_text.py does the GPT)."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -33,6 +34,34 @@ def test_click_logs_have_criteos_layout_power_law_ids_and_a_learnable_label():
     again = clicks.Clicks(tables="default", train_limit=20000, test_limit=20000).load(seed=0)
     assert (again.x_train["categorical"] == ids).all() and data.digest("train") == again.digest("train")
     assert data.digest("train") != clicks.Clicks(tables="default", train_limit=20000).load(seed=1).digest("train")
+
+
+def test_drawn_click_logs_are_kept_read_back_whole_and_drawn_again_when_the_file_is_bad(tmp_path, monkeypatch):
+    """The cache of drawn logs (clicks.drawn): the second load reads the first's draw, the same arrays; a file cut
+    short is drawn again and replaced; an unwritable cache only keeps nothing."""
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))
+    first = clicks.Clicks(tables="tiny", train_limit=3000, test_limit=500).load(seed=4)
+    files = sorted((tmp_path / "cache").glob("*.npz"))
+    assert len(files) == 2  # the training and the test split, no partial file left
+
+    def refuse(*args):
+        raise AssertionError("drew again what the cache holds")
+
+    monkeypatch.setattr(clicks.Hidden, "draw", refuse)
+    again = clicks.Clicks(tables="tiny", train_limit=3000, test_limit=500).load(seed=4)
+    assert again.digest("train") == first.digest("train") and again.digest("test") == first.digest("test")
+    monkeypatch.undo()
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "cache"))
+    files[0].write_bytes(files[0].read_bytes()[:1000])  # cut short, as by a full disk or a kill
+    redrawn = clicks.Clicks(tables="tiny", train_limit=3000, test_limit=500).load(seed=4)
+    assert redrawn.digest("train") == first.digest("train") and files[0].stat().st_size > 1000
+    (tmp_path / "ro").mkdir(mode=0o500)
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path / "ro" / "cache"))
+    if os.access(tmp_path / "ro", os.W_OK):  # root writes anywhere: a file where the folder would go
+        (tmp_path / "ro").chmod(0o700)
+        (tmp_path / "ro" / "cache").write_text("not a folder")
+    kept_nothing = clicks.Clicks(tables="tiny", train_limit=3000, test_limit=500).load(seed=4)
+    assert kept_nothing.digest("train") == first.digest("train")
 
 
 def test_the_spec_says_named_features_a_binary_label_and_examples_per_second():
