@@ -114,3 +114,15 @@ def test_a_step_xla_cannot_compile_is_off_with_its_reason_and_cached(tmp_path):
     assert not decision.on and decision.reason.startswith("off: XLA cannot compile the step of model=dlrm")
     assert "ResourceSparseApplyAdagradV2" in decision.reason
     assert xla.cached("sparse", tmp_path).reason.endswith("(cached)")
+
+
+def test_the_decision_is_kept_per_optimizer():
+    """The optimizer's update is part of the compiled step (Keras' AdamW is ~10 ops a variable XLA fuses; the fused
+    kernel one): a decision measured with one optimizer is not read for another."""
+    from runner.config import validate
+
+    plans = [validate(compose("model=mlp", *extra)) for extra in ([], ["train.optimizer=momentum"],
+                                                                   ["train.fused_optimizer=false"])]
+    keys = {xla.key(plan, "/device:CPU:0") for plan in plans}
+    assert len(keys) == 3
+    assert xla.key(plans[0], "/device:CPU:0") == xla.key(validate(compose("model=mlp")), "/device:CPU:0")

@@ -41,10 +41,13 @@ class Decision:
 
 def key(plan: Any, device_name: str) -> str:
     """The cache entry of a run's decision: the device (`peak.describe_device`: a CPU's model, flags and cores), a
-    digest of the model's options and the data's spec, the per-device batch, the precision."""
+    digest of the model's options, the data's spec and the optimizer (its update is part of the compiled step: Keras'
+    AdamW's ~10 ops a variable, which XLA fuses, against the one fused kernel), the per-device batch, the
+    precision."""
     from runner.measure.peak import describe_device
 
-    digest = hashlib.sha256(repr((plan.model, plan.spec)).encode()).hexdigest()[:16]
+    optimizer = (plan.train.optimizer, plan.train.fused_optimizer)
+    digest = hashlib.sha256(repr((plan.model, plan.spec, optimizer)).encode()).hexdigest()[:16]
     return f"{describe_device(device_name)}|{digest}|b{plan.train.per_device_batch_size}|{plan.train.precision}"
 
 
