@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import called, compose, markdown_rows, runs
@@ -349,6 +351,33 @@ def test_floors_benchmark_runs_each_model_and_keras_in_rounds(tmp_path):
     assert "- n/a floors at x2: not measured: on 2 simulated CPU devices" in out.read_text()
     assert float(row["runner / keras (per round)"]) > 0 and float(row["MFU"].rstrip("%")) > 0
     assert "MFU <= 100% in every run: 1 of 1 hold" in out.read_text()
+
+
+@pytest.mark.slow  # a bench and its job, started and stopped (~40 s)
+def test_a_bench_stopped_by_sigterm_stops_its_job_and_closes_both_runs_killed(tmp_path):
+    """SIGTERM (a scheduler's, `timeout`'s) to a bench: its running job is stopped, not left running; the job's run
+    and the bench's parent run end KILLED, and the bench exits 143."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "runner.bench", "pipelines", "--gpus", "2", "--strategies", "replicated", "--pipelines",
+         "split", "--variant", "tiny", "--steps", "200000", "--steps-per-call", "50", "--tracking-uri", uri],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
+    deadline = time.time() + 180
+    while time.time() < deadline and not _training(tmp_path):
+        time.sleep(1)
+    bench.send_signal(signal.SIGTERM)
+    _, err = bench.communicate(timeout=180)
+    assert bench.returncode == 143, err[-2000:]
+    table = runs(uri, "bench_pipelines")
+    assert sorted(table["status"]) == ["KILLED", "KILLED"] and "stopped (stopped by SIGTERM)" in err
+    assert list(table[table["tags.sweep"] == "parent"]["status"]) == ["KILLED"]
+
+
+def _training(folder) -> bool:
+    """Whether the bench's first job has logged a training step (its run open, the loop running), read from the job's
+    log in its sweep folder: asking the store could race the bench's creation of its schema."""
+    logs = list(folder.glob("multirun/*/*-bench_pipelines/0/runner.log"))
+    return bool(logs) and " - step " in logs[0].read_text()
 
 
 def test_predicted_reads_a_runs_overrides_from_its_command_line():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import typing
 
@@ -21,6 +22,7 @@ from runner.bench.published import published
 from runner.bench.settings import SPEED_SETTINGS, check_settings_steps, speed_settings
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
+from runner.runtime import signals
 from runner.strategies import baseline, doing, name_of
 
 
@@ -156,10 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--tracking-uri", default=None)
     st.add_argument("--out", default=None, help="also write the markdown to this file")
     args = parser.parse_args(argv)
+    signals.install()  # SIGTERM as `Terminated`: the running job is stopped and the sweep's parent closed KILLED
     try:
         return _run(parser, args)
     except UserError as e:  # a model, variant or override the runner refuses
         parser.error(one_line(e))
+    except (KeyboardInterrupt, signals.Terminated) as e:
+        print(f"python -m runner.bench: stopped ({e or 'Ctrl-C'})", file=sys.stderr)
+        return signals.EXIT_CODES[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM]
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:

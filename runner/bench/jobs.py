@@ -69,7 +69,9 @@ def sweep(tracking_uri: str | None, experiment: str) -> Iterator[Sweep]:
     try:
         yield out
     except BaseException as e:
-        sweeps.close_open_parent("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+        from runner.runtime.signals import Terminated
+
+        sweeps.close_open_parent("KILLED" if isinstance(e, (KeyboardInterrupt, Terminated)) else "FAILED")
         raise
     sweeps.close_parent(uri, out.parent, [f"bench: {out.jobs} runner jobs, {out.failed} failed; in {folder}"],
                         failed=bool(out.failed))
