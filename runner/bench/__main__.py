@@ -104,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pipelines", help="input pipeline alone vs training step, per pipeline x strategy x N")
     p.add_argument("--gpus", type=_ints, default=[1, 2, 4])
-    all_reduce = [name_of(doing(f"--variable_update=replicated{n}")) for n in ("", " --all_reduce_spec=nccl")]
-    p.add_argument("--strategies", type=_names, default=all_reduce)
+    # tf_cnn_benchmarks' replicated mode both ways: each variable summed on one device, and all-reduced
+    replicated = [name_of(doing(f"--variable_update=replicated{n}")) for n in ("", " --all_reduce_spec=nccl")]
+    p.add_argument("--strategies", type=_names, default=replicated)
     p.add_argument("--model", default="mlp")
     p.add_argument("--variant", default="default")
     p.add_argument("--steps", type=_positive, default=400)

@@ -99,8 +99,8 @@ def floors(args: argparse.Namespace) -> int:
     unit = next((m["unit"] for done in runs.values() for m in done if "unit" in m), "images")  # the data's
     emit(out, [
         f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
-        f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on {_counts(args.gpus)} devices, "
-        f"each in a fresh process, every model and job in every round; optimizer {args.optimizer}, data {args.data}; "
+        f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on "
+        f"{_counts(args.gpus)} devices, each in a fresh process, every model and job in every round; optimizer {args.optimizer}, data {args.data}; "
         f"{len(todo) * len(every) * args.rounds} jobs in "
         f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
         f"| model | global batch | runner {unit}/s | keras fit {unit}/s | runner / keras (per round) | step ms "
@@ -152,7 +152,8 @@ def targets(judged: list[tuple[Setting, dict[str, list[float | None]]]]) -> list
         vs = statistics.median(figures["vs_keras"]) if figures["vs_keras"] else None
         need = KERAS_TARGET.get(s.model, 1.0)
         lines.append(check(f"{s.name}: one-device step <= {FLOOR_TARGET}x its floor (median)",
-                           [(f"runner {baseline()}", floor)], lambda v: v <= FLOOR_TARGET, "highest", lambda v: f"{v:.2f}x"))
+                           [(f"runner {baseline()}", floor)], lambda v: v <= FLOOR_TARGET, "highest",
+                           lambda v: f"{v:.2f}x"))
         lines.append(check(f"{s.name}: runner 1 device >= {need}x keras fit (median of rounds)",
                            [("runner / keras", vs)], lambda v, n=need: v >= n, "lowest", lambda v: f"{v:.2f}x"))
     mfu = [(s.name, v) for s, figures in judged for v in figures["mfu"]]

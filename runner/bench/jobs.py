@@ -83,6 +83,7 @@ def run_job(overrides: list[str], sweep: Sweep, round: int = 0) -> dict:
     from mlflow.tracking import MlflowClient
 
     from runner.sweep import launch
+    from runner.tasks import of_run
 
     folder, sweep.jobs = sweep.folder / str(sweep.jobs), sweep.jobs + 1
     command = [sys.executable, "-m", "runner", *overrides, f"mlflow.tracking_uri={sweep.uri}",
@@ -91,8 +92,6 @@ def run_job(overrides: list[str], sweep: Sweep, round: int = 0) -> dict:
     if outcome["status"] != "FINISHED" or "run_id" not in outcome:
         sweep.failed += 1
         return {"error": outcome.get("error", "the job opened no run")}
-    from runner.tasks import of_run
-
     data = MlflowClient(sweep.uri).get_run(outcome["run_id"]).data
     tags = {k: data.tags[k] for k in ("floor", "xla") if k in data.tags}  # why no floor; XLA on or off
     return with_rate({**data.metrics, **tags, "score_metric": of_run(data.tags, data.metrics).score.name})
