@@ -12,17 +12,13 @@
   their logits summed. This is a *different model* from `single` (an ensemble trained jointly), so its losses are
   not comparable with the other strategies'.
 
-`width` and `stages` start from the weights of the run's model built with the run's seed, so with the same seed and
-data they compute the same losses as `strategy=single` (up to float summation order).
+`width` and `stages` start from the run's model's weights, so they train `single`'s losses (up to summation order).
 
-Placement. `keras.distribution` does nothing on the TensorFlow backend, so the network is rebuilt as a list of
-*cells*: pieces of the model on one device each, their variables created under that device. The forward pass runs
-each cell under `tf.device(cell.device)` inside its own GradientTape; the backward pass walks the cells in reverse
-and calls each tape under the same device with the upstream gradient (`output_gradients`). That keeps every
-gradient op beside its forward op: one tape over the whole model would put the whole backward pass on the device
-where `tape.gradient` is called. Where several cells consume one cell's output (`width`'s gathers), their gradient
-contributions are summed on the producing cell's device. Each cell has its own optimizer, built under its device,
-so the optimizer's slots and step counter live beside the variables they update.
+Placement: the network is rebuilt as *cells*, pieces of the model each with its variables on one device
+(`keras.distribution` does nothing on the TensorFlow backend). Each cell runs forward under its device in its own
+GradientTape, and backward under the same device with the upstream gradient, so every gradient op sits beside its
+forward op (one tape would put the whole backward pass on one device). Each cell has its own optimizer, built under
+its device, so its slots live beside the variables they update.
 """
 
 from __future__ import annotations
@@ -78,12 +74,9 @@ class ModelParallel(StrategyBase):
 
     def resolved_split(self, model: Model) -> str:
         """`auto` -> `width` for an all-Dense model (the MLP), `stages` for the others."""
-        if self.split == "auto":
-            return "width" if model.dense_only else "stages"
-        return self.split
+        return ("width" if model.dense_only else "stages") if self.split == "auto" else self.split
 
     def check_task(self, spec: Spec) -> None:
-        """Every split cuts (or copies) a model of one input tensor; named features (a recommender's) are not."""
         if spec.features:
             raise ConfigError(
                 f"strategy=model_parallel splits a model of one input (images or token ids: Dense layers by width, a "
@@ -93,7 +86,6 @@ class ModelParallel(StrategyBase):
             )
 
     def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
-        """The split must suit the model and the number of devices."""
         super().check(gpus, model, jit_compile)
         split = self.resolved_split(model)
         named = split if split == self.split else f"auto (= {split} for model={model.name})"
@@ -121,17 +113,10 @@ def _concat(tensors: list[tf.Tensor]) -> tf.Tensor:
 
 @dataclass
 class Cell:
-    """One piece of the network on one device: merge its inputs, then run its layers in order.
-
-    Attributes:
-        name: name scope of its variables and ops (`stage1`, `part0`, `tower1`, ...).
-        device: where its variables, forward ops and gradient ops live.
-        layers: Keras layers (or whole models) owned by this cell, built under `device`.
-        inputs: indices of the earlier cells whose outputs it reads; INPUT is the image batch.
-        merge: how several inputs become one tensor (concat for width's gathers, sum for two_tower's logits).
-        owned: the trainable variables it updates (`owned_variables`), with `optimizer`.
-        label: what `describe` lists for it (default: its layers' names).
-    """
+    """One piece of the network on one device (`name`: its name scope): merge its inputs (`inputs`: earlier cells'
+    indices, INPUT the batch; `merge`: concat for width's gathers, sum for two_tower's logits), then run its layers
+    (Keras layers or whole models, built under `device`). `owned`: the trainable variables its `optimizer` updates
+    (`owned_variables`); `label`: what `describe` lists (default: its layers' names)."""
 
     name: str
     device: str
@@ -143,7 +128,7 @@ class Cell:
     label: str = ""
 
     def __call__(self, ins: list[tf.Tensor], training: bool) -> tf.Tensor:
-        h = self.merge(ins)  # copies from the other devices land here, under the caller's tf.device(self.device)
+        h = self.merge(ins)  # under the caller's tf.device(self.device): the other devices' outputs copied here
         for layer in self.layers:
             h = layer(h, training=training)
         return h
@@ -158,13 +143,8 @@ class Cell:
 
 
 def _clone(layer: keras.layers.Layer, input_shape: tuple, weights: list[np.ndarray] | None = None, **overrides):
-    """A fresh copy of `layer` (config updated by `overrides`), built for `input_shape` under the caller's device.
-
-    The copy keeps the layer's name, so its variables are `<cell>/<layer>/kernel` under the caller's name scope.
-
-    `weights` (default: all of the layer's variables, including a Dropout's seed-generator state, so the clone
-    draws the same dropout masks as the original would) are copied in.
-    """
+    """A fresh copy of `layer` (same name, config updated by `overrides`) built for `input_shape` under the caller's
+    device, given `weights` (default: all the layer's variables, a Dropout's seed state too: the same masks)."""
     clone = layer.__class__.from_config({**layer.get_config(), **overrides})
     clone.build(input_shape)
     values = [v.numpy() for v in layer.variables] if weights is None else weights
@@ -185,14 +165,14 @@ def _has_weights(layer: keras.layers.Layer | keras.Operation) -> bool:
     return bool(getattr(layer, "trainable_weights", None))  # an op of a functional graph (`x + h`) has none
 
 
-def _groups(model: keras.Model) -> list[list[int]]:
-    """Layer indices grouped around the weighted layers: a group starts at each weighted layer; unweighted layers
-    (pool, dropout, flatten) join the group before them, or the first group if they lead."""
-    groups: list[list[int]] = [[]]
-    for i, layer in enumerate(model.layers):
-        if _has_weights(layer) and any(_has_weights(model.layers[j]) for j in groups[-1]):
+def _grouped(items: Any, weighted: Callable[[Any], bool]) -> list[list[Any]]:
+    """`items` grouped around the weighted ones: a group starts at each weighted item; unweighted ones (pool,
+    dropout, flatten) join the group before them, or the first group if they lead."""
+    groups: list[list[Any]] = [[]]
+    for item in items:
+        if weighted(item) and any(weighted(i) for i in groups[-1]):
             groups.append([])
-        groups[-1].append(i)
+        groups[-1].append(item)
     return groups
 
 
@@ -211,13 +191,9 @@ class Segment:
 
 
 def segments(model: keras.Model) -> list[Segment]:
-    """A one-input, one-output model (Sequential or functional) as a chain of segments cut where a single tensor
-    carries everything onward: between a Sequential's layers, and on a residual network's stream between its
-    blocks (a block's skip connection keeps two tensors alive inside it, so no cut falls there).
-
-    A segment's cost is its weighted layers' parameters x output positions (a conv's kernel times its output
-    pixels, a Dense's kernel per row): compute, not parameter count, sets how long a stage takes.
-    """
+    """A one-input, one-output model as a chain of segments cut where a single tensor carries everything onward
+    (between a Sequential's layers, between a residual network's blocks, never inside a skip connection). A
+    segment's cost is its multiply-adds (`_cost`): compute, not parameter count, sets how long a stage takes."""
     graph = keras.Model(model.inputs, model.outputs)  # a functional view (a Sequential's graph too)
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
         raise ConfigError(f"strategy.split=stages cuts a model with one input and one output; {model.name} has "
@@ -247,10 +223,8 @@ def _cost(node: Any) -> float:
 
 
 def _stage_cuts(costs: list[float], n: int) -> tuple[int, ...]:
-    """First index of each of stages 1..n-1: n contiguous non-empty runs of `costs` minimising the largest run sum.
-
-    A small dynamic programme over (start, stages left): O(len(costs)^2 * n), exact.
-    """
+    """First index of each of stages 1..n-1: n contiguous non-empty runs of `costs` minimising the largest run sum
+    (an exact dynamic programme over (start, stages left))."""
     @functools.cache
     def best(start: int, k: int) -> tuple[float, tuple[int, ...]]:
         if k == 1:
@@ -265,19 +239,10 @@ def _stage_cuts(costs: list[float], n: int) -> tuple[int, ...]:
 
 
 def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
-    """`stages`: consecutive segments of the model (see `segments`), stage i on devices[i], weights copied.
-
-    Balanced by multiply-adds per example; cuts fall only before a segment with weights, so every stage has
-    weights to train. A layer used in two stages (a language model's token embedding, tied to its output layer) is
-    one copy, on the device of the first stage that uses it; the later stage reads it from there, and its gradient
-    goes back there to be summed with the first stage's (see `owned_variables`).
-    """
-    chain = segments(model)
-    groups: list[list[Segment]] = [[]]
-    for seg in chain:  # a group starts at each weighted segment; unweighted ones join the group before them
-        if seg.weighted and any(g.weighted for g in groups[-1]):
-            groups.append([])
-        groups[-1].append(seg)
+    """`stages`: consecutive segments of the model (`segments`), stage i on devices[i], weights copied, balanced by
+    multiply-adds; cuts fall only before a segment with weights, so every stage trains some. A layer used in two
+    stages (a tied token embedding) is one copy, on the first stage's device (`owned_variables`)."""
+    groups = _grouped(segments(model), lambda seg: seg.weighted)
     if len(groups) < len(devices):
         raise ConfigError(
             f"split=stages needs at least {len(devices)} layers with weights, {model.name} has {len(groups)} "
@@ -311,13 +276,10 @@ def _copy_once(clones: dict[int, Any], layer: keras.layers.Layer) -> keras.layer
 
 
 def width_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
-    """`width`: each hidden Dense layer's units split over the devices, weights sliced from `model`.
-
-    The output layer stays whole on devices[0]: its 10 units would split unevenly over 4 devices, its cost
-    (hidden x 10) is tiny next to a hidden layer's (hidden x hidden), and keeping it whole saves a sync point: the
-    last hidden layer is gathered only onto devices[0] and the logits are born where the loss is computed.
-    """
-    groups, shapes = _groups(model), _shapes(model)
+    """`width`: each hidden Dense layer's units split over the devices, weights sliced from `model`. The output layer
+    stays whole on devices[0], where the loss is computed: it costs little, and a split would add a sync point."""
+    groups = _grouped(range(len(model.layers)), lambda i: _has_weights(model.layers[i]))
+    shapes = _shapes(model)
     kinds_ok = all(isinstance(layer, (keras.layers.Dense, keras.layers.Flatten)) for layer in model.layers)
     if not kinds_ok or not all(isinstance(model.layers[g[-1]], keras.layers.Dense) for g in groups):
         raise ConfigError(
@@ -351,15 +313,8 @@ def tower_cells(model_fn: Callable[[int], Any], seed: int, devices: tuple[str, .
 
 
 def forward(cells: list[Cell], x: tf.Tensor, training: bool, tapes: list | None = None) -> list[tf.Tensor]:
-    """Every cell's output, each computed under its device; with `tapes`, each cell's tape is recorded.
-
-    Args:
-        cells: the network in topological order; the last cell's output is the logits (b, 10).
-        x: images (b, H, W, C).
-        training: passed to the layers (Dropout).
-        tapes: a list to append each cell's (GradientTape, watched inputs) to, for `backward_and_apply`. Only
-            inputs made by other cells are watched: no gradient is computed for the images.
-    """
+    """Every cell's output (`cells` in topological order: the last one's is the logits), each computed under its
+    device; with `tapes`, each cell's (GradientTape, watched inputs from other cells) appended to it."""
     outs: list[tf.Tensor] = []
     for cell in cells:
         ins = [x if i == INPUT else outs[i] for i in cell.inputs]
@@ -398,12 +353,7 @@ def _total(gradients: list) -> Any:
 def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_logits: tf.Tensor,
                        scale: LossScale | NoLossScale, clip_norm: float | None = None) -> None:
     """Backpropagate `d_logits` (b, ..., classes) through the cells in reverse, each on its own device, and update
-    them.
-
-    A cell's gradients are final once the last cell reading its variables has run its tape, so without loss scaling
-    the graph runs its update as soon as they exist. Under mixed_float16 every update waits for one decision on all
-    the cells' gradients, so no cell applies a step another skips.
-    """
+    them (`common.update`: one decision on every cell's gradients)."""
     upstream: list[list[tf.Tensor]] = [[] for _ in cells]
     upstream[-1].append(d_logits)
     gradients: dict[int, list] = {}  # variable id -> its gradients from every cell that reads it
@@ -424,7 +374,6 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
                 updates.append((cell, [_total(gradients[id(v)]) for v in cell.owned]))
 
     def apply(grads: list[list[tf.Tensor]]) -> None:
-        # clipping needs every cell's gradients (their global norm): with it, no update starts before the last one
         for (cell, _), mine in zip(updates, grads):
             with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
                 cell.optimizer.apply_gradients(zip(mine, cell.owned))
@@ -444,30 +393,24 @@ class SplitModel(Built, Strategy):
             if owned:
                 with tf.device(cell.device), keras.name_scope(cell.name):
                     cell.optimizer = training.optimizer_fn(owned, found)
-        # Evaluation runs through the same placed cells; only its loss and accuracy sums are on device 0.
         self._share(self, devices.names[0])
 
     def _build_cells(self, names: tuple[str, ...]) -> list[Cell]:
         if self.split == "two_tower":
             return tower_cells(self.training.model_fn, self.training.seed, names)
-        # The single strategy's model and initial weights, built once and cut up; only the copies are kept.
         with tf.device(names[0]):
             reference = self.training.model_fn(self.training.seed)
         return (width_cells if self.split == "width" else stage_cells)(reference, names)
 
     def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
-        """Logits (b, classes) for images (b, H, W, C) through the placed cells (what `evaluate` calls)."""
+        """Logits through the placed cells (what `evaluate` calls)."""
         return forward(self.cells, x, training)[-1]
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
-        """One tower: the whole global batch, fed on the first device (the model, not the batch, is split)."""
         return pipeline.towers(examples, self.training.global_batch, [self.devices.names[0]], seed)
 
     def step(self, batches: Any):
-        """fn() -> the loss of one optimizer step through the placed cells.
-
-        No XLA (config validation refuses train.jit_compile here): an XLA cluster runs on one device.
-        """
+        """fn() -> the loss of one optimizer step through the placed cells (no XLA: a cluster runs on one device)."""
         cells = self.cells
 
         def step() -> tf.Tensor:
@@ -487,7 +430,6 @@ class SplitModel(Built, Strategy):
         return step
 
     def describe(self) -> dict[str, str]:
-        """The split and which layers each device holds (for tags)."""
         where = "; ".join(
             f"{c.name}@{c.device}: {c.label or ', '.join(layer.name for layer in c.layers) or 'sum of logits'}"
             for c in self.cells
@@ -495,13 +437,11 @@ class SplitModel(Built, Strategy):
         return {"placement": f"model_parallel split={self.split}: {where}", "strategy.split": self.split}
 
     def checkpoint_objects(self) -> dict[str, Any]:
-        """What a checkpoint saves: every cell's variables (dropout seed states included) and optimizer."""
         objects = {c.name: c.variables for c in self.cells}
         objects.update(loss_scale.checkpointed(self.loss_scale))
         return {**objects, **{f"{c.name}_optimizer": c.optimizer for c in self.cells if c.optimizer is not None}}
 
-    def moving_statistics(self) -> list[list[Any]]:
-        """Each layer's moving-state variables: one copy each (two_tower's towers are different models)."""
+    def moving_statistics(self) -> list[list[Any]]:  # one copy each (two_tower's towers are different models)
         return [copies for c in self.cells for layer in c.layers for copies in copies_of_moving_state([layer])]
 
     def weights(self) -> list:
@@ -509,5 +449,4 @@ class SplitModel(Built, Strategy):
         return [v for c in self.cells for v in c.owned]
 
     def variable_devices(self) -> dict[str, str]:
-        """Variable path -> the device it lives on, for every variable of every cell (trainable or not)."""
         return {v.path: v.value.device for c in self.cells for v in c.variables}
