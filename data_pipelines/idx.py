@@ -11,14 +11,9 @@ from runner.data_pipelines import DataError
 
 PathLike = str | os.PathLike[str]
 
-_IDX_DTYPES: dict[int, np.dtype] = {
-    0x08: np.dtype(">u1"),
-    0x09: np.dtype(">i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+# IDX type byte -> big-endian numpy dtype (per the IDX format spec)
+_IDX_DTYPES: dict[int, np.dtype] = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
+                                    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
 
 
 def _parse_idx(buf: bytes | bytearray, name: str) -> np.ndarray:
@@ -32,10 +27,7 @@ def _parse_idx(buf: bytes | bytearray, name: str) -> np.ndarray:
     shape = tuple(int(d) for d in np.frombuffer(buf, dtype=">u4", count=ndim, offset=4))
     expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(buf) != expected:
-        raise DataError(
-            f"{name}: IDX size mismatch ({len(buf)} bytes, header implies {expected}); "
-            "replace the file"
-        )
+        raise DataError(f"{name}: IDX size mismatch ({len(buf)} bytes, header implies {expected}); replace the file")
     array = np.frombuffer(buf, dtype=dtype, offset=header).reshape(shape)
     # Multi-byte IDX data is big-endian; hand callers native byte order.
     return array if dtype.itemsize == 1 else array.astype(dtype.newbyteorder("="))
@@ -63,29 +55,12 @@ def _read_bytes(path: pathlib.Path) -> bytearray:
 
 
 def read_idx(path: PathLike) -> np.ndarray:
-    """Parse an uncompressed IDX file.
-
-    Args:
-        path: File to read.
-
-    Returns:
-        The array, in native byte order, with the shape stored in the header.
-
-    Raises:
-        DataError: If the magic number, header or size is inconsistent.
-    """
+    """An uncompressed IDX file's array, in native byte order; DataError where its header or size is inconsistent."""
     path = pathlib.Path(path)
     return _parse_idx(_read_bytes(path), str(path))
 
 
 def write_idx(path: PathLike, array: np.ndarray) -> None:
-    """Write ``array`` as an uncompressed IDX file (inverse of :func:`read_idx`).
-
-    Args:
-        path: Destination file (overwritten).
-        array: Array with an IDX-representable dtype (u1, i1, i2, i4, f4, f8).
-
-    Raises:
-        ValueError: If the dtype or rank cannot be represented in IDX.
-    """
+    """Write ``array`` as an uncompressed IDX file (inverse of `read_idx`); ValueError for a dtype or rank IDX
+    cannot store."""
     pathlib.Path(path).write_bytes(_encode_idx(array))

