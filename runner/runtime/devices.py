@@ -27,10 +27,8 @@ from runner.errors import UserError
 
 log = logging.getLogger(__name__)
 
-# Packages Keras imports when installed for features a run never uses: scikit-learn (its wrappers) and matplotlib
-# (image-gallery plots), which MLflow installs, about 1.4 s of a 9 s start (`python -X importtime -m runner
-# debug=smoke`); IPython (notebook display in keras.saving's file editor), 0.4 s of imports (with jedi), and a
-# median 5.8 -> 5.0 s TensorFlow import over five interleaved rounds (Xeon family 6 model 207).
+# Packages Keras imports when installed, for features a run never uses (scikit-learn's wrappers, matplotlib's plots,
+# IPython's notebook display): hidden while it imports, as they are a large part of a run's start.
 _UNUSED_BY_KERAS = ("sklearn", "matplotlib", "IPython")
 
 # Memory each simulated GPU gets when one GPU is split; the GPU must have N times this much.
@@ -117,11 +115,8 @@ def describe_cpuinfo(text: str) -> str:
 
 @functools.cache
 def host_cpu() -> str:
-    """The host CPU's model and vector instruction sets, recorded with every result.
-
-    Why: the same job measures differently on another CPU of the same name: with AVX-512 BF16 the CNN's
-    mixed_bfloat16 steps run faster than float32, on an AVX2-only CPU of the same name an order of magnitude slower.
-    """
+    """The host CPU's model and vector instruction sets, recorded with every result: two CPUs of the same name can
+    measure very differently (bfloat16 is fast with AVX-512 BF16, slow on AVX2 alone)."""
     try:
         return describe_cpuinfo(Path("/proc/cpuinfo").read_text())
     except OSError:  # not Linux
@@ -129,12 +124,9 @@ def host_cpu() -> str:
 
 
 def onednn() -> str:
-    """'on' or 'off': whether this process's TensorFlow runs its oneDNN ops (call after importing TensorFlow).
-
-    TensorFlow turns them on by itself on CPUs with AVX512_VNNI, AVX512_BF16 or AMX, unless TF_ENABLE_ONEDNN_OPTS
-    says otherwise. Recorded with every result because it changes op speed, rounding and where CPU tensors' memory
-    comes from (with it on, large tensors are pooled, and `runner/measure/malloc.py`'s trap does not arise).
-    """
+    """'on' or 'off': whether this process's TensorFlow runs its oneDNN ops (call after importing TensorFlow; it turns
+    them on by itself on CPUs with AVX512_VNNI, AVX512_BF16 or AMX). Recorded with every result: it changes op speed,
+    rounding and how CPU tensors' memory is pooled (`runner/measure/malloc.py`)."""
     try:
         from tensorflow.python.util import _pywrap_util_port  # TensorFlow's own check; not in its public API
 
@@ -148,26 +140,17 @@ _BF16_ISA = ("avx512_bf16", "amx_bf16")
 
 
 def float16_kernels(precision: str) -> None:
-    """oneDNN's kernels off for mixed_float16, before TensorFlow starts (unless TF_ENABLE_ONEDNN_OPTS is set).
-
-    oneDNN is TensorFlow's CPU kernel library; its float16 filter gradient (Conv2DBackpropFilter) ran 570x slower than
-    float32's (8.7 s against 15 ms for (128, 26, 26, 32) -> 64 filters; Intel Xeon family 6 model 207 with
-    avx512_fp16 and AMX, TensorFlow 2.21): the smoke CNN's float16 step took 449 ms with oneDNN, 32 ms without.
-    Only CPU kernels change (a GPU's are not oneDNN's); a process whose TensorFlow already started keeps its kernels,
-    and `precision_warning` says so.
-    """
+    """oneDNN's kernels off for mixed_float16, before TensorFlow starts (unless TF_ENABLE_ONEDNN_OPTS is set): its
+    float16 convolution gradients are orders of magnitude slower than float32's. Only CPU kernels change; a process
+    whose TensorFlow already started keeps its kernels, and `precision_warning` says so."""
     if precision == "mixed_float16" and "tensorflow" not in sys.modules:
         os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 
 def fuse_ops(precision: str, devices: Devices) -> None:
     """TensorFlow's op fusion (grappler's remapper: MatMul + BiasAdd + ReLU as one kernel) off for float16 on CPUs,
-    on (its default) otherwise; set at every run's start, as the setting is process-wide.
-
-    oneDNN's fused float16 MatMul + BiasAdd ran 100x slower than the same ops unfused (34 ms against 0.3 ms a call
-    for a (64, 784) x (784, 32) layer; Intel Xeon family 6 model 207 with avx512_fp16 and AMX, TensorFlow 2.21): the
-    float16 smoke MLP spent 99% of its step in that one kernel.
-    """
+    where oneDNN's fused float16 kernel is far slower than the ops apart; on (its default) otherwise. Set at every
+    run's start, as the setting is process-wide."""
     import tensorflow as tf
 
     tf.config.optimizer.set_experimental_options({"remapping": not (precision == "mixed_float16"
@@ -175,19 +158,8 @@ def fuse_ops(precision: str, devices: Devices) -> None:
 
 
 def precision_warning(precision: str, devices: Devices, cpu: str) -> str | None:
-    """A one-line warning when `precision` is likely slower than float32 on these devices, else None.
-
-    Without avx512_bf16 or amx_bf16 a CPU converts to float32 and back around every op: the CNN's mixed_bfloat16
-    steps ran 10x slower than float32 on an AVX2-only CPU, 1.8x faster on one with avx512_bf16.
-
-    float16 is for GPUs (tensor cores from V100 and T4 on): CPUs mostly convert it to float32 and back around every
-    op, and the loss scaling adds a check per step; it runs, to try a GPU config on a CPU, not to be fast.
-
-    Args:
-        precision: train.precision ("float32", "mixed_bfloat16" or "mixed_float16").
-        devices: the devices the run trains on.
-        cpu: the host CPU's description, as `host_cpu()` gives it.
-    """
+    """A one-line warning when train.`precision` is likely slower than float32 on these devices (`cpu`: `host_cpu()`),
+    else None: a CPU without bfloat16 instructions converts around every op, and float16 is for GPUs' tensor cores."""
     if precision == "mixed_float16" and devices.kind == "CPU":
         return (
             f"train.precision=mixed_float16 on CPU devices ({cpu}): float16 is for GPUs; this runs, slower than "
@@ -286,19 +258,9 @@ def import_tensorflow() -> Any:
 
 
 def setup(gpus: int, intra: int = -1, inter: int = 0) -> Devices:
-    """Configure TensorFlow's devices (and thread pools) for `gpus` and describe them.
-
-    Args:
-        gpus: number of devices to train on (0 = host CPU alone).
-        intra: threads per op (-1: auto, see `intra_op_threads`; 0: TensorFlow's default).
-        inter: ops run at once (0: TensorFlow's default).
-
-    Returns:
-        The Devices record; a warning is logged when they are simulated.
-
-    Raises:
-        DeviceError: the devices cannot be provided in this process.
-    """
+    """Configure TensorFlow's devices for `gpus` (0: the host CPU alone) and its thread pools (`intra`: threads per
+    op, -1 auto; `inter`: ops at once, 0 TensorFlow's default), and describe them (a warning when simulated); a
+    DeviceError when this process cannot provide them."""
     from runner.runtime.quiet import filtered_stderr
 
     with filtered_stderr():  # TensorFlow's start-up lines, filtered to those that matter

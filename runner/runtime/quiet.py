@@ -1,18 +1,11 @@
 """TensorFlow's start-up lines, filtered to those that matter.
 
-Importing TensorFlow and listing its devices writes, from C++ and before its logging is configured (so
-TF_CPP_MIN_LOG_LEVEL does not reach them), a dozen lines to the terminal, several twice: absl's notice about its
-own initialisation, oneDNN being on, CUDA drivers not found, the CPU instructions the binary was not built for, and
-on a machine without GPUs an alarming `failed call to cuInit: ... CUDA error`. The run records what matters of them
-itself (the `tensorflow.onednn` and `devices.*` tags; "no GPU found: training on the CPU" once). `filtered_stderr`
-drops those lines at the file-descriptor level while the block runs and passes every other line through.
-
-Later, TensorFlow's C++ log writes INFO and WARNING lines of its own: an INFO line for every TFRecord file reader, and
-three lines about an aborted "rendezvous" before the runner's one `error:` line when an op inside the step fails
-(a label outside the classes). `quiet_cpp_log` keeps the commands' C++ log to errors, as the bench's and the
-calibration's child processes already do; what matters of it the runner says itself.
-
-RUNNER_VERBOSE_TENSORFLOW=1 leaves both alone.
+Importing TensorFlow writes a dozen lines from C++ before its logging is configured (absl's notice, oneDNN being on,
+CUDA drivers not found, the CPU instructions it was not built for, an alarming `failed call to cuInit` on a machine
+without GPUs); the run records what matters of them itself (the `tensorflow.onednn` and `devices.*` tags).
+`filtered_stderr` drops them at the file-descriptor level; `quiet_cpp_log` keeps TensorFlow's later C++ log (a line
+per TFRecord reader, an aborted "rendezvous" before an `error:` line) to errors. RUNNER_VERBOSE_TENSORFLOW=1 leaves
+both alone.
 """
 
 from __future__ import annotations
@@ -54,10 +47,7 @@ def quiet_cpp_log() -> None:
 
 @contextmanager
 def filtered_stderr() -> Iterator[None]:
-    """While the block runs, the process's stderr (file descriptor 2, C++ writes included) loses the NOISE lines.
-
-    RUNNER_VERBOSE_TENSORFLOW=1 leaves stderr alone.
-    """
+    """While the block runs, the process's stderr (file descriptor 2, C++ writes included) loses the NOISE lines."""
     if verbose():
         yield
         return

@@ -72,17 +72,8 @@ class Run(Recorder):
     Every write goes to the run's journal first (runner/tracking/journal.py) and then to the store. A store that fails
     mid-run does not stop training: the run goes offline, keeps journaling, tries the store again every
     OFFLINE_RETRY_SECONDS (one quick attempt), and at the end sends everything (trying for up to `final_wait` seconds)
-    or raises a StoreError naming the journal and the `runner replay` command.
-
-    Args:
-        uri: the tracking store.
-        experiment: the experiment's name (created if missing).
-        tags: the run's first tags.
-        folder: the run's output folder, where the journal file goes (a failed write there is reported through it);
-            None keeps the journal in memory.
-        system_metrics: seconds between system-metrics samples (0: none).
-        final_wait: at the end, seconds to keep trying a store that cannot be written (0: one try); a run from a
-            config takes its `mlflow.final_wait`.
+    or raises a StoreError naming the journal and the `runner replay` command. The journal file goes in `folder`
+    (None: in memory); `system_metrics`: seconds between samples (0: none); `final_wait`: `mlflow.final_wait`.
     """
 
     def __init__(self, uri: str, experiment: str, tags: dict[str, str], folder: OutputFolder | None = None,
@@ -171,11 +162,7 @@ class Run(Recorder):
 
     def end(self, status: str, error: str | None = None) -> None:
         """Close the run as FINISHED, FAILED or KILLED (a failure's message kept as the `error` tag), after every
-        write the journal holds; the journal file is removed once the store has it all.
-
-        Raises:
-            StoreError: the store still cannot be written; the message names the journal and how to replay it.
-        """
+        write the journal holds, and remove the journal file; a StoreError if the store still cannot be written."""
         if self.monitor is not None:
             self.monitor.finish()  # its last samples, before the run closes
         if error:
@@ -214,36 +201,17 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None) -> Iterato
     run.end("FINISHED")
 
 
+def _nothing(self: Any, *args: Any, **kwargs: Any) -> None:
+    """Records nothing."""
+
+
 class NoRun(Recorder):
     """Stands in for a Run where nothing is logged: the workers of a multi-worker job other than the chief (each
     worker's own log file keeps its record). Every method of the contract, doing nothing."""
 
     run_id: str | None = None
     experiment_id: str | None = None
-
-    def params(self, params: dict[str, Any]) -> None:
-        pass
-
-    def tags(self, tags: dict[str, Any]) -> None:
-        pass
-
-    def metrics(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def text(self, text: str, name: str) -> None:
-        pass
-
-    def file(self, path: Path) -> None:
-        pass
-
-    def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
-        pass
-
-    def copy_history(self, source_run_id: str, until_step: int) -> None:
-        pass
-
-    def end(self, status: str, error: str | None = None) -> None:
-        pass
+    params = tags = metrics = text = file = dataset = copy_history = end = _nothing
 
 
 @contextmanager

@@ -1,13 +1,12 @@
 """Whether the process that writes a run is still alive, and runs left RUNNING by one that died without ending them
 (SIGKILL, power loss): closed as KILLED when the same config starts again, and by `runner report` and a sweep's end.
 
-One check answers every such question (`process_state`): from the `runner.host` and `runner.pid` tags a run carries
+One check answers every such question (`process_alive`): from the `runner.host` and `runner.pid` tags a run carries
 (tags.process_tags), a process of this host is alive or dead; one of another host cannot be checked from here.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import socket
@@ -15,14 +14,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 log = logging.getLogger(__name__)
-
-
-class Process(enum.Enum):
-    """What this host can know of the process that writes a run."""
-
-    ALIVE = "alive"
-    DEAD = "dead"
-    UNKNOWN = "unknown"  # on another host (its processes cannot be checked from here), or a run without the tags
 
 
 def _alive(pid: int) -> bool:
@@ -41,17 +32,18 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def process_state(tags: Mapping[str, str]) -> Process:
-    """The state of the process named by a run's `runner.host` and `runner.pid` tags."""
+def process_alive(tags: Mapping[str, str]) -> bool | None:
+    """Whether the process named by a run's `runner.host` and `runner.pid` tags is alive; None when this host cannot
+    know (a process of another host, or a run without the tags)."""
     pid = tags.get("runner.pid", "")
     if tags.get("runner.host") != socket.gethostname() or not pid.isdigit():
-        return Process.UNKNOWN
-    return Process.ALIVE if _alive(int(pid)) else Process.DEAD
+        return None
+    return _alive(int(pid))
 
 
 def abandoned(run: Any) -> bool:
     """Whether an MLflow run is RUNNING although its process is gone from this host: no one will ever end it."""
-    return run.info.status == "RUNNING" and process_state(run.data.tags) is Process.DEAD
+    return run.info.status == "RUNNING" and process_alive(run.data.tags) is False
 
 
 def live_pid(uri: str, run_id: str) -> str | None:
@@ -64,7 +56,7 @@ def live_pid(uri: str, run_id: str) -> str | None:
         found = MlflowClient(uri).get_run(run_id)
     except MlflowException:
         return None
-    if found.info.status != "RUNNING" or process_state(found.data.tags) is not Process.ALIVE:
+    if found.info.status != "RUNNING" or process_alive(found.data.tags) is not True:
         return None
     return found.data.tags["runner.pid"]
 
@@ -80,13 +72,8 @@ def close_dead(client: Any, run: Any) -> bool:
 
 
 def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
-    """End as KILLED the RUNNING runs of this config whose process died on this host (SIGKILL, power loss).
-
-    Runs of live processes, or of other hosts (whose processes cannot be checked from here), are left alone.
-
-    Returns:
-        The ids of the runs it closed.
-    """
+    """End as KILLED the RUNNING runs of this config whose process died on this host (SIGKILL, power loss), and
+    return their ids. Runs of live processes, or of other hosts (which cannot be checked from here), are left alone."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
@@ -106,11 +93,8 @@ def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
 def close_dead_sweep(client: Any, parent: str) -> str | None:
     """End a sweep's parent run that its sweep, gone from this host, left RUNNING, once none of its jobs runs any
     more (each abandoned job is closed first): KILLED, whatever its jobs' statuses, as the sweep was stopped before
-    it could end its run (and may not have started every job).
-
-    Returns:
-        The status it closed the parent with; None when it left the parent as it was (ended already, its sweep
-        alive or on another host, or a job still running).
+    it could end its run (and may not have started every job). Returns that status; None when it left the parent as
+    it was (ended already, its sweep alive or on another host, or a job still running).
     """
     run = client.get_run(parent)
     if not abandoned(run):
@@ -119,8 +103,7 @@ def close_dead_sweep(client: Any, parent: str) -> str | None:
     statuses = ["KILLED" if close_dead(client, job) else job.info.status for job in jobs]
     if "RUNNING" in statuses:
         return None
-    status = "KILLED"
     client.set_tag(parent, "error", f"the sweep's process (pid {run.data.tags['runner.pid']}) died without ending "
                    "its run")
-    client.set_terminated(parent, status)
-    return status
+    client.set_terminated(parent, "KILLED")
+    return "KILLED"

@@ -29,8 +29,6 @@ HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
                "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
 
 
-
-
 def bound_http_retries() -> None:
     """Apply HTTP_BOUNDS where the user has not set their own (MLflow reads them at every request), and keep
     MLflow from printing run links itself: they would show credentials written into the tracking URI, and the runner
@@ -77,14 +75,10 @@ _holding_interrupts = False
 @contextmanager
 def whole_write() -> Iterator[None]:
     """Hold back Ctrl-C (SIGINT) and SIGTERM while a store write runs, and deliver the first as soon as the write is
-    done, to the handler that was installed.
-
-    Why: a KeyboardInterrupt raised inside SQLAlchemy between sqlite's write and its commit leaves that connection
-    holding the store's lock; the run's closing writes then each wait MLflow's 20 s busy timeout, fail, and the run
-    stays RUNNING (reproduced by raising KeyboardInterrupt at each line of one metric write in turn). SIGTERM raises
-    `Terminated` the same way once runtime/signals.py handles it. Nested uses hold the signals until the outermost
-    write ends. Only the main thread can set signal handlers; elsewhere this does nothing, and a signal whose handler
-    is not Python's (ignored, or the default of SIGTERM: the process ends) is left alone.
+    done, to the handler that was installed: raised inside SQLAlchemy between sqlite's write and its commit, it would
+    leave that connection holding the store's lock, and the run's closing writes would fail and leave it RUNNING.
+    Nested uses hold the signals until the outermost write ends. Only the main thread can set signal handlers;
+    elsewhere this does nothing, and a signal whose handler is not Python's is left alone.
     """
     global _holding_interrupts
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -108,11 +102,8 @@ def whole_write() -> Iterator[None]:
 
 
 def _sqlite_problem(uri: str) -> str | None:
-    """Why a sqlite store's database cannot be created or written, or None.
-
-    Checked before MLflow opens it: MLflow answers an unwritable path with its own traceback, and for a read-only
-    directory only after retrying for about 100 s.
-    """
+    """Why a sqlite store's database cannot be created or written, or None; checked before MLflow opens it, which
+    answers an unwritable path with a traceback, and a read-only directory only after retrying for a long time."""
     path = uri.removeprefix("sqlite:///")
     if not path or path == ":memory:":
         return None
@@ -120,12 +111,8 @@ def _sqlite_problem(uri: str) -> str | None:
 
 
 def open_store(uri: str, experiment: str, columns: tuple[str, ...] = ()) -> str:
-    """`ensure_experiment` (its runs view showing `columns` too), with an unusable store reported as one StoreError
-    line naming it and the fix.
-
-    Raises:
-        StoreError: the store cannot be created, opened or written.
-    """
+    """`ensure_experiment` (its runs view showing `columns` too), with a store that cannot be created, opened or
+    written reported as one StoreError line naming it and the fix."""
     fix = "set mlflow.tracking_uri to a store you can write, e.g. sqlite:////abs/writable/dir/mlflow.db"
     problem = _sqlite_problem(uri) if uri.startswith("sqlite:///") else None
     if problem:
@@ -158,11 +145,7 @@ def schema_lock(uri: str) -> Iterator[None]:
 def ensure_experiment(uri: str, name: str, columns: tuple[str, ...] = ()) -> str:
     """Create the store's schema and the experiment if missing (under `schema_lock`, so any number of processes
     may start at once on a fresh store), set up its UI with `columns` in its runs view (`ui.set_up`: the figures of
-    the run about to start); return the experiment id.
-
-    Raises:
-        StoreError: the experiment exists but was deleted.
-    """
+    the run about to start); return the experiment id. A StoreError if the experiment was deleted."""
     from mlflow.tracking import MlflowClient
 
     from runner.tracking import ui

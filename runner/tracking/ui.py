@@ -2,13 +2,11 @@
 
 - The experiment gets a description (the tag `mlflow.note.content`, shown under its title) and the model-training
   kind (`mlflow.experimentKind`, which MLflow UIs before 3.17 read to choose the page).
-- A saved runs-table view, `runner` (the experiment tag `mlflow.sharedViewState.runner`: a JSON envelope holding the
-  view state, the format the UI's "share view" writes), shows each kind of run's own figures (`figures`: its rate
-  in its unit, its test score, what it is timed to and its time to that target: images/s, test accuracy and time to
-  accuracy for an image classifier; tokens/s, next-token accuracy, validation loss and time to a loss for a
-  language model; examples/s, test AUC and time to an AUC for a click model), then model, pipeline, strategy and
-  devices, sorted by start time so that sweep children nest under their parent. A run adds its kind's columns to
-  the view when it starts (`set_up`), so an experiment shows the figures of the kinds it holds and no others.
+- A saved runs-table view, `runner` (the experiment tag `mlflow.sharedViewState.runner`, in the format the UI's
+  "share view" writes), shows each kind of run's own figures (`figures`: its rate in its unit, its test score, what
+  it is timed to and its time to that target), then model, pipeline, strategy and devices, sorted by start time so
+  that sweep children nest under their parent. A run adds its kind's columns to the view when it starts (`set_up`),
+  so an experiment shows the figures of the kinds it holds and no others.
 - `view_url` opens that view on the runs table. MLflow 3.17 chooses between its GenAI overview and the runs table
   from a `workflowType` URL parameter (else the browser's last choice, by default GenAI), not from the experiment,
   so the URL names `workflowType=machine_learning`.
@@ -52,18 +50,14 @@ def figures_of(plan: Plan) -> tuple[str, ...]:
     return figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None)
 
 
-def view_state(columns: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The runs-table view: the figures' `columns`, then the tags, newest first (start time: sweep children nest
-    under their parent)."""
-    return {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False,
-            "selectedColumns": list(dict.fromkeys([*columns, *TAG_COLUMNS])), "groupBy": None}
-
-
 def view_tag_value(columns: tuple[str, ...] = ()) -> str:
-    """The tag's value: the envelope the UI reads ({name, createdAt, updatedAt, state}), the state as plain JSON."""
+    """The tag's value: the envelope the UI reads ({name, createdAt, updatedAt, state}), its state (as plain JSON)
+    the runs-table view: the figures' `columns`, then the tags, newest first (sweep children under their parent)."""
     now = int(time.time() * 1000)
+    state = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False,
+             "selectedColumns": list(dict.fromkeys([*columns, *TAG_COLUMNS])), "groupBy": None}
     return json.dumps({"name": "runner: speed and accuracy", "createdAt": now, "updatedAt": now,
-                       "state": json.dumps(view_state(columns))})
+                       "state": json.dumps(state)})
 
 
 def shown(value: str | None) -> tuple[str, ...]:
@@ -89,29 +83,15 @@ def set_up(client: Any, experiment_id: str, existing: dict[str, str], columns: t
         client.set_experiment_tag(experiment_id, VIEW_TAG, view_tag_value((*had, *columns)))
 
 
-def base_url(uri: str) -> str:
-    """Where the UI of a store is: the server itself for an http(s) store, else a local `mlflow ui`."""
-    return uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-
-
-def view_url(uri: str, experiment_id: str) -> str:
-    """The runs table of the experiment in the runner's view."""
-    return (f"{base_url(uri)}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_KEY}"
-            "&workflowType=machine_learning")
-
-
-def ui_command(uri: str) -> str | None:
-    """The command that serves a local store's UI (bound to this machine only); None for a tracking server."""
-    if uri.startswith(("http://", "https://")):
-        return None
-    return f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-
-
 def where_to_look(uri: str, experiment_id: str) -> str:
-    """One line: the UI command (if the store is local) and the URL of the runs view (credentials masked)."""
+    """One line: for a local store the command that serves its UI (bound to this machine only), then the URL of
+    the experiment's runs table in the runner's view (a tracking server's own; credentials masked)."""
     from runner.tracking.redact import redact
 
     uri = redact(uri)
-    command = ui_command(uri)
-    return f"MLflow UI: {command}, then open {view_url(uri, experiment_id)}" if command else \
-        f"MLflow UI: {view_url(uri, experiment_id)}"
+    server = uri.startswith(("http://", "https://"))
+    url = (f"{uri.rstrip('/') if server else 'http://127.0.0.1:5000'}/#/experiments/{experiment_id}/runs"
+           f"?viewStateShareKey={VIEW_KEY}&workflowType=machine_learning")
+    if server:
+        return f"MLflow UI: {url}"
+    return f"MLflow UI: mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000, then open {url}"
