@@ -14,11 +14,14 @@ import statistics
 import time
 
 from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
-from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, machine, median_range, run_one, sweep
+from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, failed, machine, median_range, run_one
+from runner.bench.jobs import save, sweep
 from runner.models import MODELS, variants
+from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing, name_of
 
 MFU_LIMIT = 1.0  # above it the peak is wrong, not the machine
+FLOOR_COLUMNS = ("step ms", "floor: forward + backward ms", "floor: update ms", "step / floor")
 # On N devices the data-parallel extremes, each with its own default pipeline: a copy per device, all-reduced
 # (tf_cnn_benchmarks' replicated with NCCL), and one copy on the host (its parameter server on the CPU)
 MULTI = (("--variable_update=replicated --all_reduce_spec=nccl", "split"),
@@ -60,28 +63,24 @@ def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dic
     # a finished run without MFU (left out above 1, or no peak) does not show it held: None, judged as failing
     figures = {"step_over_floor": get("step_time_over_floor"), "mfu": [m.get("mfu") for m in ok], "vs_keras": ratios}
     errors = [m["error"] for m in [*runs, *fits] if "error" in m]
-    cells = [setting.name, str(setting.batch), median_range(get("rate"), ",.0f"),
+    cells = [setting.name + failed(errors, 60), str(setting.batch), median_range(get("rate"), ",.0f"),
              median_range(get("rate", [k for k in fits if "rate" in k]), ",.0f"),
              median_range(ratios, ".2f"), median_range(get("step_time_ms"), ".2f"),
              median_range(get("floor_compute_ms"), ".2f"), median_range(get("floor_update_ms"), ".2f"),
              median_range(figures["step_over_floor"], ".2f"), median_range(get("mfu"), ".1%"),
              median_range(get("peak_gflops"), ",.0f")]
-    if errors:
-        cells[0] += f" ({len(errors)} failed: {errors[0][:60].replace('|', '/')})"
-    return "| " + " | ".join(cells) + " |", figures
+    return markdown_row(cells), figures
 
 
 def _multi_row(setting: Setting, job: Job, runs: list[dict]) -> tuple[str, list[float]]:
     """One runner job's row on N devices and its step / floor per round."""
     ok = [m for m in runs if "rate" in m]
     get = lambda key: [m[key] for m in ok if key in m]  # noqa: E731
-    cells = [setting.name, job.label, str(job.gpus), median_range(get("rate"), ",.0f"),
+    errors = [m["error"] for m in runs if "error" in m]
+    cells = [setting.name + failed(errors, 60), job.label, str(job.gpus), median_range(get("rate"), ",.0f"),
              median_range(get("step_time_ms"), ".2f"), median_range(get("floor_compute_ms"), ".2f"),
              median_range(get("floor_update_ms"), ".3f"), median_range(get("step_time_over_floor"), ".2f")]
-    errors = [m["error"] for m in runs if "error" in m]
-    if errors:
-        cells[0] += f" ({len(errors)} failed: {errors[0][:60].replace('|', '/')})"
-    return "| " + " | ".join(cells) + " |", get("step_time_over_floor")
+    return markdown_row(cells), get("step_time_over_floor")
 
 
 def floors(args: argparse.Namespace) -> int:
@@ -100,12 +99,11 @@ def floors(args: argparse.Namespace) -> int:
     emit(out, [
         f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
         f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on "
-        f"{_counts(args.gpus)} devices, each in a fresh process, every model and job in every round; optimizer {args.optimizer}, data {args.data}; "
-        f"{len(todo) * len(every) * args.rounds} jobs in "
+        f"{_counts(args.gpus)} devices, each in a fresh process, every model and job in every round; optimizer "
+        f"{args.optimizer}, data {args.data}; {len(todo) * len(every) * args.rounds} jobs in "
         f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
-        f"| model | global batch | runner {unit}/s | keras fit {unit}/s | runner / keras (per round) | step ms "
-        "| floor: forward + backward ms | floor: update ms | step / floor | MFU | peak GFLOP/s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|"])
+        *markdown(["model", "global batch", f"runner {unit}/s", f"keras fit {unit}/s", "runner / keras (per round)",
+                   "step ms", *FLOOR_COLUMNS[1:], "MFU", "peak GFLOP/s"])])
     judged = []
     for setting in todo:
         line, figures = _row(setting, runs[setting, base], runs[setting, keras])
@@ -114,8 +112,7 @@ def floors(args: argparse.Namespace) -> int:
     above = [(f"{s.name} {base.where}", f["step_over_floor"]) for s, f in judged]
     unbounded: dict[int, str] = {}  # devices -> why the floor was not measured there
     if multi := multi_jobs(args.gpus):
-        emit(out, ["", f"| model | job | devices | {unit}/s | step ms | floor: forward + backward ms "
-                   "| floor: update ms | step / floor |", "|---|---|---|---|---|---|---|---|"])
+        emit(out, ["", *markdown(["model", "job", "devices", f"{unit}/s", *FLOOR_COLUMNS])])
         for setting in todo:
             for job in multi:
                 line, ratios = _multi_row(setting, job, runs[setting, job])
@@ -127,9 +124,7 @@ def floors(args: argparse.Namespace) -> int:
                     above.append((f"{setting.name} {job.where}", ratios))
     emit(out, ["", *targets(judged), above_floor(above),
                *(f"- n/a floors at x{n}: {why}" for n, why in sorted(unbounded.items()))])
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(out) + "\n")
+    save(out, args.out)
     return 1 if any("error" in m for ms in runs.values() for m in ms) else 0
 
 

@@ -7,20 +7,11 @@ import argparse
 import time
 from typing import Callable
 
-from runner.models import variants
-from runner.bench.jobs import (
-    DEFAULT_STEPS,
-    MIN_TIMED_STEPS,
-    Job,
-    Progress,
-    Setting,
-    Table,
-    emit,
-    machine,
-    measure,
-    sweep,
-)
+from runner.bench.jobs import DEFAULT_STEPS, MIN_TIMED_STEPS, Job, Progress, Setting, Table, emit, machine, measure
+from runner.bench.jobs import save, sweep
 from runner.measure.hooks import INPUT_BOUND_RATIO
+from runner.models import variants
+from runner.report.table import markdown
 from runner.strategies import baseline, data_parallel, sharding
 
 # The strategies of one process that train a model replica per device, from the registry's roles.
@@ -49,36 +40,32 @@ def plan(strategies: list[str], pipelines: list[str], gpus: list[int]) -> list[J
 
 
 COLUMNS = ("what", "devices", "{unit}/s ± stderr", "predicted {unit}/s", "timed steps", "x runner {base}",
-           "x keras fit", "step / floor", "MFU", "optimizer state / device (MB)", "pipeline alone (batches/s)", "pipeline / step",
-           "peak RSS (MB)", "overhead (s)")
+           "x keras fit", "step / floor", "MFU", "optimizer state / device (MB)", "pipeline alone (batches/s)",
+           "pipeline / step", "peak RSS (MB)", "overhead (s)")
 
 
 def _ratio(value: float, base: float | None) -> str:
     return f"{value / base:.2f}" if base else "-"
 
 
-def format_row(job: Job, m: dict, table: Table) -> str:
-    """One table row; a failed job shows its error, a job timed over fewer than 20 steps is flagged."""
+def _cell(m: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    return format(m[key] / scale, fmt) if key in m else "-"
+
+
+def format_row(job: Job, m: dict, table: Table) -> list[str]:
+    """One table row's cells; a failed job shows its error, a job timed over fewer than 20 steps is flagged."""
     if "error" in m:
-        return f"| {job.label} | {job.gpus} | failed: {m['error'][:100].replace('|', '/')} |" + " |" * (len(COLUMNS) - 3)
-    ips, steps = m["rate"], int(m.get("timed_steps", 0))
-    runs = m.get("rate_runs")
+        return [job.label, str(job.gpus), f"failed: {m['error'][:100].replace('|', '/')}", *[""] * (len(COLUMNS) - 3)]
+    ips, steps, runs = m["rate"], int(m.get("timed_steps", 0)), m.get("rate_runs")
     spread = f"({min(runs):,.0f}-{max(runs):,.0f})" if runs else f"± {m['rate_stderr']:,.0f}"
-    predicted = f"{m['predicted_rate']:,.0f}" if "predicted_rate" in m else "-"
-    cells = [job.label, str(job.gpus), f"{ips:,.0f} {spread}", predicted,
-             f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
-             _ratio(ips, table.rate("baseline")), _ratio(ips, table.rate("keras")),
-             f"{m['step_time_over_floor']:.2f}" if "step_time_over_floor" in m else "-",
-             f"{m['mfu']:.1%}" if "mfu" in m else "-",
-             f"{m['optimizer_state_bytes_per_device'] / 2**20:.2f}" if "optimizer_state_bytes_per_device" in m else "-"]
-    if "input_batches_per_sec" in m:
-        pipeline = m["input_batches_per_sec"]
-        cells += [f"{pipeline:,.0f}", f"{pipeline / m['step_batches_per_sec']:.1f}x"]
-    else:
-        cells += ["-", "-"]
-    cells += [f"{m['peak_rss_mb']:,.0f}" if "peak_rss_mb" in m else "-",
-              f"{m['seconds_to_first_step']:.1f}" if "seconds_to_first_step" in m else "-"]
-    return "| " + " | ".join(cells) + " |"
+    alone = "input_batches_per_sec" in m
+    return [job.label, str(job.gpus), f"{ips:,.0f} {spread}", _cell(m, "predicted_rate", ",.0f"),
+            f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
+            _ratio(ips, table.rate("baseline")), _ratio(ips, table.rate("keras")),
+            _cell(m, "step_time_over_floor", ".2f"), _cell(m, "mfu", ".1%"),
+            _cell(m, "optimizer_state_bytes_per_device", ".2f", 2**20), _cell(m, "input_batches_per_sec", ",.0f"),
+            f"{m['input_batches_per_sec'] / m['step_batches_per_sec']:.1f}x" if alone else "-",
+            _cell(m, "peak_rss_mb", ",.0f"), _cell(m, "seconds_to_first_step", ".1f")]
 
 
 def format_table(table: Table) -> list[str]:
@@ -97,9 +84,7 @@ def format_table(table: Table) -> list[str]:
         f"x runner {baseline()}: over {single or 0:,.0f} {unit}/s (the mean of the two runner {baseline()} rows); "
         f"x keras fit: over {keras or 0:,.0f} {unit}/s. {len(table.rows)} jobs in {table.seconds:.0f} s.{each}",
         "",
-        "| " + " | ".join(columns) + " |",
-        "|" + "---|" * len(columns),
-        *(format_row(job, m, table) for job, m in table.rows),
+        *markdown(columns, [format_row(job, m, table) for job, m in table.rows]),
         "",
     ]
 
@@ -254,7 +239,5 @@ def grid(args: argparse.Namespace) -> int:
             predict_rows(tables[-1])
             emit(out, format_table(tables[-1]))
     emit(out, targets(tables))
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(out) + "\n")
+    save(out, args.out)
     return 1 if any("error" in m for t in tables for _, m in t.rows) else 0

@@ -1,6 +1,5 @@
 """Benchmark jobs: each measurement in a fresh process, repeated in rounds and combined into rows. Runner jobs are
-the jobs of one sweep per benchmark (`runner.sweep.launch`: a parent run in the store, each job's folder and error
-line, a SIGTERM passed on; `runner report` shows them with the verdict), read back from MLflow; Keras fit runs in
+the jobs of one sweep per benchmark (`runner.sweep.launch`), read back from MLflow; Keras fit runs in
 `runner.bench.keras_baseline`."""
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from runner.data_pipelines import rate_unit
 
 MIN_TIMED_STEPS = 20
 NO_TIMED_STEPS = "no timed steps: raise --steps to a few times --steps-per-call"  # a finished job's row without a rate
-# (model, variant) -> (steps, steps per call) when --steps is not given: about 10-20 s of training on one device
-# of the 2-core development CPU (the slow variants get fewer, shorter calls); always >= 20 timed steps.
+# (model, variant) -> (steps, steps per call) when --steps is not given: a short job on one CPU device (the slow
+# variants get fewer, shorter calls); always >= 20 timed steps.
 DEFAULT_STEPS = {
     ("mlp", "tiny"): (300, 25), ("mlp", "default"): (600, 50), ("mlp", "chainer"): (600, 50),
     ("cnn", "tiny"): (300, 25), ("cnn", "default"): (120, 10), ("cnn", "paper"): (60, 5),
@@ -57,9 +56,8 @@ class Sweep:
 
 @contextmanager
 def sweep(tracking_uri: str | None, experiment: str) -> Iterator[Sweep]:
-    """Open a benchmark's sweep (its parent run, its folder under multirun/), close it after the jobs with the
-    sweep's summary, the jobs' table and the verdict (printed, and logged to the parent); an interruption or a crash
-    closes the parent KILLED or FAILED instead of leaving it RUNNING."""
+    """Open a benchmark's sweep (its parent run, its folder under multirun/) and close it after the jobs with the
+    sweep's summary (runner.sweep.close_parent); an interruption or a crash closes the parent KILLED or FAILED."""
     from runner import sweep as sweeps
     from runner.tracking import resolve_uri
 
@@ -143,11 +141,11 @@ def too_few_timed(name: str, steps: int, per_call: int) -> str | None:
 
 def keras_command(setting: Setting, gpus: int, mirrored: bool) -> list[str]:
     """The command line of plain Keras fit for one setting (runner.bench.keras_baseline)."""
-    cmd = [sys.executable, "-m", "runner.bench.keras_baseline", "--model", setting.model,
-           *(["--variant", setting.variant] if setting.variant else []), "--gpus", str(gpus), "--batch", str(setting.batch), "--steps", str(setting.steps), "--data", setting.data,
-           "--chunk", str(setting.steps_per_call), "--optimizer", setting.optimizer]
-    cmd += [f"--override={o}" for o in setting.extra]
-    return cmd + (["--mirrored"] if mirrored else [])
+    return [sys.executable, "-m", "runner.bench.keras_baseline", "--model", setting.model,
+            *(["--variant", setting.variant] if setting.variant else []), "--gpus", str(gpus), "--batch",
+            str(setting.batch), "--steps", str(setting.steps), "--data", setting.data, "--chunk",
+            str(setting.steps_per_call), "--optimizer", setting.optimizer, *(f"--override={o}" for o in setting.extra),
+            *(["--mirrored"] if mirrored else [])]
 
 
 def keras_job(setting: Setting, gpus: int, mirrored: bool) -> dict:
@@ -268,8 +266,19 @@ def emit(out: list[str], lines: list[str]) -> None:
     out += lines
 
 
+def save(out: list[str], path: str | None) -> None:
+    """With --out: the printed lines in that file too."""
+    if path:
+        Path(path).write_text("\n".join(out) + "\n")
+
+
+def failed(errors: list[str], width: int) -> str:
+    """` (2 failed: <the first error>)` after a row's name where some of its runs failed; '' where none did."""
+    return f" ({len(errors)} failed: {errors[0][:width].replace('|', '/')})" if errors else ""
+
+
 def machine() -> str:
-    """What the figures below ran on: the host CPU and its cores (the jobs read the same; see devices.host_cpu)."""
+    """What the figures below ran on: the host CPU and its cores."""
     from runner.runtime.devices import host_cpu
 
     return f"{host_cpu()}, {os.cpu_count()} cores"

@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from runner.bench.jobs import Progress, emit, machine, median_range, run_job, sweep
+from runner.bench.jobs import Progress, emit, machine, median_range, run_job, save, sweep
 from runner.errors import ConfigError
+from runner.report.table import markdown, markdown_row
 
 DATASET = "runner_shakespeare"  # nanoGPT's data/<name>/, written from the runner's Shakespeare
 EVAL_SCRIPT = Path(__file__).with_name("nanogpt_eval.py")
@@ -234,7 +235,7 @@ def round_rows(got: dict[str, list[dict]]) -> tuple[list[str], list[float]]:
         ratios += [ratio] if ratio else []
         rates = [_cell(got[name][i], "rate", ",.0f") for name in got]
         losses = [_cell(got[name][i], "test_loss", ".4f") for name in got]
-        rows.append(f"| {i + 1} | " + " | ".join([*rates, f"{ratio:.2f}" if ratio else "-", *losses]) + " |")
+        rows.append(markdown_row([str(i + 1), *rates, f"{ratio:.2f}" if ratio else "-", *losses]))
     return [*rows, median_row(got, ratios)], ratios
 
 
@@ -242,7 +243,7 @@ def median_row(got: dict[str, list[dict]], ratios: list[float]) -> str:
     """The rounds' medians (lowest-highest) of every column."""
     rates = [median_range([m["rate"] for m in runs if "rate" in m], ",.0f") for runs in got.values()]
     losses = [median_range([m["test_loss"] for m in runs if "test_loss" in m], ".4f") for runs in got.values()]
-    return "| median | " + " | ".join([*rates, median_range(ratios, ".2f"), *losses]) + " |"
+    return markdown_row(["median", *rates, median_range(ratios, ".2f"), *losses])
 
 
 def _cell(metrics: dict, key: str, fmt: str) -> str:
@@ -294,11 +295,9 @@ def gpt_peers(args: argparse.Namespace) -> int:
                f"times). Validation loss: the mean over all {windows * length:,} tokens of the runner's {windows:,} "
                "validation windows, nanoGPT's checkpoint scored on the same. The ratio is per round, the runner "
                "over the faster nanoGPT setting.", "",
-               "| round | " + " | ".join(f"{name} tokens/s" for name in got) + " | runner / faster nanoGPT | "
-               + " | ".join(f"{name} val loss" for name in got) + " |", "|---" * (2 * len(got) + 2) + "|",
-               *rows])
+               *markdown(["round", *(f"{name} tokens/s" for name in got), "runner / faster nanoGPT",
+                          *(f"{name} val loss" for name in got)]), *rows])
     lines, ok = verdict(got, ratios)
     emit(out, ["", *lines])
-    if args.out:
-        Path(args.out).write_text("\n".join(out) + "\n")
+    save(out, args.out)
     return 0 if ok else 1

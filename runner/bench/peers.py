@@ -23,8 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from runner.bench.jobs import Progress, emit, machine, median_range, run_job, sweep
+from runner.bench.jobs import Progress, emit, failed, machine, median_range, run_job, save, sweep
 from runner.errors import ConfigError
+from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing
 
 RESNET = ["+model._target_=runner.bench.user_resnet.resnet20", "model.name=resnet20", "data=synthetic",
@@ -105,8 +106,8 @@ def resnet_peers(args: argparse.Namespace) -> int:
                "replicated on more; the peer: --variable_update=replicated --device=cpu; each job a fresh process, "
                f"{len(args.towers) * len(jobs) * args.rounds} jobs in {time.perf_counter() - t0:.0f} s. Medians over "
                "the rounds (lowest-highest); the ratio is per round, the runner's default over the faster peer.", "",
-               "| towers | runner images/s | runner XLA | tf_cnn_benchmarks | tf_cnn_benchmarks --xla "
-               "| runner / faster peer (per round) |", "|---|---|---|---|---|---|"])
+               *markdown(["towers", "runner images/s", "runner XLA", "tf_cnn_benchmarks", "tf_cnn_benchmarks --xla",
+                          "runner / faster peer (per round)"])])
     ok = True
     for n in args.towers:
         got = {name: [m.get("rate") for m in rates[n, name]] for name in jobs}
@@ -117,9 +118,7 @@ def resnet_peers(args: argparse.Namespace) -> int:
         cells = [median_range([v for v in got[name] if v], ",.0f") for name in jobs]
         errors = [m["error"] for name in jobs for m in rates[n, name] if "error" in m]
         ok = ok and bool(ratios) and statistics.median(ratios) >= TARGET
-        note = f" ({len(errors)} failed: {errors[0][:80].replace('|', '/')})" if errors else ""
-        emit(out, [f"| {n}{note} | " + " | ".join(cells) + f" | {median_range(ratios, '.2f')} |"])
+        emit(out, [markdown_row([f"{n}{failed(errors, 80)}", *cells, median_range(ratios, ".2f")])])
     emit(out, ["", f"Target: runner / faster peer >= {TARGET:.2f} at every tower count: {'PASS' if ok else 'FAIL'}"])
-    if args.out:
-        Path(args.out).write_text("\n".join(out) + "\n")
+    save(out, args.out)
     return 0 if ok else 1

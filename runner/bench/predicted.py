@@ -9,8 +9,9 @@ import argparse
 import shlex
 import time
 
-from runner.bench.jobs import emit, machine
+from runner.bench.jobs import emit, machine, save
 from runner.report.prediction import combine, judge, line
+from runner.report.table import markdown, markdown_row
 
 
 def _overrides(command: str) -> list[str]:
@@ -63,19 +64,17 @@ def predicted(args: argparse.Namespace) -> int:
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
                f"{len(measured)} runs, {len(commands)} combinations, predicted in {time.perf_counter() - t0:.0f} s "
                "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
-               "| model, devices | combination | predicted /s | measured /s (images, tokens or examples) | error |",
-               "|---|---|---|---|---|"])
+               *markdown(["model, devices", "combination", "predicted /s", "measured /s (images, tokens or examples)",
+                          "error"])])
     lines = []
     for group in sorted(groups):
         combos = combine(groups[group])
         for c in sorted(combos, key=lambda c: -c.rate):
             rng = f" ({min(c.rates):,.0f}-{max(c.rates):,.0f})" if len(c.rates) > 1 else ""
-            emit(out, [f"| {group} | {c.label} | {c.predicted:,.0f} | {c.rate:,.0f}{rng} | "
-                       f"{(c.predicted - c.rate) / c.rate:+.0%} |"])
+            emit(out, [markdown_row([group, c.label, f"{c.predicted:,.0f}", f"{c.rate:,.0f}{rng}",
+                                     f"{(c.predicted - c.rate) / c.rate:+.0%}"])])
         lines.append(line(group, judge(combos)))
     unpredicted = sorted({f"{outcomes[c].label}: {outcomes[c].error}" for c in commands if outcomes[c].error})
     emit(out, ["", *(f"- {text}" for text in lines), *(f"- not predicted: {u}" for u in unpredicted)])
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(out) + "\n")
+    save(out, args.out)
     return 0 if lines else 1

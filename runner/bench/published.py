@@ -15,6 +15,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from runner.bench.jobs import emit, save
+from runner.report.table import markdown, markdown_row
 from runner.strategies import doing
 
 TABLES = Path(__file__).with_name("published")
@@ -95,12 +97,12 @@ def summarise(rates: dict[Cell, float | None]) -> tuple[Summary, list[str]]:
     for group, members in groups.items():
         hardware, model, batch, mode = group
         lines += [f"**{hardware} {model}**, batch {batch} per GPU, tf_cnn_benchmarks {mode}", "",
-                  "| GPUs | published images/s | predicted images/s | error |", "|---|---|---|---|"]
+                  *markdown(["GPUs", "published images/s", "predicted images/s", "error"])]
         for cell, rate in sorted(members, key=lambda m: m[0].gpus):
             error = rate / cell.published - 1 if rate else None
             errors += [abs(error)] if error is not None else []
             shown = f"{error:+.0%}" if error is not None else "not predicted"
-            lines.append(f"| {cell.gpus} | {cell.published:,.1f} | {rate or 0:,.1f} | {shown} |")
+            lines.append(markdown_row([str(cell.gpus), f"{cell.published:,.1f}", f"{rate or 0:,.1f}", shown]))
         priced = [(c.gpus, r) for c, r in members if r]
         if len(priced) == len(members) > 1:
             pub, pred = efficiency([(c.gpus, c.published) for c, _ in members]), efficiency(priced)
@@ -118,8 +120,8 @@ def summarise(rates: dict[Cell, float | None]) -> tuple[Summary, list[str]]:
 
 def compact(groups: dict[tuple, list[tuple[Cell, float | None]]], gaps: dict[tuple, float]) -> list[str]:
     """One row per system and model: the error at each GPU count and the efficiency at the largest, both ways."""
-    lines = ["| system | model | batch | tf_cnn mode | error at 1, 2, 4, 8 ... GPUs | efficiency at the most: "
-             "predicted / published |", "|---|---|---|---|---|---|"]
+    lines = markdown(["system", "model", "batch", "tf_cnn mode", "error at 1, 2, 4, 8 ... GPUs",
+                      "efficiency at the most: predicted / published"])
     for group, members in groups.items():
         errors = ", ".join(f"{c.gpus}: {r / c.published - 1:+.0%}" if r else f"{c.gpus}: -"
                            for c, r in sorted(members, key=lambda m: m[0].gpus))
@@ -129,7 +131,7 @@ def compact(groups: dict[tuple, list[tuple[Cell, float | None]]], gaps: dict[tup
             shown = f"{most}: {pub + gaps[group] / 100:.0%} / {pub:.0%}"
         else:
             shown = "-"
-        lines.append(f"| {group[0]} | {group[1]} | {group[2]} | {group[3]} | {errors} | {shown} |")
+        lines.append(markdown_row([*map(str, group), errors, shown]))
     return lines + [""]
 
 
@@ -137,8 +139,6 @@ def published(args: argparse.Namespace) -> int:
     """Print (and with --out write) predicted against published, per system and model."""
     found = [c for c in cells() if not args.hardware or c.hardware in args.hardware]
     _, lines = summarise(predicted(found))
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    emit([], lines)
+    save(lines, args.out)
     return 0

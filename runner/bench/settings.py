@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from runner.bench.jobs import NO_TIMED_STEPS, Sweep, emit, machine, run_job, sweep, too_few_timed
+from runner.bench.jobs import NO_TIMED_STEPS, Sweep, emit, machine, run_job, save, sweep, too_few_timed
 from runner.bench.peers import runner_overrides
+from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing, name_of
 
 
@@ -84,15 +85,12 @@ def speed_settings(args: argparse.Namespace) -> int:
     default."""
     out: list[str] = []
     emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}; {machine()}", "",
-               "| setting | model, strategy | value | rate ± stderr | x default | test metric |",
-               "|---|---|---|---|---|---|"])
+               *markdown(["setting", "model, strategy", "value", "rate ± stderr", "x default", "test metric"])])
     failed = False
     with sweep(args.tracking_uri, "bench_settings") as bench:
         for group in args.groups:
             failed = _group(group, args, bench, out) or failed
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(out) + "\n")
+    save(out, args.out)
     return 1 if failed else 0
 
 
@@ -107,15 +105,16 @@ def _group(group: str, args: argparse.Namespace, bench: Sweep, out: list[str]) -
                     bench, round=int(i == len(values)))
         if "error" in m or "rate" not in m:
             failed = True
-            emit(out, [f"| {what} | {where} | `{label}` | failed: {m.get('error', NO_TIMED_STEPS)[:80]} | | |"])
+            emit(out, [markdown_row([what, where, f"`{label}`", f"failed: {m.get('error', NO_TIMED_STEPS)[:80]}", "",
+                                     ""])])
             continue
         base = m["rate"] if i == 0 else base
         rate = f"{m['rate']:,.0f} ± {m['rate_stderr']:,.0f} {m['unit']}/s"
         ratio = f"{m['rate'] / base:.2f}" if base else "-"
         chose = f" -> {m['xla']}" if "train.jit_compile=auto" in label else ""  # what auto decided, measured
         metric = m["score_metric"]  # its task's: accuracy, a click model's AUC, a regression's MAE
-        emit(out, [f"| {what} | {where} | `{label}`{chose} | {rate} | {ratio} | {metric} "
-                   f"{m.get(f'test_{metric}', float('nan')):.4f} |"])
+        emit(out, [markdown_row([what, where, f"`{label}`{chose}", rate, ratio,
+                                 f"{metric} {m.get(f'test_{metric}', float('nan')):.4f}"])])
     return failed
 
 

@@ -232,6 +232,16 @@ def _fmt(value: float, spec: str) -> str:
     return "-" if math.isnan(value) else format(value, spec)
 
 
+def markdown_row(cells: list[str]) -> str:
+    """One line of a Markdown table (an empty cell as `| |`)."""
+    return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+
+
+def markdown(head: list[str], rows: list[list[str]] = ()) -> list[str]:
+    """A Markdown table's lines: the header, its rule and the rows; every table of `report` and the bench."""
+    return [markdown_row(head), "|---" * len(head) + "|", *map(markdown_row, rows)]
+
+
 def table(rows: list[Row]) -> str:
     """The comparison as Markdown tables, one per kind of run, with a footnote where speedups are missing."""
     return _by_kind(rows, _table)
@@ -239,25 +249,19 @@ def table(rows: list[Row]) -> str:
 
 def _table(rows: list[Row], kind: kinds.Kind) -> str:
     """The Markdown table of rows of one kind."""
-    unit, score = kind.unit, _score(kind)
-    head = (f"| model | pipeline | strategy | devices | scaling | {unit}/s | ± stderr | predicted {unit}/s "
-            f"| speedup | efficiency | {_time_to(kind)} (s) | {score} | learns same | MFU | wall s | status |\n"
-            + "|---" * 16 + "|")
-    same = {True: "yes", False: "no", None: "-"}
-    lines = [
-        f"| {r.model} | {r.pipeline} | {r.strategy} | {r.device_label} | {r.scaling} "
-        f"| {_fmt(r.rate, ',.0f')} | {_fmt(r.stderr, ',.0f')} | {_fmt(r.predicted, ',.0f')} "
-        f"| {_fmt(r.speedup, '.2f')} "
-        f"| {_fmt(r.efficiency, '.2f')} | {_fmt(r.time_to_target, '.1f')} | {_fmt(r.score, '.4f')} "
-        f"| {same[r.same]} | {_fmt(r.mfu, '.1%')} | {_fmt(r.wall_seconds, '.1f')} | {r.status} |"
-        for r in rows
-    ]
+    unit, same = kind.unit, {True: "yes", False: "no", None: "-"}
+    head = ["model", "pipeline", "strategy", "devices", "scaling", f"{unit}/s", "± stderr", f"predicted {unit}/s",
+            "speedup", "efficiency", f"{_time_to(kind)} (s)", _score(kind), "learns same", "MFU", "wall s", "status"]
+    lines = markdown(head, [
+        [r.model, r.pipeline, r.strategy, r.device_label, r.scaling, _fmt(r.rate, ",.0f"), _fmt(r.stderr, ",.0f"),
+         _fmt(r.predicted, ",.0f"), _fmt(r.speedup, ".2f"), _fmt(r.efficiency, ".2f"), _fmt(r.time_to_target, ".1f"),
+         _fmt(r.score, ".4f"), same[r.same], _fmt(r.mfu, ".1%"), _fmt(r.wall_seconds, ".1f"), r.status] for r in rows])
     notes = []
     if any(math.isnan(r.speedup) and r.status == "FINISHED" for r in rows):
         notes.append("speedup/efficiency `-`: no 1-device run of that model, pipeline and strategy (or of `single`)")
     if any(math.isnan(r.time_to_target) and r.status == "FINISHED" for r in rows):
         notes.append(f"{_time_to(kind)} `-`: the run did not reach its target (or had none)")
-    return "\n".join([head, *lines, *(f"\n{n}" for n in notes)])
+    return "\n".join([*lines, *(f"\n{n}" for n in notes)])
 
 
 def curves(client: Any, rows: list[Row]) -> dict[str, list[tuple[float, float]]]:
@@ -337,14 +341,12 @@ def compact(rows: list[Row]) -> str:
 
 def _compact(rows: list[Row], kind: kinds.Kind) -> str:
     """The compact Markdown table of rows of one kind."""
-    predicted = any(not math.isnan(r.predicted) for r in rows)
-    unit, score = kind.unit, _score(kind)
-    head = (f"| model | combination | {unit}/s | " + (f"predicted {unit}/s | " if predicted else "")
-            + f"{_time_to(kind)} (s) | {score} | status |\n" + "|---" * (7 if predicted else 6) + "|")
-    lines = [f"| {r.model} | {r.strategy}/{r.pipeline} x{r.devices} | {_fmt(r.rate, ',.0f')} "
-             + (f"| {_fmt(r.predicted, ',.0f')} " if predicted else "")
-             + f"| {_fmt(r.time_to_target, '.1f')} | {_fmt(r.score, '.4f')} | {r.status} |" for r in rows]
-    return "\n".join([head, *lines])
+    predicted = [f"predicted {kind.unit}/s"] if any(not math.isnan(r.predicted) for r in rows) else []
+    head = ["model", "combination", f"{kind.unit}/s", *predicted, f"{_time_to(kind)} (s)", _score(kind), "status"]
+    return "\n".join(markdown(head, [
+        [r.model, f"{r.strategy}/{r.pipeline} x{r.devices}", _fmt(r.rate, ",.0f"),
+         *([_fmt(r.predicted, ",.0f")] if predicted else []), _fmt(r.time_to_target, ".1f"), _fmt(r.score, ".4f"),
+         r.status] for r in rows]))
 
 
 def prediction_lines(rows: list[Row]) -> list[str]:
