@@ -1,11 +1,9 @@
 """The machine's measured dense-matmul peak: what MFU divides by.
 
-The peak is a measured one (`probe_peak`): the best achieved GFLOP/s of chains of dense matmuls over a few matrix
-sizes, cached per machine, so MFU = achieved / measured peak says how far a model is from the fastest matmul on the
-same device. Other processes only lower the figure, and a low peak inflates every MFU computed against it: a probe
-during which they used more than BUSY of the CPUs is tried once more and, still disturbed, not trusted (None, not
-cached). The cache key names the CPU by its model and instruction-set flags (hosts under one model name differ), each
-entry records when, at which size and how undisturbed it was measured, and a re-probe keeps the higher figure.
+`probe_peak` takes the best achieved GFLOP/s of chains of dense matmuls over a few matrix sizes, cached per machine,
+so MFU says how far a model is from the fastest matmul on the same device. Other processes only lower the figure,
+which would inflate every MFU against it: a probe during which they used more than BUSY of the CPUs is tried once
+more and, still disturbed, not trusted; a re-probe keeps the higher figure.
 """
 
 from __future__ import annotations
@@ -28,32 +26,21 @@ CACHE_FILE = "peak.json"
 SIZES = (1024, 2048, 3072)  # square matrix sides swept: the best of them is the peak
 BUSY = 0.25  # share of the CPUs other processes may use during a probe before its figure is not trusted
 RETRY_AFTER = 2.0  # seconds to wait before probing a disturbed measurement once more
-PROBE_SECONDS = 10  # about how long a probe takes, TensorFlow's start in its fresh process included (2 cores: 10-16)
+PROBE_SECONDS = 10  # about how long a probe takes, TensorFlow's start in its fresh process included
 
 
 @dataclass(frozen=True)
 class Peak:
-    """A measured dense-matmul peak.
+    """A measured dense-matmul peak."""
 
-    Attributes:
-        gflops: best achieved GFLOP/s of the matmul chain.
-        dtype: "float32", "float16" or "bfloat16".
-        device: what it was measured on, e.g. "AMD EPYC (2 cores)" or "NVIDIA A100-SXM4-40GB (cc 8.0)".
-        key: the cache key (device, dtype, matrix size).
-        cached: True if read from the cache rather than measured by this call.
-        size: the matrix side that gave it (0: not recorded).
-        others: the share of the CPUs other processes used while it was measured.
-        measured: when it was measured (local time, ISO 8601).
-    """
-
-    gflops: float
+    gflops: float  # best achieved GFLOP/s of the matmul chain
     dtype: str
-    device: str
-    key: str
-    cached: bool
-    size: int = 0
-    others: float = 0.0
-    measured: str = ""
+    device: str  # what it was measured on (`describe_device`)
+    key: str  # its cache key
+    cached: bool  # read from the cache rather than measured by this call
+    size: int = 0  # the matrix side that gave it (0: not recorded)
+    others: float = 0.0  # the share of the CPUs other processes used while it was measured
+    measured: str = ""  # when (local time, ISO 8601)
 
     def __str__(self) -> str:
         return (f"{self.dtype} matmul peak on {self.device}: {self.gflops:,.0f} GFLOP/s at {self.size}x{self.size}, "
@@ -80,10 +67,7 @@ def _cpu_description() -> str:
 
 
 def _cpu_supports(dtype: str) -> bool:
-    """fp32 always; bf16/fp16 only with native instructions, which oneDNN uses (else they are emulated, slower).
-
-    With avx512_bf16 bf16 matmuls ran ~1.8x fp32; fp16 without avx512_fp16 ~0.5x.
-    """
+    """fp32 always; bf16/fp16 only with native instructions, which oneDNN uses (else they are emulated, slower)."""
     flags = set(_cpuinfo("flags").split())
     native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}
     return dtype == "float32" or bool(native[dtype] & flags)
@@ -95,10 +79,8 @@ def native(device_name: str, dtype: str) -> bool:
 
 
 def _gpu_description(device_name: str) -> tuple[str, tuple[int, int]]:
-    """GPU name and compute capability of the physical GPU behind `device_name`.
-
-    Logical GPUs past the physical count are simulated ones carved out of GPU 0 (runner/runtime/devices.py).
-    """
+    """GPU name and compute capability of the physical GPU behind `device_name` (past the physical count: GPU 0's,
+    which simulated ones are carved out of)."""
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -156,7 +138,7 @@ def _benchmark(device_name: str, dtype: str, size: int, seconds: float) -> float
             return time.perf_counter() - start
 
         timed(1)  # warm-up: tracing, kernel selection, first allocations
-        # Calls of ~1/5 of the budget: long enough that dispatch (~0.1 ms) is noise, short enough for 5 repeats.
+        # Calls of ~1/5 of the budget: long enough that dispatch is noise, short enough for 5 repeats.
         k = max(1, min(10_000, round(seconds / 5 / max(timed(1), 1e-6))))
         best, spent = math.inf, 0.0
         while spent < seconds or math.isinf(best):
@@ -209,15 +191,15 @@ def _sweep(device_name: str, dtype: str, sizes: tuple[int, ...], seconds: float)
     return gflops, size, max(others for _, others, _ in results)
 
 
-def read_cache(path: Path) -> dict:
-    """The cache's entries; a missing or unreadable file is an empty cache (the peak is simply probed again)."""
+def read_cache(path: Path, what: str = "peak") -> dict:
+    """The cache's entries; a missing or unreadable file is an empty cache (what it holds is measured again)."""
     try:
         data = json.loads(path.read_text())
         return data if isinstance(data, dict) else {}
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as err:
-        log.warning("ignoring unreadable peak cache %s: %s", path, err)
+        log.warning("ignoring unreadable %s cache %s: %s", what, path, err)
         return {}
 
 
@@ -229,7 +211,6 @@ def write_cache(path: Path, key: str, entry: dict) -> None:
 
 
 def _cache_path(cache_dir: Path | None = None) -> Path:
-    """The peak cache file: in `cache_dir`, default `runner.paths.cache_dir()`."""
     return (cache_dir or runner_cache_dir()) / CACHE_FILE
 
 
@@ -249,25 +230,11 @@ def probe_peak(
     device_name: str = "/device:CPU:0", dtype: str = "float32", sizes: tuple[int, ...] = SIZES, seconds: float = 0.5,
     cache_dir: Path | None = None, refresh: bool = False,
 ) -> Peak | None:
-    """The device's achieved dense-matmul GFLOP/s, measured once per machine and then read from a JSON cache.
+    """The device's best dense-matmul GFLOP/s over the square matrices of `sizes`, each timed for about `seconds`,
+    measured once per machine and then read from the cache (`refresh`: measured again, the higher figure kept).
 
-    Args:
-        device_name: TensorFlow device to measure; logical devices of one physical device share its entry.
-        dtype: "float32", "float16" or "bfloat16".
-        sizes: sides of the square matrices swept (the best wins).
-        seconds: timed budget of each size's measurement (the best call wins); about 1.5x that in all.
-        cache_dir: folder of `peak.json`; default `runner.paths.cache_dir()`.
-        refresh: measure even if cached; the cache keeps the higher of the old and new figures, since other
-            processes can only slow a measurement down (probe on an idle machine: the entry records
-            how much of the CPUs other processes used meanwhile).
-
-    Returns:
-        The Peak, or None if `dtype` has no native support on the device (CPU: bf16 needs avx512_bf16 or AMX, fp16
-        avx512_fp16 or AMX-FP16; GPU: fp16 needs compute capability 7.0+ or 6.0, bf16 8.0+), or if other processes
-        used more than BUSY of the CPUs during two probes in a row (a warning says so; nothing is cached).
-
-    Raises:
-        ValueError: unknown dtype, or a GPU device on a machine without one.
+    None if `dtype` has no native support on the device, or if other processes used more than BUSY of the CPUs during
+    two probes in a row (a warning says so; nothing is cached). ValueError: unknown dtype, or no GPU for a GPU device.
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; use one of {DTYPES}")
@@ -308,11 +275,9 @@ def cached_cpu_peak(cache_dir: Path | None = None, dtype: str = "float32") -> fl
 
 
 def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
-    """The host CPU's `dtype` peak, probed in a fresh process first when it is not cached (or `refresh`).
-
-    Not in the calling process: a run's thread pools may be cut (on N simulated devices each op gets cores / N
-    threads), and a probe there would measure, and cache, a fraction of the CPU. None without native `dtype`
-    (not probed), or where the probe gave no figure (a busy machine)."""
+    """The host CPU's `dtype` peak, probed in a fresh process first when it is not cached (or `refresh`): a run's
+    own thread pools may be cut, and a probe there would cache a fraction of the CPU. None without native `dtype`,
+    or where the probe gave no figure (a busy machine)."""
     import subprocess
     import sys
 
@@ -326,9 +291,8 @@ def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
 
 
 def probe_before_jobs() -> None:
-    """Before a sweep's jobs start, on a machine whose runs train on the CPU: probe its peak once in a fresh process
-    unless it is cached, while the machine is still idle. Jobs running side by side (a parallel launcher) would each
-    see the others as load, never trust a probe and pay for it every time."""
+    """Before a sweep's jobs start, on a machine whose runs train on the CPU: probe its peak unless it is cached,
+    while the machine is still idle (jobs side by side would see each other as load and never trust a probe)."""
     from runner.runtime.devices import nvidia_gpus_present
 
     if nvidia_gpus_present() or cached_cpu_peak() is not None:

@@ -1,40 +1,33 @@
 """Calibrations of this machine for the cost model: microbenchmarks of seconds, cached per host and device set.
 
-Each runs in a process whose devices are set up exactly as a run's would be (the same count, kind and thread pools),
-because that is what they measure:
+Each runs in a process whose devices are set up exactly as a run's would be, because that is what they measure:
 
-- **machine** (any model): the executor's fixed cost of one small op in a compiled step, and a cross-device send's
-  latency and bandwidth (a tensor passed back and forth between devices 0 and 1, less the same ops on one device;
-  on simulated devices a send may copy nothing, and this says so);
-- **towers** (per model, per-tower batch): the forward and backward passes of N towers at once, one step after the
-  other (runner/measure/floor.py's `towers_seconds`): what N towers on the host's cores, or on devices of their
-  own, do to each other; and the bytes per second of Adam's fused update at the model's size on one device and on
-  all N at once, cold (other arrays each step: the update's weights and slots, out of the caches after the
-  towers' passes) and warm (the same arrays: the reduce's gradients, just written by the towers); and of slicing
-  and concatenating a vector of the model's size on all N at once (copy kernels);
+- **machine** (any model): the executor's fixed cost of one small op, and a cross-device send's latency and
+  bandwidth;
+- **towers** (per model, per-tower batch): the passes of N towers at once (runner/measure/floor.py's
+  `towers_seconds`), and the bytes per second of Adam's fused update (cold and warm), of copy kernels and of the
+  tables' sparse update, on one device and on all N at once;
 - **input** (per pipeline, data and global batch): the pipeline alone feeding N towers, seconds per step.
 
 Entries are cached in `<cache dir>/calibration.json` under a key naming the host CPU, the device set and threads,
-and what was measured; each records when and on what. `runner predict --recalibrate` measures again.
-On GPUs they run the same way (untested here: the development machine has none).
+and what was measured; `runner predict --recalibrate` measures again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import math
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from runner.measure import peak
 from runner.measure.floor import median_seconds
 from runner.paths import cache_dir as runner_cache_dir, write_json
-
-log = logging.getLogger(__name__)
 
 CACHE_FILE = "calibration.json"
 FORMAT = 7  # in every key: entries of an older calibration (other figures) are measured again, not misread
@@ -57,10 +50,8 @@ def device_set_key(plan: Any) -> str:
 
 
 def towers_key(plan: Any) -> str:
-    """What the towers' time depends on: how many towers, the model's options, the example spec, the per-tower
-    batch, precision."""
-    from dataclasses import asdict
-
+    """What the towers' time depends on: how many towers, the model, the example spec, the per-tower batch,
+    precision."""
     spec = (plan.spec.shape, plan.spec.dtype, plan.spec.classes)
     what = [asdict(plan.model), spec, plan.train.per_device_batch_size, plan.train.precision, plan.train.seed]
     what += ["xla"] if compiled(plan) else []  # the passes timed as the run compiles them
@@ -68,9 +59,8 @@ def towers_key(plan: Any) -> str:
 
 
 def compiled(plan: Any) -> bool:
-    """Whether the plan's runs XLA-compile their towers (`xla.setting`: a fixed train.jit_compile, the strategy's
-    refusal, or the decision an auto run measured and cached; not yet measured: off): the cost model prices the
-    passes the way the run will run them."""
+    """Whether the plan's runs XLA-compile their towers (`xla.setting`; not yet measured: off): the cost model
+    prices the passes the way the run will run them."""
     from runner.measure import xla
     from runner.runtime.devices import nvidia_gpus_present
 
@@ -79,10 +69,7 @@ def compiled(plan: Any) -> bool:
 
 
 def input_key(plan: Any) -> str:
-    """What the input's time depends on: how many towers it feeds, the pipeline's options, the data's, the global
-    batch."""
-    from dataclasses import asdict
-
+    """What the input's time depends on: how many towers it feeds, the pipeline, the data, the global batch."""
     what = [asdict(plan.pipeline), dict(plan.cfg.data), plan.train.global_batch_size]
     return f"{device_set_key(plan)}|input={plan.local_towers}|{plan.pipeline.name}|{_digest(what)}"
 
@@ -100,30 +87,22 @@ def cache_path(cache_dir: Path | None = None) -> Path:
 
 def read_cache(cache_dir: Path | None = None) -> dict[str, dict]:
     """Every cached calibration; a missing or unreadable file is an empty cache (they are measured again)."""
-    try:
-        data = json.loads(cache_path(cache_dir).read_text())
-        return data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as err:
-        log.warning("ignoring unreadable calibration cache %s: %s", cache_path(cache_dir), err)
-        return {}
+    return peak.read_cache(cache_path(cache_dir), "calibration")
 
 
 def write_cache(entries: dict[str, dict], cache_dir: Path | None = None) -> None:
     """Add `entries`, atomically (a reader never sees a half-written file)."""
     path = cache_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**read_cache(cache_dir), **entries}
-    write_json(path, data)
+    write_json(path, {**read_cache(cache_dir), **entries})
 
 
 # ---- the microbenchmarks (in the child, TensorFlow set up as a run would) ------------------------------------
 
 
 def _chain_seconds(devices: list[str], size: int, ops: int) -> float:
-    """Seconds of one call of a chain of `ops` element-wise sines over `size` floats, op i on devices[i % len]. Sines,
-    since TensorFlow's graph optimizer folds chains of additions or multiplications by constants into one op."""
+    """Seconds of one call of a chain of `ops` element-wise sines over `size` floats, op i on devices[i % len] (sines:
+    the graph optimizer folds chains of additions or multiplications by constants into one op)."""
     import tensorflow as tf
 
     with tf.device(devices[0]):
@@ -147,8 +126,7 @@ def op_seconds(device: str, ops: int = 200) -> float:
 
 
 def send_seconds(devices: list[str], size: int, hops: int = 20) -> float:
-    """Seconds of one send of `size` floats between devices[0] and devices[1], less the same ops on one device:
-    what crossing devices adds. One device only: 0."""
+    """Seconds that crossing from devices[0] to devices[1] adds to an op on `size` floats (one device: 0)."""
     if len(devices) < 2:
         return 0.0
     crossing, staying = _chain_seconds(devices[:2], size, hops), _chain_seconds(devices[:1], size, hops)
@@ -159,8 +137,7 @@ def machine(devices: list[str]) -> dict[str, Any]:
     """The model-independent figures of this device set."""
     small, large = 16, 1 << 20  # floats: latency, then 4 MB for the bandwidth
     latency = send_seconds(devices, small)
-    per_large = send_seconds(devices, large)
-    extra = max(per_large - latency, 0.0)
+    extra = max(send_seconds(devices, large) - latency, 0.0)
     return {"op_seconds": op_seconds(devices[0]), "send_latency_s": latency,
             "send_bytes_per_s": (4 * large / extra) if extra > 0 else float("inf")}
 
@@ -171,21 +148,29 @@ def _cold_sets(set_bytes: int, steps: int) -> int:
     return max(2, min(steps, math.ceil(COLD_BYTES / set_bytes)))
 
 
+def _on_each(devices: list[str], sets: int, make: Any) -> list[list[Any]]:
+    """[set][device] -> make(set), created on that device."""
+    import tensorflow as tf
+
+    out = []
+    for s in range(sets):
+        out.append([])
+        for device in devices:
+            with tf.device(device):
+                out[s].append(make(s))
+    return out
+
+
 def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: int = 10) -> float:
     """Bytes per second that Adam's fused update (7 arrays of `floats` read or written) moves when it runs on every
     device of `devices` at once. `cold`: each step updates other arrays than the last, as a training step's update
-    finds its weights and slots after the towers' passes have pushed them out of the caches (measured: 4 copies of
-    the default MLP's update on 4 simulated devices cost 3.4x one copy, where the same arrays again cost 2.5x less);
-    warm: the same arrays every step, like gradients summed right after the towers wrote them."""
+    finds its weights and slots after the towers' passes pushed them out of the caches; warm: the same arrays every
+    step, like gradients summed right after the towers wrote them."""
     import tensorflow as tf
 
     sets = _cold_sets(4 * 4 * floats * len(devices), steps) if cold else 1  # a set: weights, 2 slots, a gradient
-    arrays = []
-    for s in range(sets):
-        arrays.append([])
-        for device in devices:
-            with tf.device(device):
-                arrays[s].append([tf.Variable(tf.zeros((floats,))) for _ in range(3)] + [tf.fill((floats,), 1.0 + s)])
+    arrays = _on_each(devices, sets, lambda s: [tf.Variable(tf.zeros((floats,))) for _ in range(3)]
+                      + [tf.fill((floats,), 1.0 + s)])
 
     @tf.function(autograph=False)
     def updates() -> None:
@@ -206,12 +191,7 @@ def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, step
     import tensorflow as tf
 
     sets = _cold_sets(4 * floats * len(devices), steps)
-    vectors = []
-    for s in range(sets):
-        vectors.append([])
-        for device in devices:
-            with tf.device(device):
-                vectors[s].append(tf.Variable(tf.fill((floats,), 1.0 + s)))
+    vectors = _on_each(devices, sets, lambda s: tf.Variable(tf.fill((floats,), 1.0 + s)))
     bounds = [floats * i // pieces for i in range(pieces + 1)]
 
     @tf.function(autograph=False)
@@ -245,9 +225,8 @@ def looked_up(model: Any, batches: list[tuple[Any, Any]]) -> list[list[Any]]:
 def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[tuple[int, int]],
                                    ids: list[list[Any]], steps: int = 10) -> float:
     """Gradient-row bytes per second that the plan's tables' optimizer applies to embedding tables of `shapes` (a
-    copy of them, with the optimizer's state, on every device of `devices`, updated at once), table t's rows at
-    `ids[t][s]` in step s (cycling through them), every table in one `apply_gradients` as a step applies them
-    (repeats summed first, as runner/optimizers.py does): the sparse update a model's looked-up rows pay."""
+    copy on every device of `devices`, updated at once), table t's rows at `ids[t][s]` in step s, every table in one
+    `apply_gradients` as a step applies them: the sparse update a model's looked-up rows pay."""
     import tensorflow as tf
 
     from runner.strategies.common import build_optimizer
@@ -281,8 +260,7 @@ def real_batches(plan: Any, examples: Any, size: int, count: int) -> list[tuple[
 def table_figures(plan: Any, model: Any, devices: list[str], examples: Any) -> dict[str, float]:
     """`model`'s embedding tables (`common.tables`): their bytes and count, the rows one tower looks up per step, and
     the bytes per second a sparse update of them moves on one device and on all at once (optimizers that update
-    only the looked-up rows), at the ids of ten real global batches: a step's own ids each step, as training looks
-    them up (rows reused from the steps before would be in the caches)."""
+    only the looked-up rows), at the ids of ten real global batches (reused rows would be in the caches)."""
     from runner.config import ROWS_ONLY, table_optimizer
     from runner.strategies.common import tables
 
@@ -298,10 +276,9 @@ def table_figures(plan: Any, model: Any, devices: list[str], examples: Any) -> d
 
 
 def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
-    """Seconds per step of the towers' forward and backward passes, all at once, at the per-tower batch (a model with
-    embedding tables on real batches of `examples`: random ids would all hit two rows); the model's dense trainable
-    weights (float32 bytes, as the variables are kept in every precision) and variables; its tables'
-    `table_figures`."""
+    """Seconds per step of the towers' passes, all at once, at the per-tower batch (a model with embedding tables on
+    real batches of `examples`: random ids would all hit two rows); the model's dense trainable weights (float32
+    bytes) and variables; the update, reduce and copy throughputs; its tables' `table_figures`."""
     from runner.measure.floor import towers_seconds
     from runner.strategies.common import tables, tower_models
 
@@ -316,11 +293,10 @@ def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
     out = {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
            "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats),
            **(table_figures(plan, models[0], devices, examples) if found else {})}
-    for term in ("update", "reduce"):
-        one = out[f"{term}_bytes_per_s_one"] = update_bytes_per_second(devices[:1], floats, cold=term == "update")
-        # on one device, "all at once" is the same measurement
-        out[f"{term}_bytes_per_s_all"] = one if len(devices) == 1 else update_bytes_per_second(
-            devices, floats, cold=term == "update")
+    for term in ("update", "reduce"):  # on one device, "all at once" is the same measurement
+        cold = term == "update"
+        one = out[f"{term}_bytes_per_s_one"] = update_bytes_per_second(devices[:1], floats, cold)
+        out[f"{term}_bytes_per_s_all"] = one if len(devices) == 1 else update_bytes_per_second(devices, floats, cold)
     return out
 
 
@@ -339,22 +315,12 @@ def input_seconds(plan: Any, towers: list[str], examples: Any, steps: int = 100)
 
 
 def measure(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
-    """In this process: every calibration in `wanted` (keys) for the combinations given as overrides, which share
-    one device set; each entry with the figures, what it ran on and the share of the CPUs other processes used
-    meanwhile (above peak.BUSY the figures are not trusted: the parent does not cache them)."""
+    """In this process, on devices set up as the runs' would be: every calibration in `wanted` (keys) for the
+    combinations given as overrides, which share one device set; each entry with the figures, what it ran on and
+    the share of the CPUs other processes used meanwhile (above peak.BUSY the parent does not cache them)."""
     from runner.config import compose, validate
-    from runner.measure.peak import timed_with_others_share
+    from runner.runtime.devices import setup
 
-    out, others = timed_with_others_share(lambda: _measure_all([validate(compose(o)) for o in overrides], wanted))
-    return {key: {**entry, "others_cpu_share": round(others, 2)} for key, entry in out.items()}
-
-
-def _measure_all(plans: list[Any], wanted: set[str]) -> dict[str, dict]:
-    """The calibrations `wanted` for `plans` (one device set), on devices set up as their runs would be."""
-    from runner.runtime import devices as devices_mod
-
-    first = plans[0]
-    devs = devices_mod.setup(first.gpus, first.train.intra_op_threads, first.train.inter_op_threads)
     loaded: dict[str, Any] = {}
 
     def examples(plan: Any) -> Any:
@@ -363,7 +329,14 @@ def _measure_all(plans: list[Any], wanted: set[str]) -> dict[str, dict]:
             loaded[name] = plan.data.load(plan.train.seed).train()
         return loaded[name]
 
-    return measure_here(plans, wanted, devs, examples)
+    def measure_all() -> dict[str, dict]:
+        plans = [validate(compose(o)) for o in overrides]
+        train = plans[0].train
+        devs = setup(plans[0].gpus, train.intra_op_threads, train.inter_op_threads)
+        return measure_here(plans, wanted, devs, examples)
+
+    out, others = peak.timed_with_others_share(measure_all)
+    return {key: {**entry, "others_cpu_share": round(others, 2)} for key, entry in out.items()}
 
 
 def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -> dict[str, dict]:

@@ -1,24 +1,16 @@
-"""A combination's predicted step time, as a sum of named terms (seconds per step):
+"""A combination's predicted step time, as a sum of named terms (seconds per step), each from the calibrations
+(runner/predict/calibrate.py) and the strategy's own `traffic` (runner/strategies/, counted from its code):
 
-- `towers`: the forward and backward passes of the N towers at their per-tower batch, all at once (calibrated:
-  what N towers on shared cores, or on devices of their own, do to each other is in the measurement);
-- `update`: the optimizer's memory traffic (weights, gradients and slots read and written, runner/measure/floor.py's
-  TOUCHED) times the strategy's update copies, at the throughput a fused update of the model's size measured cold
-  (its arrays out of the caches, as after the towers' passes) on one device, or on all N at once where the strategy
-  updates on every device; plus the embedding tables' rows the strategy applies (`Traffic.rows_applied`) at the
-  calibrated sparse update's throughput, where the optimizer changes only looked-up rows (else the tables count as
-  dense weights of the update);
-- `reduce`: combining the towers' gradients and handing out the new weights: the strategy's arithmetic bytes at
-  the same kernel's warm throughput (the gradients were just written), its copies (slices, concatenations) at the
-  measured copy throughput, its cross-device bytes at the measured send bandwidth, and one send latency per
-  message;
-- `ops`: the strategy's small ops beyond the towers (updates, sums, slices, assignments) at the executor's measured
-  fixed cost per op;
-- `input`: the pipeline alone feeding every tower for one step (calibrated).
+- `towers`: the passes of the N towers at once, as calibrated;
+- `update`: the optimizer's memory traffic (TOUCHED) times the strategy's update copies at the cold update's
+  throughput, plus the embedding tables' rows it applies at the sparse update's, where the optimizer changes only
+  looked-up rows (else the tables count as dense weights);
+- `reduce`: the strategy's arithmetic bytes at the warm update's throughput, its copies at the copy throughput, its
+  cross-device bytes at the send bandwidth and one send latency per message;
+- `ops`: the strategy's small ops beyond the towers at the executor's fixed cost per op;
+- `input`: the pipeline alone feeding every tower for one step, as calibrated.
 
-Whether N devices updating at once go N times as fast (devices of their own) or share one memory and its cores
-(simulated devices) is measured, not assumed. What a strategy does is its own `traffic` (runner/strategies/),
-counted by hand from its code.
+Whether N devices at once go N times as fast or share one memory and its cores is measured, not assumed.
 """
 
 from __future__ import annotations

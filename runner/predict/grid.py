@@ -48,11 +48,7 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 def _plan(overrides: list[str]) -> tuple[Any, Any, str | None]:
     """A combination's composed config, its plan (None if refused) and why it cannot be predicted (refused, or no
-    cost model).
-
-    An override Hydra cannot compose (`gpus=abc`) is raised, not a row: it is the command's error, reported in the
-    one line `python -m runner` gives it, before any calibration.
-    """
+    cost model). An override Hydra cannot compose (`gpus=abc`) is raised: the command's error, not a row."""
     from runner.config import compose, validate
 
     cfg = compose(overrides)
@@ -131,7 +127,10 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
 def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> None:
     """`outcome`'s prediction on the plan's named hardware, or why there is none; the model's layers are read once
     per model and input shape (`layers`, a cache across combinations)."""
-    key = (json.dumps(_node(plan.cfg.model), sort_keys=True), tuple(plan.spec.shape), plan.spec.classes)
+    from omegaconf import OmegaConf
+
+    model = OmegaConf.to_container(plan.cfg.model, resolve=True)
+    key = (json.dumps(model, sort_keys=True), tuple(plan.spec.shape), plan.spec.classes)
     try:
         if key not in layers:
             layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
@@ -143,15 +142,9 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
                                     plan.spec.units_per_example, one_device, max(plan.gpus, 1))
 
 
-def _node(node: Any) -> Any:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(node, resolve=True)
-
-
 def _covering(members: list[tuple[Any, Outcome]], wanted: set[str]) -> list[list[str]]:
     """The overrides of the first combinations that between them need every calibration in `wanted`: the child
-    composes only those (composing a config costs ~0.1 s, a grid has dozens per device set)."""
+    composes only those (a grid has dozens per device set)."""
     left, out = set(wanted), []
     for plan, outcome in members:
         if keys(plan) & left:
@@ -167,8 +160,7 @@ def keys(plan: Any) -> set[str]:
 
 def predict_run(plan: Any, devices: Any, examples: Any, cache_dir: Path | None = None) -> Prediction:
     """A run's own prediction, after its training: the cache's calibrations, what it lacks measured in this process
-    (whose devices are the run's) and cached unless other processes disturbed it. Raises UserError (no cost
-    model)."""
+    (whose devices are the run's) and cached unless other processes disturbed it. UserError: no cost model."""
     from runner.measure.peak import timed_with_others_share
 
     check_covered(plan)
@@ -231,14 +223,9 @@ def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
 
 def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     """One JSON-ready record per combination (`predict.format=json`): what scripts read."""
-    out = []
-    for o in outcomes:
-        p = o.prediction
-        record = {"combination": o.label, "overrides": o.overrides, **o.given, "fits": p is not None,
-                  "rate": p and p.rate, "unit": p and p.unit, "step_seconds": p and p.step_seconds,
-                  "efficiency": p and p.efficiency, "terms": p and p.terms, "error": o.error}
-        out.append(record)
-    return out
+    return [{"combination": o.label, "overrides": o.overrides, **o.given, "fits": (p := o.prediction) is not None,
+             "rate": p and p.rate, "unit": p and p.unit, "step_seconds": p and p.step_seconds,
+             "efficiency": p and p.efficiency, "terms": p and p.terms, "error": o.error} for o in outcomes]
 
 
 def _given(cfg: Any) -> dict[str, Any]:

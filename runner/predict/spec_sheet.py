@@ -1,18 +1,15 @@
 """A combination's step on a named hardware (`runner predict hardware=dgx1_p100`), priced from its spec sheet and
 the model's own layers, without running anything there.
 
-- `towers`: each layer's forward and backward pass at the per-tower batch, on one device, as a roofline of its op
-  class: the slower of its FLOPs at the accelerator's peak times the class's efficiency and its bytes at the memory
-  bandwidth times MEMORY, plus a fixed cost per kernel. Convolutions and matmuls are compute (3x3 stride-1
-  convolutions at cuDNN's Winograd saving), batch norm, activations, additions and pooling memory traffic.
-- `update`: the optimizer's bytes (runner/config.py's TOUCHED per weight) where the strategy applies it: the
-  device's memory, or the host's for a parameter server on the CPU, plus the gradient copies summed there.
-- `reduce`: the strategy's `Exchange` over the links (device to device, device to host, node to node), less what
-  TensorFlow overlaps with the backward pass (gradients are sent as they are computed): OVERLAP of it.
+- `towers`: each layer's passes at the per-tower batch as a roofline of its op class (the slower of its FLOPs and
+  its bytes at their efficiencies), plus a fixed cost per kernel;
+- `update`: the optimizer's bytes (runner/config.py's TOUCHED) where the strategy applies it, plus the gradient
+  copies summed there;
+- `reduce`: the strategy's `Exchange` over the links, less what overlaps with the backward pass (OVERLAP);
 - `input`: the global batch copied from the host to the devices.
 
-The efficiencies are the only constants not on a spec sheet; each says where it comes from (docs/cost-model.md).
-Nothing here reads a published measurement: runner/bench/published.py compares with them.
+The efficiencies are the only constants not on a spec sheet (docs/cost-model.md). Nothing here reads a published
+measurement: runner/bench/published.py compares with them.
 """
 
 from __future__ import annotations
@@ -28,16 +25,12 @@ from runner.strategies import splitting
 
 log = logging.getLogger(__name__)
 
-# The constants below are fitted (least squares on log error) to the 16 one-GPU cells of TensorFlow's 2017
-# benchmarks (runner/bench/published/tf_benchmarks_2017.csv: DGX-1 P100 and GCE K80, five models, batch 32, 64 and
-# 512): docs/cost-model.md lists them with that table. Everything else is the spec sheet's.
-# Convolution and matmul FLOPs (counted directly, 2 per multiply-accumulate) per second, as a fraction of the float32
-# peak, by the algorithm cuDNN picks for the shape: a GEMM (1x1 convolutions, Dense), Winograd (3x3 stride 1: it does
-# fewer multiplications than counted, so above 1), FFT (kernels of 5x5 and more: likewise) or implicit GEMM (strided,
-# asymmetric: 1x7, 7x1, 3x3 stride 2).
+# The constants below are fitted to the one-GPU cells of TensorFlow's 2017 benchmarks (docs/cost-model.md).
+# Convolution and matmul FLOP/s as a fraction of the float32 peak, by the algorithm cuDNN picks for the shape: GEMM
+# (1x1, Dense), Winograd (3x3 stride 1) and FFT (5x5 and more) do fewer multiplications than counted (above 1),
+# implicit GEMM (strided, asymmetric).
 ALGORITHMS = {"gemm": 0.652, "winograd": 1.80, "fft": 2.49, "implicit": 0.317}
-# The architecture's scale on those fractions: Kepler's kernels reach less of its peak (dual-issue SMX). An
-# architecture with no published float32 table here takes FITTED's, an assumption the prediction's notes name.
+# The architecture's scale on those fractions; one with no published table here takes FITTED's.
 ARCHITECTURE = {"kepler": 0.476, "pascal": 1.0}
 FITTED = "pascal"
 MEMORY = 0.559  # fraction of the memory bandwidth element-wise and normalisation kernels reach
@@ -46,35 +39,22 @@ DEFAULT_CLOCK = 1.48e9  # an accelerator whose spec sheet gives no clock: P100's
 LINK = 0.7  # fraction of a link's bandwidth transfers reach (protocol and packet overhead)
 OVERLAP = 0.0  # fraction of the backward pass that communication of gradients can hide behind
 SYNC = 0.02  # a synchronous step over several devices: the towers' passes wait for the slowest, this much longer
-# Bytes of a layer's backward pass per byte of its forward pass (a batch norm reads x and dy twice; an activation
-# reads dy and y); a convolution's or matmul's are compute, its bytes count only when memory-bound.
+# Bytes of a layer's backward pass per byte of its forward pass (a compute layer's count only when memory-bound).
 BACKWARD_BYTES = {"norm": 5 / 3, "elementwise": 1.5, "compute": 2.0, "lookup": 1.0}
 
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer's work per example, forward (runner.measure.flops' conventions: 2 FLOPs a multiply-accumulate).
+    """One layer's work per example, forward (runner.measure.flops' conventions: 2 FLOPs a multiply-accumulate)."""
 
-    Attributes:
-        kind: compute (a convolution or matmul, priced by its `algorithm`), norm, elementwise or lookup.
-        algorithm: a compute layer's, a key of ALGORITHMS.
-        flops: forward FLOPs per example (convolutions and matmuls).
-        bytes: forward bytes per example read and written (float32 activations).
-        weight_bytes: its weights, read once per pass whatever the batch.
-        first: its input is the data: no input gradient (half its backward FLOPs).
-        kept: bytes per example of its output kept for the backward pass (float32): what its gradient or the next
-            layer's reads (a batch norm's and a bias add's output is freed once the activation has read it).
-        kernels: kernels its forward pass launches (a bias add and an activation are kernels of their own).
-    """
-
-    kind: str
-    flops: float
-    bytes: float
-    weight_bytes: float = 0.0
-    first: bool = False
-    kept: float = 0.0
-    kernels: int = 1
-    algorithm: str = ""
+    kind: str  # compute (a convolution or matmul), norm, elementwise or lookup
+    flops: float  # forward FLOPs per example (compute layers)
+    bytes: float  # forward bytes per example read and written (float32 activations)
+    weight_bytes: float = 0.0  # its weights, read once per pass whatever the batch
+    first: bool = False  # its input is the data: no input gradient
+    kept: float = 0.0  # bytes per example of its output kept for the backward pass (float32)
+    kernels: int = 1  # kernels its forward pass launches
+    algorithm: str = ""  # a compute layer's, a key of ALGORITHMS
 
 
 FREE = ("InputLayer", "Flatten", "Reshape", "Permute")  # views: no kernel, no traffic
