@@ -1,15 +1,9 @@
 """Datasets (what examples a run trains on) and pipelines (how each step's batches reach the towers).
 
-Two kinds of component live here, each a dataclass of its options registered with its kind's registry:
-
-- a **dataset** (`data=mnist`, `data=synthetic`; contract `Dataset`) loads the examples as arrays, without
-  TensorFlow, so a bad data path fails before TensorFlow starts;
-- a **pipeline** (`pipeline=split`, `per_tower`, `sharded`; contract `Pipeline`) turns the examples into per-tower
-  batches inside the compiled training loop (`towers`), or maps the same feed onto tf.distribute's input API
-  (`distribute`) for strategies that consume that.
-
-Modules import TensorFlow inside their functions, never at top level. `common.py` holds the tf.data stages they
-share.
+Each is a dataclass of its options registered with its kind's registry: a dataset (contract `Dataset`) loads the
+examples without TensorFlow, so a bad data path fails before TensorFlow starts; a pipeline (contract `Pipeline`)
+turns them into per-tower batches inside the compiled loop (`towers`), or feeds tf.distribute's input API
+(`distribute`). Modules import TensorFlow inside their functions; `common.py` holds the tf.data stages they share.
 """
 
 from __future__ import annotations
@@ -61,18 +55,10 @@ class Feature:
 class Spec:
     """The task contract: what one example is, what is learned from it, and how a run counts its throughput.
 
-    - The input: `shape` stored as `dtype`. An image (height, width, channels) of "uint8" (scaled to float32 in
-      [0, 1] when batched) or "float32" (as is); or a sequence (length,) of "int32" token ids below `vocabulary`;
-      or named `features` (a recommender's dense values and categorical ids: `Feature`), given to the model as a
-      dict of tensors (b, *feature.shape) (then `shape` is () and `dtype` "features").
-    - The target: `target` names the task (`runner.tasks.TASKS`), which owns the loss, the metrics and the labels:
-      "class", one of `classes` per example, labels (b,); "next_token", one of `classes` (the vocabulary) at every
-      input position, labels (b, length): a language model; "binary", labels (b,) in {0, 1} and one logit (the
-      log-odds of 1) per example: a click model.
-    - The throughput unit: tokens for a task with a label at every position, images for images, examples otherwise.
-
-    Datasets declare it without TensorFlow, validation carries it in the plan, models are built for it, and every
-    later stage reads shapes and units from it.
+    The input is `shape` stored as `dtype`: an image (height, width, channels), a sequence (length,) of token ids
+    below `vocabulary`, or named `features` given to the model as a dict (then `shape` is () and `dtype`
+    "features"). `target` names the task (`runner.tasks.TASKS`: the loss, the metrics, the labels). Datasets declare
+    it without TensorFlow; models are built for it and every later stage reads shapes and units from it.
     """
 
     shape: tuple[int, ...]
@@ -92,7 +78,6 @@ class Spec:
 
     @property
     def task(self) -> Task:
-        """The task its target names: the loss, the metrics, the labels (runner/tasks.py)."""
         return TASKS[self.target]
 
     @property
@@ -101,15 +86,15 @@ class Spec:
         return self.dtype == "int32"
 
     @property
-    def unit(self) -> str:  # one of UNITS
-        """What a run's throughput counts: images, tokens or examples (`<unit>_per_sec`)."""
+    def unit(self) -> str:
+        """What a run's throughput counts (one of UNITS): tokens where every position is labelled, else images or
+        examples."""
         if self.task.per_position:
             return "tokens"
         return "examples" if self.token_ids or self.features else "images"
 
     @property
     def rate_key(self) -> str:
-        """The metric a run's throughput is logged as: images_per_sec, tokens_per_sec or examples_per_sec."""
         return f"{self.unit}_per_sec"
 
     @property
@@ -124,8 +109,7 @@ class Spec:
 
     @property
     def outputs_shape(self) -> tuple[int, ...]:
-        """One example's outputs, as the model must give them: one (a binary label's log-odds) where the task has
-        one output, else a logit per class (at every position where it labels each)."""
+        """One example's outputs: one where the task has one output, else a logit per class (per position)."""
         return (1,) if self.task.one_output else (*self.labels_shape, self.classes)
 
     @property
@@ -137,8 +121,7 @@ class Spec:
 
 
 MNIST = Spec((28, 28, 1), 10)  # the default data's examples
-# `data.shape` where a dataset takes one: what the images are (synthetic) or are resized to (files, tfds; null: as
-# stored).
+# `data.shape` where a dataset takes one: what the images are (synthetic) or are resized to (files, tfds)
 IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d in v),
                      "[height, width, channels] of positive integers")
 IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_SHAPE[1]}, or null")
@@ -165,18 +148,17 @@ class Dataset(Protocol):
     name: str
 
     def spec(self) -> Spec:
-        """What its examples are, known without loading them and without TensorFlow (validation reads it)."""
+        """What its examples are, known without loading them and without TensorFlow."""
 
     def load(self, seed: int) -> Data:
-        """The train and test examples (for in-memory data, read now: a bad path fails before TensorFlow)."""
+        """The train and test examples (in-memory data read now: a bad path fails before TensorFlow)."""
 
 
 class Batches(Protocol):
     """A feed made by a pipeline: `next()` is called inside the compiled loop, once per step."""
 
     def next(self) -> list[tuple[Any, Any]]:
-        """One (inputs (b, *spec.shape), labels (b, *spec.labels_shape) int32) pair per tower, b = global batch /
-        towers; inputs are float32 images, int32 token ids, or a dict of named features (`Spec`)."""
+        """One (inputs (b, *spec.shape), labels (b, *spec.labels_shape)) pair per tower, b = global batch / towers."""
 
 
 @runtime_checkable

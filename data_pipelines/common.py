@@ -1,15 +1,9 @@
 """What every pipeline shares: the examples a dataset gives, and the host-side tf.data stages.
 
-A dataset's `load` returns `Data`: its spec, sizes, the training `Examples` and the test batches. `Examples` is
-the one contract the pipelines consume (shard, shuffle and repeat, batch); two kinds implement it:
-
-- `Indexed`: examples addressable by index (arrays in memory, or memory-mapped `.npy` files). tf.data shuffles
-  and batches the indices and each batch then gathers its images in one op;
-- `Records` (runner.data_pipelines.records): a stream of serialized examples in files (TFRecord shards, a
-  TensorFlow Datasets dataset), sharded by file where there are enough files.
-
-Examples stay in their stored dtype until they are batched: converting a whole batch to float32 in one vectorised
-op is far cheaper than one tiny op per example, and keeps in-memory data 4x smaller.
+A dataset's `load` returns `Data`; its training `Examples` are what the pipelines consume (shard, shuffle and
+repeat, batch): `Indexed` examples (arrays in memory or memory-mapped), or `Records` streamed from files
+(runner.data_pipelines.records). Examples stay in their stored dtype until batched: one vectorised conversion a
+batch is far cheaper than one a example, and keeps in-memory data small.
 """
 
 from __future__ import annotations
@@ -23,8 +17,8 @@ import numpy as np
 from runner.data_pipelines import MNIST, PipelineOptions, Spec
 
 EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every test example counts
-# An in-memory test set's float batches are kept after the first evaluation up to this size (MNIST's: 31 MB); larger
-# ones (10,000 synthetic 224x224x3 images: 6 GB, which the memory check does not count) are converted every time.
+# An in-memory test set's float batches are kept after the first evaluation up to this size; larger ones (which the
+# memory check does not count) are converted every time.
 EVAL_CACHE_BYTES = 256 << 20
 
 
@@ -40,8 +34,8 @@ class Examples(Protocol):
         """Shuffled with a `buffer`-example buffer (0: stored order), reshuffled every epoch, repeated forever."""
 
     def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
-        """A tf.data.Dataset of (float32 (batch, H, W, C), int32 (batch,)), prefetched on the host; `opts` are a
-        pipeline's host options (PipelineOptions)."""
+        """A tf.data.Dataset of (inputs, labels) batches as `to_float` gives them, prefetched on the host; `opts`:
+        PipelineOptions."""
 
 
 class Data(Protocol):
@@ -68,11 +62,8 @@ class Data(Protocol):
 
 @dataclass(frozen=True)
 class Arrays:
-    """Examples held as numpy arrays: images (n, *spec.shape) (MNIST's (n, 28, 28) too), int labels (n,).
-
-    Memory-mapped arrays (`np.load(mmap_mode="r")`) stay on disk: their batches are read with a numpy call per
-    batch instead of a gather from a constant, and nothing reads them whole.
-    """
+    """Examples held as numpy arrays: images (n, *spec.shape) (MNIST's (n, 28, 28) too), int labels (n,);
+    memory-mapped arrays stay on disk, read a batch at a time."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -119,8 +110,7 @@ def count_examples(x: Any) -> int:
 
 def array_digest(x: Any, y: np.ndarray) -> str:
     """sha256 of the images' and labels' bytes (8 hex digits); of a memory-mapped array only its shape and first
-    2**20 values, since reading it whole would pull the file into memory; of named features (a dict of arrays),
-    each example's bytes of every feature, by name, side by side."""
+    2**20 values (not the whole file into memory); of named features, each example's features side by side."""
     if isinstance(x, dict):
         x = np.concatenate([np.ascontiguousarray(v).view(np.uint8).reshape(len(y), -1) for _, v in sorted(x.items())],
                            axis=1)
@@ -136,11 +126,7 @@ def array_digest(x: Any, y: np.ndarray) -> str:
 @dataclass(frozen=True)
 class Indexed:
     """Examples addressable by index; tf.data shuffles and batches the indices (int64 scalars) and each batch then
-    gathers its images in one op.
-
-    Measured 5.5x the batches/s of shuffling and batching the (image, label) tuples themselves (3,873 against 710
-    batches/s of 128, MNIST, 2 cores), with the very same examples in the very same order for a given seed.
-    """
+    gathers its images in one op, far faster than shuffling and batching the examples themselves."""
 
     x: Any  # (n, ...) images in their stored dtype: a tf.Tensor, or a memory-mapped numpy array; or a dict of them
     y: Any  # (n,) labels in the task's dtype (int32 classes), likewise
@@ -152,8 +138,7 @@ class Indexed:
         return replace(self, indices=self.indices.shard(shards, index))
 
     def shuffled(self, buffer: int, seed: int) -> Indexed:
-        """Training batches are drawn with drop_remainder=True on this endless stream, so an epoch's tail is not
-        dropped: it starts the next batch."""
+        """Endless: an epoch's tail is not dropped by drop_remainder, it starts the next batch."""
         indices = self.indices
         if buffer:
             indices = indices.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
@@ -181,10 +166,8 @@ class Indexed:
 
 def read_rows(x: np.memmap, rows: np.ndarray, width: int | None = None) -> np.ndarray:
     """Rows `rows` (b,) of a memory-mapped array whose first row starts at its file offset (the whole array, or a
-    leading slice of it), read with pread: the kernel's page cache keeps them, not this process. (Indexing the
-    mapping itself would leave every page it touched in the process's resident set: a run over a dataset larger than
-    memory would show the whole file in its peak RSS.) `width`: of a 1-D array (a token stream), the `width` values
-    starting at each of `rows` instead (b, width), overlapping windows of one file."""
+    leading slice), read with pread so that the page cache keeps them, not this process's resident set (indexing
+    the mapping would). `width`: of a 1-D array (a token stream), the `width` values from each of `rows` (b, width)."""
     import os
 
     assert x.flags.c_contiguous, "a memory-mapped .npy array is stored in C order"
@@ -211,8 +194,7 @@ def mapped_rows(x: np.memmap, i: Any, width: int | None = None) -> Any:
 
 
 def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
-    """The examples (images (n, ...) in their stored dtype, labels (n,) in the task's: int32 classes) in their stored
-    order; memory-mapped arrays stay on disk."""
+    """The examples in their stored order and dtype (labels in the task's); memory-mapped arrays stay on disk."""
     import tensorflow as tf
 
     if isinstance(x, np.memmap):
@@ -221,9 +203,8 @@ def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
 
 
 def to_float(x, y, spec: Spec = MNIST):
-    """Stored examples -> what the model takes (`Spec`): images (b, ...) -> float32 (b, H, W, C), uint8 scaled to
-    [0, 1] and float32 as is; token ids -> int32 (b, length); named features -> a dict of each (b, *shape) in its
-    dtype; labels -> the task's dtype (int32 classes) (b, *spec.labels_shape)."""
+    """Stored examples -> what the model takes (`Spec`): float32 images (uint8 scaled to [0, 1]), int32 token ids,
+    or a dict of named features; labels in the task's dtype (b, *spec.labels_shape)."""
     import tensorflow as tf
 
     y = tf.reshape(tf.cast(y, spec.task.labels_dtype), (-1, *spec.labels_shape))
@@ -247,8 +228,7 @@ def autotune(value: int) -> int:
 
 
 def finish(ds: Any, opts: Any) -> Any:
-    """Prefetch on the host; `opts.private_threads` > 0 gives this pipeline its own thread pool of that size (every
-    iterator of the `sharded` pipeline gets one, so N devices cost N pools)."""
+    """Prefetch on the host; `opts.private_threads` > 0 gives this pipeline its own thread pool of that size."""
     import tensorflow as tf
 
     out = ds.prefetch(autotune(opts.prefetch))
@@ -260,8 +240,7 @@ def finish(ds: Any, opts: Any) -> Any:
 
 
 def batched(ds: Examples, batch: int, opts: Any):
-    """Batch a shuffled stream and convert each batch to float32, prefetched on the host: a tf.data.Dataset of
-    (float32 (batch, H, W, C), int32 (batch,)); `opts.map_parallelism` parallel conversions."""
+    """`ds.batched`: batches converted as the model takes them, prefetched on the host."""
     return ds.batched(batch, opts)
 
 
@@ -277,8 +256,8 @@ def eval_batches(ds: Examples) -> Any:
 
 
 def eval_dataset(x: np.ndarray, y: np.ndarray, spec: Spec = MNIST):
-    """An in-memory test set in batches of EVAL_BATCH, the last partial batch kept (no example is dropped); its float
-    batches cached where they are small (EVAL_CACHE_BYTES)."""
+    """An in-memory test set in batches of EVAL_BATCH, the last partial one kept; cached where small
+    (EVAL_CACHE_BYTES)."""
     import tensorflow as tf
 
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(EVAL_BATCH)

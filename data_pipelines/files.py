@@ -1,25 +1,11 @@
-"""Dataset `files`: the user's own examples from a folder, in one of two layouts (`data.format`, `auto` tells them apart):
+"""Dataset `files`: the user's own examples from a folder, in one of three layouts (`data.format`; `auto` tells them
+apart; docs/your-model-your-data.md describes each):
 
-- `npy`: `x_train.npy`, `y_train.npy`, `x_test.npy`, `y_test.npy` (keras.datasets' names): images (n, H, W, C) or (n,
-  H, W), uint8 (scaled to [0, 1]) or float32 (used as they are), or token ids (n, length) of an integer dtype (a text
-  classifier's sequences: ids below `data.vocabulary_size`, else below the largest id + 1); integer labels (n,) or (n,
-  1). Token ids without `y_*.npy` train a language model on the sequences themselves: each row's first length - 1 ids,
-  each labelled with the next; or, as one stream of ids (n,) each (nanoGPT's `train.bin` layout saved as .npy),
-  windows of `data.sequence_length` + 1 cut from it. The inputs are memory-mapped, never read whole (token ids are
-  scanned once for their largest), so they may be larger than memory; the spec comes from the arrays' headers. Every
-  file needs at least one example.
-- `criteo_tsv`: click logs `train.tsv` and `test.tsv` in Criteo's tab-separated layout (a 0/1 label, 13 dense
-  counts, then one integer id per categorical column, below `data.vocabulary_sizes`, one per column; an empty field
-  is 0), read and checked line by line before TensorFlow starts (`clicks.read_tsv`): a click model's examples.
-- `tfrecord`: TFRecord shards `train-*` and `validation-*` of tf.train.Examples with `image/encoded` (JPEG or PNG)
-  and `image/class/label`, the layout tf_cnn_benchmarks and TensorFlow's image models read. Each image is decoded
-  and resized to `data.shape`; `data.classes` says how many labels there are (`data.label_offset` is subtracted:
-  1 for ImageNet records that count from 1). `pipeline=sharded` gives each tower its own files. Or records of token
-  ids: `input_ids`, `data.sequence_length` int64s each, ids below `data.vocabulary_size` (which says they are
-  tokens), with `label` for a text classifier (`data.classes`), or without, a language model on the ids. Each split
-  needs at least one record (a shard's first header is read at validation, each file's). Or click
-  logs (`data.vocabulary_sizes` declared, one table size per categorical column): `dense` (13 float32s, used as they
-  are), `categorical` (one int64 id per column, below its table's size) and `label` (0 or 1).
+- `npy`: `x_train.npy`, `y_train.npy`, `x_test.npy`, `y_test.npy`: images or token ids with their labels; or, without
+  labels, a language model's token ids, rows (n, length) or one stream (n,) cut into windows. The arrays are
+  memory-mapped, never read whole, and the spec comes from their headers;
+- `criteo_tsv`: click logs `train.tsv` and `test.tsv` in Criteo's layout, read and checked before TensorFlow starts;
+- `tfrecord`: TFRecord shards `train-*` and `validation-*` of encoded images, token ids or click logs, streamed.
 """
 
 from __future__ import annotations
@@ -102,7 +88,7 @@ class Files(DatasetOptions):
         return "criteo_tsv" if (folder / "train.tsv").is_file() else "tfrecord"
 
     def spec(self) -> Spec:
-        """From the arrays' headers (npy) or from data.shape and data.classes (tfrecord); no TensorFlow."""
+        """From the arrays' headers (npy), train.tsv's first line, or data.* (tfrecord); no TensorFlow."""
         if self._format() == "criteo_tsv":
             from runner.data_pipelines.clicks import tsv_spec
 
@@ -162,7 +148,7 @@ class Files(DatasetOptions):
 
     def _array(self, name: str) -> np.ndarray:
         """`name`.npy memory-mapped; DataError where it is missing, not an array, or holds no example (an empty
-        split would end training or its final evaluation in an error, after the run had started)."""
+        split would fail only after the run had started)."""
         path = self._folder() / f"{name}.npy"
         try:
             x = np.load(path, mmap_mode="r")
@@ -218,11 +204,14 @@ class Files(DatasetOptions):
             raise DataError(f"{self.path}: x_train.npy {x_train.dtype} {x_train.shape} and x_test.npy {x_test.dtype} "
                             f"{x_test.shape}: a language model's token files are integer ids (n, length), the same "
                             "length in both, at least 2")
-        for x, split in ((x_train, "train"), (x_test, "test")):
-            if not x.flags.c_contiguous:
-                raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by "
-                                "rows; save it with np.save(path, np.ascontiguousarray(x))")
+        self._by_rows(x_train, "train")
+        self._by_rows(x_test, "test")
         return language_model(int(x_train.shape[1]) - 1, self._vocabulary(x_train, x_test))
+
+    def _by_rows(self, x: np.ndarray, split: str) -> None:
+        if not x.flags.c_contiguous:
+            raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by rows; "
+                            "save it with np.save(path, np.ascontiguousarray(x))")
 
     def _npy_spec(self) -> Spec:
         if self.shape is not None:
@@ -246,9 +235,7 @@ class Files(DatasetOptions):
                                   if not t.per_position and t.labels_dtype != "int32")
                 raise DataError(f"{self.path}/y_{split}.npy holds {y.dtype} labels; data=files takes integer class "
                                 f"labels 0 to classes - 1{', or ' + takes if takes else ''}")
-            if not x.flags.c_contiguous:
-                raise DataError(f"{self.path}/x_{split}.npy is stored in Fortran order, which cannot be read by rows; "
-                                "save it with np.save(path, np.ascontiguousarray(x))")
+            self._by_rows(x, split)
         task = from_labels(y_train.dtype.name)  # integers: classes; else the task of labels of that dtype
         classes = self._classes(y_train, y_test) if task == "class" else 1  # one output otherwise
         if tokens:

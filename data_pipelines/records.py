@@ -1,10 +1,8 @@
-"""Examples streamed from TFRecord files of serialized examples: shards of encoded images in the layout
-tf_cnn_benchmarks and TensorFlow's image models read (`data=files`), or a prepared TensorFlow Datasets dataset
-(`data=tfds`, decoded by TFDS's own features).
+"""Examples streamed from TFRecord files of serialized examples: shards in the layout tf_cnn_benchmarks and
+TensorFlow's image models read (`data=files`), or a prepared TensorFlow Datasets dataset (`data=tfds`).
 
-Nothing is held in memory: tf.data reads the files in parallel (interleave), decodes and resizes each image to the
-spec, shuffles within a buffer and prefetches. `shard(N, i)` splits by file where there are at least N files, so
-each tower of the `sharded` pipeline reads only its own files; with fewer files it splits by record.
+Nothing is held in memory: tf.data reads the files in parallel, decodes each record to the spec, shuffles within a
+buffer and prefetches. `shard(N, i)` splits by file where there are at least N files, else by record.
 """
 
 from __future__ import annotations
@@ -57,13 +55,8 @@ def masked_crc32c(data: bytes) -> int:
 
 
 def record_length(header: bytes, path: str, offset: int, size: int) -> int:
-    """The data length in the header read at byte `offset` of the `size`-byte TFRecord file `path`, its framing
-    checked: the length's own checksum, and the record (header, data, data checksum) ending within the file. A file
-    of random bytes fails the first (a length read from garbage is anything up to 2**64).
-
-    Raises:
-        DataError: naming the file (and, for a header that fails its checksum, its byte offset).
-    """
+    """The data length in the header read at byte `offset` of the `size`-byte TFRecord file `path`; DataError
+    (naming the file) unless the length passes its own checksum and the record ends within the file."""
     if len(header) == HEADER and struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
         raise DataError(f"{path} is not a TFRecord file: the record header at byte {offset} fails its checksum "
                         f"(damaged, or another format); {DAMAGED}")
@@ -74,15 +67,9 @@ def record_length(header: bytes, path: str, offset: int, size: int) -> int:
 
 
 def check_framing(files: tuple[str, ...]) -> int:
-    """The first record header of each file checked (12 bytes a file, no TensorFlow): what validation can afford
-    to read of shards that are not TFRecord files at all. An empty file is a valid file of no records.
-
-    Returns:
-        How many of the files hold a record (0: the files hold none).
-
-    Raises:
-        DataError: a file that cannot be read, or whose first record is not framed as TFRecord's are.
-    """
+    """How many of the files hold a record, each one's first record header checked (`record_length`; no
+    TensorFlow): a cheap check that finds files that are not TFRecord files before anything starts. DataError for a
+    file that cannot be read."""
     holding = 0
     for path in files:
         try:
@@ -97,11 +84,7 @@ def check_framing(files: tuple[str, ...]) -> int:
 
 
 def count_records(path: str) -> int:
-    """Records in a TFRecord file, from its headers alone (no record is read or decoded; no TensorFlow), each header's
-    framing checked (`record_length`).
-
-    Each record is: length (uint64), its CRC (uint32), the data, the data's CRC (uint32).
-    """
+    """Records in a TFRecord file, from its headers alone (each checked: `record_length`; no TensorFlow)."""
     count, size = 0, os.path.getsize(path)
     with open(path, "rb") as f:
         while (offset := f.tell()) < size:
@@ -133,8 +116,7 @@ def checked_label(label: Any, spec: Spec) -> Any:
 
 
 def checked(image: Any, label: Any, spec: Spec) -> tuple[Any, Any]:
-    """An image resized to spec's height and width (a no-op copy where it has them) as float32, and its checked
-    label."""
+    """An image resized to spec's height and width as float32, and its checked label."""
     import tensorflow as tf
 
     image = tf.image.resize(image, spec.shape[:2])  # float32 (H, W, C)
@@ -282,22 +264,24 @@ class RecordData:
 
     @cached_property  # counted once: a header read per record
     def train_size(self) -> int:
-        total = sum(count_records(f) for f in self.train_files)
-        return min(total, self.train_limit) if self.train_limit else total
+        return _records(self.train_files, self.train_limit)
 
     @cached_property
     def test_size(self) -> int:
-        total = sum(count_records(f) for f in self.test_files)
-        return min(total, self.test_limit) if self.test_limit else total
+        return _records(self.test_files, self.test_limit)
 
     def train(self) -> Records:
         return Records(self.train_files, self.spec, self.decoder, limit=self.train_limit)
 
     def test(self, limit: int | None = None) -> Any:
-        """The first `limit` (and at most test_limit) test examples, in file order, in float batches of
-        common.EVAL_BATCH."""
+        """The first `limit` (and at most test_limit) test examples, in file order, in batches of EVAL_BATCH."""
         limit = min(x for x in (limit, self.test_limit) if x) if (limit or self.test_limit) else None
         return eval_batches(Records(self.test_files, self.spec, self.decoder, limit=limit))
 
     def digest(self, split: str) -> str:
         return files_digest(self.train_files if split == "train" else self.test_files)
+
+
+def _records(files: tuple[str, ...], limit: int | None) -> int:
+    total = sum(count_records(f) for f in files)
+    return min(total, limit) if limit else total
