@@ -221,26 +221,17 @@ for _registry in COMPONENTS.values():
 
 @dataclass(frozen=True)
 class Plan:
-    """A validated config and what follows from it, computed once.
+    """A validated config and what follows from it, computed once."""
 
-    Attributes:
-        cfg: the resolved config, read-only (components with every option filled in): what is logged and hashed.
-        model, pipeline, strategy, data: the components' options objects.
-        spec: the data's examples (input shape, dtype, classes): what the model is built for.
-        towers: model replicas fed separate batches, over all workers.
-        cluster: the processes of a multi-worker job, else None.
-        config_hash: what the run computes (tracking, sweep and checkpoint settings excluded): resume key.
-    """
-
-    cfg: DictConfig
+    cfg: DictConfig  # the resolved config, read-only, every option filled in: what is logged and hashed
     model: Model
     pipeline: Pipeline
     strategy: StrategyOptions
     data: Dataset
-    spec: Spec
-    towers: int
-    cluster: Cluster | None
-    config_hash: str
+    spec: Spec  # the data's examples (input shape, dtype, classes): what the model is built for
+    towers: int  # model replicas fed separate batches, over all workers
+    cluster: Cluster | None  # the processes of a multi-worker job, else None
+    config_hash: str  # what the run computes (tracking, sweep and checkpoint settings excluded): the resume key
     hardware: Any = None  # runner.hardware's This or a SpecSheet
 
     @property
@@ -349,17 +340,8 @@ def compose(overrides: list[str]) -> DictConfig:
 
 
 def validate(cfg: DictConfig) -> Plan:
-    """Check a composed config and return its plan.
-
-    Args:
-        cfg: the config Hydra composed.
-
-    Returns:
-        The plan: the resolved, read-only config, the component objects and the derived facts.
-
-    Raises:
-        ConfigError: one line naming the first bad key, its value and what is allowed.
-    """
+    """Check a composed config and return its plan (the resolved, read-only config, the component objects and the
+    derived facts); a ConfigError names the first bad key, its value and what is allowed."""
     values = _top_level(cfg)
     parts = {kind: registry.options(values[kind] or {}) for kind, registry in COMPONENTS.items()}
     strategy, gpus, hardware = parts["strategy"], values["gpus"], parts["hardware"]

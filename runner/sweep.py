@@ -73,11 +73,8 @@ def _error_line(stderr: str, code: int) -> str:
 
 def run_isolated(cfg: DictConfig) -> dict:
     """The job function of a multirun: skip if resumable, else run the job in a fresh process. An invalid job starts
-    none: its run is recorded FAILED with the error here, as its process would have.
-
-    Returns:
-        The job's outcome: status FINISHED / FAILED / SKIPPED, its overrides, and the error line if it failed.
-    """
+    none: its run is recorded FAILED with the error here, as its process would have. Returns the job's outcome:
+    status FINISHED / FAILED / SKIPPED, its overrides, and the error line if it failed."""
     from hydra.core.hydra_config import HydraConfig
 
     from runner.config import ConfigError, validate
@@ -105,12 +102,8 @@ def run_isolated(cfg: DictConfig) -> dict:
 
 def launch(command: list[str], job_dir: str, parent: str | None) -> dict[str, str]:
     """Run one job's process to its end, as a job of the sweep whose parent run is `parent`, its stdout and stderr
-    kept in `job_dir`: the one way a sweep or a benchmark starts a job.
-
-    Returns:
-        status FINISHED or FAILED, the id of the run it opened (`run_id`, when it got that far) and, if it failed,
-        its `error` line.
-    """
+    kept in `job_dir`: the one way a sweep or a benchmark starts a job. Returns status FINISHED or FAILED, the id of
+    the run it opened (`run_id`, when it got that far) and, if it failed, its `error` line."""
     env = {**os.environ, tracking.ENV_CHILD: "1", tracking.ENV_PARENT: parent or ""}
     code, stdout, stderr = _run_child(command, env)
     Path(job_dir).mkdir(parents=True, exist_ok=True)
@@ -178,12 +171,9 @@ def _not_chosen(sweep_dir: str, overrides: list[str]) -> str | None:
 
 
 def _run_child(command: list[str], env: dict) -> tuple[int, str, str]:
-    """Run a job process to the end: (exit status, stdout, stderr).
-
-    On Ctrl-C the child, in the same process group, got the interrupt too; SIGTERM (sent to this process alone by
-    `kill`, `timeout` or a scheduler) is passed on to it. Either way the child gets time to save a checkpoint and
-    close its MLflow run as KILLED instead of being killed at once (which would leave the run RUNNING).
-    """
+    """Run a job process to the end: (exit status, stdout, stderr). On Ctrl-C the child, in the same process group,
+    got the interrupt too; SIGTERM (sent to this process alone) is passed on to it. Either way the child gets time to
+    save a checkpoint and close its MLflow run as KILLED (killed at once, it would leave the run RUNNING)."""
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         try:
             stdout, stderr = child.communicate()
@@ -346,10 +336,8 @@ def _summarise_on_parent(client: Any, parent: str) -> None:
 def parent_figures(jobs: list[Any]) -> dict[str, float]:
     """The best figures of a sweep's finished jobs (report rows), each in the unit and metric its runs logged: the
     highest `<unit>_per_sec`, the best test score of their task (`test_accuracy`, a click model's `test_auc`), the
-    shortest time to
-    the target (`time_to_accuracy_seconds`, `time_to_loss_seconds`, `time_to_auc_seconds`). Jobs of several kinds
-    (runner/report/kinds.py: an image model's, a language model's, a click model's) are summarised per model, under
-    its name (`gpt/tiny/tokens_per_sec`): a figure never picks between two units or metrics."""
+    shortest time to the target (`time_to_<metric>_seconds`). Jobs of several kinds (runner/report/kinds.py) are
+    summarised per model, under its name (`gpt/tiny/tokens_per_sec`): a figure never picks between two units."""
     parts = kinds.split(jobs)
     if len(parts) < 2:
         groups = [("", jobs)]

@@ -5,19 +5,11 @@
     runner check strategy=mirrored,replicated pipeline=sharded train.precision=mixed_float16 --tolerance 1e-2
 
 For every strategy x pipeline that applies to the devices (multi-process strategies aside), one fresh process trains
-the smoke model for a few compiled steps, combination after combination, unshuffled and with the same seed as a
-one-device reference run (a process of its own), and reports:
-
-- **placement**: the devices holding the variables (as the strategy built them) and, from TensorFlow's own placer
-  log, the device each matmul and convolution of the compiled step was placed on (after soft placement, so a GPU op
-  that fell back to the CPU shows as such). OK when every device of the run computes and nothing else does.
-- **loss**: the largest relative difference of the per-step losses from the one-device run's. With the same
-  examples in the same order, towers only change the summation order: OK within `--tolerance`.
-- the **rate** of a timed call in the data's own unit (images/s, a language model's tokens/s, a click model's
-  examples/s: `Spec.unit`), and its ratio to the one-device run.
-
-Then one table, one line `check: N of M combinations OK` (exit 1 if any is not, naming it) and one MLflow run in
-experiment `check` holding the table (`check.md`), a metric per combination and what it ran on.
+the smoke model for a few compiled steps, unshuffled and with the same seed as a one-device reference run, and
+reports where the variables and the compute were placed (TensorFlow's placer log), the largest relative loss
+difference from the reference (with the same examples in the same order, towers only change the summation order)
+and the rate of a timed call in the data's unit (docs/devices-and-clusters.md). Then one table, one line
+`check: N of M combinations OK` (exit 1 if any is not) and one MLflow run in experiment `check`.
 """
 
 from __future__ import annotations
@@ -118,9 +110,7 @@ def placed(log: str) -> dict[str, int]:
 
 def measured(overrides: list[str], steps: int, timed: int, log: TextIO) -> dict[str, Any]:
     """One combination's RESULT: `measure`'s figures (or the error) and where its compute was placed, read from
-    `log`, this process's own stderr opened for reading: everything appended to it while the combination ran. The
-    child reads its own log, so the placements travel with the result and the parent never reads a log that the
-    child may still be writing."""
+    `log` (this process's own stderr, opened for reading), so the parent never reads a log still being written."""
     os.write(2, f"{BEGIN}{' '.join(overrides)}\n".encode())
     log.seek(0, os.SEEK_END)
     try:
@@ -133,9 +123,8 @@ def measured(overrides: list[str], steps: int, timed: int, log: TextIO) -> dict[
 def child(steps: int, timed: int, log_path: str) -> int:
     """`python -m runner.cli.check --each --log FILE ...`: measure the combinations read from stdin (a JSON list of
     override lists) in turn, each begun by a BEGIN line on stderr (FILE, where its placer log follows) and ended by
-    its RESULT line on stdout (`measured`). One process, one TensorFlow start, for all of them: they share one device
-    count. What an earlier combination built stays alive (its input pipelines idle, never freed: freeing a used
-    tf.data iterator can wait seconds for TensorFlow's autotuning thread, docs/testing.md)."""
+    its RESULT line on stdout (`measured`): one TensorFlow start for all of them, as they share one device count.
+    What an earlier combination built is never freed (freeing a used tf.data iterator can wait seconds)."""
     with open(log_path, errors="replace") as log:
         for overrides in json.loads(sys.stdin.read()):
             sys.stdout.write(RESULT + json.dumps(measured(overrides, steps, timed, log)) + "\n")
@@ -160,10 +149,8 @@ def measure_all(found: list[Combination], steps: int, timed: int,
 
 
 def _one_process(found: list[Combination], steps: int, timed: int) -> Iterator[Outcome]:
-    """The outcomes of one child process, as its result lines come (each carries its placements: `measured`). Its
-    stderr goes to a file opened for appending, so that the child's writes land at the end whoever reads it; the
-    parent reads it only once the child has ended. The last outcome is an error if the process ended before
-    measuring them all."""
+    """The outcomes of one child process, as its result lines come (`measured`), its stderr appended to a file; the
+    last is an error if the process ended before measuring them all."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"}  # the placer logs at INFO
     with tempfile.TemporaryDirectory(prefix="runner-check-") as folder:
         path = Path(folder) / "stderr.log"
@@ -177,7 +164,9 @@ def _one_process(found: list[Combination], steps: int, timed: int) -> Iterator[O
         measured = 0
         for line in proc.stdout:
             if line.startswith(RESULT):
-                yield _outcome(found[measured].label, json.loads(line.removeprefix(RESULT)))
+                result = json.loads(line.removeprefix(RESULT))
+                known = {k: v for k, v in result.items() if k in Outcome.__dataclass_fields__}
+                yield Outcome(found[measured].label, **known)
                 measured += 1
         proc.wait()
         if measured < len(found):
@@ -190,11 +179,6 @@ def _last_said(log: str) -> str:
     than the placer's."""
     said = [line for line in log.split(BEGIN)[-1].splitlines()[1:] if line.strip() and "placer.cc" not in line]
     return said[-1] if said else "no output"
-
-
-def _outcome(label: str, result: dict[str, Any]) -> Outcome:
-    """One combination's outcome from its RESULT line."""
-    return Outcome(label, **{k: v for k, v in result.items() if k in Outcome.__dataclass_fields__})
 
 
 def judge(outcome: Outcome, reference: Outcome, tolerance: float) -> None:
@@ -291,9 +275,8 @@ def _merge(skipped: list[str]) -> list[str]:
 
 def _gpus(overrides: list[str]) -> int:
     """gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices."""
-    from runner.runtime.devices import nvidia_gpu_count
-
     from runner.errors import UserError
+    from runner.runtime.devices import nvidia_gpu_count
 
     named = [o.split("=", 1)[1] for o in overrides if o.startswith("gpus=")]
     if named and not named[-1].isdigit():
