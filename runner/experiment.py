@@ -280,7 +280,7 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
         log.info("floor %s", skipped)
         run.tags({"floor": skipped})
     elif plan.train.probe_floor and "step_time_ms" in result:
-        figures.update(_floor(plan, devices, result, run))
+        figures.update(_floor(plan, devices, examples, result, run))
     if plan.train.measure_input:
         batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
         figures.update(hooks.input_figures(strategy, batches, plan.train, result))
@@ -294,19 +294,24 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
     return figures
 
 
-def _floor(plan: Plan, devices: Devices, result: dict, run: tracking.Recorder) -> dict[str, float]:
+def _floor(plan: Plan, devices: Devices, examples: Any, result: dict, run: tracking.Recorder) -> dict[str, float]:
     """The step's floor (train.probe_floor, runner/measure/floor.py) and the step over it; a floor that cannot be
     measured (memory for a second set of models, say) is a warning and the run's `floor` tag, not a failed run."""
     from runner.errors import one_line
     from runner.measure import floor
-    from runner.strategies.common import tower_models
+    from runner.config import table_optimizer
+    from runner.strategies.common import tables, tower_models
 
     log.info("measuring the step's floor (train.probe_floor): the towers' passes and one update alone, a few seconds")
-    towers = list(devices.names[:plan.local_towers])
+    towers, batch = list(devices.names[:plan.local_towers]), plan.train.per_device_batch_size
     try:
         models = tower_models(plan.model, plan.spec, plan.train.seed, towers, plan.train.fused_batch_norm)
-        figures = floor.floor_step_ms(models, plan.train.per_device_batch_size, plan.train.optimizer, towers,
-                                      xla=not plan.strategy.jit_refusal(), task=plan.spec.task)
+        on = [tables(model) for model in models]  # a model with tables: real ids (random ones all hit two rows)
+        real = list(examples.shuffled(batch * 8, plan.train.seed).batched(batch, plan.pipeline).take(len(towers))) \
+            if on[0] else None
+        figures = floor.floor_step_ms(models, batch, plan.train.optimizer, towers, xla=not plan.strategy.jit_refusal(),
+                                      task=plan.spec.task, batches=real, tables=on,
+                                      table_optimizer=table_optimizer(plan.train))
     except Exception as e:  # noqa: BLE001 - a figure added after training must not fail the run it describes
         log.warning("no floor for this run: %s", one_line(e))
         run.tags({"floor": f"failed: {one_line(e)}"})

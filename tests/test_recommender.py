@@ -464,3 +464,42 @@ def test_a_click_record_the_model_cannot_use_stops_training_in_one_line(tf_devic
         run(compose("debug=smoke", "model=dlrm", "data=files", f"data.path={tmp_path / 'logs'}",
                     f"data.vocabulary_sizes={tables}", "pipeline.shuffle_buffer=0", f"mlflow.tracking_uri={store}"))
     assert runs(store, "smoke").iloc[0]["status"] == "FAILED"
+
+
+def test_the_floor_counts_each_tables_update_at_the_rows_a_batch_looks_up(tf_devices, monkeypatch):
+    """runner/measure/floor.py: an embedding table is the first layer of its own lookups, so its update is on the
+    step's critical path like the first layer's: the rows a batch looks up (distinct ones) for an optimizer that
+    updates only those, the whole table for one that updates every row; the first layer's weights are the first
+    layer that is not a table."""
+    import tensorflow as tf
+
+    from runner.config import TOUCHED
+    from runner.measure import floor
+    from runner.models.dlrm import DLRM
+    from runner.strategies.common import build_model, tables
+
+    spec = validate(compose(*CLICKS)).spec
+    model = build_model(DLRM(variant="tiny"), spec, 0)
+    found = tables(model)
+    rng = np.random.default_rng(0)
+    x = {"dense": rng.random((64, 13), np.float32),
+         "categorical": np.stack([rng.integers(0, v, 64) for v in TABLES], 1).astype(np.int32)}
+    rows = floor.looked_up(found, model, x)
+    for t, r in enumerate(rows):
+        assert sorted(r.numpy()) == sorted(set(x["categorical"][:, t]))
+    assert floor.first_layer_weights(model, skip={id(t) for t in found}) == 13 * 16 + 16  # bottom0, not a table
+    device, bandwidth = ["/device:CPU:0"], 1e9
+    dense = floor.tables_update_seconds([model], [found], [(x, None)], "adam", device, bandwidth)
+    assert dense == pytest.approx(TOUCHED["adam"] * 4 * 8 * sum(TABLES) / bandwidth)  # every row of every table
+    assert floor.rows_seconds([found], [rows], device) > 0
+    seen = []
+    monkeypatch.setattr(floor, "rows_seconds", lambda on, ids, devices: seen.append(ids) or 1e-3)
+    sparse = floor.tables_update_seconds([model], [found], [(x, None)], "adagrad", device, bandwidth)
+    assert sparse == pytest.approx(TOUCHED["adagrad"] / 2 * 1e-3)  # at least TOUCHED / 2 gathers of those rows
+    assert [[sorted(r.numpy()) for r in ids] for ids in seen[0]] == [[sorted(r.numpy()) for r in rows]]
+    monkeypatch.undo()
+    assert floor.tables_update_seconds([model], [[]], None, "adagrad", device, bandwidth) == 0.0
+    y = rng.integers(0, 2, (64, 1)).astype(np.float32)
+    parts = floor.floor_step_ms([model], 64, "adagrad", device, task=spec.task, batches=[(x, y)], tables=[found])
+    assert parts["floor_step_ms"] == pytest.approx(parts["floor_compute_ms"] + parts["floor_update_ms"])
+    assert isinstance(rows[0], tf.Tensor)

@@ -4,28 +4,20 @@ MFU compares a run with the device's peak on one large matrix product, which a b
 never reach. The floor compares it with what its own work costs here, measured in the same process on the same
 devices, counting only what every step of every strategy must do, one part after the other:
 - the towers' forward and backward passes at the run's per-tower batch, all towers at once on their own devices,
-  every matmul and convolution at its exact shape (no input pipeline, no optimizer, no cross-device traffic), one
-  step's passes after the other's, as training's must run (each step's forward reads the weights the previous step
-  wrote); the fastest of 7 timed calls of 10 steps, since a slow spell of the host only ever adds time;
-- the update of the first layer's weights: the last gradient the backward pass produces and the first weights the
-  next forward reads, so no strategy can overlap it with compute. Counted as memory traffic (weights, gradient and
-  the optimizer's slots read, the changed ones written) at the bandwidth of the whole device set copying at once
-  (a sharded update's best case: every device its share). The other layers' updates can overlap the backward pass
-  and are not counted.
+  every op at its exact shape (no input pipeline, no optimizer, no cross-device traffic), one step's passes after
+  the other's, as training's must run; the fastest of 7 timed calls, since a slow spell of the host only adds time.
+  A model with embedding tables is fed real batches: random ids would all look up the same two rows;
+- the update of the first layer's weights and of every embedding table (each the first layer of its own lookups):
+  the last gradients the backward pass produces and the first weights the next forward reads, so no strategy can
+  overlap them with compute. Counted as memory traffic (weights, gradient and the optimizer's slots read, the changed
+  ones written): dense weights at the bandwidth of the whole device set copying at once (a sharded update's best
+  case), a table's looked-up rows at the speed of gathering those rows (`tables_update_seconds`). The other layers'
+  updates can overlap the backward pass and are not counted.
 `train.probe_floor=true` measures it after training and logs `floor_step_ms` and `step_time_over_floor` (at least
 1.0, give or take the spread of repeated runs; how far above it is what the step does beyond its unavoidable work).
-Not on simulated CPU devices (`not_a_bound`): there the towers' passes timed alone do not bound the step (below).
-
-Why the update is the first layer's at the set's bandwidth: the floor used to add every weight's update at one
-device's bandwidth; on N simulated devices sharing the cores a device has 1/N of the threads, so the update term
-doubled at 2 devices (MLP: 0.97 -> 1.69 ms of a 3.4 ms step) while the step's towers update on all cores at once,
-and the measured step came out at 0.72-0.93x its "floor" (BENCHMARKS.md of 2026-11-25; reproduced on Intel Xeon
-family 6 model 207: mirrored x2 0.93, parameter_server/per_tower x2 0.90). Why the fastest repeat of the passes:
-with the median, the convolutional models' steps at 2 and 4 simulated devices still measured 0.83-0.97x it (bench
-floors, 3 rounds, same host): timed side by side in one process (the step's compiled loop and the passes, 6
-interleaved rounds of 10 steps), NIN's parameter_server x2 step took 151 ms (median; fastest 127) and its passes
-alone 168 ms (fastest 140); this host's speed moves by a fifth within seconds, and the step's median over a whole
-run and the passes' median over a second are not the same sample of it.
+Not on simulated CPU devices (`not_a_bound`): there the towers' passes timed alone do not bound the step. Why the
+set's bandwidth and the fastest repeat: with one device's bandwidth or the median, steps measured below their floor
+(docs/benchmarks.md; the figures are in git history).
 """
 
 from __future__ import annotations
@@ -36,9 +28,8 @@ import statistics
 import time
 from typing import Any
 
-from runner.config import TOUCHED
+from runner.config import ROWS_ONLY, TOUCHED
 from runner.tasks import CLASSES, Task
-
 
 
 def not_a_bound(simulated: bool, kind: str, count: int, cores: int | None = None) -> str | None:
@@ -164,30 +155,78 @@ def bandwidth_bytes_per_second(devices: list[str], megabytes: int = 64) -> float
     return 2 * len(devices) * (megabytes << 20) / median_seconds(lambda: copy())
 
 
-def first_layer_weights(model: Any) -> int:
+def first_layer_weights(model: Any, skip: set[int] = frozenset()) -> int:
     """Weights of the first layer that has trainable ones: the last gradient of the backward pass, the first weights
-    of the next forward pass."""
+    of the next forward pass; layers whose weights' ids are in `skip` (embedding tables, counted apart) passed over."""
     from runner.measure.flops import leaf_layers
 
-    first = next((layer for layer in leaf_layers(model) if layer.trainable_variables), None)
+    first = next((layer for layer in leaf_layers(model)
+                  if layer.trainable_variables and not any(id(v) in skip for v in layer.trainable_variables)), None)
     return sum(int(v.shape.num_elements()) for v in first.trainable_variables) if first else 0
 
 
+def looked_up(tables: list[Any], model: Any, x: Any) -> list[Any]:
+    """The distinct rows of each of `tables` (embedding tables of `model`, read by lookups only) that the inputs `x`
+    look up, read off the tables' sparse gradients: [table] -> int64 (rows,)."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:  # any function of the outputs: its table gradients' indices are the lookups
+        loss = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
+    return [tf.unique(tf.cast(g.indices, tf.int64))[0] for g in tape.gradient(loss, tables)]
+
+
+def rows_seconds(tables: list[list[Any]], rows: list[list[Any]], devices: list[str]) -> float:
+    """Seconds to gather `rows[i][t]` of table `tables[i][t]` on `devices[i]`, every table of every device at once
+    (the fastest repeat): what reading a step's looked-up rows costs at their own spread over the tables."""
+    import tensorflow as tf
+
+    @tf.function(autograph=False)
+    def gather() -> tf.Tensor:
+        sums = []
+        for device, on, ids in zip(devices, tables, rows):
+            with tf.device(device):
+                sums += [tf.reduce_sum(table.value.sparse_read(i)[:, :1]) for table, i in zip(on, ids)]  # in place
+        return tf.add_n(sums)
+
+    return median_seconds(lambda: float(gather()), 7, min)
+
+
 def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[str], xla: bool = False,
-                  task: Task = CLASSES) -> dict[str, float]:
+                  task: Task = CLASSES, batches: list[tuple[Any, Any]] | None = None,
+                  tables: list[list[Any]] | None = None, table_optimizer: str | None = None) -> dict[str, float]:
     """The floor of one training step in ms and its parts: the towers `models[i]` on `devices[i]` at `batch`
-    examples each, all at once, then the update of the first layer's weights (see the module's docstring). `xla`:
-    where the step may be XLA-compiled (train.jit_compile), the passes are timed compiled too and the faster counts:
-    a floor no step can beat, whichever way it is compiled."""
-    compute = towers_seconds(models, batch, devices, repeats=7, fastest=True, task=task)
+    examples each, all at once, then the update of the first layer's weights and of every embedding table (see the
+    module's docstring). `xla`: where the step may be XLA-compiled (train.jit_compile), the passes are timed compiled
+    too and the faster counts: a floor no step can beat, whichever way it is compiled. `batches`: tower i's real
+    examples (a model with tables: random ids would all look up two rows); `tables`: tower i's embedding tables read
+    by lookups only, updated by `table_optimizer` (else `optimizer`)."""
+    compute = towers_seconds(models, batch, devices, repeats=7, fastest=True, batches=batches, task=task)
     if xla:
         import tensorflow as tf
 
         try:
             compute = min(compute, towers_seconds(models, batch, devices, repeats=7, fastest=True, jit=True,
-                                                  task=task))
+                                                  batches=batches, task=task))
         except tf.errors.OpError:  # an op XLA cannot compile: the step cannot be compiled either
             pass
-    traffic = TOUCHED[optimizer] * 4 * first_layer_weights(models[0]) / bandwidth_bytes_per_second(devices)
+    bandwidth, on = bandwidth_bytes_per_second(devices), tables or [[] for _ in models]
+    first = first_layer_weights(models[0], skip={id(t) for t in on[0]})
+    traffic = TOUCHED[optimizer] * 4 * first / bandwidth + tables_update_seconds(
+        models, on, batches, table_optimizer or optimizer, devices, bandwidth)
     return {"floor_step_ms": 1000 * (compute + traffic), "floor_compute_ms": 1000 * compute,
             "floor_update_ms": 1000 * traffic}
+
+
+def tables_update_seconds(models: list[Any], tables: list[list[Any]], batches: list[tuple[Any, Any]] | None,
+                          optimizer: str, devices: list[str], bandwidth: float) -> float:
+    """The update of every embedding table, each the first layer of its own lookups: an optimizer that updates only
+    the looked-up rows (ROWS_ONLY) reads and writes TOUCHED arrays' worth of those rows at random places, at least
+    TOUCHED / 2 gathers of them (a gather reads each row at its place and writes it in order); any other rewrites
+    every row of the table, TOUCHED arrays' worth at the device set's bandwidth."""
+    if not tables[0]:
+        return 0.0
+    if optimizer not in ROWS_ONLY:
+        return TOUCHED[optimizer] * 4 * sum(int(t.shape.num_elements()) for t in tables[0]) / bandwidth
+    feeds = [x for x, _ in batches] if batches else [random_batch(m, 2)[0] for m in models]
+    rows = [looked_up(on, model, x) for on, model, x in zip(tables, models, feeds)]
+    return TOUCHED[optimizer] / 2 * rows_seconds(tables, rows, devices)
