@@ -2,11 +2,8 @@
 
 Keras 3 updates each variable with a chain of element-wise ops (Adam: ~10, each a pass over the variable's memory);
 TensorFlow's training kernels (`ResourceApplyAdam`, `ResourceApplyKerasMomentum`) do the same arithmetic in one
-pass (the same formula; the last bits can differ, e.g. Keras rounds 1 - beta_2 in float64, the kernel in
-float32). Measured on the default MLP's 670k weights on this 2-core CPU: 0.98 ms -> 0.32 ms per Adam update, against
-2.5 ms for the forward and backward pass. The saving repeats for every copy of the variables, so it matters most
-where each device updates its own copy (mirrored, replicated). Slots and step counter stay Keras' own variables, so
-checkpoints are the same either way; `train.fused_optimizer=false` restores Keras' update.
+pass (the last bits can differ). The saving repeats for every copy of the variables. Slots and step counter stay
+Keras' own variables, so checkpoints are the same either way; `train.fused_optimizer=false` restores Keras' update.
 """
 
 from __future__ import annotations
@@ -18,44 +15,37 @@ import tensorflow as tf
 
 
 def _handle(variable: Any) -> tf.Tensor:
-    """The resource handle behind a variable or a Keras slot.
-
-    Keras calls `update_step` inside tf.distribute's `extended.update` with the device's own copy of the model
-    variable; the slots are Keras variables wrapping a MirroredVariable there, whose `handle` inside that call is the
-    copy on the device being updated. Without tf.distribute both are plain variables.
-    """
+    """The resource handle behind a variable or a Keras slot (under tf.distribute's `extended.update`: the copy on
+    the device being updated)."""
     return (variable.value if isinstance(variable, keras.Variable) else variable).handle
 
 
-def _apply_adam(optimizer: keras.optimizers.Adam, gradient: Any, variable: Any, learning_rate: Any) -> bool:
-    """Adam's update of one variable by `ResourceApplyAdam`, with Keras' formula and slots (epsilon added to sqrt(v),
-    as Keras); False where the kernel does not apply (amsgrad, a sparse gradient): Keras' own update then."""
-    if optimizer.amsgrad or isinstance(gradient, tf.IndexedSlices):
-        return False
-    dtype = variable.dtype
-    step = tf.cast(optimizer.iterations + 1, dtype)
-    index = optimizer._get_variable_index(variable)
-    tf.raw_ops.ResourceApplyAdam(
-        var=_handle(variable),
-        m=_handle(optimizer._momentums[index]),
-        v=_handle(optimizer._velocities[index]),
-        beta1_power=tf.pow(tf.cast(optimizer.beta_1, dtype), step),
-        beta2_power=tf.pow(tf.cast(optimizer.beta_2, dtype), step),
-        lr=tf.cast(learning_rate, dtype),
-        beta1=tf.cast(optimizer.beta_1, dtype),
-        beta2=tf.cast(optimizer.beta_2, dtype),
-        epsilon=tf.cast(optimizer.epsilon, dtype),
-        grad=tf.cast(gradient, dtype),
-    )
-    return True
-
-
-class FusedAdam(keras.optimizers.Adam):
-    """Adam applied by `ResourceApplyAdam` (`_apply_adam`)."""
+class _AdamKernel:
+    """Adam's update of a variable by `ResourceApplyAdam`, with Keras' formula and slots (epsilon added to sqrt(v));
+    Keras' own update where the kernel does not apply (amsgrad, a sparse gradient)."""
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        if not _apply_adam(self, gradient, variable, learning_rate):
-            super().update_step(gradient, variable, learning_rate)
+        if self.amsgrad or isinstance(gradient, tf.IndexedSlices):
+            return super().update_step(gradient, variable, learning_rate)
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        index = self._get_variable_index(variable)
+        tf.raw_ops.ResourceApplyAdam(
+            var=_handle(variable),
+            m=_handle(self._momentums[index]),
+            v=_handle(self._velocities[index]),
+            beta1_power=tf.pow(tf.cast(self.beta_1, dtype), step),
+            beta2_power=tf.pow(tf.cast(self.beta_2, dtype), step),
+            lr=tf.cast(learning_rate, dtype),
+            beta1=tf.cast(self.beta_1, dtype),
+            beta2=tf.cast(self.beta_2, dtype),
+            epsilon=tf.cast(self.epsilon, dtype),
+            grad=tf.cast(gradient, dtype),
+        )
+
+
+class FusedAdam(_AdamKernel, keras.optimizers.Adam):
+    """Adam applied by `ResourceApplyAdam`."""
 
 
 class FusedMomentum(keras.optimizers.SGD):
@@ -76,10 +66,8 @@ class FusedMomentum(keras.optimizers.SGD):
 
 
 class AdamW(keras.optimizers.AdamW):
-    """Keras' AdamW with the learning rate read once a step (once a replica) for the decoupled decay. Keras' own
-    decay reads `self.learning_rate` once per decayed variable and device copy: with a schedule (a warm-up, a cosine)
-    that is the schedule's ops, a tf.cond among them, traced that many times (the tiny GPT on two devices: 56) into
-    a graph to trace and optimise. The arithmetic is Keras' (variable * wd * lr, each cast to the variable's dtype)."""
+    """Keras' AdamW with the learning rate read once a step (once a replica) for the decoupled decay, where Keras'
+    reads it, a schedule's ops each time, once per decayed variable and device copy. The arithmetic is Keras'."""
 
     def _apply_weight_decay(self, variables: list) -> None:
         if self.weight_decay is None:
@@ -99,14 +87,8 @@ class AdamW(keras.optimizers.AdamW):
         tf.__internal__.distribute.interim.maybe_merge_call(distributed, self._distribution_strategy, variables)
 
 
-class FusedAdamW(AdamW):
-    """AdamW (`AdamW`'s decoupled decay first) whose Adam update is one `ResourceApplyAdam` a variable (`_apply_adam`)
-    instead of Keras' ~10 element-wise ops: each a pass over the variable's memory in every step, and ops to trace
-    and optimise for every variable of every device's copy when a run starts."""
-
-    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
-        if not _apply_adam(self, gradient, variable, learning_rate):
-            super().update_step(gradient, variable, learning_rate)
+class FusedAdamW(_AdamKernel, AdamW):
+    """AdamW (`AdamW`'s decoupled decay first) whose Adam update is one `ResourceApplyAdam` a variable."""
 
 
 def deduplicated(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
@@ -118,10 +100,8 @@ def deduplicated(gradient: tf.IndexedSlices) -> tf.IndexedSlices:
 
 
 class SparseAdagrad(keras.optimizers.Adagrad):
-    """Adagrad applied by TensorFlow's kernels (accumulator += g^2; w -= lr g / (sqrt(accumulator) + epsilon)): a
-    dense gradient by `ResourceApplyAdagradV2`, a sparse one (an embedding table's looked-up rows) by
-    `ResourceSparseApplyAdagradV2` on those rows only, where Keras' own Adagrad would rewrite the whole table and its
-    accumulator every step. Both paths are the same formula (Keras' puts epsilon inside the square root)."""
+    """Adagrad by TensorFlow's kernels: a sparse gradient (an embedding table's looked-up rows) updates those rows
+    only, where Keras' Adagrad would rewrite the whole table and its accumulator every step."""
 
     def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
         dtype = variable.dtype
@@ -137,10 +117,8 @@ class SparseAdagrad(keras.optimizers.Adagrad):
 
 
 def updates_rows_only(optimizer: Any, variable: Any) -> bool:
-    """Whether `optimizer` (a PerPart: its part that updates `variable`) changes only the rows of a sparse gradient
-    of `variable` (an embedding table's looked-up rows): Adagrad here (`SparseAdagrad`) and plain SGD (a scatter).
-    Adam, AdamW, momentum and RMSprop move every row every step (their slots decay), so whoever keeps a copy of the
-    table must copy all of it."""
+    """Whether `optimizer` (a PerPart: its part for `variable`) changes only the rows of a sparse gradient of
+    `variable`: Adagrad (`SparseAdagrad`) and plain SGD do; Adam, AdamW, momentum and RMSprop decay every row."""
     if isinstance(optimizer, PerPart):
         optimizer = optimizer.part_of(variable)
     return isinstance(optimizer, SparseAdagrad) or (type(optimizer) is keras.optimizers.SGD and not optimizer.momentum)
@@ -148,10 +126,9 @@ def updates_rows_only(optimizer: Any, variable: Any) -> bool:
 
 class PerPart(tf.Module):
     """Several optimizers as one, each updating its own part of the variables: a recommender's embedding tables by
-    one (SGD or Adagrad, which change only the rows a batch looked up) and the other weights by another (Adam), as
-    TF Model Garden's ranking task does (`embedding_optimizer` SGD, `dense_optimizer` Adam, through TFRS'
-    CompositeOptimizer; Keras 3 has none). Every step applies every part once, so each part's own step counter
-    (Adam's bias correction, a schedule) counts the same steps. A tf.Module: a checkpoint saves each part's slots."""
+    one (SGD or Adagrad) and the other weights by another (Adam), as TF Model Garden's ranking task does (Keras 3
+    has no CompositeOptimizer). Every step applies every part once, so their step counters agree. A tf.Module: a
+    checkpoint saves each part's slots."""
 
     def __init__(self, parts: list[tuple[keras.optimizers.Optimizer, list]]):
         super().__init__(name="per_part")
@@ -159,7 +136,6 @@ class PerPart(tf.Module):
         self._ids = [frozenset(id(v) for v in variables) for _, variables in parts]
 
     def part_of(self, variable: Any) -> keras.optimizers.Optimizer:
-        """The optimizer that updates `variable`."""
         return self.parts[self._index(variable)]
 
     def _index(self, variable: Any) -> int:
@@ -201,15 +177,8 @@ class WarmUp(keras.optimizers.schedules.LearningRateSchedule):
 def make(name: str, learning_rate: Any, fused: bool, beta2: float = 0.999,
          weight_decay: float = 0.0) -> keras.optimizers.Optimizer:
     """The optimizer `name` (one of `runner.config.OptimizerName`); fused kernels for adam, adamw and momentum when
-    `fused`.
-
-    Adagrad is TensorFlow's kernel always (`SparseAdagrad`: sparse gradients update their rows only). Plain SGD and
-    RMSprop stay Keras' own: SGD's update is already one op (a scatter of the rows for a sparse gradient), and
-    TensorFlow's RMSProp kernel needs a momentum slot Keras' RMSprop does not have. AdamW is Keras' decoupled decay
-    before Adam's update (`AdamW`: its rate read once). Gradient clipping is not the optimizer's: Keras clips what it
-    is given, which under MirroredStrategy is one replica's part before its own all-reduce, and a shard's or a stage's
-    part elsewhere (runner.strategies.common.clip).
-    """
+    `fused`. Adagrad is TensorFlow's kernel always; SGD's update is already one op, and TensorFlow's RMSProp kernel
+    needs a slot Keras' lacks. Clipping is the strategies' (common.clip): an optimizer sees only its part."""
     adam = FusedAdam if fused else keras.optimizers.Adam
     adamw = FusedAdamW if fused else AdamW
     momentum = FusedMomentum if fused else keras.optimizers.SGD

@@ -20,19 +20,17 @@ else:
 
 
 def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = True) -> keras.Model:
-    """Build `model` for `spec` with seeded initial weights (the same weights for every strategy and every copy),
-    its batch normalization on the fused kernel unless `fused_batch_norm` is false (train.fused_batch_norm).
+    """Build `model` for `spec` with seeded initial weights (the same for every strategy and copy), its batch
+    normalization on the fused kernel unless `fused_batch_norm` is false (train.fused_batch_norm).
 
     Raises:
-        ConfigError: the build returned something other than a Keras model, or a model that does not map
-            spec-shaped images to one logit per class (a user's function that ignores `input_shape` or `classes`,
-            or a keras.applications model refusing the size), or one with an embedding smaller than the data's ids
-            (`runner.models.check_lookups`).
+        ConfigError: the build gave no Keras model, or one that does not map the data's inputs to its outputs, or
+            one with an embedding smaller than the data's ids (`runner.models.check_lookups`).
     """
     import reprlib
 
     from runner.errors import ConfigError
-    from runner.models import check_lookups
+    from runner.models import check_lookups, spec_arguments
 
     keras.utils.set_random_seed(seed)
     try:
@@ -56,7 +54,7 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
         raise ConfigError(
             f"model={model.name} maps {inputs} inputs to {outputs} outputs, the data gives {spec} (outputs "
             f"{spec.outputs_shape}); build it from the arguments the runner passes to a model function "
-            f"({', '.join(spec_argument_names(spec))})"
+            f"({', '.join(spec_arguments(lambda **kw: None, spec))})"
         )
     dtype = str(getattr(built.inputs[0], "dtype", "float32"))
     if spec.token_ids != ("int" in dtype):
@@ -92,13 +90,6 @@ def _check_features(name: str, built: keras.Model, spec: Spec) -> None:
                           f"{spec.outputs_shape} ({spec})")
 
 
-def spec_argument_names(spec: Spec) -> tuple[str, ...]:
-    """What a model function is given from the data (runner.models.spec_arguments)."""
-    from runner.models import spec_arguments
-
-    return tuple(spec_arguments(lambda **kw: None, spec))
-
-
 def _builder(model: Model) -> str:
     """What builds `model`, as its config names it: a user's function (`_target_`), else its class's `build`."""
     target = getattr(model, "target", None)
@@ -130,12 +121,9 @@ def effective_learning_rate(train_cfg: Any, rate: float | None = None) -> float:
 
 
 def build_optimizer(train_cfg: Any, variables: list, tables: list = ()) -> Any:
-    """The configured optimizer for `variables` and its slot variables, built now. `tables`: the model's embedding
-    tables (or the parts of them a strategy made variables); those among `variables` get train.table_optimizer when
-    it is set (an `optimizers.PerPart`), else every variable train.optimizer.
-
-    Slots are built eagerly because a compiled loop must not create variables on its first step (under
-    tf.distribute that fails with "You must feed a value for placeholder tensor").
+    """The configured optimizer for `variables`, its slots built now (a compiled loop must not create variables).
+    `tables`: the model's embedding tables (or the parts a strategy made variables); those among `variables` get
+    train.table_optimizer when it is set (an `optimizers.PerPart`), else every variable train.optimizer.
 
     Raises:
         ConfigError: train.table_optimizer is set and the model has no embedding table.
@@ -179,9 +167,8 @@ def _optimizer(train_cfg: Any, name: str, rate: float, variables: list) -> keras
 
 
 def clip(grads: list[tf.Tensor], clip_norm: float | None) -> list[tf.Tensor]:
-    """The step's averaged gradients of every variable scaled down to `clip_norm` when their global norm is above it
-    (nanoGPT's `clip_grad_norm_`, Keras' `global_clipnorm`); as they are when `clip_norm` is None. Every strategy
-    calls it where it holds the whole step's averaged gradients, wherever they live (shards, stages, replicas)."""
+    """The step's averaged gradients scaled down to `clip_norm` when their global norm is above it (nanoGPT's
+    `clip_grad_norm_`); as they are when `clip_norm` is None."""
     if not clip_norm:
         return grads
     # A sparse gradient's repeated rows summed first: its norm is the dense gradient's (optimizers sum them too).
@@ -191,12 +178,10 @@ def clip(grads: list[tf.Tensor], clip_norm: float | None) -> list[tf.Tensor]:
     return tf.clip_by_global_norm(grads, clip_norm)[0]
 
 
-def update(scale: Any, grads: Any, clip_norm: float | None, apply: Any, finite: Any = None) -> None:
-    """The end of every strategy's step, written once: one decision on the whole step's gradients (`grads`, any nest
-    of tensors and tf.IndexedSlices; under mixed_float16 a non-finite one skips every update and halves the scale),
-    then the gradients unscaled, clipped to `clip_norm` by their global norm, and given to `apply(grads)` in the same
-    nest: the strategy's own part, which optimizer updates which variables on which device. `finite()`: the decision
-    where the gradients are not in one place (tf.distribute's per-replica values), else every gradient finite."""
+def update(scale: Any, grads: Any, clip_norm: float | None, apply: Any) -> None:
+    """The end of a step, written once: one decision on the whole step's gradients (`grads`, any nest; under
+    mixed_float16 a non-finite one skips every update), then the gradients unscaled, clipped and given to
+    `apply(grads)` in the same nest: the strategy's own part, which optimizer updates what where."""
     from runner.strategies.loss_scale import all_finite
 
     flat = tf.nest.flatten(grads)
@@ -204,13 +189,12 @@ def update(scale: Any, grads: Any, clip_norm: float | None, apply: Any, finite: 
     def applied() -> None:
         apply(tf.nest.pack_sequence_as(grads, clip(scale.unscale(flat), clip_norm)))
 
-    scale.apply_if_finite(finite or (lambda: all_finite(flat)), applied)
+    scale.apply_if_finite(lambda: all_finite(flat), applied)
 
 
 def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool,
                      task: Task) -> tuple[tf.Tensor, tf.Tensor]:
-    """The task's loss per example (b,) (`Task.loss`: every strategy's step, evaluation, the floor and the FLOP count
-    call it) and the model's outputs (b, *labels, classes or 1), both float32 whatever the compute precision."""
+    """The task's loss per example (b,) and the model's outputs, both float32 whatever the compute precision."""
     outputs = tf.cast(model(x, training=training), tf.float32)  # a no-op in float32; keeps the loss out of bfloat16
     return task.loss(y, outputs), outputs
 
@@ -224,9 +208,8 @@ def input_signature(spec: Spec) -> Any:
 
 
 def make_evaluate(model: keras.Model, device: str, spec: Spec):
-    """A function dataset -> {"loss", *the task's metrics} over every example of `dataset` (inputs as
-    `input_signature(spec)`), computed on `device`: the mean loss and the mean of each metric the task sums per batch
-    (`Task.sums`: an accuracy per position where the labels are); an AUC exact over the whole set (`tasks.auc`)."""
+    """A function dataset -> {"loss", *the task's metrics} over every example, computed on `device`: the means of
+    the loss and of what the task sums per batch (`Task.sums`); an AUC exact over the whole set (`tasks.auc`)."""
     from runner.tasks import AUC, auc
 
     task = spec.task
@@ -260,57 +243,44 @@ def make_evaluate(model: keras.Model, device: str, spec: Spec):
 
 
 class Built:
-    """What every built strategy (the `Strategy` contract) shares: its `Training`, the step's one loss scale and
-    evaluation on its first device (`_share`), and the compiled loops around its `step`: a strategy writes how one
-    step runs on its devices and nothing else of the loop."""
+    """What every built strategy shares: its `Training`, the step's loss scale and evaluation (`_share`), and the
+    compiled loops around its `step`: a strategy writes how one step runs on its devices, nothing else."""
 
     training: Any  # runner.strategies.Training
 
     def _share(self, model: Any, device: str, scale_device: str | None = None) -> None:
-        """The one loss scale of every step (mixed_float16; else the no-op) on `scale_device` (default: `device`,
-        the first training device; a parameter server's: where the variables are) and `evaluate` of `model` on
-        `device`."""
+        """The step's loss scale on `scale_device` (default: `device`) and `evaluate` of `model` on `device`."""
         from runner.strategies.loss_scale import make
 
         self.loss_scale = make(self.training.loss_scaling, scale_device or device)
         self.evaluate = make_evaluate(model, device, self.training.spec)
 
     def step(self, batches: Any) -> Any:
-        """fn() -> the mean loss of one synchronous optimizer step over all towers, pulling their batches from
-        `batches`: forward and backward, gradients reduced, `update`."""
+        """fn() -> the mean loss of one synchronous optimizer step over all towers, its batches from `batches`."""
         raise NotImplementedError
 
     def train_loop(self, batches: Any) -> Any:
-        """fn(n) -> (mean loss, steps run) of n steps, compiled into one call (`steps_loop`)."""
         return steps_loop(self.step(batches), self.loss_scale.patience)
 
     def input_loop(self, batches: Any) -> Any:
-        """fn(n) pulling n steps of input only, to time the pipeline alone (`drain_loop`)."""
         return drain_loop(batches.next)
 
     def checkpoint_objects(self) -> dict[str, Any]:
-        """What a checkpoint saves of a strategy keeping one model (`self.model`, mirrored or not: one copy saved):
-        its variables (dropout seed states included), its optimizer (slots, step counter) and the loss scale."""
+        """A strategy keeping one model (`self.model`): its variables, its optimizer and the loss scale."""
         from runner.strategies.loss_scale import checkpointed
 
         return {"model": self.model.variables, "optimizer": self.optimizer, **checkpointed(self.loss_scale)}
 
     def weights(self) -> list:
-        """The trained weights (what the final digest covers): the one model's."""
         return self.model.trainable_variables
 
 
 def steps_loop(step_fn, patience: int = 1):
-    """Compile `step_fn() -> loss` into fn(n) -> (mean loss, steps run) running up to n steps in one call.
+    """Compile `step_fn() -> loss` into fn(n) -> (mean loss of the finite steps, steps run): up to n steps in one
+    tf.while_loop, so Python and dispatch are paid once a call. It stops once `patience` steps in a row had a
+    non-finite loss (more than 1 under loss scaling, which skips such steps): then `steps run` < n."""
 
-    One call runs a tf.while_loop of n steps, so Python and dispatch costs are paid once per call, not per step.
-    The mean is over the steps whose loss is finite. The loop stops early once `patience` steps in a row had a
-    non-finite loss (1: at the first; more under loss scaling, where a step can be skipped and training go on):
-    then `steps run` < n and the caller can name the step.
-    """
-
-    # No autograph: the loop is written as a tf.while_loop, and converting every function the step calls (model,
-    # pipeline, strategy) costs tracing time that grows with the towers.
+    # No autograph: converting every function the step calls costs tracing time that grows with the towers.
     @tf.function(autograph=False)
     def loop(n: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         def more(i, total, finite_steps, streak):
@@ -330,19 +300,13 @@ def steps_loop(step_fn, patience: int = 1):
     return loop
 
 
-def maybe_jit(fn, jit_compile: bool):
-    """XLA-compile a step's compute (`fn(x, y)`; the input fetch stays outside: XLA cannot compile iterators)."""
-    return tf.function(fn, jit_compile=True) if jit_compile else fn
-
-
 def tower_step(model: keras.Model, task: Task, loss_of: Any, scale: Any, jit_compile: bool) -> Any:
-    """One tower's forward and backward: fn(x, y) -> (loss, gradients of the model's trainable variables for the
-    loss times `scale`'s factor), where loss = loss_of(the task's per-example losses (b,)).
+    """One tower's forward and backward: fn(x, y) -> (loss, gradients of the trainable variables for the loss times
+    `scale`'s factor), where loss = loss_of(the task's per-example losses (b,)).
 
-    Under `jit_compile`, one XLA cluster on the device it is called under. An XLA cluster cannot read a variable held
-    on another device (parameter_server's weights, the loss scale on the first device), so the model is called
-    statelessly (Keras' `stateless_call`) on its variables' values, read outside the cluster (a copy to the tower's
-    device, which the tower's reads make anyway); the moving statistics it computes are assigned after it.
+    Under `jit_compile`, one XLA cluster on the device it is called under. A cluster cannot read a variable held on
+    another device (parameter_server's weights, the loss scale), so the model is called statelessly on its variables'
+    values read outside it; the moving statistics it computes are assigned after it.
     """
     trainable, state = model.trainable_variables, model.non_trainable_variables
 
@@ -397,11 +361,9 @@ def tables(model: Any) -> list:
 
 
 def read_rows_only(model: keras.Model) -> keras.Model:
-    """Make every plain Embedding layer (`tables`) read the rows it looks up, not its table: Keras' lookup reads the
-    whole table as a tensor and gathers from it, and once a sparse update (Adagrad's, a scatter) has touched the table
-    TensorFlow copies the whole table on every such read (a resource variable in copy-on-read mode). Profiled on
-    dlrm/default: 104 of the 79 ms step (2 cores' op time) were those copies. `tf.gather` on the variable itself is
-    TensorFlow's ResourceGather: the same rows, read in place. What the layer computes is unchanged."""
+    """Make every plain Embedding layer (`tables`) read the rows it looks up in place (ResourceGather), not its
+    whole table: once a sparse update has touched a table, TensorFlow copies all of it on every such read (a
+    resource variable in copy-on-read mode). What the layer computes is unchanged."""
     for layer in _table_layers(model):
         if not layer.lora_enabled and not layer.quantization_mode:
             object.__setattr__(layer, "call", _row_lookup(layer))
@@ -424,10 +386,8 @@ def _row_lookup(layer: Any) -> Any:
 
 
 def fused_batch_norm(model: keras.Model) -> keras.Model:
-    """Make every plain BatchNormalization layer run TensorFlow's fused kernel on 4-D channels-last inputs (the
-    layer's own call on anything else): Keras 3 computes the moments and the normalization as a dozen separate ops,
-    forward and backward; FusedBatchNormV3 is one op each way (the kernel tf_cnn_benchmarks and Keras 2 used; oneDNN
-    has its own). The same outputs and the same moving statistics as Keras' call (tests/test_batch_norm.py)."""
+    """Make every plain BatchNormalization layer run FusedBatchNormV3 on 4-D channels-last inputs (the layer's own
+    call on anything else): one op each way where Keras 3 runs a dozen; the same outputs and moving statistics."""
     for layer in _layers(model):
         if type(layer) is keras.layers.BatchNormalization:
             object.__setattr__(layer, "call", _fused_call(layer, layer.call))
@@ -435,9 +395,9 @@ def fused_batch_norm(model: keras.Model) -> keras.Model:
 
 
 def _fused_call(layer: Any, keras_call: Any) -> Any:
-    """The layer's call through FusedBatchNormV3 where it computes what Keras' does: no mask, no renorm, statistics
-    of this replica alone (not `synchronized`), channels last of a 4-D input, an epsilon cuDNN takes (1e-5 and up:
-    CUDNN_BN_MIN_EPSILON; TensorFlow's own wrapper raises smaller ones to 1.001e-5, which changes the outputs)."""
+    """The layer's call through FusedBatchNormV3 where it computes what Keras' does: no mask, no renorm, not
+    `synchronized`, channels last of a 4-D input, an epsilon of 1e-5 and up (cuDNN's least; smaller ones would be
+    raised, changing the outputs)."""
 
     def call(inputs: Any, training: Any = None, mask: Any = None) -> Any:
         fusable = (mask is None and not layer.renorm and not layer.synchronized and len(inputs.shape) == 4
@@ -494,8 +454,7 @@ def _table_layers(model: Any) -> list[Any]:
 
 
 def _swap(layer: Any, table: Any, device: str) -> None:
-    """Make an Embedding layer look its ids up in `table`, on `device` (Keras 3: the layer's `_embeddings` and its
-    entry in the layer's tracked trainable variables; the lookup under the table's device)."""
+    """Make an Embedding layer look its ids up in `table`, on `device`."""
     own = layer._trainable_variables
     own[own.index(layer._embeddings)] = table
     object.__setattr__(layer, "_embeddings", table)  # past Keras' tracker: the layer is built and locked
@@ -509,19 +468,14 @@ def _swap(layer: Any, table: Any, device: str) -> None:
 
 
 def moving_state(model: Any) -> list:
-    """What training changes in a model besides its weights, and every copy of it must agree on: its non-trainable
-    floating-point variables (batch normalization's moving mean and variance). A Dropout's seed state (integers)
-    is left out: each copy draws its own masks."""
+    """What training changes in a model besides its weights, which every copy must agree on: its non-trainable
+    float variables (batch normalization's moving statistics; not a Dropout's integer seed state)."""
     return [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
 
 
 def average_moving_state(models: list, devices: list[str]) -> None:
-    """Set every copy's moving state to its mean over the copies (variable j averaged on device j mod N, then copied
-    back to each copy's device): each tower updated its own copy from its own batch's statistics.
-
-    With equal tower batches the mean of the towers' moving means is the one device's (the mean of the batch means is
-    the global batch's); the moving variance is the mean of the towers' variances, which leaves out how much the
-    towers' means differ from each other."""
+    """Set every copy's moving state to its mean over the copies (variable j averaged on device j mod N): each tower
+    updated its own copy from its own batch."""
     for j, copies in enumerate(zip(*(moving_state(m) for m in models))):
         with tf.device(devices[j % len(devices)]):
             mean = tf.add_n([c.value for c in copies]) / len(copies)
@@ -535,16 +489,12 @@ def copies_of_moving_state(models: list) -> list[list[Any]]:
     return [[v.numpy() for v in copies] for copies in zip(*(moving_state(m) for m in models))]
 
 
-def synchronize_batch_norm(model: Any) -> int:
-    """Make every BatchNormalization layer of `model` (nested models too) compute its batch statistics over all
-    replicas of the tf.distribute strategy it runs under (Keras' `synchronized=True`, an all-reduce per layer and
-    step). Returns how many layers it changed."""
-    changed = 0
+def synchronize_batch_norm(model: Any) -> None:
+    """Make every BatchNormalization layer of `model` compute its batch statistics over all replicas (Keras'
+    `synchronized=True`)."""
     for layer in _layers(model):
         if isinstance(layer, keras.layers.BatchNormalization):
             layer.synchronized = True
-            changed += 1
-    return changed
 
 
 def _layers(layer: Any):
@@ -555,11 +505,8 @@ def _layers(layer: Any):
 
 
 def optimizer_state_bytes(strategy: Any) -> dict[str, int]:
-    """Bytes of optimizer state (slots, step counters) per device: what an update keeps beside the weights.
-
-    Found from the optimizers among the strategy's checkpoint objects; a mirrored variable counts on each device
-    it is copied to.
-    """
+    """Bytes of optimizer state (slots, step counters) per device, from the optimizers among the strategy's
+    checkpoint objects; a mirrored variable counts on each device it is copied to."""
     from runner import optimizers
 
     out: dict[str, int] = {}

@@ -5,10 +5,9 @@ runner all-reduces (sums) them across replicas, clips the sum where `train.clip_
 applies it on every replica (Keras' own all-reduce inside `apply_gradients`, which would come after its clipping of
 one replica's part, is switched off).
 
-Input (`strategy.input`): `towers`, the default, feeds replica i from tower i of the pipeline's own feed, made
-inside the compiled loop as for `replicated`; `distribute` goes through tf.distribute's input API (per-device
-iterators built on generator datasets; `multi_worker` always uses it). The same examples reach the same replica
-either way; the pipeline's own feed is the cheaper (mlp/tiny, mirrored x2, split: 1.2-1.35x the images/s).
+Input (`strategy.input`): `towers`, the default and the cheaper, feeds replica i from tower i of the pipeline's own
+feed, made inside the compiled loop; `distribute` goes through tf.distribute's input API (`multi_worker` always
+does). The same examples reach the same replica either way.
 """
 
 from __future__ import annotations
@@ -100,9 +99,7 @@ class Mirrored(SyncBatchNorm, StrategyBase):
         """The tf.distribute strategy: MirroredStrategy over this process's devices."""
         choice = self.cross_device_ops
         if choice == "auto" and devices.kind == "CPU":
-            # TensorFlow picks collective all-reduce for CPU devices; on devices sharing the same cores its ring
-            # waits cost 13.7 ms of the 9.9 ms step (profiled, default MLP on 4), against 0.6 ms for one sum
-            # (`python -m runner.bench settings`: 1.3x the images/s on 4 devices).
+            # TensorFlow's collective ring on CPU devices sharing the same cores waits far longer than one sum takes
             choice = "reduce_to_one_device"
         return tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=_CROSS_DEVICE_OPS[choice]())
 
@@ -116,11 +113,8 @@ SYNC_BATCH_NORM = ("batch statistics of the global batch (strategy.sync_batch_no
 
 
 class PerReplicaFeed:
-    """A pipeline's own tower feed as tf.distribute per-replica values: replica i trains on tower i's batch.
-
-    The towers' batches are made inside the compiled loop, as for `replicated`, so no tf.distribute input iterator
-    runs; replica i's device is the i-th of the strategy's devices, where the pipeline put tower i's batch.
-    """
+    """A pipeline's own tower feed as tf.distribute per-replica values: replica i (on the strategy's i-th device,
+    where the pipeline put tower i's batch) trains on tower i's batch, made inside the compiled loop."""
 
     def __init__(self, strategy: tf.distribute.Strategy, towers: Any):
         self.strategy, self.towers = strategy, towers
@@ -140,16 +134,9 @@ class PerReplicaFeed:
 
 
 class Replicas(Built, Strategy):
-    """One model replica per device of a tf.distribute strategy, variables mirrored, gradients all-reduced.
-
-    Args:
-        strategy: the tf.distribute strategy (MirroredStrategy, or MultiWorkerMirroredStrategy for multi_worker).
-        devices: this process's devices.
-        training: what to build and train.
-        input_api: feed through tf.distribute's input API instead of the pipeline's own towers.
-        sync_batch_norm: batch normalization's batch statistics over every replica's examples (else each replica's
-            own, and the moving statistics are averaged over the replicas after every step).
-    """
+    """One model replica per device of a tf.distribute `strategy` (Mirrored, or MultiWorkerMirrored), variables
+    mirrored, gradients all-reduced; fed through tf.distribute's input API when `input_api`, batch norm's statistics
+    over all replicas when `sync_batch_norm` (else each replica's, the moving ones averaged after every step)."""
 
     def __init__(self, strategy: tf.distribute.Strategy, devices: Devices, training: Training, input_api: bool,
                  sync_batch_norm: bool = False):
@@ -159,9 +146,8 @@ class Replicas(Built, Strategy):
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables, tables(self.model))
         # Keras sums the replicas' gradients inside apply_gradients, after clipping each replica's part; the runner
-        # sums them itself before it clips (common.clip), so Keras' own sum is switched off (its TensorFlow
-        # backend's `_all_reduce_sum_gradients`: a private method; were it renamed, every step would apply N times
-        # the gradient, which tests/test_strategies.py and tests/test_text.py would see).
+        # sums them before it clips, so Keras' sum (a private method: tests/test_strategies.py would see a rename) is
+        # switched off.
         from runner import optimizers
 
         for optimizer in optimizers.each(self.optimizer):  # a PerPart's each part
@@ -196,9 +182,7 @@ class Replicas(Built, Strategy):
 
         clip_norm = self.training.clip_norm
 
-        def replica_apply(grads: list[tf.Tensor]) -> None:
-            # The runner's own all-reduce (Keras', switched off in __init__, would come after Keras clips this
-            # replica's part): sum, clip the sum, apply.
+        def replica_apply(grads: list[tf.Tensor]) -> None:  # unscaled, summed over the replicas, clipped, applied
             summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, scale.unscale(grads))
             optimizer.apply_gradients(zip(clip(summed, clip_norm), variables))
 
@@ -217,8 +201,6 @@ class Replicas(Built, Strategy):
         return step
 
     def input_loop(self, batches: Any):
-        """fn(n) pulling n steps of per-replica input only, to time the pipeline alone."""
-
         def step() -> tf.Tensor:
             per_replica = self.strategy.run(touch, args=next(batches))
             return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
@@ -226,7 +208,6 @@ class Replicas(Built, Strategy):
         return steps_loop(step)
 
     def variable_devices(self) -> dict[str, str]:
-        """Every trainable variable's per-replica copies and the devices they live on."""
         return {
             f"{r}/{v.path}": component.device
             for v in self.model.trainable_variables
@@ -234,19 +215,16 @@ class Replicas(Built, Strategy):
         }
 
     def describe(self) -> dict[str, str]:
-        """Where the variables live (for tags and placement tests)."""
         return {"placement": f"mirrored on {', '.join(self.devices.names)}"}
 
     def moving_statistics(self) -> list[list[Any]]:
-        """Each moving-state variable's per-replica copies."""
         return [[c.numpy() for c in v.value.values] for v in moving_state(self.model)]
 
 
 def average_over_replicas(variables: list) -> None:
     """In replica context: set each replica's copy of `variables` to their mean over all replicas (one all-reduce)."""
     if variables:
-        # Read into plain tensors first: MultiWorkerMirroredStrategy cannot all-reduce a variable's value as it is
-        # ("destinations can not be empty").
+        # plain tensors: MultiWorkerMirroredStrategy cannot all-reduce a variable's value as it is
         values = [tf.identity(v.value) for v in variables]
         means = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.MEAN, values)
         for variable, mean in zip(variables, means):

@@ -1,35 +1,23 @@
 """Strategy `sharded_update`: `replicated`'s in-graph towers with the weight update sharded across the devices.
 
-`replicated` keeps a full copy of the weights and of the optimizer's slots on every device, and every device
-applies the same averaged gradient to its own copy: N devices do N times the update work and hold N times the
-optimizer state. Sharding the update (Xu et al. 2020, "Automatic Cross-Replica Sharding of Weight Update in
+`replicated` has every device apply the same averaged gradient to its own full copy: N times the update work and
+the optimizer state. Sharding the update (Xu et al. 2020, "Automatic Cross-Replica Sharding of Weight Update in
 Data-Parallel Training"; ZeRO stage 1) removes both: per step,
 
-1. each tower computes its gradients on its own device and cuts them into N slices of the flattened parameters
-   (P padded to a multiple of N: slice j holds parameters j*P/N to (j+1)*P/N, across variable boundaries);
-2. reduce-scatter: device j sums (and averages) the towers' slice j;
-3. device j applies the optimizer to its slice of the weights, a variable of P/N values living on it, with its own
-   optimizer, so its slots are P/N too;
-4. all-gather: every device concatenates the N updated slices and writes them into its model copy, which its tower
-   reads in the next step.
+1. each tower cuts its gradients into N slices of the flattened parameters (padded to a multiple of N, across
+   variable boundaries);
+2. reduce-scatter: device j averages the towers' slice j;
+3. device j applies its own optimizer to its slice of the weights, a variable of P/N values living on it;
+4. all-gather: every device writes the N updated slices into its model copy.
 
-Slices of the flattened parameters, not of every variable: one optimizer update per device per step whatever the
-model has, where slicing each variable would make N updates per variable (small ops cost more than they move on
-the CPU). The slices are read from and written to the variables they cover (`pieces`), without building the whole
-flat vector: measured on the default MLP at 4 devices, concatenating and splitting whole flat buffers cost more
-(2.9 ms/step) than the sharding saved on the update (1.8 ms/step).
-Embedding tables (`common.tables`: plain lookups, whose gradients are the rows a batch read) are not flattened,
-which would turn each tower's gradient into a dense table: device j owns rows j*R to (j+1)*R of every table (R =
-ceil(rows / N)) and their optimizer state. Each tower partitions its looked-up rows by owner and sends each owner
-its part (an all-to-all of rows); device j applies the rows it received to its rows, then writes the updated rows
-(and only those) into every model copy's table.
+Slices of the flattened parameters, not of every variable: one update per device per step whatever the model has.
+The slices are read from and written to the variables they cover (`pieces`), never built as one flat vector (the
+copies would cost more than the sharding saves). Embedding tables (`common.tables`) are not flattened, which would
+make each tower's gradient a dense table: device j owns rows j*R to (j+1)*R of every table and their optimizer
+state; each tower sends each owner its looked-up rows, and the owners write back only the rows they updated.
 
-The averaged gradient and the element-wise update are those of `replicated`, so with the same data the two train
-the same losses (tested: 20 unshuffled steps to 1e-4 relative at 2 and 4 devices, three optimizers); they are not
-bit-identical, since TensorFlow may compute a slice of a gradient by a smaller product, rounding differently in
-the last place. Checkpoints hold the N slices and their optimizers under names that
-carry N: a checkpoint restores onto the same device count only (the config hash, which includes `gpus`, keeps
-other counts apart anyway).
+The averaged gradient and the update are `replicated`'s, so the two train the same losses (not bit-identical: a
+slice of a gradient may round differently). Checkpoint names carry N: they restore onto the same device count only.
 """
 
 from __future__ import annotations
@@ -104,16 +92,9 @@ class ShardedUpdate(TowersOptions):
                        rows_applied=n * r, rows_devices=n)
 
 
-def _flat(tensors: list[tf.Tensor], padding: int) -> tf.Tensor:
-    """Variables (any shapes) -> one vector (P + padding,)."""
-    parts = [tf.reshape(t, [-1]) for t in tensors]
-    return tf.concat(parts + ([tf.zeros([padding], parts[0].dtype)] if padding else []), 0)
-
-
 def pieces(sizes: list[int], n: int) -> tuple[list[list[tuple[int, int, int]]], int]:
-    """Where the flat weights' N slices come from, without building the flat vector: for slice j, the
-    (variable index, start, end) ranges of the flattened variables it holds, in order; and the slice length.
-    The last slice is padded with zeros up to the length."""
+    """For each of the flat weights' N slices, the (variable index, start, end) ranges of the flattened variables it
+    holds, in order; and the slice length (the last slice is padded with zeros up to it)."""
     length = math.ceil(sum(sizes) / n)
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
     offset = 0
@@ -139,16 +120,13 @@ class ShardedTowers(Towers):
         self.table_index = [i for i, v in enumerate(variables) if id(v) in table_ids]  # row-sharded
         self.flat_index = [i for i, v in enumerate(variables) if id(v) not in table_ids]  # flattened and sliced
         flats = [variables[i] for i in self.flat_index]
-        self.sizes = [math.prod(v.shape) for v in flats]
-        n, total = len(devices), sum(self.sizes)
-        self.pieces, self.slice = pieces(self.sizes, n)
-        self.padding = self.slice * n - total
-        flat = _flat([v.value for v in flats], self.padding)  # (P padded,)
+        n = len(devices)
+        self.pieces, self.slice = pieces([math.prod(v.shape) for v in flats], n)
         self.rows = [math.ceil(variables[i].shape[0] / n) for i in self.table_index]  # R: rows each device owns
         self.shards, self.table_shards, self.optimizers = [], [], []
         for j, device in enumerate(devices):
             with tf.device(device):
-                shard = keras.Variable(flat[j * self.slice:(j + 1) * self.slice], name=f"shard{j}_of_{n}")
+                shard = keras.Variable(self._slice([v.value for v in flats], j), name=f"shard{j}_of_{n}")
                 owned = [keras.Variable(variables[i].value[j * r:(j + 1) * r], name=f"table{t}_rows{j}_of_{n}")
                          for t, (i, r) in enumerate(zip(self.table_index, self.rows))]  # (R or fewer, d) each
                 self.shards.append(shard)
@@ -186,10 +164,9 @@ class ShardedTowers(Towers):
         return step
 
     def _update(self, grads: list[list[Any]]) -> None:
-        """Device j applies its averaged slice (unscaled and clipped by the global norm of every slice: the padding
-        adds nothing) to its shard; then every copy gathers the updated slices. adamw's decay of the shard's 2-D
-        weights comes first, as Keras' AdamW does it (its own decay skips the 1-D shard; the table rows a device owns
-        are 2-D: the optimizer that updates them decays them, once)."""
+        """Device j applies its averaged slice to its shard, adamw's decay of the shard's 2-D weights first, as Keras'
+        AdamW does (its own skips the 1-D shard; a device's table rows are 2-D: its optimizer decays them); then every
+        copy gathers the updated slices."""
         for j, (device, grad, optimizer) in enumerate(zip(self.devices, grads, self.optimizers)):
             mine = [self.shards[j], *self.table_shards[j]]
             with tf.device(device):
@@ -215,9 +192,8 @@ class ShardedTowers(Towers):
                 for j, (v, i) in enumerate(zip(values, indices))]
 
     def _gather_rows(self, model: Any, grads: list[list[Any]]) -> None:
-        """Write each table's updated rows into a model copy: the rows some tower looked up, read from their owner's
-        part, where the optimizer changed only those (`updates_rows_only`); else (Adam's slots move every row; a
-        dense table gradient) the owner's whole part."""
+        """Write each table's updated rows into a model copy: the rows looked up, where the optimizer changed only
+        those (`updates_rows_only`); else the owner's whole part."""
         from runner.optimizers import updates_rows_only
 
         variables = model.trainable_variables

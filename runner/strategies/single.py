@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.lazy import lazy
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training
 from runner.strategies import common
-from runner.strategies.common import Built, copies_of_moving_state, maybe_jit, per_example_loss, tables
+from runner.strategies.common import Built, copies_of_moving_state, per_example_loss, tables
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -72,7 +72,7 @@ class SingleDevice(Built, Strategy):
             common.update(scale, grads, clip_norm, lambda clipped: optimizer.apply_gradients(zip(clipped, variables)))
             return loss
 
-        train = maybe_jit(train, self.training.jit_compile)
+        train = tf.function(train, jit_compile=True) if self.training.jit_compile else train  # the fetch outside
 
         def step() -> tf.Tensor:
             ((x, y),) = batches.next()  # (G, H, W, C), (G,)
