@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         parsed.add_argument("--batch", type=_positive, default=128)
         parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
         parsed.add_argument("--tracking-uri", default=None)
-    fl = sub.add_parser("floors", help="each built-in model's step vs its floor at 1, 2, 4 devices, MFU and Keras fit, in rounds")
+    fl = sub.add_parser("floors", help="each built-in model's step vs its floor at 1, 2, 4 devices, MFU and Keras fit, "
+                                       "in rounds")
     fl.add_argument("--models", "--model", dest="models", type=_names, default=built_in())
     fl.add_argument("--rounds", type=_positive, default=3, help="rounds over every model's runner and Keras jobs")
     fl.add_argument("--gpus", type=_ints, default=[1, 2, 4],

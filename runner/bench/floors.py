@@ -135,8 +135,7 @@ def _counts(gpus: list[int]) -> str:
 def above_floor(rows: list[tuple[str, list[float]]]) -> str:
     """The floor is a lower bound: every job's median step / floor over the rounds at least 1.0."""
     items = [(where, statistics.median(ratios) if ratios else None) for where, ratios in rows]
-    return check("every step >= its floor (median step / floor >= 1.0)", items, lambda v: v >= 1.0, "lowest",
-                 lambda v: f"{v:.2f}x")
+    return check("every step >= its floor (median step / floor >= 1.0)", items, lambda v: v >= 1.0, "lowest")
 
 
 def targets(judged: list[tuple[Setting, dict[str, list[float | None]]]]) -> list[str]:
@@ -147,11 +146,9 @@ def targets(judged: list[tuple[Setting, dict[str, list[float | None]]]]) -> list
         vs = statistics.median(figures["vs_keras"]) if figures["vs_keras"] else None
         need = KERAS_TARGET.get(s.model, 1.0)
         lines.append(check(f"{s.name}: one-device step <= {FLOOR_TARGET}x its floor (median)",
-                           [(f"runner {baseline()}", floor)], lambda v: v <= FLOOR_TARGET, "highest",
-                           lambda v: f"{v:.2f}x"))
+                           [(f"runner {baseline()}", floor)], lambda v: v <= FLOOR_TARGET, "highest"))
         lines.append(check(f"{s.name}: runner 1 device >= {need}x keras fit (median of rounds)",
-                           [("runner / keras", vs)], lambda v, n=need: v >= n, "lowest", lambda v: f"{v:.2f}x"))
+                           [("runner / keras", vs)], lambda v, n=need: v >= n, "lowest"))
     mfu = [(s.name, v) for s, figures in judged for v in figures["mfu"]]
-    lines.append(check(f"MFU <= {MFU_LIMIT:.0%} in every run", mfu, lambda v: v <= MFU_LIMIT, "highest",
-                       lambda v: f"{v:.1%}"))
+    lines.append(check(f"MFU <= {MFU_LIMIT:.0%} in every run", mfu, lambda v: v <= MFU_LIMIT, "highest", "{:.1%}"))
     return lines

@@ -90,8 +90,9 @@ def format_table(table: Table) -> list[str]:
 
 
 def check(name: str, items: list[tuple[str, float | None]], holds: Callable[[float], bool], worst: str,
-          fmt: Callable[[float], str]) -> str:
-    """`- PASS|FAIL name: k of n hold; <worst> value (where)`; a failed job (None) does not hold."""
+          fmt: str = "{:.2f}x") -> str:
+    """`- PASS|FAIL name: k of n hold; <worst> value (where)`, the value shown by `fmt`; a failed job (None) does not
+    hold."""
     if not items:
         return f"- n/a {name}: not measured in this run"
     ok = [v is not None and holds(v) for _, v in items]
@@ -99,7 +100,7 @@ def check(name: str, items: list[tuple[str, float | None]], holds: Callable[[flo
     text = f"- {'PASS' if all(ok) else 'FAIL'} {name}: {sum(ok)} of {len(ok)} hold"
     if measured:
         value, where = (max if worst == "highest" else min)(measured, key=lambda item: item[0])  # first of ties
-        text += f"; {worst} {fmt(value)} ({where})"
+        text += f"; {worst} {fmt.format(value)} ({where})"
     failed = len(items) - len(measured)
     return text + (f"; {failed} failed" if failed else "")
 
@@ -140,15 +141,13 @@ def table_targets(table: Table) -> list[str]:
     s, single, keras = table.setting, table.rate("baseline"), table.rate("keras")
     need = 1.0 if s.extra else KERAS_TARGET.get(s.model, 1.0)  # the built-in model's own target, not a user's
     vs_keras = [(f"runner {baseline()} / keras fit", single / keras if single and keras else None)]
-    lines = [check(f"{s.name}: runner 1 device >= {need}x keras fit", vs_keras, lambda v: v >= need, "lowest",
-                   lambda v: f"{v:.2f}x")]
+    lines = [check(f"{s.name}: runner 1 device >= {need}x keras fit", vs_keras, lambda v: v >= need, "lowest")]
     for n, floor in SCALING_TARGET.items():
         items = [(f"{job.strategy}/{job.pipeline}", _ratio_or_none(m, single)) for job, m in table.rows
                  if job.kind == "runner" and job.gpus == n and job.strategy in DATA_PARALLEL]
         if items:
             lines.append(check(f"{s.name}: every data-parallel strategy x pipeline at {n} devices >= {floor}x "
-                               f"runner {baseline()}", items, lambda v, f=floor: v >= f, "lowest",
-                               lambda v: f"{v:.2f}x"))
+                               f"runner {baseline()}", items, lambda v, f=floor: v >= f, "lowest"))
     return lines + prediction_lines(table)
 
 
@@ -172,12 +171,12 @@ def sharded_update_targets(table: Table) -> list[str]:
                 per_device = m.get(key)
                 shares.append((f"{pipeline} x{n}", per_device * n / state if per_device and state else None))
         lines += [check(f"{s.name}: {sharded} >= {unsharded}, same pipeline and devices", versus, lambda v: v >= 1.0,
-                        "lowest", lambda v: f"{v:.2f}x"),
+                        "lowest"),
                   check(f"{s.name}: {sharded} optimizer state per device x N <= one device's + 1%", shares,
-                        lambda v: v <= 1.01, "highest", lambda v: f"{v:.3f}")]
+                        lambda v: v <= 1.01, "highest", "{:.3f}")]
     floors = [(f"runner {baseline()}", m.get("step_time_over_floor")) for m in single]
     return lines + [check(f"{s.name}: runner {baseline()} step <= {FLOOR_TARGET}x its floor", floors,
-                          lambda v: v <= FLOOR_TARGET, "highest", lambda v: f"{v:.2f}x")]
+                          lambda v: v <= FLOOR_TARGET, "highest")]
 
 
 def _items(tables: list[Table], value: Callable[[dict], float | None], kinds: tuple[str, ...],
@@ -199,16 +198,16 @@ def targets(tables: list[Table]) -> list[str]:
     pipeline = _items(tables, lambda m: m["input_batches_per_sec"] / m["step_batches_per_sec"]
                       if "input_batches_per_sec" in m else None, runner_kinds)
     lines.append(check(f"pipeline alone >= {INPUT_TARGET:g}x the step rate, every runner job", pipeline,
-                       lambda v: v >= INPUT_TARGET, "lowest", lambda v: f"{v:.1f}x"))
+                       lambda v: v >= INPUT_TARGET, "lowest", "{:.1f}x"))
     overhead = _items(tables, _get("seconds_to_first_step"), runner_kinds)
     lines.append(check(f"job overhead (process start to first step) <= {OVERHEAD_TARGET_S:g} s, every runner job",
-                       overhead, lambda v: v <= OVERHEAD_TARGET_S, "highest", lambda v: f"{v:.1f} s"))
+                       overhead, lambda v: v <= OVERHEAD_TARGET_S, "highest", "{:.1f} s"))
     rss = _items(tables, _get("peak_rss_mb"), runner_kinds, lambda s: s.model == "mlp" and s.variant == "tiny")
     lines.append(check(f"peak RSS of a tiny (smoke) MLP runner job <= {RSS_TARGET_MB:g} MB, any devices", rss,
-                       lambda v: v <= RSS_TARGET_MB, "highest", lambda v: f"{v:,.0f} MB"))
+                       lambda v: v <= RSS_TARGET_MB, "highest", "{:,.0f} MB"))
     steps = _items(tables, _get("timed_steps"), ("baseline", "runner", "keras", "keras_mirrored"))
     lines.append(check(f"at least {MIN_TIMED_STEPS} timed steps after warm-up, every job", steps,
-                       lambda v: v >= MIN_TIMED_STEPS, "fewest", lambda v: f"{v:.0f}"))
+                       lambda v: v >= MIN_TIMED_STEPS, "fewest", "{:.0f}"))
     return lines
 
 

@@ -3,14 +3,11 @@
     python -m runner.bench.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
         [--optimizer adam|sgd|momentum|rmsprop] [--override KEY=VALUE ...]
 
-Same model and data (the runner's config composed with the same overrides, the model built for the data's spec by
-the runner's `build_model`), same optimizer (the runner's `build_optimizer` with Keras' own update, as
-`train.fused_optimizer=false`: learning rate after the batch rule, warm-up and schedule, beta2, weight decay; the
-runner's `train.clip_norm` as Keras' `global_clipnorm`) and precision, same global batch and the same host pipeline as
-the runner's `split` pipeline; Keras' defaults otherwise. Fit runs `steps` steps as epochs of `--chunk` steps; the
-first epoch (tracing, warm-up) is excluded and the rate (images/s, or tokens/s, examples/s: the data's unit) is the
-mean ± standard error over the other epochs. Prints one JSON line, with the job overhead (process
-start to the end of the first step, as the runner's `seconds_to_first_step`), the peak RSS and the optimizer used.
+The same model, data, optimizer (Keras' own update), precision, global batch and host pipeline as the runner's
+(its config composed with the same overrides); Keras' defaults otherwise. Fit runs `steps` steps as epochs of
+`--chunk` steps; the rate is the mean ± standard error over the epochs after the first (tracing, warm-up). Prints one
+JSON line: the rate in the data's unit, the job overhead (process start to the end of the first step), the peak RSS
+and the optimizer used.
 """
 
 from __future__ import annotations
@@ -54,8 +51,7 @@ class EpochTimer:
         self.seconds.append(time.perf_counter() - self._t0)
 
     def _batch_end(self, batch, logs=None):
-        # One comparison per step (a Python call of well under a microsecond beside millisecond steps).
-        if self.first_step_end is None:
+        if self.first_step_end is None:  # one comparison per step: nothing beside a step
             self.first_step_end = time.time()
 
 
@@ -119,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     for seconds in timer.seconds:
         timed.add(args.chunk, seconds)
     print(json.dumps({
-        **timed.summary(batch * plan.spec.units_per_example, plan.spec.unit), "devices": devices.count, "simulated": devices.simulated,
-        "distributed": args.mirrored, "optimizer": type(model.optimizer).__name__,
+        **timed.summary(batch * plan.spec.units_per_example, plan.spec.unit), "devices": devices.count,
+        "simulated": devices.simulated, "distributed": args.mirrored, "optimizer": type(model.optimizer).__name__,
         "clip_norm": model.optimizer.global_clipnorm,
         "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT, "peak_rss_mb": peak_rss_mb(),
     }))

@@ -1,24 +1,11 @@
 """`peers --gpt`: the runner's GPT against nanoGPT (github.com/karpathy/nanoGPT) on the runner's own Shakespeare.
 
-Both sides train the same recipe, read from the runner's composed config (`model=gpt data=shakespeare`: nanoGPT's
-CPU recipe, 4 layers x 4 heads x 128 channels, context 64, batch 12, dropout 0, AdamW 1e-3, beta2 0.99, weight decay
-0.1, clipping at 1, linear warm-up, cosine to 1e-4), float32, for `--iters` optimizer steps, each job a fresh process,
-in interleaved rounds. nanoGPT reads its `prepare.py` layout (data/<DATASET>/train.bin, val.bin as uint16, meta.pkl),
-written here from the runner's own text, vocabulary and split, so both train on the same stream.
-
-What is measured:
-- tokens/s: batch x context tokens per step over the time of the steps after the first `per_call(iters)` (the
-  runner's warm-up: its first compiled call of one step and its second, not full), both sides the same steps. The
-  runner's is its own `tokens_per_sec` (the wall time of its timed compiled calls). nanoGPT's is summed from the
-  `iter N: ... time Y ms` lines it prints (the wall time of the whole loop of one iteration: batch sampling, forward,
-  backward, clipping, AdamW, the loss's `.item()`); its last iteration, which holds the final evaluation and the
-  checkpoint, is left out.
-- validation loss: the mean cross-entropy over every token of the runner's validation windows (data_pipelines/
-  text.py: consecutive windows of the validation stream, all of them unless data.test_limit), the runner's final
-  evaluation against nanoGPT's checkpoint after the same number of steps scored on the same windows by
-  `nanogpt_eval.py` in nanoGPT's Python.
-
-The peer is not a dependency: `--nanogpt` is its checkout, `--python` the Python of a venv with torch and numpy.
+Both sides train the recipe of the runner's composed config (`model=gpt data=shakespeare`, nanoGPT's CPU recipe),
+float32, for `--iters` steps, each job a fresh process, in interleaved rounds; nanoGPT reads its `prepare.py` layout
+written here from the runner's own text, vocabulary and split. tokens/s is taken over the same steps on both sides
+(after the runner's warm-up calls); the validation loss is each side's final model on the runner's validation
+windows (nanoGPT's checkpoint scored by `nanogpt_eval.py` in its own Python). The peer is not a dependency:
+`--nanogpt` is its checkout, `--python` the Python of a venv with torch and numpy. Details: docs/benchmarks.md.
 """
 
 from __future__ import annotations

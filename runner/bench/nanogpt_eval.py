@@ -3,12 +3,10 @@
     <venv>/bin/python nanogpt_eval.py --checkout DIR --ckpt out/ckpt.pt --val data/NAME/val.bin --length 64
         --windows N
 
-prints one JSON line: {"loss": ..., "windows": N, "tokens": N * length}. The windows are the runner's (data_pipelines/
-text.py, `Stream.test`): the validation stream's first N consecutive windows of `length` ids, each labelled with the
-ids one position on; the loss is the mean cross-entropy over every one of their tokens, as the runner's final
-evaluation sums it. nanoGPT's own `estimate_loss` draws random windows, so its figure is not comparable.
-
-Needs torch, numpy and the checkout's `model.py`: never imported by the project (torch is not its dependency).
+prints one JSON line: {"loss": ..., "windows": N, "tokens": N * length}: the mean cross-entropy over every token of
+the runner's windows (the validation stream's first N consecutive windows), as the runner's final evaluation sums
+it (nanoGPT's own `estimate_loss` draws random windows). Needs torch, numpy and the checkout's `model.py`: never
+imported by the project.
 """
 
 from __future__ import annotations

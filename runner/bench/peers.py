@@ -1,15 +1,10 @@
 """`peers`: a user's ResNet-20 in the runner against tf_cnn_benchmarks' `resnet20`, the same network, batch and devices.
 
-Each round runs, for each tower count, the runner (strategy single on one device, replicated on more: the peer's
-`--variable_update=replicated`) with XLA off and on, then tf_cnn_benchmarks with `--xla` off and on, each in a fresh
-process, on synthetic 32x32x3 images, SGD, `--batch` images per tower. The ratio of a round is the runner's default
-(train.jit_compile=auto: measured, off for this ResNet on CPUs) over the faster of the peer's two; rows show medians
-over the rounds.
-
-The peer is not a dependency: give its checkout (github.com/tensorflow/benchmarks, `scripts/tf_cnn_benchmarks`) with
-`--peer`; it runs on TensorFlow's legacy Keras (`pip install --no-deps tf-keras==<TensorFlow's version>`).
-
-`peers --gpt` is the runner's GPT against nanoGPT instead: runner/bench/nanogpt.py.
+Each round runs, per tower count, the runner with XLA off and on and the peer with `--xla` off and on, each in a
+fresh process; a round's ratio is the runner's default over the faster of the peer's two. The peer is not a
+dependency: `--peer` is its checkout (github.com/tensorflow/benchmarks), on TensorFlow's legacy Keras
+(`pip install --no-deps tf-keras==<TensorFlow's version>`). `peers --gpt`: runner/bench/nanogpt.py. Details:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations

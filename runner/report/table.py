@@ -1,20 +1,12 @@
 """What `runner report` shows (runner/cli/report.py): runs from MLflow compared in a table, a verdict and three plots.
 
-    runner report                                    the newest sweep in the store, else the newest experiment
-    runner report --experiment NAME [--latest-sweep | --parent RUN_ID] [--filter "tags.model = 'mlp'"]
-
-The first line says what was chosen. The table has one row per run: model, pipeline, strategy, devices, scaling
-mode, images/s (or tokens/s, examples/s: what the data counts) ± standard error, speedup and efficiency against the
-1-device run of the same model, pipeline, strategy and scaling mode (else of the model under `single`), time to the
-target accuracy, test accuracy, whether it learns the same as the 1-device run, wall time and status. Then one `verdict:` line per model (runner/report/verdict.py) and
-the plots (runner/report/plots.py). With a sweep's parent run, table and plots are also logged as artifacts of that parent.
-Runs of different units or metrics (an image model's images/s and accuracy, a language model's tokens/s and loss
-target, a click model's examples/s and AUC: runner/report/kinds.py) get one table and one set of plots per kind.
-
-A run whose process is gone from this host without ending it (SIGKILL, power loss) shows as `DEAD (last wrote 3 min
-ago)` and is closed KILLED; a sweep parent whose sweep is gone so is closed once none of its jobs runs, before the
-report's files are logged to it (a parent left open with a job still running gets none: nothing is logged into a run
-no process will end). Runs of other hosts, whose processes cannot be checked from here, show their status as stored.
+The table has one row per run: its combination, its rate (images/s, tokens/s or examples/s: what the data counts)
+± standard error, speedup and efficiency against the matching 1-device run, time to the target, the test score,
+whether it learns the same as the 1-device run, wall time and status; then one `verdict:` line per model
+(runner/report/verdict.py) and the plots (runner/report/plots.py), logged to the sweep's parent run if there is one.
+Runs of different units or metrics (runner/report/kinds.py) get one table and one set of plots per kind. A run whose
+process is gone from this host without ending it shows as `DEAD (last wrote 3 min ago)` and is closed KILLED.
+How to call it and what it chooses: docs/scaling-and-time-to-accuracy.md.
 """
 
 from __future__ import annotations
@@ -371,4 +363,5 @@ def sweep_end(client: Any, parent: str) -> list[str]:
     rows = fetch(client, selection, "")
     lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))] + prediction_lines(rows)
     return ["", compact(rows), "", *lines, "", f"experiment: {experiment!r}; table, plots and verdict: runner report "
-            f"--experiment {experiment} --parent {parent}", ui.where_to_look(client.tracking_uri, run.info.experiment_id)]
+            f"--experiment {experiment} --parent {parent}",
+            ui.where_to_look(client.tracking_uri, run.info.experiment_id)]
