@@ -13,11 +13,9 @@ class ConfigError(UserError, ValueError):
     """A config value is wrong; the message is one line naming the key, the value and what is allowed."""
 
 
-# What TensorFlow wraps around an op's own message: the function and node it ran in (`{{function_node
-# __wrapped__SaveV2_dtypes_23_device_/job:localhost/...}}`, `[[{{node decode_image/DecodeImage}}]]`, `[[while/body/
-# IteratorGetNext]]`, `[Op:SaveV2] name: `), and the preamble of an error in a graph ("Graph execution error:", then
-# per node "Detected at node X defined at (most recent call last):" and its stack, indented, or "<stack traces
-# unavailable>", or "Node: 'X'").
+# What TensorFlow wraps around an op's own message: the function and node it ran in (`{{function_node ...}}`,
+# `[[{{node decode_image/DecodeImage}}]]`, `[Op:SaveV2] name: `), and the preamble of an error in a graph
+# ("Graph execution error:", then per node "Detected at node X ..." and its stack, indented, or "Node: 'X'").
 TF_MARK = re.compile(r"\{\{(function_)?node |\[Op:|\AGraph execution error:")
 TF_WRAPPING = re.compile(r"\{\{function_node [^}]*\}\}|\[\[[^\]]*\]\]|\[Op:[^\]]*\]( name:[^\n]*)?")
 TF_PREAMBLE = re.compile(r"Graph execution error:|Detected at node .* defined at \(most recent call last\):|"

@@ -12,8 +12,8 @@ import importlib
 from typing import Any
 
 
-class LazyModule:
-    """Stands in for module `name` and imports it when an attribute is first read."""
+class lazy:  # lower case: called like a function, `tf = lazy("tensorflow")`
+    """A proxy for module `name`, imported when an attribute is first read (not at this call)."""
 
     def __init__(self, name: str):
         self._name = name
@@ -24,7 +24,3 @@ class LazyModule:
     def __repr__(self) -> str:
         return f"<lazy module {self._name!r}>"
 
-
-def lazy(name: str) -> Any:
-    """A proxy for module `name`, imported on first use (not at this call)."""
-    return LazyModule(name)

@@ -118,11 +118,8 @@ def check(key: str, value: Any, rule: Rule) -> None:
 
 def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any]:
     """`node`'s values checked against cls: types and unknown keys by OmegaConf, then Literal choices and the
-    class's `RULES` (value ranges). The `_target_` key, which names the class, is left out.
-
-    Raises:
-        ConfigError: one line naming the key, the value and what is allowed.
-    """
+    class's `RULES` (value ranges), a ConfigError naming the key, the value and what is allowed. The `_target_` key,
+    which names the class, is left out."""
     plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})
@@ -161,14 +158,9 @@ def locate(path: str, kind: str) -> Any:
 
 
 class Registry:
-    """The components of one kind: built-ins found in `package`, plus classes a config names with `_target_`.
-
-    Args:
-        kind: the config group, e.g. "model".
-        package: where the built-ins live; every public module of it is imported once to register them.
-        from_function: turns (target path, function, other keys) into a component, for kinds where a plain
-            function is a component (models); None: `_target_` must name a class.
-    """
+    """The components of one kind (the config group, e.g. "model"): built-ins found in `package` (each public module
+    imported once, to register them), plus classes a config names with `_target_`. `from_function` turns (target
+    path, function, other keys) into a component where a plain function is one (models); None: a class only."""
 
     def __init__(self, kind: str, package: str, from_function: Callable[..., Any] | None = None):
         self.kind, self.package, self.from_function = kind, package, from_function

@@ -31,10 +31,6 @@ def _fail(message: str) -> NoReturn:
     sys.exit(USER_ERROR_EXIT)
 
 
-def _show_traceback() -> bool:
-    return os.environ.get("RUNNER_TRACEBACK", "") not in ("", "0")
-
-
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> Any:
     """Hydra entry: run one job and print its result (in a multirun: start it in a fresh process)."""
@@ -88,7 +84,7 @@ def _log_to_files(message: str) -> None:
 
 def _report(e: BaseException) -> NoReturn:
     """Report a user error in one line and exit 2, or re-raise it when a traceback was asked for."""
-    if _show_traceback():
+    if os.environ.get("RUNNER_TRACEBACK", "") not in ("", "0"):
         raise e
     message = explain(e)
     _log_to_files(message)
@@ -132,11 +128,8 @@ def subcommand(name: str, argv: list[str]) -> int:
 
 
 def cli() -> None:
-    """Console-script entry: check group choices in one line, then hand over to Hydra.
-
-    Hydra normally prints errors itself, over several lines; with HYDRA_FULL_ERROR set it re-raises them
-    instead, so that this function can report the ones a user can fix in one line.
-    """
+    """Console-script entry: check group choices in one line, then hand over to Hydra (with HYDRA_FULL_ERROR set, so
+    that it re-raises its errors instead of printing them over several lines, and the ones a user can fix are one)."""
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 

@@ -84,14 +84,9 @@ def check_launch_dir(args: list[str]) -> str | None:
 
 
 def check_group_overrides(args: list[str]) -> str | None:
-    """Find a command-line choice of a config group that does not exist (`model=foo`, `-m model=mlp,foo`).
-
-    Hydra would report it as a multi-line search-path dump; this gives one line with the allowed options. Parsing
-    uses Hydra's own override grammar; anything it cannot parse is left for Hydra to report.
-
-    Returns:
-        The error message, or None when every group choice exists.
-    """
+    """The error line for a command-line choice of a config group that does not exist (`model=foo`, `-m
+    model=mlp,foo`), with the allowed options (Hydra would dump its search path), or None. Parsing uses Hydra's own
+    override grammar; anything it cannot parse is left for Hydra to report."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, extra = OverridesParser.create(), config_dirs(args)

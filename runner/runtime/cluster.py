@@ -51,11 +51,7 @@ class Cluster:
 
 
 def parse(text: str, source: str = ENV) -> Cluster:
-    """A TF_CONFIG JSON string as a Cluster.
-
-    Raises:
-        ConfigError: one line naming what is wrong with it.
-    """
+    """A TF_CONFIG JSON string as a Cluster, or a ConfigError naming what is wrong with it."""
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as e:
@@ -77,11 +73,8 @@ def parse(text: str, source: str = ENV) -> Cluster:
 
 
 def from_options(workers: list[str], task_index: int, strategy: str) -> Cluster:
-    """The cluster of `strategy.workers` / `strategy.task_index`, else of TF_CONFIG when `workers` is empty.
-
-    Raises:
-        ConfigError: the keys or TF_CONFIG are missing or malformed.
-    """
+    """The cluster of `strategy.workers` / `strategy.task_index`, else of TF_CONFIG when `workers` is empty; a
+    ConfigError when they are missing or malformed."""
     if workers:
         text = json.dumps({"cluster": {"worker": list(workers)}, "task": {"type": "worker", "index": task_index}})
         return parse(text, "strategy.workers/strategy.task_index")

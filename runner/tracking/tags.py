@@ -88,11 +88,6 @@ def model_label(cfg: DictConfig) -> str:
     return f"{cfg.model.name}/{variant}" if variant else str(cfg.model.name)
 
 
-def run_name(cfg: DictConfig) -> str:
-    """A readable name for the MLflow UI's run list."""
-    return f"{cfg.model.name}-{cfg.pipeline.name}-{cfg.strategy.name}-{cfg.gpus}dev"
-
-
 def base_tags(cfg: DictConfig) -> dict[str, str]:
     """Tags every run carries, so the UI and search_runs can filter by them."""
     tags = {
@@ -102,7 +97,7 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
         "strategy": cfg.strategy.name,
         "data": cfg.data.name,
         "data.synthetic": str(cfg.data.name == "synthetic").lower(),
-        "mlflow.runName": run_name(cfg),
+        "mlflow.runName": f"{cfg.model.name}-{cfg.pipeline.name}-{cfg.strategy.name}-{cfg.gpus}dev",
         "runner.version": runner.__version__,
         # The UI's Source column: the command that made the run.
         "mlflow.source.name": redact(command_line()),
@@ -111,9 +106,7 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
     if cfg.sweep.repeats > 1:  # which run of its combination this is (sweep.repeats)
         tags["sweep.round"] = f"{cfg.sweep.round + 1} of {cfg.sweep.repeats}"
     commit = _git_commit()
-    if commit:
-        tags["mlflow.source.git.commit"] = commit
-    return tags
+    return {**tags, **({"mlflow.source.git.commit": commit} if commit else {})}
 
 
 def process_tags() -> dict[str, str]:
@@ -123,10 +116,7 @@ def process_tags() -> dict[str, str]:
 
 def sweep_tags(digest: str) -> dict[str, str]:
     """The config hash (what resume matches on) and, inside a sweep, the parent run."""
-    tags = {"config_hash": digest}
     parent = parent_run_id()
-    if parent:
-        tags["mlflow.parentRunId"] = parent
-    return tags
+    return {"config_hash": digest, **({"mlflow.parentRunId": parent} if parent else {})}
 
 
