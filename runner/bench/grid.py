@@ -7,8 +7,8 @@ import argparse
 import time
 from typing import Callable
 
-from runner.bench.jobs import DEFAULT_STEPS, MIN_TIMED_STEPS, Job, Progress, Setting, Table, emit, machine, measure
-from runner.bench.jobs import save, sweep
+from runner.bench.jobs import DEFAULT_STEPS, MIN_TIMED_STEPS, Job, Progress, Setting, Table, cell, emit, machine
+from runner.bench.jobs import measure, save, sweep
 from runner.measure.hooks import INPUT_BOUND_RATIO
 from runner.models import variants
 from runner.report.table import markdown
@@ -48,10 +48,6 @@ def _ratio(value: float, base: float | None) -> str:
     return f"{value / base:.2f}" if base else "-"
 
 
-def _cell(m: dict, key: str, fmt: str, scale: float = 1.0) -> str:
-    return format(m[key] / scale, fmt) if key in m else "-"
-
-
 def format_row(job: Job, m: dict, table: Table) -> list[str]:
     """One table row's cells; a failed job shows its error, a job timed over fewer than 20 steps is flagged."""
     if "error" in m:
@@ -59,13 +55,13 @@ def format_row(job: Job, m: dict, table: Table) -> list[str]:
     ips, steps, runs = m["rate"], int(m.get("timed_steps", 0)), m.get("rate_runs")
     spread = f"({min(runs):,.0f}-{max(runs):,.0f})" if runs else f"± {m['rate_stderr']:,.0f}"
     alone = "input_batches_per_sec" in m
-    return [job.label, str(job.gpus), f"{ips:,.0f} {spread}", _cell(m, "predicted_rate", ",.0f"),
+    return [job.label, str(job.gpus), f"{ips:,.0f} {spread}", cell(m, "predicted_rate", ",.0f"),
             f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
             _ratio(ips, table.rate("baseline")), _ratio(ips, table.rate("keras")),
-            _cell(m, "step_time_over_floor", ".2f"), _cell(m, "mfu", ".1%"),
-            _cell(m, "optimizer_state_bytes_per_device", ".2f", 2**20), _cell(m, "input_batches_per_sec", ",.0f"),
+            cell(m, "step_time_over_floor", ".2f"), cell(m, "mfu", ".1%"),
+            cell(m, "optimizer_state_bytes_per_device", ".2f", 2**20), cell(m, "input_batches_per_sec", ",.0f"),
             f"{m['input_batches_per_sec'] / m['step_batches_per_sec']:.1f}x" if alone else "-",
-            _cell(m, "peak_rss_mb", ",.0f"), _cell(m, "seconds_to_first_step", ".1f")]
+            cell(m, "peak_rss_mb", ",.0f"), cell(m, "seconds_to_first_step", ".1f")]
 
 
 def format_table(table: Table) -> list[str]:
@@ -179,14 +175,12 @@ def sharded_update_targets(table: Table) -> list[str]:
                           lambda v: v <= FLOOR_TARGET, "highest")]
 
 
-def _items(tables: list[Table], value: Callable[[dict], float | None], kinds: tuple[str, ...],
+def _items(tables: list[Table], value: str | Callable[[dict], float | None], kinds: tuple[str, ...],
            only: Callable[[Setting], bool] = lambda s: True) -> list[tuple[str, float | None]]:
-    return [(f"{t.setting.name} {job.where}", value(m)) for t in tables if only(t.setting)
+    """(where, figure) of every job of those kinds; `value` a figure's key or how to make it from a job's figures."""
+    get = value if callable(value) else lambda m: m.get(value)
+    return [(f"{t.setting.name} {job.where}", get(m)) for t in tables if only(t.setting)
             for job, m in t.rows if job.kind in kinds]
-
-
-def _get(key: str) -> Callable[[dict], float | None]:
-    return lambda m: m.get(key)
 
 
 def targets(tables: list[Table]) -> list[str]:
@@ -199,13 +193,13 @@ def targets(tables: list[Table]) -> list[str]:
                       if "input_batches_per_sec" in m else None, runner_kinds)
     lines.append(check(f"pipeline alone >= {INPUT_TARGET:g}x the step rate, every runner job", pipeline,
                        lambda v: v >= INPUT_TARGET, "lowest", "{:.1f}x"))
-    overhead = _items(tables, _get("seconds_to_first_step"), runner_kinds)
+    overhead = _items(tables, "seconds_to_first_step", runner_kinds)
     lines.append(check(f"job overhead (process start to first step) <= {OVERHEAD_TARGET_S:g} s, every runner job",
                        overhead, lambda v: v <= OVERHEAD_TARGET_S, "highest", "{:.1f} s"))
-    rss = _items(tables, _get("peak_rss_mb"), runner_kinds, lambda s: s.model == "mlp" and s.variant == "tiny")
+    rss = _items(tables, "peak_rss_mb", runner_kinds, lambda s: s.model == "mlp" and s.variant == "tiny")
     lines.append(check(f"peak RSS of a tiny (smoke) MLP runner job <= {RSS_TARGET_MB:g} MB, any devices", rss,
                        lambda v: v <= RSS_TARGET_MB, "highest", "{:,.0f} MB"))
-    steps = _items(tables, _get("timed_steps"), ("baseline", "runner", "keras", "keras_mirrored"))
+    steps = _items(tables, "timed_steps", ("baseline", "runner", "keras", "keras_mirrored"))
     lines.append(check(f"at least {MIN_TIMED_STEPS} timed steps after warm-up, every job", steps,
                        lambda v: v >= MIN_TIMED_STEPS, "fewest", "{:.0f}"))
     return lines

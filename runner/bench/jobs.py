@@ -260,6 +260,11 @@ def median_range(values: list[float], fmt: str) -> str:
     return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
+def cell(m: dict, key: str, fmt: str, scale: float = 1.0) -> str:
+    """One figure of a job (over `scale`), or `-` where it failed or has none."""
+    return format(m[key] / scale, fmt) if key in m else "-"
+
+
 def emit(out: list[str], lines: list[str]) -> None:
     """Print lines now (a long grid shows each table as it finishes) and keep them for --out."""
     print("\n".join(lines), flush=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from runner.bench.jobs import Progress, emit, machine, median_range, run_job, save, sweep
+from runner.bench.jobs import Progress, cell, emit, machine, median_range, run_job, save, sweep
 from runner.errors import ConfigError
 from runner.report.table import markdown, markdown_row
 
@@ -212,30 +212,19 @@ def peer_name(setting: str) -> str:
 
 
 def round_rows(got: dict[str, list[dict]]) -> tuple[list[str], list[float]]:
-    """One table row per round (tokens/s of each, runner / faster nanoGPT, validation loss of each) and the
-    rounds' ratios."""
-    peers_ = [name for name in got if name != "runner"]
+    """One table row per round (tokens/s of each, runner / faster nanoGPT, validation loss of each), then the rounds'
+    medians (lowest-highest); and the rounds' ratios."""
+    peers_, figures = [name for name in got if name != "runner"], (("rate", ",.0f"), ("test_loss", ".4f"))
     rows, ratios = [], []
     for i, ours in enumerate(got["runner"]):
         theirs = [got[name][i].get("rate") for name in peers_]
         ratio = ours["rate"] / max(r for r in theirs if r) if ours.get("rate") and any(theirs) else None
         ratios += [ratio] if ratio else []
-        rates = [_cell(got[name][i], "rate", ",.0f") for name in got]
-        losses = [_cell(got[name][i], "test_loss", ".4f") for name in got]
+        rates, losses = ([cell(got[name][i], key, fmt) for name in got] for key, fmt in figures)
         rows.append(markdown_row([str(i + 1), *rates, f"{ratio:.2f}" if ratio else "-", *losses]))
-    return [*rows, median_row(got, ratios)], ratios
-
-
-def median_row(got: dict[str, list[dict]], ratios: list[float]) -> str:
-    """The rounds' medians (lowest-highest) of every column."""
-    rates = [median_range([m["rate"] for m in runs if "rate" in m], ",.0f") for runs in got.values()]
-    losses = [median_range([m["test_loss"] for m in runs if "test_loss" in m], ".4f") for runs in got.values()]
-    return markdown_row(["median", *rates, median_range(ratios, ".2f"), *losses])
-
-
-def _cell(metrics: dict, key: str, fmt: str) -> str:
-    """One figure of a job, or `-` where it failed or has none."""
-    return format(metrics[key], fmt) if key in metrics else "-"
+    rates, losses = ([median_range([m[key] for m in runs if key in m], fmt) for runs in got.values()]
+                     for key, fmt in figures)
+    return [*rows, markdown_row(["median", *rates, median_range(ratios, ".2f"), *losses])], ratios
 
 
 def _medians(got: dict[str, list[dict]], key: str) -> dict[str, float]:
@@ -260,8 +249,8 @@ def verdict(got: dict[str, list[dict]], ratios: list[float]) -> tuple[list[str],
     ok_speed = statistics.median(ratios) >= TARGET
     ok_loss = "runner" in losses and fastest in losses and losses["runner"] <= losses[fastest] + LOSS_MARGIN
     lines.append(f"Target: runner / {fastest} >= {TARGET:.2f} by median ({statistics.median(ratios):.2f}) and "
-                 f"validation loss <= its + {LOSS_MARGIN} ({_cell(losses, 'runner', '.4f')} vs "
-                 f"{_cell(losses, fastest, '.4f')}): {'PASS' if ok_speed and ok_loss else 'FAIL'}")
+                 f"validation loss <= its + {LOSS_MARGIN} ({cell(losses, 'runner', '.4f')} vs "
+                 f"{cell(losses, fastest, '.4f')}): {'PASS' if ok_speed and ok_loss else 'FAIL'}")
     return lines, ok_speed and ok_loss
 
 

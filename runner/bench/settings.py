@@ -26,6 +26,10 @@ _GPT = ["model=gpt", "data=shakespeare", "train.steps=300", "train.steps_per_cal
 _DLRM = ["model=dlrm", "data=clicks", "train.steps=200", "train.steps_per_call=20"]
 # train.jit_compile's rows: auto's row says what it chose (its run's `xla` tag), beside both fixed settings
 _XLA = _values("train.jit_compile", "auto", "false", "true")
+_FUSED = _values("train.fused_optimizer", "true", "false")
+_PRECISION = _values("train.precision", "float32", "mixed_bfloat16")
+_MALLOC = _values("train.reuse_freed_memory", "true", "false")
+_INPUT = _values("strategy.input", "towers", "distribute")
 # The strategies of the groups below by what they do (tf_cnn_benchmarks' modes): towers written by the runner, each
 # variable summed on one device; tf.distribute's all-reduce (the one with `input` and `cross_device_ops` options)
 _TOWERS = doing("--variable_update=replicated")
@@ -38,10 +42,8 @@ _DISTRIBUTE = [*_ALL_REDUCE, "gpus=2", "strategy.input=distribute"]
 SPEED_SETTINGS = {
     "calls": ("steps per compiled call", f"mlp/default, {_BASE_NAME}", _MLP,
               _values("train.steps_per_call", "50", "10", "1")),
-    "fused": ("fused optimizer update", f"mlp/default, {_TOWERS_NAME} x4", [*_MLP, *_TOWERS, "gpus=4"],
-              _values("train.fused_optimizer", "true", "false")),
-    "fused1": ("fused optimizer update", f"mlp/default, {_BASE_NAME}", _MLP,
-               _values("train.fused_optimizer", "true", "false")),
+    "fused": ("fused optimizer update", f"mlp/default, {_TOWERS_NAME} x4", [*_MLP, *_TOWERS, "gpus=4"], _FUSED),
+    "fused1": ("fused optimizer update", f"mlp/default, {_BASE_NAME}", _MLP, _FUSED),
     "xla": ("XLA compilation", f"mlp/default, {_BASE_NAME}", _MLP, _XLA),
     "xla_cnn": ("XLA compilation", f"cnn/default, {_BASE_NAME}", _CNN, _XLA),
     "xla_towers": ("XLA compilation", f"cnn/default, {_TOWERS_NAME} x2", [*_CNN, *_TOWERS, "gpus=2"], _XLA),
@@ -52,10 +54,8 @@ SPEED_SETTINGS = {
     "xla_dlrm": ("XLA compilation", f"dlrm/default, {_BASE_NAME}", _DLRM, _XLA),
     "fused_bn": ("fused batch norm", f"a user's ResNet-20, {_BASE_NAME}", _RESNET20,
                  _values("train.fused_batch_norm", "true", "false")),
-    "precision": ("mixed precision", f"mlp/default, {_BASE_NAME}", _MLP,
-                  _values("train.precision", "float32", "mixed_bfloat16")),
-    "precision_cnn": ("mixed precision", f"cnn/default, {_BASE_NAME}", _CNN,
-                      _values("train.precision", "float32", "mixed_bfloat16")),
+    "precision": ("mixed precision", f"mlp/default, {_BASE_NAME}", _MLP, _PRECISION),
+    "precision_cnn": ("mixed precision", f"cnn/default, {_BASE_NAME}", _CNN, _PRECISION),
     "threads": ("host threads", f"mlp/default, {_TOWERS_NAME} x2", [*_MLP, *_TOWERS, "gpus=2"], [
         ("train.intra_op_threads=-1 (default: cores / devices)", []),
         ("train.intra_op_threads=0 (TensorFlow's default)", ["train.intra_op_threads=0"]),
@@ -66,13 +66,13 @@ SPEED_SETTINGS = {
         ("train.intra_op_threads=-1 (default: TensorFlow's own on one device)", []),
         ("train.intra_op_threads=1", ["train.intra_op_threads=1"])]),
     "malloc": ("freed memory kept for reuse", f"mlp/default, {_ALL_REDUCE_NAME} x2, tf.distribute input",
-               [*_MLP, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
+               [*_MLP, *_DISTRIBUTE], _MALLOC),
     "malloc_cnn": ("freed memory kept for reuse", f"cnn/default, {_ALL_REDUCE_NAME} x2, tf.distribute input",
-                   [*_CNN, *_DISTRIBUTE], _values("train.reuse_freed_memory", "true", "false")),
+                   [*_CNN, *_DISTRIBUTE], _MALLOC),
     "input": (f"{_ALL_REDUCE_NAME}'s input", f"mlp/tiny, {_ALL_REDUCE_NAME} x2", [*_MLP_TINY, *_ALL_REDUCE, "gpus=2"],
-              _values("strategy.input", "towers", "distribute")),
+              _INPUT),
     "input4": (f"{_ALL_REDUCE_NAME}'s input", f"mlp/default, {_ALL_REDUCE_NAME} x4", [*_MLP, *_ALL_REDUCE, "gpus=4"],
-               _values("strategy.input", "towers", "distribute")),
+               _INPUT),
     "reduce": ("cross-device reduction", f"mlp/default, {_ALL_REDUCE_NAME} x4", [*_MLP, *_ALL_REDUCE, "gpus=4"], [
         ("strategy.cross_device_ops=auto (default: reduce_to_one_device on CPUs)", []),
         ("strategy.cross_device_ops=tensorflow (collective ring)", ["strategy.cross_device_ops=tensorflow"]),
