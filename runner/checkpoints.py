@@ -1,22 +1,13 @@
 """Periodic checkpoints of a run, and resuming a killed run from the last one.
 
-What is saved: every variable the strategy owns (model copies, optimizer slots and step counters, dropout seed
-states) plus the training step and the run's training time so far with its target's crossing (`train.Elapsed`: a
-resumed run's time to target counts every part's training time), through tf.train.CheckpointManager, every
-`train.checkpoint_every` steps (the training loop saves at the end of the compiled call that crosses the mark, after
-the evaluation due there). The data position is not stored as iterator state (the sharded and distributed feeds
-cannot all be saved): the pipelines are deterministic for a seed, so a resumed run rebuilds its feed and
-fast-forwards it by the restored number of steps, and then sees exactly the batches the uninterrupted run would have
-seen.
+What is saved, every `train.checkpoint_every` steps (at the end of the call that crosses the mark): every variable
+the strategy owns, the training step, and the run's training time with its target's crossing (`train.Elapsed`). The
+data position is not saved: the pipelines are deterministic for a seed, so a resumed run fast-forwards its feed by
+the restored steps and sees exactly the batches the uninterrupted run would have.
 
-Where: `<train.checkpoint_dir>/<config hash>/` under the launch directory. Hydra gives every start a new output
-folder, so a restarted job finds its checkpoints by what it computes (the same hash sweeps resume by), not by
-folder. A run that finishes deletes them (they exist to resume unfinished work; a new start of a finished config
-trains from step 0); a run that fails or is killed keeps them, the last good one included.
-
-One run writes a folder at a time (`claim`, before TensorFlow starts): a start of the same config beside a live run
-on this host is refused, and checkpoints are adopted only from a run that ended or whose process is gone (two runs in
-one folder overwrite each other's checkpoints, and the first to finish deletes the folder under the other).
+Where: `<train.checkpoint_dir>/<config hash>/`, so a restarted job finds them by what it computes, not by Hydra's
+output folder. A run that finishes deletes them; one that fails or is killed keeps them. One run writes a folder at
+a time (`claim`): a start beside a live run of the same config on this host is refused.
 """
 
 from __future__ import annotations
@@ -65,15 +56,7 @@ def _read_json(path: Path) -> dict:
 
 def claim(folder: Path, run_id: str, live_pid: Callable[[str], str | None]) -> None:
     """Make run `run_id` the writer of the checkpoint folder `folder` (created if missing), unless a live run writes
-    it: the folder's checkpoints are then resumed, and written, by this run alone.
-
-    Args:
-        live_pid: a run id -> the pid of its process while the run is RUNNING and that process alive on this host,
-            else None (tracking.live_pid: the liveness check that closes dead runs too).
-
-    Raises:
-        CheckpointInUse: a live run writes `folder`; the message names it, its pid and what to do.
-    """
+    it (`live_pid`: a run id -> its live process's pid on this host, else None): then raise CheckpointInUse."""
     try:
         with locked(folder / LOCK_FILE):
             writer = _read_json(folder / WRITER_FILE).get("run_id")
@@ -101,18 +84,10 @@ def unreadable(path: str) -> str | None:
 
 
 class Checkpointer(Hook):
-    """Saves and restores one run's training state in `directory`; as a training-loop hook, saves every `every`
-    steps (at the end of the call that crosses the mark; not after the last call: a finished run needs none).
-
-    Args:
-        directory: this config's checkpoint folder.
-        every: steps between checkpoints.
-        objects: name -> trackable (Keras models, optimizers) as the strategy gives them.
-        run_id: the MLflow run being written (recorded beside the checkpoints, so a resumed run can link to it).
-        writer: whether this process writes `directory` (on a multi-worker job only the chief does; the other
-            workers save to a scratch folder they delete, since saving mirrored variables is a collective step).
-        scratch: where a non-writer saves.
-    """
+    """Saves and restores one run's training state (the strategy's `objects`) in `directory`; as a training-loop
+    hook, every `every` steps but not after the last call. `run_id` is recorded beside the checkpoints (a resumed
+    run links to it). On a multi-worker job only the chief is the `writer`; the others save to `scratch` and delete
+    it (saving mirrored variables is a collective step)."""
 
     def __init__(self, directory: Path, every: int, objects: dict[str, Any], run_id: str | None, writer: bool = True,
                  scratch: Path | None = None):
@@ -131,11 +106,8 @@ class Checkpointer(Hook):
         self.manager = tf.train.CheckpointManager(self.checkpoint, str(target), max_to_keep=2)
 
     def restore(self) -> tuple[int, str | None]:
-        """Load the newest intact checkpoint, if any: (its step, the MLflow run that wrote it), else (0, None).
-
-        Each candidate, newest first, is read whole before anything is restored from it, so a damaged one (a
-        truncated or missing data file) is reported by name and skipped without touching the variables.
-        """
+        """Load the newest intact checkpoint, if any: (its step, the MLflow run that wrote it), else (0, None). Each
+        is read whole first, so a damaged one is reported and skipped without touching the variables."""
         state = tf.train.get_checkpoint_state(str(self.directory))  # every worker reads the chief's folder
         candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
         for path in candidates:
@@ -159,9 +131,8 @@ class Checkpointer(Hook):
         return 0, None
 
     def _restore(self, path: str) -> Elapsed:
-        """Restore the training state from the checkpoint at `path`, and return the run's `Elapsed` saved with it
-        (unknown, saying why, in a checkpoint of an older runner, saved without it, or saved by a part of the run
-        that did not know it). Raises AssertionError or ValueError where the checkpoint does not fit the variables."""
+        """Restore the training state from `path` and return the run's `Elapsed` saved with it (unknown, saying why,
+        where it was not saved). Raises AssertionError or ValueError where the checkpoint does not fit."""
         try:
             self.checkpoint.restore(path).assert_existing_objects_matched()
         except AssertionError:
@@ -176,8 +147,7 @@ class Checkpointer(Hook):
                        unknown=unknown)
 
     def start(self, elapsed: Elapsed) -> None:
-        """The training loop's `elapsed` continues from the restored checkpoint's, and is saved with every
-        checkpoint from now on."""
+        """The loop's `elapsed` continues from the restored one, and is saved with every checkpoint."""
         elapsed.resume(self.restored)
         self.elapsed = elapsed
 

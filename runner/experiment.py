@@ -35,7 +35,6 @@ def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = 
     """Configure the devices (the process's first TensorFlow import) and the precision; tag what the run is on."""
     from runner.runtime import devices as devices_mod
 
-    # The first TensorFlow import: nothing may touch TensorFlow before the devices are configured.
     devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
     if log_placement:
@@ -80,10 +79,9 @@ def training_for(plan: Plan, devices: Devices, jit_compile: bool = False) -> Any
 
 
 def jit_decision(plan: Plan, devices: Devices, data: Data) -> Any:
-    """train.jit_compile resolved for the run (a `runner.measure.xla.Decision`: on or off, and why): `xla.setting`,
-    else (auto, not cached) the run's model timed at its per-device batch on its first device both ways, once per
-    machine, the faster kept. A multi-worker job reads a cached decision only: its strategy must exist before any op
-    runs, so nothing can be timed first."""
+    """train.jit_compile resolved for the run (a `runner.measure.xla.Decision`): `xla.setting`, else (auto, not
+    cached) the run's model timed both ways on its first device, the faster kept. A multi-worker job reads a cached
+    decision only: its strategy must exist before any op runs."""
     from runner.measure import xla
 
     found = xla.setting(plan, devices.names[0])
@@ -103,8 +101,8 @@ def jit_decision(plan: Plan, devices: Devices, data: Data) -> Any:
 
 
 def _timed_step(plan: Plan, devices: Devices, data: Data, batch: int, jit: bool) -> Any:
-    """fn(steps) -> seconds: the run's model trained `steps` steps on its first device (strategy single's step, XLA
-    as `jit` says) on one fixed batch of its own training examples: what `jit_decision` compares."""
+    """fn(steps) -> seconds: the run's model trained `steps` steps on its first device (the baseline's step, XLA as
+    `jit` says) on one fixed batch of its training examples: what `jit_decision` compares."""
     import dataclasses
 
     import tensorflow as tf
@@ -141,12 +139,9 @@ class Built:
 
 
 def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Built:
-    """Data, devices, precision and strategy for `plan`: the one way a run's objects are made.
-
-    Data first: reading and checking it needs no TensorFlow, so a bad data path fails before the slow import. The
-    strategy right after the devices: MultiWorkerMirroredStrategy must exist before TensorFlow's runtime starts.
-    `log_placement`: TensorFlow logs every op's device from the start (`runner check` reads that log).
-    """
+    """Data, devices, precision and strategy for `plan`: the one way a run's objects are made. Data first (a bad
+    path fails before the slow TensorFlow import); the strategy right after the devices (MultiWorkerMirroredStrategy
+    must exist before TensorFlow's runtime starts). `log_placement`: TensorFlow logs every op's device."""
     data = plan.data.load(plan.train.seed)
     devices = _start_tensorflow(plan, run, log_placement)
     xla = jit_decision(plan, devices, data)
@@ -205,7 +200,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
 def _check_moving_state(plan: Plan, strategy: Strategy, run: tracking.Recorder) -> None:
     """For a model with moving state (batch normalization): tag what the strategy does with it and whether every copy
-    of the model ended with the same moving statistics (a warning if not: evaluation reads the first copy)."""
+    ended with the same moving statistics (a warning if not)."""
     import numpy as np
 
     copies = strategy.moving_statistics()
@@ -219,8 +214,7 @@ def _check_moving_state(plan: Plan, strategy: Strategy, run: tracking.Recorder) 
 
 
 def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder, jit_compile: bool) -> Strategy:
-    """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog (bounded by
-    strategy.peer_timeout, Ctrl-C and SIGTERM honoured: runner/runtime/watchdog.py)."""
+    """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog."""
     if plan.cluster is None:
         return plan.strategy.build(devices, training_for(plan, devices, jit_compile))
     from runner.runtime import signals, watchdog
@@ -338,10 +332,8 @@ def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recor
 
 
 def _warn_dense_tables(plan: Plan) -> None:
-    """One warning when a recommender's embedding tables (the data has named features) get an optimizer that moves
-    every row of them every step: its slots decay every row, so each step updates whole tables where Adagrad and SGD
-    update the rows a batch looked up (docs/your-model-your-data.md). Adam is train.optimizer's default: a user's
-    recommender would otherwise be trained densely without a word."""
+    """One warning when a recommender's embedding tables get an optimizer that updates every row every step (Adam,
+    train.optimizer's default, among them), where Adagrad and SGD update the rows a batch looked up."""
     from runner.config import ROWS_ONLY, table_optimizer
 
     name = table_optimizer(plan.train)
@@ -403,9 +395,8 @@ def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int
 
 
 def _claim_checkpoints(plan: Plan, run: tracking.Recorder, uri: str) -> None:
-    """Take this config's checkpoint folder for `run` (checkpoints.claim), before TensorFlow starts: a start beside a
-    live run of the same config writing there is refused in seconds, not after a model build. A multi-worker job's
-    chief takes it for all its workers (the others log nothing and write no checkpoints there)."""
+    """Take this config's checkpoint folder for `run` (checkpoints.claim) before TensorFlow starts, so a start beside
+    a live run of the same config is refused in seconds (a multi-worker job's chief takes it for all its workers)."""
     if not plan.train.checkpoint_every or run.run_id is None:
         return
     from runner import checkpoints
@@ -438,14 +429,12 @@ def weights_digest(variables: list) -> str:
 
 
 def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> dict:
-    """FLOPs of one training step per example (from the model itself, if it can be counted) and the probed matmul
-    peak, if enabled."""
+    """FLOPs of one training step per example (if they can be counted) and the probed matmul peak, if enabled."""
     from runner.measure import flops
     from runner.strategies.common import build_model
 
     figures: dict[str, Any] = {}
-    # On Keras' own layers: the fused batch norm kernel does their arithmetic in one op TensorFlow's FLOP statistics
-    # have no formula for (counted, it would leave batch norm out: 6% of a small ResNet's FLOPs).
+    # On Keras' own layers: TensorFlow's FLOP statistics have no formula for the fused batch norm kernel
     count = flops.count_training_flops(build_model(plan.model, plan.spec, plan.train.seed, fused_batch_norm=False),
                                        plan.spec.task)
     if count is not None:
@@ -459,9 +448,8 @@ def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> d
 
 
 def _peak(devices: Devices, precision: str, refresh: bool = False) -> float | None:
-    """The matmul peak MFU is taken against, in the dtype the run's matmuls compute in (float32 where that dtype
-    has no native support, as the run's then do not run faster than float32): a GPU's probed in this process, the
-    host CPU's in a fresh one (this one's thread pools may be cut, runner/measure/peak.py's cpu_peak)."""
+    """The matmul peak MFU is taken against, in the dtype the run's matmuls compute in (`_peak_dtype`): a GPU's
+    probed in this process, the host CPU's in a fresh one (runner/measure/peak.py's cpu_peak)."""
     from runner.measure.peak import cpu_peak, probe_peak
 
     dtype = _peak_dtype(devices, precision)
@@ -490,12 +478,9 @@ def _mfu_basis(devices: Devices, precision: str) -> str:
 
 def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str, run: tracking.Recorder,
                  spec: Spec) -> dict:
-    """Achieved GFLOP/s and MFU. Simulated devices share one physical processor, so MFU is against one peak.
-
-    A run that achieves more than the peak shows the peak was measured low (on another host under the same name, or
-    at a busy moment): it is probed again (`hardware["peak_gflops"]` updated). Still beaten, MFU is left out and
-    the run's `mfu.missing` tag says why (the FLOP count is above the multiplications done, e.g. by Winograd
-    convolutions), rather than logging a ratio above 1."""
+    """Achieved GFLOP/s and MFU (simulated devices share one processor: against one peak). A run above the peak
+    probes it again (`hardware["peak_gflops"]` updated); still above, MFU is left out and the `mfu.missing` tag says
+    why, rather than logging a ratio above 1."""
     if spec.rate_key not in result or "flops_per_example" not in hardware:
         return {}
     from runner.measure import flops
@@ -524,18 +509,8 @@ def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str,
 
 
 def run(cfg: DictConfig) -> dict:
-    """Run one experiment.
-
-    Args:
-        cfg: a config composed by Hydra (from the CLI or the compose API).
-
-    Returns:
-        The final metrics (test_accuracy, <unit>_per_sec: images, tokens or examples, ...) plus `run_id` and
-        `unit` (what the throughput counts).
-
-    Raises:
-        ConfigError: the config is invalid (raised before anything is built or logged).
-    """
+    """Run one experiment from `cfg` (composed by Hydra) and return its final metrics, its `run_id`, and `unit` (what
+    the throughput counts). Raises ConfigError, before anything is built or logged, for an invalid config."""
     started = time.perf_counter()
     from runner.tracking.redact import redact_files, redact_logs
 

@@ -138,26 +138,21 @@ FROM_INPUT = "IteratorGetNext"  # named in a TensorFlow error raised while an in
 
 
 def _bad_data(e: Exception, source: str) -> Exception | None:
-    """A DataError for an example the data's own checks refused (records.BAD_LABEL), or one its input pipeline could
-    not read or decode (an error raised through an input iterator: an image of no format TensorFlow knows, a damaged
-    record), naming `source`, where the examples come from; None for an error that is not the data's."""
+    """A DataError for an example the data's own checks refused (records.BAD_LABEL, ...) or its input pipeline could
+    not read (an error raised through an input iterator), naming `source`; None for an error that is not the data's."""
     from runner.data_pipelines import DataError
     from runner.data_pipelines.records import BAD_CLICK, BAD_ID, BAD_LABEL, BAD_TOKEN
     from runner.errors import one_line
 
-    found = re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e))
-    if found is not None:
+    if found := re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e)):
         return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
                          "set data.classes or data.label_offset to match the files")
-    found = re.search(rf"{BAD_TOKEN}\W+\[?(-?\d+)", str(e))
-    if found is not None:
+    if found := re.search(rf"{BAD_TOKEN}\W+\[?(-?\d+)", str(e)):
         return DataError(f"{source} has token id {found.group(1)}, outside 0 to data.vocabulary_size - 1; set "
                          "data.vocabulary_size to the model's vocabulary, or fix the files")
-    found = re.search(rf"{BAD_CLICK}\W+\[?(-?\d+)", str(e))
-    if found is not None:
+    if found := re.search(rf"{BAD_CLICK}\W+\[?(-?\d+)", str(e)):
         return DataError(f"{source} has label {found.group(1)}, not 0 or 1 (a click model's label); fix the files")
-    found = re.search(rf"{BAD_ID}\W+\[?(\d+)\]?\W+\[?(-?\d+)", str(e))
-    if found is not None:
+    if found := re.search(rf"{BAD_ID}\W+\[?(\d+)\]?\W+\[?(-?\d+)", str(e)):
         column = int(found.group(1))
         return DataError(f"{source} has id {found.group(2)} in categorical column {column + 1}, outside its table "
                          f"(data.vocabulary_sizes[{column}]); fix the files or the table sizes")
@@ -192,9 +187,8 @@ def _not_compilable(e: Exception) -> Exception | None:
 @contextlib.contextmanager
 def user_errors(source: str) -> Iterator[None]:
     """Training and evaluation inside stop in one line when the cause is the user's to fix: an example that cannot
-    be used (`_bad_data`, a DataError) or a model op XLA cannot compile (`_not_compilable`, a ConfigError). The
-    failing op runs inside a compiled call or an input iterator, so the error reaches Python as TensorFlow's, named
-    by its graph node; any other error passes unchanged."""
+    be used (`_bad_data`) or a model op XLA cannot compile (`_not_compilable`), which reach Python as TensorFlow's
+    errors; any other error passes unchanged."""
     import tensorflow as tf
 
     try:
@@ -218,9 +212,8 @@ def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
 
 @dataclass
 class Elapsed:
-    """A run's training time over all its parts (evaluation excluded): a run stopped or killed and resumed from its
-    checkpoint trains in several processes, and its time to target counts every part's training time. A checkpoint
-    saves it with the training state (runner.checkpoints), and the part resumed from it starts where it was.
+    """A run's training time over all its parts (evaluation excluded): a run resumed from its checkpoint trains in
+    several processes, and its time to target counts every part's (runner.checkpoints saves it).
 
     Attributes:
         earlier: training seconds of the parts before this process, through the step it resumed from.
@@ -246,21 +239,11 @@ class Elapsed:
 
 @dataclass
 class Evaluations:
-    """Evaluation during training, timed apart from it: the full test set every `eval_every` steps and at the end,
-    and checks toward `target` (time to accuracy, or to a loss, as MLPerf's time-to-train and DAWNBench's
-    time-to-accuracy): every `check_every` steps the `checks` subset is evaluated, and a check that meets the target
-    is confirmed on the full test set, whose crossing fixes the step and the training seconds (of every part of the
-    run: `Elapsed`).
-
-    Attributes:
-        strategy: gives evaluate(dataset) -> {"loss", "accuracy"[, "auc"]}.
-        full: the test set; checks: its first examples (cheap enough to run often).
-        record: logs (metrics, step).
-        target: the test accuracy or loss to time the run to (`Target`); None: no checks.
-        eval_every, check_every: steps between full evaluations / checks (0: none).
-        seconds: spent evaluating so far (not training time).
-        elapsed: the run's training time and the target's crossing, over all its parts.
-    """
+    """Evaluation during training, timed apart from it (`seconds`): the `full` test set every `eval_every` steps and
+    at the end, and checks toward `target` (time to accuracy, or to a loss, as MLPerf's time-to-train): every
+    `check_every` steps the `checks` subset (its first examples) is evaluated, and a check that meets the target is
+    confirmed on the full set, whose crossing fixes the step and the training seconds (`elapsed`). `record` logs
+    (metrics, step)."""
 
     strategy: Any
     full: Any
@@ -342,18 +325,15 @@ def steps_to_time(train: TrainConf) -> int:
 
 
 def untimed(train: TrainConf, steps: int, unit: str = "images") -> str:
-    """Why a run of `steps` steps timed nothing, and what would: the one line a too-short run logs."""
+    """Why a run of `steps` steps timed nothing, and what would."""
     return (f"{unit}/s not measured: {steps} steps leave no full call after warm-up (train.warmup_calls="
             f"{train.warmup_calls}, train.steps_per_call={train.steps_per_call}); timing needs train.steps >= "
             f"{steps_to_time(train)}")
 
 
 def call_size(done: int, steps_per_call: int) -> int:
-    """Steps in the next compiled call after `done` steps of this process: 1 for the first, then up to a multiple.
-
-    The first call traces the loop and runs a single step, so its return marks the end of the first step (the job
-    overhead figure) and the first loss is logged at once; from then on calls end on multiples of steps_per_call.
-    """
+    """Steps in the next compiled call after `done` steps of this process: 1 for the first (its return marks the
+    end of the first step, and logs the first loss at once), then up to a multiple of steps_per_call."""
     return 1 if done == 0 else steps_per_call - done % steps_per_call
 
 
@@ -363,10 +343,8 @@ def crossed(step: int, n: int, every: int) -> bool:
 
 
 def fast_forward(strategy: Any, batches: Any, steps: int) -> None:
-    """Pull the batches of `steps` steps through the feed unused: a resumed run continues where its data left off.
-
-    The pipelines are deterministic for a seed, so this reproduces the uninterrupted run's data position exactly.
-    """
+    """Pull the batches of `steps` steps through the feed unused: a resumed run continues where its data left off
+    (the pipelines are deterministic for a seed)."""
     import tensorflow as tf
 
     t0 = time.perf_counter()
@@ -429,27 +407,11 @@ def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, star
 
 def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps: int, record: Record, start: int = 0,
         hooks: list[Hook] | None = None, source: str = "the data", unit: tuple[str, int] = ("images", 1)) -> dict:
-    """Train from step `start` to `steps`, evaluate, and return the summary metrics.
-
-    Args:
-        strategy: gives train_loop(batches) and input_loop(batches).
-        batches: the pipeline's feed, as the strategy made it.
-        evals: the evaluations during and after training (test set, accuracy checks, target).
-        train: the validated `train` config.
-        steps: optimizer steps the whole run makes.
-        record: called with (metrics, step) for every logged point.
-        start: steps already done (restored from a checkpoint); the feed skips their batches.
-        hooks: called around and after every compiled call (checkpoints, profiler, allocator).
-        source: where the examples come from (the dataset's description), named when one cannot be read.
-        unit: what the throughput counts and how many of it an example holds (`Spec.unit`, `units_per_example`).
-
-    Returns:
-        train_loss, test_loss, test_accuracy, train_seconds (this process's, evaluation excluded), eval_seconds,
-        steps, resumed_from_step, seconds_to_first_step, <unit>_per_sec (± stderr), step_time_ms, timed_steps, with a
-        target target_accuracy (target_loss) and, once reached, time_to_accuracy_seconds (the training seconds of
-        every part of a resumed run; left out where an earlier part's are not known) and steps_to_accuracy
-        (time_to_loss_seconds, steps_to_loss), and the hooks' figures.
-    """
+    """Train `strategy` on `batches` (its feed) from step `start` (restored: the feed skips its batches) to `steps`,
+    evaluate, and return the summary metrics: train_loss, the test scores, train_seconds (evaluation excluded),
+    eval_seconds, steps, resumed_from_step, seconds_to_first_step, the timer's figures, the target's, the hooks'.
+    `record` logs (metrics, step); `source` names where the examples come from when one cannot be read; `unit`:
+    what the throughput counts and how many of it an example holds."""
     hooks = hooks or []
     for hook in hooks:
         hook.start(evals.elapsed)

@@ -43,18 +43,13 @@ class Training:
     """What a strategy builds and trains, as plain values.
 
     Attributes:
-        model: the model's options (`model.build(spec)` makes a fresh copy).
         model_fn: seed -> the model with that seed's initial weights (every strategy's copies start the same).
         optimizer_fn: (variables, embedding tables) -> the configured optimizer for the variables, its slots
-            already built (the tables among them get train.table_optimizer when set: `common.build_optimizer`).
-        seed: the run's seed.
+            built (`common.build_optimizer`).
         global_batch: examples per step over all towers.
-        jit_compile: XLA-compile each tower's forward and backward (train.jit_compile, resolved for the devices).
-        cluster: the multi-worker cluster, or None.
+        jit_compile: XLA-compile each tower's forward and backward (train.jit_compile, resolved).
         loss_scaling: dynamic loss scaling settings (train.precision=mixed_float16), or None.
-        spec: the data's examples (input shape, classes) the model is built for.
-        clip_norm, weight_decay: train.clip_norm, and train.weight_decay when train.optimizer (the dense
-            weights') is adamw, else 0.
+        spec: the data's examples the model is built for.
     """
 
     model: Model
@@ -78,7 +73,7 @@ class Strategy(Protocol):
     loss_scale: LossScale | NoLossScale  # the step's shared loss scale (mixed_float16), or the no-op
 
     def batches(self, pipeline: Pipeline, examples: Examples, seed: int) -> Any:
-        """The pipeline's feed, made for this strategy's towers (its own loop's `next()` or tf.distribute's)."""
+        """The pipeline's feed, made for this strategy's towers."""
 
     def train_loop(self, batches: Any) -> Loop:
         """The compiled training call: n synchronous optimizer steps over all towers."""
@@ -93,25 +88,23 @@ class Strategy(Protocol):
         """The trained weights (what the final digest covers)."""
 
     def variable_devices(self) -> dict[str, str]:
-        """Every variable (copy) and the device it lives on (placement tests)."""
+        """Every variable (copy) and the device it lives on."""
 
     def describe(self) -> dict[str, str]:
         """Tags saying where the variables live."""
 
     def moving_statistics(self) -> list[list[Any]]:
-        """Each moving-state variable of the model (batch normalization's moving mean and variance) as one numpy
-        array per copy of the model this strategy keeps: a run checks at its end that every copy agrees."""
+        """Each moving-state variable (batch normalization's) as one numpy array per copy of the model kept."""
 
     def check_same_start(self, step: int) -> None:
-        """Raise unless every process of the job resumes from `step` (a multi-process strategy's collectives would
-        pair different steps otherwise). One process agrees with itself: nothing to do, the default."""
+        """Raise unless every process of the job resumes from `step` (one process: nothing to do)."""
         return None
 
 
 @dataclass(frozen=True)
 class Traffic:
     """What a strategy's step does beyond its towers' forward and backward passes, in counts a reader can check by
-    hand (the cost model, runner/predict/, prices them with this machine's calibrations).
+    hand (runner/predict/ prices them).
 
     Attributes:
         update_copies: full optimizer updates per step, summed over the devices (replicated: N; sharded: N
@@ -121,13 +114,10 @@ class Traffic:
             the towers' gradients (additions, divisions).
         reduce_devices: the devices that arithmetic runs on at once.
         copy_bytes: bytes read plus written per step, summed over the devices, by copies that cut gradients into
-            slices and put updated weights together (slices, concatenations, assignments), on every device at
-            once (copy kernels move fewer bytes per second than the fused update: they are priced apart).
-        moved_bytes: bytes sent from one device to another per step (on devices sharing one host's memory a send
-            may copy nothing: the calibration of the transfer says what it costs).
+            slices and put updated weights together, on every device at once (priced apart from the update).
+        moved_bytes: bytes sent from one device to another per step.
         messages: cross-device transfers per step (each pays a latency, whatever its size).
-        ops: ops per step beyond the towers' forward and backward (updates, sums, divisions, slices, assignments),
-            each paying the executor's fixed cost per op.
+        ops: ops per step beyond the towers' forward and backward, each paying the executor's fixed cost.
         rows_applied: bytes of embedding-table gradient rows (`Rows`) that sparse updates apply per step, summed over
             the devices (each copy of a table that applies N towers' rows counts N towers' bytes).
         rows_devices: the devices those sparse updates run on at once.
@@ -160,14 +150,8 @@ class Traffic:
 
 @dataclass(frozen=True)
 class Rows:
-    """A model's embedding tables (`common.tables`) in one step, as a strategy's traffic counts them: their
-    gradients are the rows each tower looked up (tf.IndexedSlices), which every strategy keeps sparse.
-
-    Attributes:
-        tower_bytes: float32 bytes of the rows one tower looks up per step, every table (b x lookups x d x 4),
-            repeated ids counted each time (the gradient holds a row per lookup).
-        tables: how many tables (a sparse gradient each: per-table ops and sends).
-    """
+    """A model's embedding tables (`common.tables`) in one step, as a strategy's traffic counts them: their sparse
+    gradients, `tower_bytes` (float32, b x lookups x d x 4, a row per lookup) per tower over the `tables` tables."""
 
     tower_bytes: float = 0.0
     tables: int = 0
@@ -219,8 +203,7 @@ def rows_to_owners(n: int, rows: Rows) -> Traffic:
 @dataclass(frozen=True)
 class Exchange:
     """What a strategy's step moves over a named hardware's links and where it applies its update, per device (the
-    network: per node), counted by hand from its code; runner/predict/spec_sheet.py prices it from the spec sheet.
-    W is the dense weights' bytes, N the devices of a node, K the nodes.
+    network: per node); runner/predict/spec_sheet.py prices it. W is the dense weights' bytes, N the devices of a node.
 
     Attributes:
         link_bytes: bytes the busiest device sends to other devices of its node per step (as many arrive): a ring
@@ -244,8 +227,7 @@ class Exchange:
 
 
 def ring(devices: int, weight_bytes: float) -> float:
-    """Bytes each of `devices` sends in an all-reduce of `weight_bytes` by reduce-scatter and all-gather (a ring,
-    NCCL's; per-variable reductions spread over the devices move as much): 2 (N - 1) / N W."""
+    """Bytes each of `devices` sends in a ring all-reduce of `weight_bytes`: 2 (N - 1) / N W."""
     return 2 * (devices - 1) / devices * weight_bytes
 
 
@@ -280,13 +262,12 @@ class StrategyOptions(Protocol):
         """What it does with batch normalization's batch and moving statistics (the run's `batch_norm` tag)."""
 
     def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
-        """What its step moves over a named hardware's links with `devices` devices on each of `nodes` nodes, for
-        dense weights of `weight_bytes`. Raises ConfigError when the spec-sheet cost model does not cover it."""
+        """What its step moves over a named hardware's links (`devices` on each of `nodes` nodes). Raises
+        ConfigError when the spec-sheet cost model does not cover it."""
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
-        """Its step's work beyond the towers on `devices` devices for a model of `weight_bytes` bytes of dense
-        weights in `variables` variables, and embedding tables whose looked-up rows are `rows`. Raises ConfigError
-        when the cost model does not cover it."""
+        """Its step's work beyond the towers for dense weights of `weight_bytes` in `variables` variables and
+        tables' `rows`. Raises ConfigError when the cost model does not cover it."""
 
 
 @dataclass
@@ -304,14 +285,12 @@ class StrategyBase:
     multi_process: ClassVar[bool] = False  # needs one process per worker (a cluster), not one process
     # Why train.jit_compile=true cannot XLA-compile its step ("": it can: each tower's forward and backward)
     no_jit: ClassVar[str] = ""
-    # Whether its step applies `Training.loss_scaling` (train.precision=mixed_float16); a strategy of one's own
-    # that does not would train float16 with its small gradients rounded to zero, so validation refuses it.
+    # Whether its step applies `Training.loss_scaling` (mixed_float16): validation refuses float16 without it
     loss_scaling: ClassVar[bool] = False
     # What it does with batch normalization (and any non-trainable state a layer updates while training): the
     # `batch_norm` tag of a run whose model has such state, and docs/your-model-your-data.md.
     batch_norm: ClassVar[str] = "batch statistics of the global batch; one copy of the moving statistics"
-    # What it stands for in tf_cnn_benchmarks' vocabulary: that tool's flags -> the option overrides that make this
-    # strategy do the same; how published tables and peer benchmarks name a strategy (`doing`)
+    # tf_cnn_benchmarks' flags -> the option overrides that make this strategy do the same (`doing`)
     tf_cnn: ClassVar[dict[str, tuple[str, ...]]] = {}
     # The strategy whose step this one runs with the weight update sharded: the bench judges it against that one
     unsharded: ClassVar[type | None] = None
@@ -333,8 +312,6 @@ class StrategyBase:
         return None  # data parallelism takes any task: each tower runs the whole model
 
     def table_copies(self, devices: int) -> tuple[float, float]:
-        """How many copies of the embedding tables' weights and of their optimizer state it keeps on `devices`
-        devices, summed over them (a copy per tower, by default)."""
         n = self.towers(devices)
         return n, n
 
@@ -385,9 +362,8 @@ def data_parallel() -> list[str]:
 
 
 def tf_cnn_modes() -> dict[str, list[str]]:
-    """tf_cnn_benchmarks' modes (its flags: `--variable_update=replicated --all_reduce_spec=nccl`, ...), each with the
-    overrides of the registered strategy that does the same (`StrategyBase.tf_cnn`): how published tables and peer
-    benchmarks name a strategy, so that no other module spells one."""
+    """tf_cnn_benchmarks' modes (its flags), each with the overrides of the registered strategy that does the same
+    (`StrategyBase.tf_cnn`), so that no other module spells a strategy's name."""
     return {flags: [f"strategy={name}", *extra] for name in STRATEGIES.names()
             for flags, extra in getattr(STRATEGIES.get(name), "tf_cnn", {}).items()}
 

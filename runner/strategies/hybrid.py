@@ -1,17 +1,10 @@
 """Strategy `hybrid`: DLRM's own scheme: the embedding tables split across the devices, the rest data-parallel.
 
-Each embedding table (`common.tables`: plain lookups) exists once, on one device; the tables are dealt to the
-devices largest first, each to the device holding the fewest bytes so far (`deal`). Everything else (the MLPs) has a
-copy per device, as under `replicated`. Tower i looks its ids up in every table where the table lives (the lookup
-runs on the table's device), so its ids go to each table's device and the looked-up rows come back: DLRM's
-all-to-all of rows (Naumov et al. 2019, "Deep Learning Recommendation Model for Personalization and Recommendation
-Systems", section 4.2). Backward, each tower's row gradients go to the table's device, which concatenates the
-towers' rows and applies them to its table with its optimizer, whose state for the table lives there, once. The
-dense weights' gradients are averaged and every copy applies the mean, as `replicated`.
-
-Against `replicated` (a table copy per device, every copy updated with every tower's rows) and `sharded_update`
-(a table copy per device for lookups, each device updating a slice of the rows), a table is stored and updated
-once: N devices hold N times the tables a device can. With one device it is `replicated`.
+Each embedding table (`common.tables`) exists once, on one device, dealt by size (`deal`); everything else has a
+copy per device, as under `replicated`. A tower's lookups run on each table's device: ids go there and rows come
+back, DLRM's all-to-all of rows (Naumov et al. 2019, section 4.2). Backward, the table's device concatenates the
+towers' row gradients and applies them once, with its optimizer's state for the table beside it. So N devices hold
+N times the tables one can. With one device it is `replicated`.
 """
 
 from __future__ import annotations
@@ -46,7 +39,7 @@ class Hybrid(TowersOptions):
         return 1, 1  # each table once, on its device
 
     def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
-        """The dense weights as `replicated`'s (the tables' rows are not priced on spec sheets yet)."""
+        """The dense weights as `replicated`'s (the tables' rows are not priced on spec sheets)."""
         return Replicated().exchange(devices, nodes, weight_bytes)
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
@@ -90,8 +83,7 @@ class HybridTowers(Towers):
         return out
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
-        """Device j applies the mean gradients (unscaled, clipped) to its copy's dense weights and the tables it
-        owns."""
+        """Device j applies the mean gradients to its copy's dense weights and the tables it owns."""
         for j, (device, model, optimizer) in enumerate(zip(self.devices, self.models, self.optimizers)):
             with tf.device(device):
                 optimizer.apply_gradients(zip(self._mine(j, mean_grads), self._mine(j, model.trainable_variables)))

@@ -1,15 +1,10 @@
 """Dynamic loss scaling for `train.precision=mixed_float16`: one scale shared by every optimizer of a step.
 
-float16 holds values down to about 6e-8; small gradients of the float16 layers round to zero. Loss scaling
-multiplies the loss by S before the backward pass, so the gradients are S times larger in float16, and divides
-them by S again in float32 before the update. The rule is Keras' `LossScaleOptimizer`'s: start at
-`train.loss_scale`; if any gradient is inf or NaN, skip the update and halve S; after `train.loss_scale_period`
-finite steps in a row, double S.
-
-Why not wrap each optimizer in Keras' `LossScaleOptimizer`: several strategies update with more than one optimizer
-(a copy per device, a shard per device, a cell per device), and each would decide on the gradients it sees alone;
-one device could skip a step another applies. Here one decision covers the whole step, taken on the averaged
-gradients (or, for tf.distribute, on every replica's gradients: Keras' own wrapper reads the first replica's only).
+The loss is multiplied by S before the backward pass, so small float16 gradients do not round to zero, and the
+gradients divided by S in float32 before the update. Keras' `LossScaleOptimizer`'s rule: start at
+`train.loss_scale`; on an inf or NaN gradient skip the update and halve S; after `train.loss_scale_period` finite
+steps in a row, double S. Not Keras' wrapper per optimizer: a strategy with several (a copy, shard or cell per
+device) would have each decide alone, and one device could skip a step another applies.
 """
 
 from __future__ import annotations
@@ -79,8 +74,7 @@ class LossScale:
         return loss * self.scale
 
     def factor(self) -> tf.Tensor:
-        """The scale's value now, as a tensor: what `scaled` multiplies by, for a computation that cannot read the
-        variable itself (an XLA cluster on another device)."""
+        """The scale's value now, for a computation that cannot read the variable (an XLA cluster elsewhere)."""
         return tf.convert_to_tensor(self.scale)
 
     def unscale(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:

@@ -1,13 +1,8 @@
 """Strategy `multi_worker`: tf.distribute.MultiWorkerMirroredStrategy across processes, the runner's own loop.
 
-The same replica step, feeds and evaluation as `mirrored` (only the tf.distribute strategy differs): variables
-mirrored on every worker's devices, gradients all-reduced across workers by collective ops, each worker's input
-pipeline sharded so the workers see disjoint examples. Keras `fit` is not used: under this strategy it is broken in
-Keras 3 (keras-team/keras#20585).
-
-The strategy must exist before TensorFlow's runtime starts ("Collective ops must be configured at program
-startup"), so the experiment builds it right after configuring the devices; its constructor waits until every
-worker in TF_CONFIG is up.
+`mirrored`'s replica step, feeds and evaluation over every worker's devices, gradients all-reduced across workers
+by collective ops, each worker's input sharded. The strategy must exist before TensorFlow's runtime starts (the
+experiment builds it right after the devices); its constructor waits until every worker in TF_CONFIG is up.
 """
 
 from __future__ import annotations
@@ -110,11 +105,8 @@ class WorkerReplicas(Replicas):
     """One replica per device on every worker."""
 
     def check_same_start(self, step: int) -> None:
-        """Every worker must resume from the same step, or the collectives would pair different steps.
-
-        Workers read the chief's checkpoint folder, so it has to be on a filesystem they all see. The test is
-        n * sum(s^2) == sum(s)^2 over the workers' steps s, which holds exactly when they are all equal.
-        """
+        """Every worker must resume from the same step (n * sum(s^2) == sum(s)^2 over their steps s: all equal), or
+        the collectives would pair different steps."""
         local = self.strategy.run(lambda: tf.constant([step, step * step], tf.float64))
         total, squares = self.strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None).numpy()
         n = self.strategy.num_replicas_in_sync
@@ -125,7 +117,6 @@ class WorkerReplicas(Replicas):
             )
 
     def describe(self) -> dict[str, str]:
-        """Where the variables live, and the cluster (for tags)."""
         spec = self.training.cluster
         return {
             "placement": f"mirrored on every worker's {', '.join(self.devices.names)}",

@@ -1,13 +1,9 @@
 """Strategies `replicated` and `parameter_server`: in-graph towers with explicitly averaged gradients.
 
-One compiled step builds N towers, tower i under `tf.device(device i)`, each computing the gradient of its own
-mini-batch; the gradients are averaged explicitly and applied, as Keras' old multi_gpu_model and
-tf_cnn_benchmarks' `variable_update` modes did. The two differ only in where the variables live:
-
-- `replicated`: a full copy of the model and optimizer per device; every copy applies the same averaged gradient,
-  so the copies stay identical (tf_cnn_benchmarks' replicated mode).
-- `parameter_server`: one copy on a chosen device (`strategy.ps_device`: the host CPU by default), read by every
-  tower (multi_gpu_model's layout).
+One compiled step runs N towers, tower i on device i, each computing the gradient of its own mini-batch; the
+gradients are averaged explicitly and applied, as tf_cnn_benchmarks' `variable_update` modes did. `replicated` keeps
+a model and optimizer per device, every copy applying the same mean; `parameter_server` one copy on
+`strategy.ps_device`, read by every tower (Keras' old multi_gpu_model).
 """
 
 from __future__ import annotations
@@ -33,17 +29,14 @@ else:
 
 def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any, training: Training
                     ) -> tuple[tf.Tensor, list[tf.Tensor]]:
-    """Forward and backward of one tower on `device`: (mean loss of `training`'s task, gradients of the model's
-    trainable variables for the loss times `scale`'s factor: still to be unscaled under mixed_float16); one XLA
-    cluster under `training.jit_compile` (common.tower_step)."""
+    """Forward and backward of one tower on `device`: (mean loss, gradients for the loss times `scale`'s factor)
+    (common.tower_step)."""
     with tf.device(device):
         return tower_step(model, training.spec.task, tf.reduce_mean, scale, training.jit_compile)(x, y)
 
 
 def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
-    """Mean over towers of each variable's gradient; variable j is reduced on device j mod N to spread the work. An
-    embedding table's sparse gradients (tf.IndexedSlices: the rows each tower looked up) stay sparse: the towers'
-    rows concatenated, divided by N (the optimizer sums repeated rows), never a dense table per tower."""
+    """Mean over towers of each variable's gradient (`mean_of`), variable j reduced on device j mod N."""
     out = []
     for j, grads in enumerate(zip(*per_tower)):
         with tf.device(devices[j % len(devices)]):
@@ -52,8 +45,8 @@ def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Ten
 
 
 def mean_of(grads: list[Any]) -> Any:
-    """The mean of N gradients of one variable: dense ones added, sparse ones (tf.IndexedSlices, all of them) rows
-    concatenated (n rows each -> N n rows) with their values divided by N."""
+    """The mean of N gradients of one variable: dense ones added, sparse ones (tf.IndexedSlices: an embedding table's
+    rows) kept sparse, their rows concatenated and divided by N."""
     if not isinstance(grads[0], tf.IndexedSlices):
         return tf.add_n(grads) / len(grads)
     values = tf.concat([g.values for g in grads], 0) / len(grads)  # (N n, d)
@@ -62,8 +55,8 @@ def mean_of(grads: list[Any]) -> Any:
 
 @dataclass
 class TowersOptions(StrategyBase):
-    """The options the in-graph tower strategies share (replicated, parameter_server, hybrid, sharded_update): their
-    step applies the shared loss scale (common.update), and each tower's copy keeps its own batch statistics."""
+    """The options the in-graph tower strategies share: their step applies the loss scale, and each tower's copy
+    keeps its own batch statistics."""
 
     loss_scaling: ClassVar[bool] = True
     batch_norm: ClassVar[str] = ("batch statistics per tower (G/N examples); each copy's moving statistics set to "
@@ -138,8 +131,8 @@ class ParameterServer(TowersOptions):
 
 
 class Towers(Built, Strategy):
-    """N in-graph towers, tower i on devices[i]; a model copy (with its optimizer) on every device (replicated:
-    tower i uses its own device's copy), or one copy on `ps_device` that every tower reads."""
+    """N in-graph towers, tower i on devices[i]; a model copy with its optimizer on every device (tower i uses its
+    own), or one copy on `ps_device` that every tower reads."""
 
     def __init__(self, devices: list[str], training: Training, ps_device: str | None = None,
                  spread_tables: bool = False):
@@ -157,15 +150,12 @@ class Towers(Built, Strategy):
         self._share(self.models[0], self.devices[0], self.homes[0])
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
-        """The pipeline's feed for one tower per device."""
         return pipeline.towers(examples, self.training.global_batch, self.devices, seed)
 
     def _model_for(self, tower: int) -> Any:
         return self.models[tower] if self.replicated else self.models[0]
 
     def step(self, batches: Any):
-        """fn() -> the mean loss of one synchronous step: the towers, their gradients averaged, every copy updated."""
-
         def step() -> tf.Tensor:
             losses, grads = [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
@@ -181,44 +171,36 @@ class Towers(Built, Strategy):
         return step
 
     def _average(self, grads: list[list[tf.Tensor]]) -> list[tf.Tensor]:
-        """The towers' gradients averaged, variable j on device j mod N (`average`)."""
         return average(grads, self.devices)
 
     def _agree_on_moving_state(self) -> None:
-        """replicated: each copy's moving statistics (batch norm), updated by its own tower, set to the copies' mean;
-        parameter_server's one copy has nothing to agree with."""
+        """Each copy's moving statistics set to the copies' mean (one copy: nothing to agree with)."""
         if len(self.models) > 1:
             average_moving_state(self.models, self.homes)
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
-        """Every copy's optimizer applies the averaged gradients (unscaled, clipped: `common.update`) on its own
-        device."""
+        """Every copy's optimizer applies the mean gradients on its own device."""
         for home, model, optimizer in zip(self.homes, self.models, self.optimizers):
             with tf.device(home):
                 optimizer.apply_gradients(zip(mean_grads, model.trainable_variables))
 
     def checkpoint_objects(self) -> dict[str, Any]:
-        """What a checkpoint saves: every model copy and its optimizer (replicated: one per device)."""
         objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
         objects.update(loss_scale.checkpointed(self.loss_scale))
         return {**objects, **{f"optimizer{i}": o for i, o in enumerate(self.optimizers)}}
 
-    def weights(self) -> list:
-        """The trained weights of the first copy (the copies are identical)."""
+    def weights(self) -> list:  # the first copy's: the copies are identical
         return self.models[0].trainable_variables
 
     def variable_devices(self) -> dict[str, str]:
-        """Every trainable variable (copy index / path) and the device it lives on."""
         return {
             f"{c}/{v.path}": v.value.device for c, m in enumerate(self.models) for v in m.trainable_variables
         }
 
     def moving_statistics(self) -> list[list[Any]]:
-        """Each moving-state variable on every model copy."""
         return copies_of_moving_state(self.models)
 
     def describe(self) -> dict[str, str]:
-        """Where the variables live (for tags and placement tests)."""
         if self.replicated:
             return {"placement": f"one copy per device on {', '.join(self.devices)}; towers on each"}
         homes = sorted({t.value.device.rsplit("device:", 1)[-1] for t in tables(self.models[0])})

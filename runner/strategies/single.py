@@ -56,7 +56,6 @@ class SingleDevice(Built, Strategy):
         self._share(self.model, device)
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
-        """The pipeline's feed for one tower on this device."""
         return pipeline.towers(examples, self.training.global_batch, [self.device], seed)
 
     def step(self, batches: Any):
@@ -82,13 +81,10 @@ class SingleDevice(Built, Strategy):
         return step
 
     def variable_devices(self) -> dict[str, str]:
-        """Every trainable variable's path and the device it lives on."""
         return {v.path: v.value.device for v in self.model.trainable_variables}
 
     def describe(self) -> dict[str, str]:
-        """Where the variables live (for tags and placement tests)."""
         return {"placement": f"all variables and ops on {self.device}"}
 
     def moving_statistics(self) -> list[list[Any]]:
-        """The one copy's moving-state variables."""
         return copies_of_moving_state([self.model])
