@@ -38,7 +38,7 @@ def non_negative(value: Any) -> bool:
     return value is None or value >= 0
 
 
-def _literal_values(annotation: Any) -> tuple | None:
+def literal_values(annotation: Any) -> tuple | None:
     """The allowed values of a `Literal[...]` or `Optional[Literal[...]]` annotation, else None."""
     if typing.get_origin(annotation) is Literal:
         return typing.get_args(annotation)
@@ -51,7 +51,7 @@ def _literal_values(annotation: Any) -> tuple | None:
 
 def _plain(annotation: Any) -> Any:
     """An annotation OmegaConf 2.3 can check: Literal[...] becomes the type of its values."""
-    values = _literal_values(annotation)
+    values = literal_values(annotation)
     if values is None:
         return annotation
     if len({type(v) for v in values if v is not None}) > 1:  # e.g. Literal["auto", True, False]: checked by us
@@ -100,7 +100,7 @@ def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
     for name, annotation in fields(cls).items():
         if dataclasses.is_dataclass(annotation):
             _check_values(annotation, values[name], _key(kind, name))
-        allowed = _literal_values(annotation)
+        allowed = literal_values(annotation)
         if allowed is not None and values[name] not in allowed:
             choices = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else str(a)
                                 for a in allowed)  # as typed

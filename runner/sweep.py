@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from runner import tracking
@@ -212,12 +213,6 @@ def summary_lines(outcomes: list[dict]) -> list[str]:
     return lines
 
 
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover - Hydra < 1.2
-    Callback = object
-
-
 class SweepAborted(BaseException):
     """The sweep's start or end failed. Not an Exception: Hydra turns a callback's Exception into a warning and goes
     on (jobs without their parent run, a parent left RUNNING); this reaches the command line, which closes the parent
@@ -291,9 +286,9 @@ def open_parent(uri: str, experiment: str, overrides: list[str], sweep_dir: Path
     return parent
 
 
-def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> list[str]:
+def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> None:
     """After the jobs: `lines` (what the sweep says of its jobs) and the jobs' table and verdict, printed to stderr and
-    logged to the parent run, which ends FAILED if a job failed, else FINISHED; returns the lines."""
+    logged to the parent run, which ends FAILED if a job failed, else FINISHED."""
     from mlflow.tracking import MlflowClient
 
     from runner.report.table import sweep_end
@@ -312,7 +307,6 @@ def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> list[
         finally:  # the parent is closed even if the summary cannot be stored
             client.set_terminated(parent, "FAILED" if failed else "FINISHED")
             _open_parent.clear()
-    return lines
 
 
 def _summarise_on_parent(client: Any, parent: str) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import COMPONENTS, PRESETS, Config, ConfigError, group_options
-from runner.registry import fields
+from runner.registry import fields, literal_values
 
 PAGE = Path("docs/configuration.md")
 README = Path("README.md")
@@ -78,10 +78,7 @@ def _type(annotation: Any) -> str:
 
 def _allowed(cls: type, name: str, annotation: Any) -> str:
     rule = getattr(cls, "RULES", {}).get(name)
-    choices = [a for a in typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal]
-    if not choices:
-        choices = [c for arg in typing.get_args(annotation) if typing.get_origin(arg) is typing.Literal
-                   for c in typing.get_args(arg)]
+    choices = [c for c in literal_values(annotation) or () if c is not None]
     if choices:
         return ", ".join(f"`{str(c).lower() if isinstance(c, bool) else c}`" for c in choices)  # as typed
     return rule[1] if rule else ""
