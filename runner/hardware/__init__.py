@@ -1,14 +1,11 @@
 """Hardware: the device set a prediction is for, described by its spec sheet (`hardware=dgx1_p100`), or `this`
 machine, measured.
 
-A named hardware is a `SpecSheet`: its accelerator's peak FLOP/s and memory bandwidth, the devices of a node and the
-link between them, the host link and memory, and the nodes and their network, each figure from the vendor's spec
-sheet (the YAML in conf/hardware/ says where). `runner predict hardware=NAME` prices every combination on it from
-the model's own layers (runner/predict/spec_sheet.py) without running anything there; a run always trains on this
-machine's devices. `this` (the default) is the machine the command runs on: predictions for it come from seconds of
-calibration (runner/predict/calibrate.py), and its device counts are the simulated devices' limits.
-
-A user's own hardware is a YAML in their config folder (`--config-dir`), `conf/hardware/<name>.yaml` with
+A named hardware is a `SpecSheet`: its accelerator, the devices of a node and the link between them, the host link
+and memory, and the nodes and their network, each figure from the vendor's spec sheet (the YAML in conf/hardware/
+says where). `runner predict hardware=NAME` prices every combination on it (runner/predict/spec_sheet.py); a run
+always trains on this machine's devices. `this` (the default) is the machine the command runs on, calibrated
+(runner/predict/calibrate.py). A user's own hardware is a YAML in their config folder with
 `_target_: runner.hardware.SpecSheet` and every field below; nothing here imports TensorFlow.
 """
 
@@ -16,15 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Optional, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Optional, Protocol, runtime_checkable
 
 from runner.registry import Registry, Rule, check, positive
 from runner.strategies import MAX_DEVICES  # this machine's most devices: real GPUs, or logical ones carved out of one
 
-# Where the accelerators' kernels come from, which sets what fraction of the peak they reach (runner/predict/
-# spec_sheet.py's EFFICIENCY); an architecture the table does not name is priced as the newest it does.
+# The accelerator's architecture sets what fraction of its peak kernels reach (runner/predict/spec_sheet.py).
 Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper"]
 POSITIVE: Rule = (lambda v: v is not None and 0 < v < math.inf, "a positive number")
+POSITIVE_OR_NULL: Rule = (lambda v: v is None or 0 < v < math.inf, "a positive number or null")
 
 
 @dataclass
@@ -39,11 +36,8 @@ class Accelerator:
     memory_bytes: float = "???"  # device memory
     memory_bandwidth: float = "???"  # device memory, bytes/s
 
-    RULES: ClassVar[dict[str, Rule]] = {"peak_flops": POSITIVE, "memory_bytes": POSITIVE,
-                                        "memory_bandwidth": POSITIVE,
-                                        "clock_hz": (lambda v: v is None or 0 < v < math.inf, "a positive number or null"),
-                                        "tensor_flops": (lambda v: v is None or 0 < v < math.inf,
-                                                         "a positive number or null")}
+    RULES: ClassVar[dict[str, Rule]] = {"peak_flops": POSITIVE, "memory_bytes": POSITIVE, "memory_bandwidth": POSITIVE,
+                                        "clock_hz": POSITIVE_OR_NULL, "tensor_flops": POSITIVE_OR_NULL}
 
 
 @dataclass

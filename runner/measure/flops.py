@@ -3,20 +3,13 @@
 Conventions (shared by every function here):
 
 - A FLOP is one floating-point add or multiply, so a multiply-accumulate counts 2.
-- The analytic count (`training_flops_per_example`) counts only the multiply-accumulates of the layers with weights
-  (Dense and Conv1D/2D/3D): forward `2 * kernel size * output positions` per layer (Dense: `2*in*out`; Conv2D:
-  `2*kh*kw*cin*cout*out_h*out_w`); self-attention: its four projections and its two (t, t) products; an embedding
-  lookup and LayerNormalization: none (a tied output layer counts its own matmul). Bias adds, activations, pooling, dropout, the loss and the optimizer are left
-  out: together they are under 2% of the total for every model of this project (see the profiler comparison). A
-  layer that counts itself (`forward_flops_per_example`: the GPT's tied output layer, DLRM's pairwise interaction)
-  is counted whether or not it has weights; the interaction's product x x^T takes its input twice, so its backward
-  is two products too (3x forward, as a weighted layer's).
-- A training step is forward + backward, the backward being 2x forward for each weighted layer (gradient with
-  respect to its input and with respect to its weights), except that the first weighted layer's input gradient is
-  *subtracted*: its input is the data, TensorFlow never computes it (MatMul's gradient skips it; Conv2D's gradient
-  op is built but pruned from the function before it runs). The MLP 784-512-512-10 costs 1.34 MFLOP forward and
-  3 * 1.34 - 0.80 = 3.21 MFLOP per training example.
-- The optimizer update is excluded: it is per step, not per example (Adam: ~10 FLOPs per parameter per step).
+- Only the multiply-accumulates of the layers with weights count (Dense, Conv1D/2D/3D: `2 * kernel size * output
+  positions`; self-attention: its four projections and its two (t, t) products), and of a layer that counts itself
+  (`forward_flops_per_example`: the GPT's tied output layer, DLRM's interaction). Embedding lookups, normalisation,
+  bias adds, activations, pooling, dropout and the loss are left out: a small share of every model here.
+- A training step is forward + backward, the backward being 2x forward for each weighted layer, less the first
+  weighted layer's input gradient: its input is the data, which TensorFlow never differentiates.
+- The optimizer update is excluded: it is per step, not per example.
 
 `runner.measure.graph_flops` counts the same step from TensorFlow's own graph statistics: the cross-check, and the
 count of a model with a layer no formula here covers (`count_training_flops` picks). `runner.measure.peak` measures
@@ -97,37 +90,15 @@ def _attention_flops(layer: Any) -> float:
 
 
 def forward_flops_per_example(model: Any) -> float:
-    """Forward-pass FLOPs per example of a built Keras model (weighted layers' multiply-accumulates only).
-
-    Args:
-        model: a built keras.Model (its layers have output shapes).
-
-    Returns:
-        FLOPs per example, 2 per multiply-accumulate.
-
-    Raises:
-        ValueError: a layer with trainable weights has no formula here, or the model is not built.
-    """
+    """Forward-pass FLOPs per example of a built Keras model. ValueError: a layer with trainable weights has no
+    formula here, or the model is not built."""
     return sum(_forward_flops(layer) for layer in leaf_layers(model))
 
 
 def training_flops_per_example(model: Any) -> float:
-    """FLOPs of one training step per example: forward + backward, without the optimizer (module docstring).
-
-    Each weighted layer (and each that counts itself) costs 3x its forward FLOPs (forward, input gradient, weight
-    gradient; DLRM's interaction: forward and the gradient for each of its two operands), except the first
-    weighted layer, whose input gradient is not computed (its input is the data): 2x. Exact for Sequential chains;
-    in a graph with several layers reading the input directly only the first of them is discounted.
-
-    Args:
-        model: a built keras.Model.
-
-    Returns:
-        FLOPs per example.
-
-    Raises:
-        ValueError: a layer with trainable weights has no formula here, or the model is not built.
-    """
+    """FLOPs of one training step per example (module docstring): 3x each weighted layer's forward FLOPs (forward,
+    input gradient, weight gradient), 2x the first's. Exact for Sequential chains; in a graph with several layers
+    reading the input directly only the first of them is discounted. ValueError as `forward_flops_per_example`."""
     import keras
 
     weighted = [layer for layer in leaf_layers(model) if layer.trainable_weights or _counts_itself(layer)]
@@ -149,17 +120,13 @@ class Count:
 
 def count_training_flops(model: Any, task: Task = CLASSES) -> Count | None:
     """The training step's FLOPs per example: the layer formulas where they cover every weighted layer, else
-    TensorFlow's own count of the traced step (a user's model with batch normalization, attention, ...).
-
-    Returns:
-        The count, or None (after one warning saying why: MFU is then left out) when neither can count the model.
-    """
+    TensorFlow's own count of the traced step; None (after a warning saying why) when neither can count it."""
     try:
         return Count(training_flops_per_example(model), "layer formulas")
     except ValueError as gap:
         from runner.measure.graph_flops import profiler_flops_per_example
 
-        # a second or two for a large model (ResNet50: 2.4 s), after the run's last step: said before it starts
+        # seconds for a large model, after the run's last step: said before it starts
         log.info("counting the training step's FLOPs from TensorFlow's graph statistics (%s)", str(gap).split(";")[0])
         try:
             return Count(profiler_flops_per_example(model, task=task), "TensorFlow's graph statistics")
@@ -170,24 +137,9 @@ def count_training_flops(model: Any, task: Task = CLASSES) -> Count | None:
 
 
 def mfu(images_per_sec: float, flops_per_example: float, peak_gflops: float, physical_processors: int = 1) -> float:
-    """Model FLOPs utilisation: achieved FLOP/s over the peak of the physical processors actually computing.
-
-    Simulated devices (logical CPUs or GPUs carved out of one physical processor, `devices.simulated`) share that
-    one processor: pass 1 for them, whatever their count. N real GPUs pass N (with one GPU's peak).
-
-    Args:
-        images_per_sec: training throughput (examples per second, all devices together).
-        flops_per_example: e.g. `training_flops_per_example(model)`.
-        peak_gflops: one processor's peak, e.g. `probe_peak().gflops`.
-        physical_processors: physical processors computing.
-
-    Returns:
-        A fraction; above 1 only if the inputs are inconsistent (a peak probed under load or in another dtype,
-        a throughput counted over the wrong number of examples, a FLOP count for another model).
-
-    Raises:
-        ValueError: non-positive peak or processors, or negative throughput or FLOPs.
-    """
+    """Model FLOPs utilisation: achieved FLOP/s (examples per second, all devices together) over one processor's
+    peak times the physical processors computing (simulated devices share one: 1 whatever their count). ValueError:
+    non-positive peak or processors, or negative throughput or FLOPs."""
     if peak_gflops <= 0 or physical_processors < 1:
         raise ValueError(f"need peak_gflops > 0 and physical_processors >= 1, got {peak_gflops}, {physical_processors}")
     if images_per_sec < 0 or flops_per_example < 0:

@@ -1,13 +1,9 @@
 """TensorFlow's own FLOP count of the traced training step: its profiler's per-op formulas over the pruned graph.
 
-`profiler_flops_per_example` counts what TensorFlow's profiler counts in the traced gradient step (no optimizer),
-pruned to the ops that run: its total includes bias adds, pooling, dropout and loss ops, but not ReLU (the
-profiler has no formula for it). It charges a convolution's backward ops on the conv's *input* area instead of
-its output area, so for VALID-padded convolutions (models/cnn.py) it exceeds the analytic count by up to
-`(in_area / out_area - 1)` of their backward FLOPs (cnn tiny: +10.3%, +11.7% with the extra ops); for SAME
-padding and stride 1 (MLP, NIN) the two agree to within the extra ops (0.06% MLP, 1.5% nin tiny).
-
-It is the independent count that checks `runner.measure.flops`' analytic one.
+The independent count that checks `runner.measure.flops`' analytic one. Its total also includes bias adds, pooling,
+dropout and loss ops (not ReLU: the profiler has no formula for it), and it charges a convolution's backward ops on
+its *input* area, so for VALID-padded convolutions it exceeds the analytic count; for SAME padding and stride 1 the
+two agree to within the extra ops.
 """
 
 from __future__ import annotations
@@ -20,12 +16,8 @@ from runner.tasks import CLASSES, Task
 
 
 def _gradient_graph(model: Any, batch: int, training: bool, task: Task) -> Any:
-    """The traced step (loss gradients, or logits if not `training`) as a pruned tf.Graph with static shapes.
-
-    Weights enter as placeholders (`stateless_call`), so every shape is static and the model's variables, wherever
-    a strategy put them, are only read for their shapes. The graph is pruned to what the outputs need, as TF
-    prunes a function body before running it (that drops the first conv's unused input gradient).
-    """
+    """The traced step (loss gradients, or logits if not `training`) as a tf.Graph with static shapes (weights enter
+    as placeholders), pruned to what the outputs need as TF prunes a function body before running it."""
     import tensorflow as tf
 
     def specs(variables: list) -> list:
@@ -86,20 +78,9 @@ def _collect(node: Any, totals: dict[str, float]) -> None:
 
 def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True,
                          task: Task = CLASSES) -> dict[str, float]:
-    """TensorFlow profiler FLOPs per example of the traced step, by op type (e.g. {"MatMul": 3.21e6, ...}).
-
-    Args:
-        model: a built keras.Model mapping its inputs (images, token ids or named features) to its outputs.
-        task: what the outputs are scored by (its loss is traced; runner/tasks.py).
-        batch: batch size traced; the counts are divided by it.
-        training: profile forward + loss + gradients (no optimizer); False profiles the forward pass alone.
-
-    Returns:
-        FLOPs per example for each op type the profiler has a formula for.
-
-    Raises:
-        ValueError: some tensor of the traced graph has no static shape (its FLOPs would be silently missed).
-    """
+    """TensorFlow profiler FLOPs per example of the traced step (`batch` examples; forward + loss + gradients, or
+    the forward pass alone if not `training`; the loss `task`'s), by op type. ValueError: some tensor of the traced
+    graph has no static shape (its FLOPs would be silently missed)."""
     import tensorflow as tf
 
     with _quiet_tf_logging():
@@ -116,19 +97,5 @@ def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True,
 
 
 def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = True, task: Task = CLASSES) -> float:
-    """An independent FLOP count: TensorFlow's profiler on the traced training step, per example.
-
-    Forward + loss + gradients with respect to every trainable weight, no optimizer (as the analytic count); it
-    also counts bias adds, pooling, dropout and loss ops, and charges VALID convolutions' backward ops on their
-    input area (see the module docstring for how that differs from `training_flops_per_example`).
-
-    Args:
-        model: a built keras.Model mapping its inputs (one or several) to logits.
-        batch: batch size traced (tracing only: nothing is run).
-        training: False counts the forward pass alone.
-        task: what the outputs are scored by (its loss is traced).
-
-    Returns:
-        FLOPs per example.
-    """
+    """`profiler_flops_by_op` summed: the independent count of FLOPs per example (module docstring)."""
     return sum(profiler_flops_by_op(model, batch, training, task).values())

@@ -25,8 +25,8 @@ INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devi
 
 
 class ReuseFreedMemory(Hook):
-    """A generator-based input iterator (tf.distribute's, prefetch_to_device's) starts in a call and leaves glibc
-    mapping and unmapping every tensor over 128 KiB from then on (runner/measure/malloc.py); undo that after every call."""
+    """Undo, after every call, the allocator setting a generator-based input iterator leaves (runner/measure/
+    malloc.py)."""
 
     def after(self, step: int, n: int, seconds: float, last: bool) -> None:
         malloc.reuse()
@@ -102,9 +102,8 @@ def input_figures(strategy: Any, batches: Any, train: Any, timed: dict) -> dict:
 
 
 def peak_rss_mb() -> float:
-    """The process's own peak resident memory so far, in MiB: Linux's VmHWM (KiB), which starts again at exec.
-    Not ru_maxrss there: it keeps the peak of the parent's copy a child had before exec (a run started by a 2 GB
-    process reported ~1.9 GB). Elsewhere ru_maxrss (KiB; bytes on macOS)."""
+    """The process's own peak resident memory so far, in MiB: Linux's VmHWM, which starts again at exec (ru_maxrss
+    keeps the peak of the parent's copy a child had before exec); elsewhere ru_maxrss (KiB; bytes on macOS)."""
     try:
         with open("/proc/self/status") as status:
             return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024

@@ -1,17 +1,12 @@
 """Keep freed tensor memory in the heap: undo the malloc setting TensorFlow's generator datasets leave behind.
 
-TensorFlow's GeneratorDatasetOp (tf.distribute's per-device input iterators, `strategy.input=distribute`, are built
-on it; so is `prefetch_to_device` onto a GPU) calls glibc's `mallopt(M_TRIM_THRESHOLD, 128 KiB)` when its iterator
-starts; the log says "Memory patch applied: M_TRIM_THRESHOLD=128 kb was set". Setting any threshold switches off
-glibc's dynamic mmap threshold, which then stays at 128 KiB for the whole process: every tensor over 128 KiB is
-mapped fresh, page-faulted in (zeroed by the kernel) and unmapped again when freed. Measured on the default MLP,
-mirrored on 2 simulated CPU devices: 24 mmap/munmap pairs and 7.4-7.7 ms of kernel time per step; after `reuse()`
-none, and 1.5x the images/s (`python -m runner.bench settings --groups malloc`; BENCHMARKS.md).
+TensorFlow's GeneratorDatasetOp (under tf.distribute's per-device input iterators and `prefetch_to_device`) calls
+glibc's `mallopt(M_TRIM_THRESHOLD, 128 KiB)` when its iterator starts. Setting any threshold switches off glibc's
+dynamic mmap threshold for the whole process: every tensor over 128 KiB is then mapped fresh, page-faulted in and
+unmapped again when freed, a large share of a small model's step (BENCHMARKS.md).
 
-This happens only where TensorFlow's CPU tensors come from malloc, i.e. with its oneDNN ops off (its default on
-CPUs without AVX512_VNNI/AVX512_BF16/AMX, such as AVX2-only ones). With oneDNN on, TensorFlow's own allocator pools
-large tensors and the threshold changes nothing (0.08 page faults per MiB tensor against 76 with oneDNN off);
-`reuse()` is then harmless. The run's `tensorflow.onednn` tag says which case it was.
+This matters only where TensorFlow's CPU tensors come from malloc, i.e. with its oneDNN ops off; with them on, its
+own allocator pools large tensors and `reuse()` is harmless. The run's `tensorflow.onednn` tag says which case it was.
 """
 
 from __future__ import annotations
@@ -39,14 +34,9 @@ def _mallopt():
 
 
 def reuse() -> bool:
-    """Serve allocations up to 32 MiB from the heap and keep up to 64 MiB of freed memory for reuse.
-
-    Cheap (two C calls); called after every compiled call, since any new generator-based iterator sets the
-    128 KiB threshold again when it starts.
-
-    Returns:
-        Whether the thresholds were set (False without glibc).
-    """
+    """Serve allocations up to 32 MiB from the heap and keep up to 64 MiB of freed memory for reuse; whether the
+    thresholds were set (False without glibc). Cheap: called after every compiled call, since any new
+    generator-based iterator sets the 128 KiB threshold again."""
     mallopt = _mallopt()
     if mallopt is None:
         return False

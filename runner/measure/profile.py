@@ -54,11 +54,8 @@ def trace(logdir: Path) -> Iterator[None]:
 
 
 def _self_times(events: Any, names: dict[int, str]) -> Iterator[tuple[str, float]]:
-    """(op type, seconds) for the op events of one thread, each minus the op events nested inside it.
-
-    An op that runs others on its thread (a function call, a synchronous tf.data map inside IteratorGetNext)
-    would otherwise count their time twice.
-    """
+    """(op type, seconds) for the op events of one thread, each minus the op events nested inside it (a function
+    call, a synchronous tf.data map inside IteratorGetNext), which would otherwise count twice."""
     ops = sorted(
         (e.offset_ps, e.duration_ps, m.group(1))
         for e in events
@@ -77,12 +74,9 @@ def _self_times(events: Any, names: dict[int, str]) -> Iterator[tuple[str, float
 
 
 def op_seconds(logdir: Path) -> tuple[dict[str, float], dict[str, int]]:
-    """Op time (seconds) and executions per op type over the host threads of the newest trace under `logdir`.
-
-    Op events are the ones TensorFlow names `<op name>:<op type>`; executor bookkeeping and tf.data spans are left
-    out. Op time is the span of each op on its thread: an op waiting (a collective for its peers, a _Recv) counts
-    while it waits. On GPUs the kernels' own time is in the device planes, which this leaves out.
-    """
+    """Op time (seconds) and executions per op type over the host threads of the newest trace under `logdir`: the
+    events TensorFlow names `<op name>:<op type>`, each its span on its thread (an op waiting counts while it
+    waits); GPU kernels' own time is in the device planes, which this leaves out."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     traces = list(Path(logdir).glob("plugins/profile/*/*.xplane.pb"))
@@ -104,17 +98,8 @@ def op_seconds(logdir: Path) -> tuple[dict[str, float], dict[str, int]]:
 
 
 def table(logdir: Path, steps: int, wall_seconds: float, cores: int) -> tuple[str, dict[str, float]]:
-    """A markdown table of op time per step by op kind, and the metrics to log (ms per step, ops per step).
-
-    Args:
-        logdir: where `trace` wrote.
-        steps: steps the traced call ran.
-        wall_seconds: the traced call's wall time.
-        cores: host cores (the CPU time the devices can share per second of wall time).
-
-    Returns:
-        The markdown and the `profile_*` metrics.
-    """
+    """A markdown table of op time per step by op kind, and the `profile_*` metrics to log, for the traced call
+    of `steps` steps and `wall_seconds` under `logdir`, on `cores` host cores."""
     seconds, counts = op_seconds(logdir)
     by_kind: dict[str, float] = collections.defaultdict(float)
     for op_type, s in seconds.items():

@@ -1,9 +1,8 @@
 """train.jit_compile=auto decided by measurement: the run's own model, batch and device, its compiled step timed
 with XLA and without in alternating calls, once per machine (cached like the matmul peak), the faster kept.
 
-Why not by device kind: on this project's CPUs XLA made a small GPT 1.45x faster and convolutional nets 2-9x
-slower (BENCHMARKS.md); only the model decides. The caller builds the two loops (runner.experiment), so this module
-knows nothing of strategies; the cost model and the bench read the same cached decision (`cached`).
+Not by device kind: on one CPU XLA speeds some models up and slows others down (BENCHMARKS.md). The caller builds
+the two loops (runner.experiment); the cost model and the bench read the same cached decision (`cached`).
 """
 
 from __future__ import annotations
@@ -40,10 +39,8 @@ class Decision:
 
 
 def key(plan: Any, device_name: str) -> str:
-    """The cache entry of a run's decision: the device (`peak.describe_device`: a CPU's model, flags and cores), a
-    digest of the model's options, the data's spec and the optimizer (its update is part of the compiled step: Keras'
-    AdamW's ~10 ops a variable, which XLA fuses, against the one fused kernel), the per-device batch, the
-    precision."""
+    """The cache entry of a run's decision: the device (`peak.describe_device`), a digest of the model's options, the
+    data's spec and the optimizer (its update is part of the compiled step), the per-device batch, the precision."""
     from runner.measure.peak import describe_device
 
     optimizer = (plan.train.optimizer, plan.train.fused_optimizer)
@@ -69,13 +66,8 @@ def cached(entry_key: str, folder: Path | None = None) -> Decision | None:
 
 
 def decide(entry_key: str, label: str, timed: Callable[[bool], Timed], folder: Path | None = None) -> Decision:
-    """XLA on or off for the run: the cached decision, else measured now (announced in one line) and cached.
-
-    Args:
-        entry_key: `key(...)` of the run.
-        label: what was timed, for the reason ("gpt/default at batch 12 on one CPU device").
-        timed: jit -> the run's step compiled that way, as a `Timed`.
-    """
+    """XLA on or off for the run (`entry_key`: its `key`): the cached decision, else measured now (announced in one
+    line) and cached; `label` says what was timed, `timed(jit)` gives the run's step compiled that way."""
     found = cached(entry_key, folder)
     if found is not None:
         return found

@@ -70,12 +70,13 @@ def layers(model: Any) -> list[Layer]:
     for layer in leaf_layers(model):
         if type(layer).__name__ in FREE:
             continue
-        size = _elements(layer.output)
         main = _layer(layer, first=not seen_weights)
         seen_weights = seen_weights or bool(layer.trainable_weights)
         out.append(main)
         if main.kind == "compute":
-            bias, activation = Layer("elementwise", 0.0, 8.0 * size), Layer("elementwise", 0.0, 8.0 * size, kept=4.0 * size)
+            size = _elements(layer.output)
+            bias = Layer("elementwise", 0.0, 8.0 * size)
+            activation = Layer("elementwise", 0.0, 8.0 * size, kept=4.0 * size)
             out.extend([bias] * bool(getattr(layer, "use_bias", False)) + [activation] * _activated(layer))
     return out
 

@@ -1,12 +1,10 @@
 """What a run's figures are, so that figures of different units or metrics never share a table's column, a ranking,
 a plot's axis or a sweep parent's metric.
 
-A run's kind is read from the run itself, as the report's rows (runner/report/table.py) and the verdict's runs carry
-it: the unit its throughput counts (images, tokens or examples: `data_pipelines.Spec.unit`, which the run logged as
-`<unit>_per_sec`), its score (its task's: a test accuracy, a click model's test AUC) and what it was timed to
-(`tasks.Target`'s metric: accuracy, loss or AUC). A sweep over an image model, a language model and a click model
-is three kinds, reported one part each (one table, one set of plots, its own verdicts); a sweep of one kind is one
-part, as before. A run that says nothing (refused before it timed or evaluated anything) takes its model's kind.
+A run's kind is read from the run itself, as the report's rows and the verdict's runs carry it: the unit its
+throughput counts (`data_pipelines.Spec.unit`), its task's score and what it was timed to (`tasks.Target`'s
+metric). A sweep over an image model, a language model and a click model is three kinds, reported one part each; a
+run that says nothing (refused before it timed or evaluated anything) takes its model's kind.
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from typing import Any, Iterable, TypeVar
 from runner.tasks import METRICS
 
 T = TypeVar("T")  # a report row or a verdict run: anything with the fields `_said` reads
-
 
 
 @dataclass(frozen=True)

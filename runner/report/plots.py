@@ -1,14 +1,10 @@
-"""The report's pictures of runs of one kind (one unit, one score, one target metric: runner/report/kinds.py, which
-refuses rows of several), readable at the size MLflow previews them (labels and legends >= 9 pt):
+"""The report's pictures of runs of one kind (runner/report/kinds.py), readable at the size MLflow previews them:
 
-- `scaling.png`: images/s (or tokens/s, examples/s: what the data counts) (left) and speedup (right) against device
-  count, one line per pipeline x strategy, with the ideal linear line drawn; with a single device count, a sorted
-  horizontal bar chart of the throughput instead.
-- `time_to_accuracy.png`: the test figure the runs were timed to (accuracy, a language model's loss, a click model's
-  AUC: their target's metric) against training seconds, one curve per combination (its checks and final evaluation), the target as a horizontal line, a star where the target
-  was confirmed on the full test set.
-- `accuracy.png`: the final test score of the runs' task (accuracy, a click model's AUC) per combination as dots on an axis zoomed to the
-  data, values printed.
+- `scaling.png`: throughput (left) and speedup (right) against device count, one line per pipeline x strategy, with
+  the ideal linear line; with a single device count, a sorted bar chart of the throughput instead.
+- `time_to_accuracy.png`: the test figure the runs were timed to against training seconds, one curve per
+  combination, the target as a horizontal line, a star where it was confirmed on the full test set.
+- `accuracy.png`: the final test score per combination, dots on an axis zoomed to the data, values printed.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """How well the cost model's predictions (runner/predict/) matched what was measured, over a table of runs.
 
-Per group of rows that compete (one model on one device count): the median |predicted - measured| / measured, the
-rank correlation (Spearman) of predicted and measured rates, how many of the pairs of combinations whose measured
-rates differ by more than the run-to-run spread the prediction put in the right order, and whether the predicted
-fastest measured within the noise (or 10%, whichever is larger) of the measured fastest. Repeats of one combination
-are combined by their median; their ranges give the spread (none: "noise unknown" and every pair counts), and
-their halves ranked against each other (one half of each combination's runs against the other: the retest) say how
-well the measurement orders the group itself: where that is low, the measured order is mostly noise.
+Per group of rows that compete (one model on one device count): the median relative error, the rank correlation
+(Spearman) of predicted and measured rates, how many of the pairs measured apart beyond the run-to-run spread the
+prediction ordered right, and whether the predicted fastest measured within the noise (or CLOSE) of the measured
+fastest. Repeats of a combination are combined by their median; their ranges give the spread, and their halves
+ranked against each other (the retest) say how well the measurement orders the group itself.
 """
 
 from __future__ import annotations
@@ -49,17 +47,8 @@ def combine(rows: list[tuple[str, float, float]]) -> list[Measured]:
 
 
 def _ranks(values: list[float]) -> list[float]:
-    order = sorted(range(len(values)), key=values.__getitem__)
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):  # ties share their mean rank
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2
-        i = j + 1
-    return ranks
+    """Each value's rank from 0; ties share their mean rank."""
+    return [(sum(v < x for v in values) + sum(v <= x for v in values) - 1) / 2 for x in values]
 
 
 def spearman(a: list[float], b: list[float]) -> float | None:

@@ -1,26 +1,19 @@
 """The answer to "which pipeline and strategy is fastest on my devices, and does it still learn the same?", from a
-table of runs, as one `verdict:` line per model (per model and kind of run where a model's runs count different
-units or were timed to different metrics: runner/report/kinds.py).
+table of runs, as one `verdict:` line per model and kind of run (runner/report/kinds.py).
 
-Fastest means: lowest time to the target (a test accuracy, or a language model's test loss; training seconds,
-evaluation excluded) among the combinations that reached it; where none did, highest throughput (images/s, or
-tokens/s or examples/s as the data counts), and the line says so. A combination is a pipeline, strategy and device
-count; several runs of one combination (repeats) are combined by their median and give its
-spread. The margin over the runner-up counts as real only when it exceeds how much a whole run moves from one
-start to the next: the two combinations' ranges must not overlap where both were repeated; otherwise the margin must
-exceed the run-to-run spread measured in the same table, from the repeats of any combination or from the 1-device
-runs of different strategies (the same work under other names) other than the two compared (their own difference
-would always exceed the spread it makes). A run's own standard error (the spread of its calls) says nothing about
-that, so with neither the verdict says "noise unknown" and how to know (sweep.repeats=3).
-"Learns the same" compares each run's final test score (its task's: accuracy, AUC) and loss with the 1-device run of
-its model.
+Fastest means: lowest time to the target (training seconds) among the combinations that reached it; where none
+did, highest throughput, and the line says so. Repeats of a combination (pipeline, strategy, device count) are
+combined by their median. The margin over the runner-up counts as real only when it exceeds how much a whole run
+moves from one start to the next: where both were repeated their ranges must not overlap; otherwise it must exceed
+the run-to-run spread of the same table (`run_to_run_spread`), and with none the verdict says "noise unknown".
+"Learns the same" compares each run's final test score and loss with the 1-device run of its model.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterable
 
 from runner.report import kinds
@@ -45,10 +38,8 @@ class Tolerance:
 
     def said(self, score: str) -> str:
         """The tolerance, in the words of a run whose score is `score`."""
-        bounded = METRICS[score].bounded
-        first = f"|Δ test {METRICS[score].said}| <= {self.accuracy:g}" if bounded else \
-            f"|Δ test {METRICS[score].said}| <= {self.loss:.0%}"
-        return f"{first}, |Δ test loss| <= {self.loss:.0%}"
+        bound = f"{self.accuracy:g}" if METRICS[score].bounded else f"{self.loss:.0%}"
+        return f"|Δ test {METRICS[score].said}| <= {bound}, |Δ test loss| <= {self.loss:.0%}"
 
     def __str__(self) -> str:
         return self.said("accuracy")
@@ -139,10 +130,8 @@ def _relative(values: list[float]) -> float:
 
 def run_to_run_spread(combos: list[Combination], key: str, compared: Iterable[Combination] = ()) -> Spread | None:
     """The largest spread between runs of the same work in this table: the repeats of one combination, or the
-    1-device runs of different strategies other than the `compared` ones; None when no two such runs do the same work.
-
-    The compared combinations' own runs are no measure of the noise between them: of two numbers, max/min - 1
-    always exceeds (max - min)/median, so a margin judged by its own runs would always be "beyond the noise"."""
+    1-device runs of different strategies other than the `compared` ones (a margin judged by its own runs would
+    always be beyond the noise); None when no two such runs do the same work."""
     found = [Spread(_relative(c.values(key)), f"repeats of {c.name}") for c in combos if len(c.values(key)) > 1]
     judged = {c.name for c in compared}
     one_device = [c.median(key) for c in combos if c.name not in judged
@@ -260,6 +249,4 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
 
 def runs_from(rows: Iterable[Any]) -> list[Run]:
     """Verdict runs from report rows (anything with the same field names)."""
-    return [Run(r.model, r.pipeline, r.strategy, r.devices, r.rate, r.stderr, r.score, r.loss,
-                r.time_to_target, r.target, r.status, r.scaling, r.host_only, r.unit, r.target_metric, r.score_metric)
-            for r in rows]
+    return [Run(**{f.name: getattr(r, f.name) for f in fields(Run)}) for r in rows]
