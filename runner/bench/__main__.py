@@ -1,5 +1,4 @@
-"""The benchmarks' command line: `python -m runner.bench grid|strategies|floors|settings|pipelines|predicted|published|peers`
-(runner/bench/__init__.py)."""
+"""The benchmarks' command line: `python -m runner.bench COMMAND` (the commands: runner/bench/__init__.py)."""
 
 from __future__ import annotations
 
@@ -178,18 +177,12 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
         check_settings_steps(parser, args)
         return speed_settings(args)
-    if args.command == "predicted":
-        return predicted(args)
-    if args.command == "peers":
-        return peers(args)
-    if args.command == "published":
-        return published(args)
+    if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
+        return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
     _check_steps(parser, args)
     if args.command in ("grid", "strategies", "floors"):
         _check_grid(parser, args)
-    if args.command == "floors":
-        return floors(args)
-    return pipelines(args) if args.command == "pipelines" else grid(args)
+    return {"floors": floors, "pipelines": pipelines}.get(args.command, grid)(args)
 
 
 if __name__ == "__main__":

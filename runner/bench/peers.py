@@ -69,7 +69,7 @@ def peers(args: argparse.Namespace) -> int:
     from runner.bench.nanogpt import gpt_peers
 
     if args.gpt:
-        args.rounds = args.rounds or 2  # the two interleaved rounds of 2,000 steps: about 10 minutes
+        args.rounds = args.rounds or 2  # the two interleaved rounds
         return gpt_peers(args)
     if not args.peer:
         raise ConfigError("peers needs --peer DIR (a checkout of github.com/tensorflow/benchmarks), or --gpt")
@@ -106,10 +106,8 @@ def resnet_peers(args: argparse.Namespace) -> int:
     ok = True
     for n in args.towers:
         got = {name: [m.get("rate") for m in rates[n, name]] for name in jobs}
-        ratios = []  # per round: the runner's default over the faster of the peer's two settings
-        for ours, peer, peer_xla in zip(got["runner"], got["peer"], got["peer xla"]):
-            if ours and (peer or peer_xla):
-                ratios.append(ours / max(peer or 0.0, peer_xla or 0.0))
+        ratios = [ours / max(peer or 0.0, xla or 0.0)  # per round: the runner's default over the faster peer setting
+                  for ours, peer, xla in zip(got["runner"], got["peer"], got["peer xla"]) if ours and (peer or xla)]
         cells = [median_range([v for v in got[name] if v], ",.0f") for name in jobs]
         errors = [m["error"] for name in jobs for m in rates[n, name] if "error" in m]
         ok = ok and bool(ratios) and statistics.median(ratios) >= TARGET

@@ -234,13 +234,8 @@ def markdown(head: list[str], rows: list[list[str]] = ()) -> list[str]:
     return [markdown_row(head), "|---" * len(head) + "|", *map(markdown_row, rows)]
 
 
-def table(rows: list[Row]) -> str:
-    """The comparison as Markdown tables, one per kind of run, with a footnote where speedups are missing."""
-    return _by_kind(rows, _table)
-
-
-def _table(rows: list[Row], kind: kinds.Kind) -> str:
-    """The Markdown table of rows of one kind."""
+def table(rows: list[Row], kind: kinds.Kind) -> str:
+    """The comparison of rows of one kind as a Markdown table, with a footnote where speedups are missing."""
     unit, same = kind.unit, {True: "yes", False: "no", None: "-"}
     head = ["model", "pipeline", "strategy", "devices", "scaling", f"{unit}/s", "± stderr", f"predicted {unit}/s",
             "speedup", "efficiency", f"{_time_to(kind)} (s)", _score(kind), "learns same", "MFU", "wall s", "status"]
@@ -288,7 +283,7 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     rows = add_speedups(fetch(client, selection, filter_string), tolerance)
     if not rows:
         raise ReportError(f"no runs in {selection.said.removeprefix('report: ')}")
-    text, lines = table(rows), [v.line() for v in verdict.decide(verdict.runs_from(rows), tolerance)]
+    text, lines = _by_kind(rows, table), [v.line() for v in verdict.decide(verdict.runs_from(rows), tolerance)]
     lines += prediction_lines(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join([text, "", *lines]) + "\n")
@@ -324,15 +319,9 @@ def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
     return f"; logged to parent run {parent}"
 
 
-def compact(rows: list[Row]) -> str:
-    """One line per job, the figures a sweep's end shows: combination, images/s or the data's unit (and the
-    predicted where runs logged one), time to the target, the test accuracy (a click model's: AUC), status; one table
-    per kind of run."""
-    return _by_kind(rows, _compact)
-
-
-def _compact(rows: list[Row], kind: kinds.Kind) -> str:
-    """The compact Markdown table of rows of one kind."""
+def compact(rows: list[Row], kind: kinds.Kind) -> str:
+    """One line per job of one kind, the figures a sweep's end shows: combination, rate (and the predicted where runs
+    logged one), time to the target, the test score, status."""
     predicted = [f"predicted {kind.unit}/s"] if any(not math.isnan(r.predicted) for r in rows) else []
     head = ["model", "combination", f"{kind.unit}/s", *predicted, f"{_time_to(kind)} (s)", _score(kind), "status"]
     return "\n".join(markdown(head, [
@@ -362,6 +351,6 @@ def sweep_end(client: Any, parent: str) -> list[str]:
     selection = Selection(experiment, run.info.experiment_id, parent, "")
     rows = fetch(client, selection, "")
     lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))] + prediction_lines(rows)
-    return ["", compact(rows), "", *lines, "", f"experiment: {experiment!r}; table, plots and verdict: runner report "
+    return ["", _by_kind(rows, compact), "", *lines, "", f"experiment: {experiment!r}; table, plots and verdict: runner report "
             f"--experiment {experiment} --parent {parent}",
             ui.where_to_look(client.tracking_uri, run.info.experiment_id)]
