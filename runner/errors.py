@@ -35,14 +35,9 @@ def _without_graph_internals(text: str) -> str:
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
-    """An exception as one short line, for an `error:` line, a warning or a tag.
-
-    A UserError's own line (worded for the user already). For any other exception: the OS error behind a failed
-    request (`[Errno 111] Connection refused`) or a database driver's own message when the text holds one (a
-    store's failures wrap them in pages of SQL and traceback); else the first lines of the first paragraph (Hydra's
-    messages run on for pages), a TensorFlow error's without its graph internals; the exception's type if it says
-    nothing.
-    """
+    """An exception as one short line, for an `error:` line, a warning or a tag: a UserError's own line; else the OS
+    error behind a failed request or a database driver's own message when the text holds one (a store wraps them in
+    pages of SQL), else the first lines of its first paragraph (a TensorFlow error's without its graph internals)."""
     text = str(e).strip()
     if isinstance(e, UserError):  # worded for the user already: one line by contract
         return (text.splitlines() or [type(e).__name__])[0]

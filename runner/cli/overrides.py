@@ -113,11 +113,8 @@ def check_group_overrides(args: list[str]) -> str | None:
 
 
 def explain(e: BaseException) -> str:
-    """An exception as one line: the first lines of its first paragraph (Hydra's messages run on for pages).
-
-    Hydra wraps a value the schema refuses ("Error merging override gpus=abc") around OmegaConf's reason, which is
-    added from the cause.
-    """
+    """An exception as one line (`one_line`); a value the schema refuses ("Error merging override gpus=abc") with
+    OmegaConf's reason, from the cause Hydra wraps, and what the key allows."""
     text = one_line(e)
     if text.startswith("Could not override '"):
         return _unknown_key(text.split("'")[1]) or text

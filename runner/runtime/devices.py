@@ -240,11 +240,8 @@ def _configure_threads(tf, devices: Devices, intra: int, inter: int) -> None:
 
 
 def import_tensorflow() -> Any:
-    """Import TensorFlow and Keras without the optional packages Keras would load for features a run never uses.
-
-    While they import, `import sklearn` / `import matplotlib` / `import IPython` raise ImportError (a None entry in
-    sys.modules), which Keras expects when they are not installed; afterwards they import normally again.
-    """
+    """Import TensorFlow and Keras without the optional packages Keras would load for features a run never uses:
+    meanwhile importing them raises ImportError (a None entry in sys.modules), as Keras expects when they are absent."""
     hidden = [name for name in _UNUSED_BY_KERAS if name not in sys.modules]
     sys.modules.update(dict.fromkeys(hidden))
     try:

@@ -13,12 +13,8 @@ log = logging.getLogger(__name__)
 
 
 class OutputFolder:
-    """What a run keeps in its folder: the MLflow journal and Hydra's log file.
-
-    A write there that fails (a full disk) is one warning, the first time, naming the folder and what is not kept;
-    the tracking store keeps every write either way. Without Hydra (a run from Python) the folder is the working
-    directory, which holds neither.
-    """
+    """What a run keeps in its folder: the MLflow journal and Hydra's log file (neither without Hydra: the working
+    directory). A write there that fails (a full disk) is one warning, the first time; the store keeps every write."""
 
     def __init__(self, path: Path, log_file: Path | None):
         self.path, self.log_file = path, log_file

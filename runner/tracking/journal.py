@@ -2,13 +2,9 @@
 
 Every write a run makes (params, tags, metric points, text artifacts, files, its final status) is appended to a
 journal, a JSON-lines file in the run's output folder, before it is sent; once the store has taken it, an
-acknowledgement line follows. While the store cannot be written (a tracking server down, a full disk), training
-goes on and the writes pile up in the journal; the run sends them when the store answers again, at the latest when
-it ends. If the store is still gone then, `runner replay <journal>` sends the rest later, and the run ends in the
-store with its real status and every metric.
-
-MLflow's asynchronous logging is not used for this: the run must know which writes the store acknowledged, in
-order, to resume from there after a failure or in another process.
+acknowledgement line follows. While the store cannot be written, training goes on and the run sends the writes when
+it answers again; if it is still gone at the end, `runner replay <journal>` sends the rest later. (MLflow's
+asynchronous logging does not say which writes the store acknowledged, in order, to resume from there.)
 
     {"journal": 1, "uri": "http://...", "run_id": "...", "experiment": "..."}    the header
     {"seq": 3, "op": "metrics", "args": {"points": [["train_loss", 0.5, 1764000000000, 50]]}}

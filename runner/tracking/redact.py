@@ -1,11 +1,9 @@
 """Secrets never stored: credentials in URIs are masked in everything the runner writes.
 
-A user may write a tracking URI with its password (`mlflow.tracking_uri=https://alice:secret@mlflow.example.org`)
-or put a token in an override. Everything the runner writes goes through `redact` first: the params (the resolved
-config), the tags (the sweep's command and overrides, the run's source), the `config.yaml` artifact and Hydra's
-own copies in the run folder, its log file and the terminal. Credentials belong in MLflow's environment variables
-(`MLFLOW_TRACKING_USERNAME` / `MLFLOW_TRACKING_PASSWORD` or `MLFLOW_TRACKING_TOKEN`), which the runner never copies
-into a run.
+A user may write a tracking URI with its password (`https://alice:secret@mlflow.example.org`) or put a token in an
+override: params, tags, the `config.yaml` artifact, Hydra's copies in the run folder, its log file and the terminal
+all go through `redact`. Credentials belong in MLflow's environment variables (`MLFLOW_TRACKING_USERNAME` /
+`MLFLOW_TRACKING_PASSWORD` or `MLFLOW_TRACKING_TOKEN`), which the runner never copies into a run.
 """
 
 from __future__ import annotations

@@ -12,11 +12,8 @@ log = logging.getLogger(__name__)
 
 
 def start(run_id: str, uri: str, interval: float) -> Any:
-    """A started monitor sampling every `interval` seconds in its own thread, or None if it cannot run here.
-
-    MLflow's monitor publishes a sample only after a full interval; a run shorter than that would have none.
-    `finish()` on the returned monitor publishes one sample taken at the end in that case.
-    """
+    """A started monitor sampling every `interval` seconds in its own thread, or None if it cannot run here. MLflow's
+    publishes a sample only after a full interval; this one's `finish()` publishes one at the end if it had none."""
     try:
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
