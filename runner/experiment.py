@@ -104,6 +104,7 @@ def _timed_step(plan: Plan, devices: Devices, data: Data, batch: int, jit: bool)
     """fn(steps) -> seconds: the run's model trained `steps` steps on its first device (the baseline's step, XLA as
     `jit` says) on one fixed batch of its training examples: what `jit_decision` compares."""
     import dataclasses
+    import types
 
     import tensorflow as tf
 
@@ -112,12 +113,7 @@ def _timed_step(plan: Plan, devices: Devices, data: Data, batch: int, jit: bool)
     training = dataclasses.replace(training_for(plan, devices, jit), global_batch=batch)
     strategy = SingleDevice(devices.names[0], training)
     pairs = strategy.batches(plan.pipeline, data.train(), plan.train.seed).next()  # one batch, reused
-
-    class Fixed:
-        def next(self) -> Any:
-            return pairs
-
-    loop = strategy.train_loop(Fixed())
+    loop = strategy.train_loop(types.SimpleNamespace(next=lambda: pairs))
 
     def timed(steps: int) -> float:
         start = time.perf_counter()

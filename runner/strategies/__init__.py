@@ -14,7 +14,8 @@ Modules refer to TensorFlow through `runner.lazy`, so importing them for their o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import operator
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Protocol, runtime_checkable
 
 from runner.data_pipelines import MNIST, Spec
@@ -137,15 +138,10 @@ class Traffic:
     def __add__(self, other: Traffic) -> Traffic:
         """Two parts of one step's work (the dense weights', the tables' rows): the counts added; of the devices
         each part's arithmetic runs on at once, the larger."""
-        return Traffic(
-            update_copies=self.update_copies + other.update_copies,
-            update_devices=max(self.update_devices, other.update_devices),
-            reduce_bytes=self.reduce_bytes + other.reduce_bytes,
-            reduce_devices=max(self.reduce_devices, other.reduce_devices),
-            moved_bytes=self.moved_bytes + other.moved_bytes, messages=self.messages + other.messages,
-            ops=self.ops + other.ops, copy_bytes=self.copy_bytes + other.copy_bytes,
-            rows_applied=self.rows_applied + other.rows_applied,
-            rows_devices=max(self.rows_devices, other.rows_devices))
+        def combined(name: str) -> Any:
+            return (max if name.endswith("_devices") else operator.add)(getattr(self, name), getattr(other, name))
+
+        return Traffic(**{f.name: combined(f.name) for f in fields(self)})
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ does). The same examples reach the same replica either way.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -19,10 +20,11 @@ from runner.runtime.devices import nvidia_gpus_present
 from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
-                               loss_scale, ring, rows_to_every_copy)
+                               loss_scale, ring)
 from runner.strategies.common import (
     Built, clip, moving_state, steps_loop, synchronize_batch_norm, tables, touch, tower_step,
 )
+from runner.strategies.replicated import Replicated
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -87,13 +89,9 @@ class Mirrored(SyncBatchNorm, StrategyBase):
         return Exchange(link_bytes=ring(devices, weight_bytes), device_sums=ring(devices, 1.0))
 
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
-        """All-reduce of each gradient (reduced on one device, as reduce_to_one_device does on CPUs: N - 1 sent,
-        summed, divided, sent back to N - 1 replicas) and an update of each of the N mirrored copies. A table's
-        rows: tf.distribute gathers the towers' tf.IndexedSlices on one device and every replica applies them all."""
-        n, w = devices, weight_bytes
-        return Traffic(update_copies=n, update_devices=n, reduce_bytes=(n + 3) * w, reduce_devices=1,
-                       moved_bytes=2 * (n - 1) * w, messages=2 * (n - 1) * variables,
-                       ops=2 * variables + n * variables) + rows_to_every_copy(n, rows)
+        """`replicated`'s counts (each gradient reduced on one device, as reduce_to_one_device does on CPUs, an
+        update of every copy, a table's rows gathered on one device), every gradient reduced on the same device."""
+        return dataclasses.replace(Replicated().traffic(devices, weight_bytes, variables, rows), reduce_devices=1)
 
     def distribution(self, devices: Devices) -> tf.distribute.Strategy:
         """The tf.distribute strategy: MirroredStrategy over this process's devices."""
