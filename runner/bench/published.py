@@ -125,12 +125,9 @@ def compact(groups: dict[tuple, list[tuple[Cell, float | None]]], gaps: dict[tup
     for group, members in groups.items():
         errors = ", ".join(f"{c.gpus}: {r / c.published - 1:+.0%}" if r else f"{c.gpus}: -"
                            for c, r in sorted(members, key=lambda m: m[0].gpus))
+        pub = efficiency([(c.gpus, c.published) for c, _ in members]) if group in gaps else 0.0
         most = max(c.gpus for c, _ in members)
-        if group in gaps:
-            pub = efficiency([(c.gpus, c.published) for c, _ in members])
-            shown = f"{most}: {pub + gaps[group] / 100:.0%} / {pub:.0%}"
-        else:
-            shown = "-"
+        shown = f"{most}: {pub + gaps[group] / 100:.0%} / {pub:.0%}" if group in gaps else "-"
         lines.append(markdown_row([*map(str, group), errors, shown]))
     return lines + [""]
 
