@@ -168,7 +168,7 @@ class Pipeline(Protocol):
     name: str
 
     def towers(self, examples: Examples, global_batch: int, devices: list[str], seed: int) -> Batches:
-        """A feed of one batch per device per step, each tower's batch made for (or on) its device."""
+        """A feed of one batch per device per step."""
 
     def distribute(self, strategy: Any, examples: Examples, global_batch: int, seed: int) -> Any:
         """The same feed through tf.distribute's input API: an iterator of per-replica batches."""

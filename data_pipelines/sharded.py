@@ -1,13 +1,9 @@
 """Pipeline `sharded`: one iterator per device over Dataset.shard(N, i), the next batches staged on the device.
 
 Shard i holds examples i, i+N, i+2N, ...; sharding comes before shuffling, so the shards stay disjoint and every
-example is delivered once per epoch. Each shard's batches end in a buffer of `device_buffer` batches that lives on
-the tower's device and is filled while the current step runs, so a step's input is already in place when it starts:
-on a CPU device (real or simulated) the shard's whole pipeline runs on that device; on a GPU it runs on the host and
-`prefetch_to_device` (copy_to_device + prefetch) stages the batches (see `staged`). A MultiDeviceIterator would
-round-robin one unsharded dataset instead. Through tf.distribute's input API it maps onto
-`distribute_datasets_from_function` in PER_REPLICA mode with fetch-to-device: one sharded pipeline per replica,
-prefetched onto that replica's device.
+example is delivered once per epoch. Each shard's next batches wait on the tower's device, filled while the current
+step runs. Through tf.distribute's input API it maps onto `distribute_datasets_from_function` in PER_REPLICA mode
+with fetch-to-device: one sharded pipeline per replica, prefetched onto that replica's device.
 """
 
 from __future__ import annotations
@@ -33,11 +29,9 @@ def shard(ds, index: int, shards: int, batch: int, opts: PipelineOptions, seed: 
 def staged(build: Callable[[], Any], device: str, buffer: int):
     """The batches `build()` returns, with the next `buffer` of them held on `device`, filled while a step runs.
 
-    A CPU device (real or simulated) runs the whole pipeline itself: built under the device, its ops and its
-    prefetch buffer are on it. tf.data cannot run on a GPU, so there the pipeline stays on the host and
-    `prefetch_to_device` (copy_to_device + prefetch) copies each batch over. Using that copy on a CPU device too would
-    copy nothing and add a remote function call per batch (copy_to_device is a generator dataset): on simulated CPU
-    devices that cost the MLP's sharded runs up to a third of their speed.
+    A CPU device runs the whole pipeline itself, built under the device (`prefetch_to_device` there would copy
+    nothing and add a remote call per batch); tf.data cannot run on a GPU, so there the pipeline stays on the host
+    and `prefetch_to_device` copies each batch over.
     """
     import tensorflow as tf
 

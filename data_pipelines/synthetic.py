@@ -24,21 +24,8 @@ Arrays = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0,
          shape: tuple[int, ...] = MNIST.shape[:2], classes: int = MNIST.classes) -> Arrays:
-    """Generate random images of `shape` and labels below `classes`, deterministic for a given seed.
-
-    Args:
-        n_train: Number of training examples.
-        n_test: Number of test examples.
-        seed: Seed for ``numpy.random.default_rng``.
-        shape: One image's shape; MNIST's (28, 28) by default, like ``runner.data_pipelines.mnist_files.load``.
-        classes: Number of classes.
-
-    Returns:
-        ``((x_train, y_train), (x_test, y_test))``: uint8 images (n, *shape) with values 0..255 and uint8 labels.
-
-    Raises:
-        ValueError: If a size is negative.
-    """
+    """((x_train, y_train), (x_test, y_test)): random uint8 images (n, *shape) and labels below `classes` (uint8
+    where they fit), the same for the same seed; ValueError for a negative size."""
     if n_train < 0 or n_test < 0:
         raise ValueError(f"n_train and n_test must be >= 0, got {n_train} and {n_test}")
     rng = np.random.default_rng(seed)

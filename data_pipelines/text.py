@@ -1,11 +1,9 @@
 """Text as a language model reads it: a stream of token ids cut into windows, each window's labels the next token.
 
-Training example i is the window of `length` tokens starting at position `starts[i]` of the training stream, its
-labels the `length` tokens one position on (the next token at every position), as nanoGPT's `get_batch` draws
-them; the starts are every position, in an order fixed by the seed (nanoGPT draws them with replacement; here an
-epoch visits each once). The validation examples are the validation stream's consecutive windows in order, so an
-evaluation scores each of its tokens once. Only the streams are held in memory (one byte a character); a batch is
-gathered from the stream in one op.
+A training example is the window of `length` tokens from a start, its labels the tokens one position on, as
+nanoGPT's `get_batch` draws them; the starts are every position, in an order fixed by the seed (an epoch visits each
+once). The validation examples are consecutive windows, so an evaluation scores each token once. Only the streams
+are held in memory; a batch is gathered from the stream in one op.
 """
 
 from __future__ import annotations
@@ -32,20 +30,21 @@ def characters(text: str, vocabulary: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Windows(Indexed):
-    """Indexed examples whose `x` is a token stream (n,), a tensor or a memory-mapped array, and whose index i is the
-    window starting at i."""
+    """A language model's indexed examples (`y` unused), from a tensor or a memory-mapped array `x`: a token stream
+    (n,) whose index i is the window starting at i, or token sequences (n, length + 1) whose index i is row i."""
 
     def take(self, i: Any) -> tuple[Any, Any]:
-        """The windows starting at `i` (b,): ids (b, length) and their next tokens (b, length), in one gather (or one
-        read a window)."""
+        """Ids (b, length) and their next tokens (b, length), in one gather (or one read a window or row)."""
         import tensorflow as tf
 
-        width = self.spec.shape[0] + 1
-        if isinstance(self.x, np.memmap):  # a user's stream on disk: one pread a window
-            window = mapped_rows(self.x, i, width)
+        width = self.spec.shape[0] + 1 if len(self.x.shape) == 1 else None  # a stream's windows, else rows
+        if isinstance(self.x, np.memmap):
+            rows = mapped_rows(self.x, i, width)
+        elif width:
+            rows = tf.gather(self.x, tf.cast(i, tf.int64)[:, None] + tf.range(width, dtype=tf.int64))
         else:
-            window = tf.gather(self.x, tf.cast(i, tf.int64)[:, None] + tf.range(width, dtype=tf.int64))
-        return window[:, :-1], window[:, 1:]  # (b, length) each
+            rows = tf.gather(self.x, i)  # (b, length + 1)
+        return rows[:, :-1], rows[:, 1:]
 
 
 @dataclass(frozen=True)
@@ -93,10 +92,9 @@ class Stream:
 
 @dataclass(frozen=True)
 class MappedStream(Stream):
-    """A user's token stream in memory-mapped files (`x_train.npy`, `x_test.npy` of shape (n,), nanoGPT's
-    `train.bin` layout), read a window at a time, never whole. The training windows start at every position in
-    stored order, shuffled by the pipeline's buffer as other files' examples are (`Stream`'s permutation of every
-    start would hold 4 bytes a token in memory); the validation windows are consecutive, as `Stream`'s."""
+    """A user's token stream in memory-mapped files (nanoGPT's `train.bin` layout as .npy), read a window at a time.
+    The training windows start at every position in stored order, shuffled by the pipeline's buffer (a permutation of
+    every start, as `Stream`'s, would hold 4 bytes a token in memory)."""
 
     def train(self) -> Windows:
         import tensorflow as tf
@@ -111,31 +109,16 @@ class MappedStream(Stream):
 
 
 @dataclass(frozen=True)
-class Sequences(Indexed):
-    """Indexed examples whose `x` holds token sequences (n, length + 1), in memory or memory-mapped: example i is
-    row i's first `length` ids, its labels the row's last `length` (each position's next token); `y` is unused."""
-
-    def take(self, i: Any) -> tuple[Any, Any]:
-        import tensorflow as tf
-
-        if isinstance(self.x, np.memmap):  # one pread per row, as Indexed reads a memory-mapped file
-            rows = mapped_rows(self.x, i)
-        else:
-            rows = tf.gather(self.x, i)  # (b, length + 1)
-        return rows[:, :-1], rows[:, 1:]
-
-
-@dataclass(frozen=True)
 class SequenceFiles(Arrays):
     """A user's token sequences (n, length + 1) without labels (`y_train`, `y_test` None), as a language model trains
     on them: every row is an example, each of its positions labelled with the next id."""
 
-    def _examples(self, x: np.ndarray) -> Sequences:
+    def _examples(self, x: np.ndarray) -> Windows:
         import tensorflow as tf
 
-        return Sequences(x, None, tf.data.Dataset.range(len(x)), self.spec)
+        return Windows(x, None, tf.data.Dataset.range(len(x)), self.spec)
 
-    def train(self) -> Sequences:
+    def train(self) -> Windows:
         return self._examples(self.x_train)
 
     def test(self, limit: int | None = None) -> Any:
@@ -156,11 +139,10 @@ def split_by_position(ids: np.ndarray, validation: float, length: int, source: s
 
 def synthetic_stream(tokens: int, vocabulary: int, seed: int, split: int = 0, words: int | None = None) -> np.ndarray:
     """`tokens` ids below `vocabulary` with structure a model can learn: a fixed dictionary of `words` (default:
-    vocabulary / 2, at least 8) random words of 2 to 8 ids, drawn at random one after the other. Within a word every
-    id follows from the ones before it; a word's first id is a guess among the dictionary's: the loss a model can reach is far below log(vocabulary)
-    (uniform noise), and the same for every strategy given the same seed. `split` draws another text (0: training,
-    1: validation) from the same dictionary."""
-    words = words or max(8, vocabulary // 2)  # 300 steps of gpt/tiny at 50 ids: 512 words 3.76 nats, 25 words 2.01
+    vocabulary / 2, at least 8) random words of 2 to 8 ids, drawn at random one after the other, so the loss a model
+    can reach is far below log(vocabulary) (uniform noise). `split` draws another text (0: training, 1: validation)
+    from the same dictionary."""
+    words = words or max(8, vocabulary // 2)  # fewer words: a text learnt in fewer steps
     rng = np.random.default_rng(seed)
     lengths = rng.integers(2, 9, words)  # (words,)
     dictionary = rng.integers(0, vocabulary, lengths.sum())  # every word's ids, one after the other

@@ -1,13 +1,9 @@
 """Models: one module each, holding a dataclass of the model's options whose `build(spec)` returns a Keras model.
 
-The contract is `Model` below: a model is built for the data's example spec (input shape, classes), and refuses in
-one line, before TensorFlow starts, a spec it cannot take. A module imports Keras inside `build` (a
-`SequentialModel`'s `layers` are handed it), never at top level, so config validation reads the options without
-loading TensorFlow. Adding a model is one module here (a dataclass registered with `@MODELS.register`, see
-`lenet.py`: a `SequentialModel`) plus one YAML in conf/model/. A user's own model needs neither: a YAML in their
-config directory whose `_target_` names their dataclass, or any function returning a Keras model, called with
-`input_shape` and `classes` as keras.applications' constructors are (and what else the data says, where it takes
-it: `spec_arguments`). `check_lookups` holds a built model's embeddings to the data's ids.
+The contract is `Model`: a model is built for the data's spec and refuses in one line, before TensorFlow starts, a
+spec it cannot take; modules import Keras inside `build`, so validation never loads TensorFlow. A user's own model
+is a dataclass named by `_target_`, or any function returning a Keras model, called with what the data says
+(`spec_arguments`). `check_lookups` holds a built model's embeddings to the data's ids.
 """
 
 from __future__ import annotations
@@ -29,8 +25,8 @@ log = logging.getLogger(__name__)
 # Given from the data's spec to a model function that takes them (`spec_arguments`).
 SPEC_ARGUMENTS = ("input_shape", "classes", "vocabulary_size", "sequence_length", "vocabulary_sizes",
                   "num_dense_features")
-# keras.applications' `weights`: every run starts from its seed's weights (the same in every strategy); pretrained ones
-# would be downloaded as the model is built, after the run opened (and fail there on a machine without internet).
+# keras.applications' `weights`: every run starts from its seed's weights; pretrained ones would be downloaded after
+# the run opened.
 UNTRAINED: Rule = (lambda v: v is None, "null: models train from the seed's initial weights; pretrained weights "
                                         "(weights=imagenet) are never downloaded")
 
@@ -48,8 +44,7 @@ class Model(Protocol):
     target_accuracy: float | None  # the test accuracy a run of it is timed to by default (None: no default target)
 
     def build(self, spec: Spec = MNIST) -> keras.Model:
-        """A fresh, uncompiled model mapping float32 (batch, *spec.shape) images in [0, 1] to (batch, spec.classes)
-        logits (Keras' current seed)."""
+        """A fresh, uncompiled model mapping `spec`'s inputs to its outputs (`Spec.outputs_shape`)."""
 
     def check(self, spec: Spec) -> None:
         """Raise ConfigError (one line) if the model cannot take `spec`'s examples (no TensorFlow)."""
@@ -58,12 +53,10 @@ class Model(Protocol):
         """How many layers have weights (the most stages `strategy.split=stages` can cut); None: known once built."""
 
     def activations_per_example(self, spec: Spec) -> int | None:
-        """Floats the layers compute per example of `spec` (their outputs; reshapes and dropout not counted), for
-        validation's memory estimate; None: unknown."""
+        """Floats the layers output per example, for validation's memory estimate; None: unknown."""
 
     def table_bytes(self, spec: Spec) -> int | None:
-        """Bytes of its embedding tables for `spec` (float32 rows), for validation's memory check; None: unknown
-        or none."""
+        """Bytes of its embedding tables for `spec`, for validation's memory check; None: unknown or none."""
 
     @property
     def dense_only(self) -> bool:
@@ -113,9 +106,8 @@ class ModelOptions:
 
 @dataclass
 class SequentialModel(ModelOptions):
-    """Base of the MNIST study's image models (mlp, cnn, lenet, nin), each one stack of layers in a few sizes:
-    `build` puts the data's Input before the model's `layers` and names the Keras model `<name>_<variant>`
-    (`lenet_default`), so a model lists only its layers. The MNIST target is the convnets' 99% (mlp sets its own)."""
+    """Base of the MNIST study's image models (mlp, cnn, lenet, nin): `build` puts the data's Input before the
+    model's `layers` and names the Keras model `<name>_<variant>`. The MNIST target is the convnets' 99%."""
 
     variant: str = "default"  # each model narrows it to a Literal of its sizes
 
@@ -135,9 +127,8 @@ class SequentialModel(ModelOptions):
 
 @dataclass
 class FunctionModel(ModelOptions):
-    """A user's function that returns a Keras model, called with the other keys of its YAML as keyword arguments,
-    plus `input_shape` and `classes` from the data's spec where it takes them (keras.applications' convention), and
-    the rest of `spec_arguments`."""
+    """A user's function that returns a Keras model, called with the other keys of its YAML as keyword arguments and
+    what the data says where it takes it (`spec_arguments`)."""
 
     target: str = ""
     kwargs: dict[str, Any] = field(default_factory=dict)
@@ -153,12 +144,9 @@ class FunctionModel(ModelOptions):
 
 
 def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
-    """The spec's `input_shape` and `classes` (token ids: also `vocabulary_size` and `sequence_length`; named
-    features: `classes`, `vocabulary_sizes`, one table size per categorical column, and `num_dense_features`) for
-    those `fn` takes, so a function that takes none of them still works; `classifier_activation=None` where it takes
-    that (a keras.applications constructor ends in softmax by default; the runner trains on logits); and
-    `include_preprocessing=False` where it takes that (EfficientNetV2, ConvNeXt and MobileNetV3 rescale 0-255 pixels
-    by default; the runner's images are in [0, 1]); the model's own keyword arguments may set it again."""
+    """Those of SPEC_ARGUMENTS the spec gives and `fn` takes (keras.applications' and keras_hub's names);
+    `classifier_activation=None` where it takes that (the runner trains on logits) and `include_preprocessing=False`
+    (the runner's images are in [0, 1], not 0-255)."""
     parameters = inspect.signature(fn).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     # Named features have no one input shape (an image model given input_shape=() fails inside Keras: IndexError).
@@ -177,11 +165,8 @@ def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
 
 
 def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> FunctionModel:
-    """A FunctionModel for `fn`, its keyword arguments checked against its signature now (before TensorFlow).
-
-    `variant` is the runner's size selector (the smoke preset asks for `tiny`): passed on when the function takes
-    it, else left out with a warning, since a function without it has one size.
-    """
+    """A FunctionModel for `fn`, its keyword arguments checked against its signature now (before TensorFlow);
+    `variant` (the smoke preset asks for `tiny`) is left out, with a warning, where the function does not take it."""
     kwargs = {k: v for k, v in rest.items() if k != "name"}
     given = [k for k in (*SPEC_ARGUMENTS, "classifier_activation") if k in kwargs]
     if given:
@@ -217,12 +202,10 @@ def variants(name: str) -> tuple[str | None, ...]:
 
 
 def check_lookups(name: str, built: keras.Model, spec: Spec) -> None:
-    """Refuse (ConfigError, one line) a built model whose embedding has fewer rows than the ids the data gives it: an
-    id past its rows reads zeros on a GPU and fails mid-run on a CPU (`indices[0] = 107617 is not in [0, 100)`).
-
-    Each embedding's ids are found by running the model up to it on the data's largest ids (`_largest_ids`), so a
-    lookup through slices, offsets or reshapes of the inputs is held to the ids it is given; an embedding inside a
-    nested or subclassed model, or one whose ids do not come from the inputs, is not seen."""
+    """Refuse (ConfigError, one line) a built model whose embedding has fewer rows than the ids the data gives it
+    (an id past its rows reads zeros on a GPU and fails mid-run on a CPU). Each embedding's ids are found by running
+    the model up to it on the data's largest ids; an embedding in a nested model, or not fed by the inputs, is not
+    seen."""
     import keras
     import numpy as np
 
@@ -241,9 +224,8 @@ def check_lookups(name: str, built: keras.Model, spec: Spec) -> None:
 
 
 def _largest_ids(spec: Spec) -> tuple[Any, list[tuple[str, int]]]:
-    """Examples of the data's largest ids (an array, or one per feature by name) and, for each example, where its
-    ids come from and their vocabulary: token ids, one example of vocabulary - 1 everywhere; named features, one
-    example per categorical column holding that column's largest id (every other input 0)."""
+    """Examples of the data's largest ids and, for each, where its ids come from and their vocabulary: token ids, one
+    example of vocabulary - 1 everywhere; named features, one example per categorical column (every other input 0)."""
     import numpy as np
 
     if spec.token_ids:
@@ -256,9 +238,8 @@ def _largest_ids(spec: Spec) -> tuple[Any, list[tuple[str, int]]]:
 
 
 def _ids_given(built: keras.Model, tensors: list, x: Any) -> list[Any]:
-    """What each of `tensors` (lookups' ids) holds when `built` is given `x` (named features by its Inputs' names);
-    None for one not computed from the inputs alone (a constant, a tensor of another model), which is not checked.
-    The model's flat `inputs`, not its `input`: a Sequential model has no `input` until called."""
+    """What each of `tensors` (lookups' ids) holds when `built` is given `x`; None for one not computed from the
+    inputs alone, which is not checked. (`inputs`: a Sequential model has no `input` until called.)"""
     import keras
     import numpy as np
 

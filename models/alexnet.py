@@ -2,10 +2,8 @@
 VALID convolution of stride 4, 3x3 max-pools of stride 2, then 5x5 and three 3x3 SAME convolutions, two dense layers
 of 4096 with dropout 0.5 (tf_cnn's default keep probability), and the logits; ReLU and biases throughout.
 
-tf_cnn_benchmarks feeds it 227x227 images (224 padded by 3, which the VALID convolution needs): there its last pool
-leaves 256x6x6 = 9,216 values per example. Other sizes keep the layers (the flatten follows the size); images below
-67x67, the least its layers take, are zero-padded to it around the centre, so every image task, MNIST too, trains.
-`default` is tf_cnn's widths; `tiny` the same shape at an eighth of the filters and 256 dense units, for smoke runs.
+tf_cnn_benchmarks feeds it 227x227 images; other sizes keep the layers, and images below the least its layers take
+are zero-padded to it around the centre, so every image task, MNIST too, trains.
 """
 
 from __future__ import annotations
@@ -56,8 +54,7 @@ class AlexNet(ModelOptions):
     variant: Variant = "default"
 
     def build(self, spec: Spec = IMAGENET):
-        """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits; shapes below are
-        tf_cnn_benchmarks' 227x227 input's."""
+        """An uncompiled keras.Model mapping images to logits (shapes below: tf_cnn_benchmarks' 227x227 input's)."""
         import keras
 
         filters, units = WIDTHS[self.variant]

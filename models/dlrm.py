@@ -1,15 +1,12 @@
 """DLRM, the layout of TF Model Garden's ranking model (official/recommendation/ranking; Naumov et al. 2019).
 
 The dense features go through a bottom MLP to one vector of the embedding dimension d; each categorical feature's
-id looks up a row of its own embedding table (d wide, as many rows as the data's vocabulary for it); the pairwise
-dot products of those F = 1 + tables vectors (the strictly lower triangle: F (F - 1) / 2 values) and the bottom
-MLP's output go through a top MLP to one logit, the log-odds of a click. Most of its parameters are the tables,
-whose gradients are sparse: only the rows a batch looked up (tf.IndexedSlices), which is what the strategies
-differ on (docs/pipelines-and-strategies.md).
+id looks up a row of its own table (d wide); the pairwise dot products of those F = 1 + tables vectors and the
+bottom MLP's output go through a top MLP to one logit, the log-odds of a click. Most of its parameters are the
+tables, whose gradients are sparse (the rows a batch looked up): what the strategies differ on.
 
-Variants: `tiny` for tests; `default` for this machine (d = 64: with data=clicks' default tables, 2.1M rows, 136M
-parameters in the tables, 0.3M in the MLPs); `criteo` as Model Garden's dlrm_criteo (d = 128, bottom 512-256-128,
-top 1024-1024-512-256-1; with Criteo's vocabularies (data.tables=criteo) 188M rows, 96 GB of tables: a cluster's).
+Variants: `tiny` for tests; `default` for one machine; `criteo` as Model Garden's dlrm_criteo (with Criteo's
+vocabularies, data.tables=criteo, a cluster's tables).
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ Variant = Literal["tiny", "default", "criteo"]
 
 @dataclass(frozen=True)
 class Sizes:
-    """A variant's widths: the embedding dimension (the bottom MLP's last width) and the MLPs' hidden widths (the
-    top MLP ends in one logit)."""
+    """A variant's embedding dimension (the bottom MLP's last width) and the MLPs' hidden widths."""
 
     embedding_dim: int
     bottom: tuple[int, ...]

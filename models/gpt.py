@@ -5,10 +5,8 @@ a final LayerNorm, and the output layer tied to the token embedding (logits = h 
 attention and MLP projections (nanoGPT's train.py default `bias=False`); weights drawn from N(0, 0.02), the
 projections into the residual stream from N(0, 0.02 / sqrt(2 * layers)), as nanoGPT initialises them.
 
-Variants are nanoGPT's Shakespeare recipes: `default` its CPU one (README: 4 layers, 4 heads, 128 channels, context
-64, batch 12, dropout 0; 0.80M parameters; validation loss 1.88 after 2,000 iterations on shakespeare_char),
-`baby` its GPU one (config/train_shakespeare_char.py: 6 layers, 6 heads, 384 channels, context 256, batch 64,
-dropout 0.2), and `tiny` for tests.
+Variants are nanoGPT's Shakespeare recipes: `default` its CPU one (README), `baby` its GPU one
+(config/train_shakespeare_char.py), and `tiny` for tests.
 """
 
 from __future__ import annotations
@@ -32,8 +30,7 @@ SIZES: dict[Variant, tuple[int, int, int, float]] = {
 
 def reversible_embedding(vocabulary: int, channels: int, init: Any, positions: int) -> Any:
     """A token embedding whose call with reverse=True maps (b, t, channels) states to (b, t, vocabulary) logits
-    with the same table (the tied output layer); the lookup's gradient is a sparse tf.IndexedSlices of the rows
-    used, the output layer's a dense (vocabulary, channels) one, and their sum is the table's gradient."""
+    with the same table (the tied output layer)."""
     import keras
 
     class ReversibleEmbedding(keras.layers.Embedding):
@@ -56,11 +53,8 @@ def reversible_embedding(vocabulary: int, channels: int, init: Any, positions: i
 
 
 def position_embedding(context: int, channels: int, init: Any) -> Any:
-    """A layer adding a learned (context, channels) table to its input: (b, t, channels) -> the same shape.
-
-    A layer of its own so that the table is a trainable weight of the model: `Embedding(context)` called on
-    `keras.ops.arange(context)` while building a functional model computes once, eagerly, and leaves a constant.
-    """
+    """A layer adding a learned (context, channels) table to its input; a layer of its own so that the table is a
+    trainable weight (an Embedding called on `arange` while building a functional model leaves a constant)."""
     import keras
 
     class PositionEmbedding(keras.layers.Layer):
@@ -125,8 +119,8 @@ class GPT(ModelOptions):
 
     def check(self, spec: Spec) -> None:
         if spec.target != "next_token":
-            raise ConfigError(f"model=gpt is a language model: it takes token ids labelled with the next token at "
-                              f"every position (data=shakespeare, or token files without labels); the data gives {spec}")
+            raise ConfigError("model=gpt is a language model: it takes token ids labelled with the next token at every "
+                              f"position (data=shakespeare, or token files without labels); the data gives {spec}")
 
     def activations_per_example(self, spec: Spec) -> int:
         """Per block: the norms, q, k, v, the attention output and projection (7 t c), the MLP (9 t c: 4c, GELU,

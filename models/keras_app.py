@@ -1,11 +1,7 @@
 """Any `keras.applications` constructor, untrained, built for the data's spec: `model=keras_app model.app=ResNet50`.
 
-The runner passes `input_shape` and `classes` from the data, `weights=None` (no download: the weights are initialised
-from the seed), `classifier_activation=None` (it trains on logits) and, where the constructor has it,
-`include_preprocessing=False` (its images are in [0, 1], not 0-255; EfficientNetB0-B7 divide by 255 regardless);
-`model.options` are the constructor's other keyword arguments, e.g. `+model.options.alpha=0.35` for a narrow
-MobileNetV2 (Hydra's + adds a key). Each
-constructor refuses what it cannot take (most need images of at least 32x32) in one line when the model is built.
+The runner passes what the data says (`spec_arguments`) and `weights=None` (no download: the weights are initialised
+from the seed); `model.options` are the constructor's other keyword arguments, e.g. `+model.options.alpha=0.35`.
 """
 
 from __future__ import annotations

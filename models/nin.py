@@ -14,7 +14,8 @@ from runner.data_pipelines import MNIST, Spec
 from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default", "paper"]
-CHANNELS: dict[Variant, tuple[int, int, int]] = {"tiny": (16, 16, 16), "default": (64, 96, 96), "paper": (192, 192, 192)}
+CHANNELS: dict[Variant, tuple[int, int, int]] = {"tiny": (16, 16, 16), "default": (64, 96, 96),
+                                                 "paper": (192, 192, 192)}
 _KERNELS = (5, 5, 3)  # spatial kernel of each block's first convolution
 
 

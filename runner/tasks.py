@@ -1,10 +1,8 @@
 """The task contract: what is learned from an example and how it is scored, written once for every layer.
 
 A dataset names its task (`data_pipelines.Spec.target`); `TASKS` maps the name to a `Task`, which owns the loss,
-the metrics (each with its direction, so a target knows whether to be reached from below or above) and the labels'
-dtype and shape. The step, evaluation, the floor, the FLOP count, validation of targets, the report's columns, plots
-and verdicts, the MLflow view and `runner check` read the task; none of them looks at shapes to choose a loss or a
-metric. A new kind of target is one `Task` here (and data that names it).
+the metrics (each with its direction) and the labels' dtype and shape. Every later stage reads the task, none looks
+at shapes to choose a loss or a metric; a new kind of target is one `Task` here (and data that names it).
 """
 
 from __future__ import annotations
@@ -16,18 +14,11 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Metric:
-    """A test figure a run logs as `test_<name>` and may be timed to (`train.target_<name>`).
+    """A test figure a run logs as `test_<name>` and may be timed to (`train.target_<name>`)."""
 
-    Attributes:
-        name: its key in metrics and config (accuracy, auc, loss, mae).
-        said: as a column, an axis or a sentence names it (accuracy, AUC, loss, MAE).
-        higher: higher is better (a target is met at or over it; else at or under it).
-        bounded: a figure in [0, 1] (accuracy, AUC): "learns the same" compares two runs' by their difference.
-    """
-
-    name: str
-    said: str
-    higher: bool
+    name: str  # its key in metrics and config (accuracy, auc, loss, mae)
+    said: str  # as a column, an axis or a sentence names it (accuracy, AUC, loss, MAE)
+    higher: bool  # higher is better (a target is met at or over it; else at or under it)
     bounded: bool = True  # in [0, 1]: two runs' figures compared by their difference, else relative to the first
 
     @property
@@ -54,25 +45,15 @@ METRICS = {m.name: m for m in (ACCURACY, LOSS, AUC, MAE)}
 
 @dataclass(frozen=True)
 class Task:
-    """What is learned from an example: its labels, the loss, the score a report shows beside the loss.
+    """What is learned from an example: its labels, the loss, the score a report shows beside the loss."""
 
-    Attributes:
-        name: the task's name (`Spec.target`).
-        score: the test figure a report shows beside the loss (accuracy, AUC, MAE).
-        labels_dtype: "int32" (class ids, 0/1) or "float32" (values).
-        per_position: a label at every input position (b, length): a language model's next token.
-        one_output: one output per example (a log-odds, a value), not one logit per class.
-        metrics: every figure evaluation logs besides the loss (the score among them).
-        said: what an example's label is, as a sentence says it ("{classes}" stands for the count).
-    """
-
-    name: str
-    score: Metric
-    labels_dtype: str = "int32"
-    per_position: bool = False
-    one_output: bool = False
-    metrics: tuple[Metric, ...] = ()
-    said: str = "{classes} classes"
+    name: str  # `Spec.target`
+    score: Metric  # the test figure a report shows beside the loss
+    labels_dtype: str = "int32"  # "int32" (class ids, 0/1) or "float32" (values)
+    per_position: bool = False  # a label at every input position (b, length): a language model's next token
+    one_output: bool = False  # one output per example (a log-odds, a value), not one logit per class
+    metrics: tuple[Metric, ...] = ()  # every figure evaluation logs besides the loss (the score among them)
+    said: str = "{classes} classes"  # what an example's label is, as a sentence says it ("{classes}": the count)
     # How a run's last line says its test figures: (metric, format) in order; () says the score, then the loss
     headline: tuple[tuple[str, str], ...] = ()
 
@@ -90,8 +71,7 @@ class Task:
         return (LOSS, *self.metrics)
 
     def loss(self, y: Any, outputs: Any) -> Any:
-        """The loss per example (b,) of float32 `outputs` against labels `y`, unreduced over the batch (the caller
-        divides by the global batch)."""
+        """The loss per example (b,), unreduced (the caller divides by the global batch)."""
         raise NotImplementedError
 
     def sums(self, y: Any, outputs: Any) -> dict[str, Any]:
@@ -102,7 +82,7 @@ class Task:
 @dataclass(frozen=True)
 class Classes(Task):
     """One of `classes` per example (b,), or at every position (b, length): sparse categorical cross-entropy of the
-    logits, averaged over the positions so that each weighs the same; the accuracy (per position)."""
+    logits, averaged over the positions; the accuracy (per position)."""
 
     def loss(self, y: Any, outputs: Any) -> Any:
         import keras
@@ -171,8 +151,7 @@ TASKS: dict[str, Task] = {
 
 @dataclass(frozen=True)
 class Target:
-    """What a run is timed to: a test figure (`metric`, a METRICS name: accuracy, AUC, loss) reaching `value` in
-    its direction (at or over a score, at or under a loss)."""
+    """What a run is timed to: a test figure (`metric`, a METRICS name) reaching `value` in its direction."""
 
     metric: str
     value: float
@@ -198,8 +177,7 @@ def target_of(train: Any) -> Target | None:
 
 
 def of_run(tags: dict[str, str], metrics: dict[str, float]) -> Task:
-    """The task of a logged run: its `task` tag; a run logged before the tag, by what it logged (a test AUC: a click
-    model's)."""
+    """The task of a logged run: its `task` tag, else by what it logged (a test AUC: a click model's)."""
     if tags.get("task") in TASKS:
         return TASKS[tags["task"]]
     return TASKS["binary"] if "test_auc" in metrics else CLASSES
@@ -213,9 +191,8 @@ def from_labels(dtype: str) -> str | None:
 
 
 def auc(labels: Any, scores: Any) -> float:
-    """The area under the ROC curve of `scores` (n,) for binary `labels` (n,): the probability that a random positive
-    scores above a random negative (ties count half), exactly, from the ranks (Mann-Whitney U). NaN without both
-    classes."""
+    """The exact area under the ROC curve of `scores` (n,) for binary `labels` (n,), from the ranks (Mann-Whitney U,
+    ties count half); NaN without both classes."""
     import numpy as np
 
     labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
