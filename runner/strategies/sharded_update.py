@@ -26,8 +26,6 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import numpy as np
-
 from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, Traffic, Training,
                                loss_scale, ring)
@@ -134,7 +132,8 @@ class ShardedTowers(Towers):
                 # adamw: a 1-D shard is not decayed; the tables' rows it owns are its tables
                 self.optimizers.append(training.optimizer_fn([shard, *owned], owned))
         # adamw's decay, applied here to the values of slice j that belong to weights of 2 or more dimensions
-        self.decayed = [self._mask(j, [len(v.shape) >= 2 for v in flats]) for j in range(n)]
+        flags = [tf.fill(v.shape, 1.0 if len(v.shape) >= 2 else 0.0) for v in flats]
+        self.decayed = [self._slice(flags, j) for j in range(n)]
         self._share(self.models[0], devices[0])
 
     def step(self, batches: Any):
@@ -213,12 +212,6 @@ class ShardedTowers(Towers):
         short = self.slice - sum(b - a for _, a, b in self.pieces[j])
         parts += [tf.zeros([short], grads[0].dtype)] if short else []
         return parts[0] if len(parts) == 1 else tf.concat(parts, 0)
-
-    def _mask(self, j: int, flags: list[bool]) -> tf.Tensor:
-        """Slice j (P/N,) of a per-variable flag: 1.0 where its value belongs to a variable whose flag is set."""
-        parts = [np.full(b - a, float(flags[v]), np.float32) for v, a, b in self.pieces[j]]
-        parts.append(np.zeros(self.slice - sum(len(p) for p in parts), np.float32))
-        return tf.constant(np.concatenate(parts))
 
     def _gather(self, model: Any) -> None:
         """Write the updated slices into a model copy's variables."""
