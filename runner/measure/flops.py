@@ -53,8 +53,7 @@ def _output_positions(layer: Any) -> int:
 
 
 def _forward_flops(layer: Any) -> float:
-    """Forward multiply-accumulate FLOPs per example of one layer (0 if it has no trainable weights and does not
-    count itself)."""
+    """Forward FLOPs per example of one layer (0 without trainable weights, unless it counts itself)."""
     import keras
 
     if _counts_itself(layer):  # models/gpt.py's tied embedding, models/dlrm.py's interaction (no weights)

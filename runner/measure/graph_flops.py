@@ -45,9 +45,8 @@ def _gradient_graph(model: Any, batch: int, training: bool, task: Task) -> Any:
 
 
 def _input_specs(model: Any, batch: int) -> Any:
-    """A TensorSpec of `batch` examples for the model's input, as the runner feeds it: one tensor (images or token
-    ids), or for several inputs a dict of them by name (a recommender's named features, each its own shape and
-    dtype: `Spec.features`)."""
+    """A TensorSpec of `batch` examples for the model's input, as the runner feeds it: one tensor, or for several
+    inputs a dict of them by name (a recommender's named features)."""
     import tensorflow as tf
 
     specs = {t.name: tf.TensorSpec((batch, *t.shape[1:]), t.dtype) for t in model.inputs}

@@ -25,8 +25,7 @@ INPUT_BOUND_RATIO = 3  # a pipeline slower than 3x the step rate leaves the devi
 
 
 class ReuseFreedMemory(Hook):
-    """Undo, after every call, the allocator setting a generator-based input iterator leaves (runner/measure/
-    malloc.py)."""
+    """Undo, after every call, the allocator setting generator-based input iterators leave (malloc.py)."""
 
     def after(self, step: int, n: int, seconds: float, last: bool) -> None:
         malloc.reuse()

@@ -79,8 +79,7 @@ def native(device_name: str, dtype: str) -> bool:
 
 
 def _gpu_description(device_name: str) -> tuple[str, tuple[int, int]]:
-    """GPU name and compute capability of the physical GPU behind `device_name` (past the physical count: GPU 0's,
-    which simulated ones are carved out of)."""
+    """Name and compute capability of the physical GPU behind `device_name` (GPU 0 for simulated ones)."""
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -103,8 +102,7 @@ def _describe(device_name: str, dtype: str) -> tuple[str, bool]:
 
 
 def describe_device(device_name: str) -> str:
-    """The device as cache keys name it: a CPU by model, instruction-set flags and cores; a GPU by name and compute
-    capability (logical devices of one physical device share it)."""
+    """The device as cache keys name it: a CPU by model, flags and cores; a GPU by name and compute capability."""
     return _describe(device_name, "float32")[0]
 
 
@@ -215,8 +213,7 @@ def _cache_path(cache_dir: Path | None = None) -> Path:
 
 
 def _announce(dtype: str, path: Path, refresh: bool) -> None:
-    """Say, before a probe starts, what it measures, where its figure is kept and about how long it takes: after a
-    run's last step it would otherwise be seconds of silence."""
+    """Say, before a probe starts, what it measures, where its figure is kept and about how long it takes."""
     log.info("measuring this machine's %s matmul peak %s for MFU (cached in %s): ~%d s", dtype,
              "again" if refresh else "once", path, PROBE_SECONDS)
 
@@ -231,11 +228,9 @@ def probe_peak(
     cache_dir: Path | None = None, refresh: bool = False,
 ) -> Peak | None:
     """The device's best dense-matmul GFLOP/s over the square matrices of `sizes`, each timed for about `seconds`,
-    measured once per machine and then read from the cache (`refresh`: measured again, the higher figure kept).
-
-    None if `dtype` has no native support on the device, or if other processes used more than BUSY of the CPUs during
-    two probes in a row (a warning says so; nothing is cached). ValueError: unknown dtype, or no GPU for a GPU device.
-    """
+    measured once per machine and then read from the cache (`refresh`: measured again, the higher figure kept). None
+    if `dtype` has no native support on the device, or if other processes used more than BUSY of the CPUs during
+    two probes in a row (a warning says so; nothing is cached). ValueError: unknown dtype, or no GPU for a GPU."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; use one of {DTYPES}")
     device, supported = _describe(device_name, dtype)

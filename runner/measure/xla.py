@@ -50,8 +50,7 @@ def key(plan: Any, device_name: str) -> str:
 
 def setting(plan: Any, device_name: str, folder: Path | None = None) -> Decision | None:
     """train.jit_compile resolved without measuring, or None (auto, and nothing cached for this model and batch):
-    a fixed true or false; off where the strategy cannot compile its step; the decision cached by an earlier run.
-    A run measures what this leaves open (runner.experiment.jit_decision); the cost model reads it as it is."""
+    a fixed true or false; off where the strategy cannot compile its step; the decision cached by an earlier run."""
     if plan.train.jit_compile != "auto":
         return Decision(bool(plan.train.jit_compile), f"train.jit_compile={str(plan.train.jit_compile).lower()}")
     if refusal := plan.strategy.jit_refusal():
@@ -105,19 +104,14 @@ def measure(timed: Callable[[bool], Timed]) -> dict[str, float]:
 
 
 def _decision(entry: dict, was_cached: bool) -> Decision:
-    """On when XLA's step is more than TIE faster; the reason names both figures (or why XLA could not compile the
-    step) and what was timed."""
-    cached_said = " (cached)" if was_cached else ""
+    """On when XLA's step is more than TIE faster; the reason names both figures and what was timed."""
+    label, when = entry.get("label", "this model"), entry.get("measured", "") + (" (cached)" if was_cached else "")
     if "xla_error" in entry:
-        return Decision(False, f"off: XLA cannot compile the step of {entry.get('label', 'this model')} "
-                               f"({entry['xla_error']}), {entry.get('measured', '')}{cached_said}")
+        return Decision(False, f"off: XLA cannot compile the step of {label} ({entry['xla_error']}), {when}")
     plain, xla = float(entry["plain_ms"]), float(entry["xla_ms"])
-    on = xla < plain * (1 - TIE)
-    verdict = "on" if on else "off"
-    ratio = plain / xla if xla > 0 else math.inf
-    return Decision(on, f"{verdict}: measured {xla:.3g} ms/step with XLA against {plain:.3g} without ({ratio:.2f}x) "
-                        f"for {entry.get('label', 'this model')}, {entry.get('measured', '')}"
-                        f"{cached_said}")
+    on, ratio = xla < plain * (1 - TIE), plain / xla if xla > 0 else math.inf
+    return Decision(on, f"{'on' if on else 'off'}: measured {xla:.3g} ms/step with XLA against {plain:.3g} without "
+                        f"({ratio:.2f}x) for {label}, {when}")
 
 
 def _path(folder: Path | None) -> Path:

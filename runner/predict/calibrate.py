@@ -50,8 +50,7 @@ def device_set_key(plan: Any) -> str:
 
 
 def towers_key(plan: Any) -> str:
-    """What the towers' time depends on: how many towers, the model, the example spec, the per-tower batch,
-    precision."""
+    """What the towers' time depends on: the towers, the model, the example spec, the per-tower batch, precision."""
     spec = (plan.spec.shape, plan.spec.dtype, plan.spec.classes)
     what = [asdict(plan.model), spec, plan.train.per_device_batch_size, plan.train.precision, plan.train.seed]
     what += ["xla"] if compiled(plan) else []  # the passes timed as the run compiles them
@@ -59,8 +58,7 @@ def towers_key(plan: Any) -> str:
 
 
 def compiled(plan: Any) -> bool:
-    """Whether the plan's runs XLA-compile their towers (`xla.setting`; not yet measured: off): the cost model
-    prices the passes the way the run will run them."""
+    """Whether the plan's runs XLA-compile their towers (`xla.setting`; not yet measured: off), as they are priced."""
     from runner.measure import xla
     from runner.runtime.devices import nvidia_gpus_present
 
@@ -78,9 +76,6 @@ def machine_key(plan: Any) -> str:
     return f"{device_set_key(plan)}|machine"
 
 
-# ---- the cache ------------------------------------------------------------------------------------------------
-
-
 def cache_path(cache_dir: Path | None = None) -> Path:
     return (cache_dir or runner_cache_dir()) / CACHE_FILE
 
@@ -95,9 +90,6 @@ def write_cache(entries: dict[str, dict], cache_dir: Path | None = None) -> None
     path = cache_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, {**read_cache(cache_dir), **entries})
-
-
-# ---- the microbenchmarks (in the child, TensorFlow set up as a run would) ------------------------------------
 
 
 def _chain_seconds(devices: list[str], size: int, ops: int) -> float:
@@ -120,8 +112,7 @@ def _chain_seconds(devices: list[str], size: int, ops: int) -> float:
 
 
 def op_seconds(device: str, ops: int = 200) -> float:
-    """The executor's fixed cost of one small op in a compiled step: chains of scalar ops of two lengths, so that
-    the call's own cost drops out."""
+    """The executor's fixed cost of one small op: chains of scalar ops of two lengths, the call's own cost cancelled."""
     return max(_chain_seconds([device], 1, 2 * ops) - _chain_seconds([device], 1, ops), 0.0) / ops
 
 
@@ -143,8 +134,7 @@ def machine(devices: list[str]) -> dict[str, Any]:
 
 
 def _cold_sets(set_bytes: int, steps: int) -> int:
-    """How many sets of arrays of `set_bytes` a cold microbenchmark of `steps` cycles through: enough to pass
-    COLD_BYTES (no cache keeps them), at least 2, at most one per step."""
+    """Sets of arrays of `set_bytes` a cold microbenchmark of `steps` cycles through: past COLD_BYTES, 2 to `steps`."""
     return max(2, min(steps, math.ceil(COLD_BYTES / set_bytes)))
 
 
@@ -162,10 +152,9 @@ def _on_each(devices: list[str], sets: int, make: Any) -> list[list[Any]]:
 
 
 def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: int = 10) -> float:
-    """Bytes per second that Adam's fused update (7 arrays of `floats` read or written) moves when it runs on every
-    device of `devices` at once. `cold`: each step updates other arrays than the last, as a training step's update
-    finds its weights and slots after the towers' passes pushed them out of the caches; warm: the same arrays every
-    step, like gradients summed right after the towers wrote them."""
+    """Bytes per second that Adam's fused update (7 arrays of `floats` read or written) moves on every device of
+    `devices` at once; `cold`: other arrays each step (a step's weights and slots, out of the caches after the
+    towers' passes), else the same ones (gradients summed right after the towers wrote them)."""
     import tensorflow as tf
 
     sets = _cold_sets(4 * 4 * floats * len(devices), steps) if cold else 1  # a set: weights, 2 slots, a gradient
@@ -185,9 +174,8 @@ def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: 
 
 
 def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, steps: int = 10) -> float:
-    """Bytes per second of slicing a vector of `floats` into `pieces` and concatenating them in another order (read
-    and write each byte twice), on every device of `devices` at once: what cutting gradients into slices and
-    assembling updated weights moves. Cold, like the update: each step copies other vectors than the last."""
+    """Bytes per second of slicing a vector of `floats` into `pieces` and concatenating them in another order, on
+    every device of `devices` at once, cold: what cutting gradients into slices and assembling weights moves."""
     import tensorflow as tf
 
     sets = _cold_sets(4 * floats * len(devices), steps)
@@ -204,7 +192,7 @@ def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, step
                     out.append(tf.concat([y[a:b] for a, b in zip(bounds, bounds[1:])][::-1], 0))  # not foldable
         return out
 
-    return 4 * 4 * floats * len(devices) * steps / median_seconds(copies, REPEATS)
+    return 4 * 4 * floats * len(devices) * steps / median_seconds(copies, REPEATS)  # each byte read, written twice
 
 
 def looked_up(model: Any, batches: list[tuple[Any, Any]]) -> list[list[Any]]:

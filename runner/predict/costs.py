@@ -78,8 +78,7 @@ def check_covered(plan: Any) -> None:
 
 
 def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: dict[str, Any]) -> Prediction:
-    """The predicted step of `plan` from its calibrations (machine, towers, input entries). Raises ConfigError when
-    the strategy has no cost model."""
+    """The predicted step of `plan` from its calibration entries; ConfigError when the strategy has no cost model."""
     n = plan.local_towers
     weight_bytes, variables = int(towers["weight_bytes"]), int(towers["variables"])
     rows = Rows(float(towers.get("row_bytes", 0)), int(towers.get("tables", 0)))

@@ -125,8 +125,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
 
 
 def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> None:
-    """`outcome`'s prediction on the plan's named hardware, or why there is none; the model's layers are read once
-    per model and input shape (`layers`, a cache across combinations)."""
+    """`outcome`'s prediction on the plan's named hardware, or why there is none (`layers`: read once per model)."""
     from omegaconf import OmegaConf
 
     model = OmegaConf.to_container(plan.cfg.model, resolve=True)
@@ -143,8 +142,7 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
 
 
 def _covering(members: list[tuple[Any, Outcome]], wanted: set[str]) -> list[list[str]]:
-    """The overrides of the first combinations that between them need every calibration in `wanted`: the child
-    composes only those (a grid has dozens per device set)."""
+    """The overrides of the first combinations that between them need every calibration in `wanted`."""
     left, out = set(wanted), []
     for plan, outcome in members:
         if keys(plan) & left:
@@ -183,8 +181,7 @@ def _priced(plan: Any, entries: dict[str, dict]) -> Prediction:
 
 
 def ranked(outcomes: list[Outcome]) -> list[Outcome]:
-    """Predicted combinations fastest first within each unit (images/s, tokens/s, ...: rates of different units are
-    never ranked against each other), then the others in their given order."""
+    """Predicted combinations fastest first within each unit (never ranked across units), then the others."""
     priced = [o for o in outcomes if o.prediction]
     units = list(dict.fromkeys(o.prediction.unit for o in priced))
     ordered = [o for u in units for o in sorted((o for o in priced if o.prediction.unit == u),
@@ -248,8 +245,7 @@ def fastest_line(outcomes: list[Outcome]) -> str:
 
 
 def predict_elsewhere(combos: list[list[str]]) -> list[Outcome]:
-    """`predict_all` in a fresh process, for callers inside a Hydra app (a sweep's start), where composing other
-    configs is not allowed."""
+    """`predict_all` in a fresh process, for callers inside a Hydra app, where composing other configs is refused."""
     result = _child(["-m", "runner.predict.grid", json.dumps(combos)], 1200)
     if isinstance(result, dict):  # {"error": ...}
         return [Outcome(c, " ".join(c), error=f"prediction failed: {result['error']}") for c in combos]

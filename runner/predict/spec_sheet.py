@@ -180,8 +180,7 @@ def largest_fitting_batch(model_layers: list[Layer], optimizer: str, precision: 
 
 
 def price(plan: Any, model_layers: list[Layer]) -> dict[str, float]:
-    """The terms (seconds per step) of `plan`'s step on its hardware (a SpecSheet). Raises ConfigError when the
-    strategy has no spec-sheet model or the model does not fit a device."""
+    """The terms (seconds per step) of `plan`'s step on its spec sheet; ConfigError when the model does not fit."""
     hw, train = plan.hardware, plan.train
     nodes = hw.nodes_for(max(plan.gpus, 1))
     local = plan.strategy.towers(plan.gpus) // nodes if plan.strategy.data_parallel else 1

@@ -32,14 +32,8 @@ class Kind:
 
 def _said(row: Any) -> dict[str, str]:
     """What a row says of its own kind: only the figures it measured (a rate, a score, a target) say anything."""
-    said = {}
-    if not math.isnan(row.rate):
-        said["unit"] = row.unit
-    if not math.isnan(row.score):
-        said["score"] = row.score_metric
-    if not math.isnan(row.target):
-        said["target"] = row.target_metric
-    return said
+    named = {"unit": ("rate", "unit"), "score": ("score", "score_metric"), "target": ("target", "target_metric")}
+    return {key: getattr(row, name) for key, (figure, name) in named.items() if not math.isnan(getattr(row, figure))}
 
 
 def _kinds(rows: list[Any]) -> list[Kind | None]:
@@ -58,9 +52,8 @@ def _kinds(rows: list[Any]) -> list[Kind | None]:
 
 
 def split(rows: Iterable[T]) -> list[tuple[Kind, list[T]]]:
-    """The rows in parts of one kind each, in the order their kinds first appear and each in the rows' order (one
-    part for rows of one kind; none for no rows); rows of models that said nothing join the first part, where they
-    mix no figures."""
+    """The rows in parts of one kind each, in the order their kinds first appear and each in the rows' order; rows
+    of models that said nothing join the first part, where they mix no figures."""
     rows = list(rows)
     kinds = _kinds(rows)
     order = list(dict.fromkeys(k for k in kinds if k is not None)) or [Kind()]

@@ -76,8 +76,8 @@ def _bars(plt: Any, done: list[Any], unit: str, path: Path) -> None:
 
 
 def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
-    """Accuracy against training seconds per run (`curves`: run id -> [(seconds, accuracy), ...]); test loss where
-    the runs were timed to a loss (a language model's train.target_loss), test AUC to an AUC (a click model's)."""
+    """The test figure the runs were timed to against training seconds per run (`curves`: run id -> [(seconds,
+    value), ...])."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     stars = 0
@@ -107,8 +107,7 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
 
 
 def accuracy(rows: list[Any], path: Path) -> None:
-    """Final test accuracy (a click model's test AUC) per combination: dots on an axis zoomed to the data, values
-    printed."""
+    """Final test score per combination: dots on an axis zoomed to the data, values printed."""
     plt, score = _pyplot(), METRICS[kinds.one(rows).score]
     done = sorted([r for r in rows if r.status == "FINISHED" and not math.isnan(r.score)], key=lambda r: r.score)
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))

@@ -23,9 +23,8 @@ from runner.tasks import METRICS
 
 @dataclass(frozen=True)
 class Tolerance:
-    """How close a run's final test figures (its task's score and its loss) must be to the 1-device run's to count
-    as learning the same: a score in [0, 1] (accuracy, AUC) by its difference, an unbounded one (the loss) by its
-    difference relative to the 1-device run's."""
+    """How close a run's final test score and loss must be to the 1-device run's to count as learning the same: a
+    bounded score by its difference, an unbounded one (the loss) by its relative difference."""
 
     accuracy: float = 0.01  # absolute difference of a bounded score (test accuracy, AUC)
     loss: float = 0.10  # relative difference of an unbounded figure (test loss)
@@ -87,14 +86,9 @@ class Combination:
         values = self.values(key)
         return statistics.median(values) if values else math.nan
 
-    @property
-    def devices(self) -> int:
-        return self.runs[0].devices
-
 
 def learns_same(run: Run, base: Run | None, tolerance: Tolerance) -> bool | None:
-    """Whether `run` ends within `tolerance` of `base` (its model's 1-device run); None when there is nothing to
-    compare (no base, or a figure missing)."""
+    """Whether `run` ends within `tolerance` of `base` (its model's 1-device run); None: nothing to compare."""
     if base is None or any(math.isnan(v) for v in (run.score, run.loss, base.score, base.loss)):
         return None
     return tolerance.within(run.score_metric, run.score, base.score) and tolerance.within("loss", run.loss, base.loss)
@@ -135,7 +129,7 @@ def run_to_run_spread(combos: list[Combination], key: str, compared: Iterable[Co
     found = [Spread(_relative(c.values(key)), f"repeats of {c.name}") for c in combos if len(c.values(key)) > 1]
     judged = {c.name for c in compared}
     one_device = [c.median(key) for c in combos if c.name not in judged
-                  and c.devices == 1 and not c.runs[0].host_only and not math.isnan(c.median(key))]
+                  and c.runs[0].devices == 1 and not c.runs[0].host_only and not math.isnan(c.median(key))]
     if len(one_device) > 1:
         found.append(Spread(_relative(one_device), f"{len(one_device)} one-device runs"))
     return max(found, key=lambda s: s.relative, default=None)
@@ -198,32 +192,23 @@ class Verdict:
 
 def _speed(c: Combination, basis: str) -> float:
     """Larger is faster: images/s (tokens/s, examples/s), or 1 / time to the target."""
-    if basis == "throughput":
-        return c.median("rate")
-    return 1.0 / c.median("time_to_target")
+    return c.median("rate") if basis == "throughput" else 1.0 / c.median("time_to_target")
 
 
 def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]:
     """One verdict per model over its finished runs (ties go to the first combination by name), per kind of run
     (runner/report/kinds.py): a model's runs of two units are two verdicts, never one ranking."""
-    return [v for _, part in kinds.split(runs) for v in _decide(part, tolerance)]
-
-
-def _decide(runs: list[Run], tolerance: Tolerance) -> list[Verdict]:
-    """One verdict per model over runs of one kind."""
     verdicts = []
-    for model in sorted({r.model for r in runs}):
-        mine = [r for r in runs if r.model == model and r.status == "FINISHED"]
-        combos = sorted(_combinations(mine), key=lambda c: c.name)
-        if not combos:
-            continue
-        reached = [c for c in combos if c.values("time_to_target")]
-        basis = "time to target" if reached else "throughput"
-        ranked = sorted([c for c in (reached or combos) if not math.isnan(_speed(c, basis))],
-                        key=lambda c: -_speed(c, basis))
-        if not ranked:
-            continue
-        verdicts.append(_verdict(model, basis, ranked, mine, combos, len(reached), tolerance))
+    for _, part in kinds.split(runs):
+        for model in sorted({r.model for r in part}):
+            mine = [r for r in part if r.model == model and r.status == "FINISHED"]
+            combos = sorted(_combinations(mine), key=lambda c: c.name)
+            reached = [c for c in combos if c.values("time_to_target")]
+            basis = "time to target" if reached else "throughput"
+            ranked = sorted([c for c in (reached or combos) if not math.isnan(_speed(c, basis))],
+                            key=lambda c: -_speed(c, basis))
+            if ranked:
+                verdicts.append(_verdict(model, basis, ranked, mine, combos, len(reached), tolerance))
     return verdicts
 
 
