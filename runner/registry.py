@@ -1,14 +1,10 @@
 """One registry per component kind (model, pipeline, strategy, data), and typed options from a config node.
 
-A component is a dataclass: its fields are its options (choices as `Literal`s, each default written once) and its
-methods do its work. A built-in component registers itself with its kind's registry (`@MODELS.register` in its
-module), which also stores its fields as the Hydra schema `schema/<kind>/<name>` that its YAML extends. A user's
-component is named by `_target_` in a YAML of their own config directory (`--config-dir`): the dotted path of such
-a class (or, where the kind allows it, of a plain function, e.g. one returning a Keras model).
-
-Hydra composes the YAML; `Registry.options(node)` turns the composed node into the component object, checking
-types, unknown keys and choices with one-line `ConfigError`s. Nothing here imports TensorFlow: component modules
-import it lazily, so validation runs before TensorFlow starts.
+A component is a dataclass: its fields are its options (choices as `Literal`s) and its methods do its work. A built-in
+registers itself (`@MODELS.register`), which also stores its fields as the Hydra schema `schema/<kind>/<name>` that
+its YAML extends; a user's is named by `_target_` (a class, or where the kind allows it a plain function).
+`Registry.options(node)` turns the composed node into the component object, with one-line `ConfigError`s. Nothing
+here imports TensorFlow, so validation runs before TensorFlow starts.
 """
 
 from __future__ import annotations

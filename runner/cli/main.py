@@ -92,9 +92,8 @@ def _report(e: BaseException) -> NoReturn:
 
 
 def _exit_now(code: int) -> None:
-    """Exit once everything is recorded, skipping the interpreter's teardown when TensorFlow is loaded: destroying
-    its objects took up to a minute after 8-device runs of the sharded pipeline (each input iterator's destructor
-    waits on its background threads) and does nothing a user needs. Logs and output are flushed first."""
+    """Exit once everything is recorded (logs and output flushed), skipping the interpreter's teardown when
+    TensorFlow is loaded: destroying its input iterators can wait on their threads for long, for nothing a user needs."""
     if "tensorflow" not in sys.modules:
         sys.exit(code)
     logging.shutdown()
@@ -108,8 +107,7 @@ SUBCOMMANDS = ("report", "check", "predict", "replay")  # runner.cli.<name>.main
 
 def subcommand(name: str, argv: list[str]) -> int:
     """`runner NAME ARGS`: the subcommand's own exit status, or 130 on Ctrl-C; what it does not catch itself (a
-    store's refusal, a config Hydra cannot compose) is one `error:` line and SystemExit(2). The command's edge, which
-    the tests pass through in their own process."""
+    store's refusal, a config Hydra cannot compose) is one `error:` line and SystemExit(2)."""
     import importlib
 
     from hydra.errors import HydraException

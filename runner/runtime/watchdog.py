@@ -1,15 +1,10 @@
 """A bounded, interruptible wait for a multi-worker job's peers.
 
-MultiWorkerMirroredStrategy's constructor waits until every worker in the cluster has started, inside TensorFlow's
-C++ code and holding Python's interpreter lock: no Python code of the process runs meanwhile, so neither a timeout
-nor a Ctrl-C handler can act, and TensorFlow's own SIGTERM handler (its preemption notifier) swallows SIGTERM.
-The wait is watched from outside instead: a small process started just before it, which
-
-- exits quietly once told the cluster is up;
-- after `strategy.peer_timeout` seconds prints one `error:` line naming the workers waited for, ends the job's MLflow
-  run FAILED, and kills the stuck process;
-- on Ctrl-C (SIGINT reaches the whole foreground process group) or SIGTERM sent to it, ends the run KILLED and
-  kills the stuck process.
+MultiWorkerMirroredStrategy's constructor waits for every worker inside TensorFlow's C++ code, holding Python's
+interpreter lock: no timeout or Ctrl-C handler can act, and TensorFlow's own SIGTERM handler swallows SIGTERM. A small
+process started just before the wait watches it instead: it exits once told the cluster is up; after
+`strategy.peer_timeout` seconds it prints one `error:` line naming the workers waited for, ends the job's MLflow run
+FAILED and kills the stuck process; on Ctrl-C or SIGTERM it ends the run KILLED and kills the stuck process.
 
     [RUNNER_WATCHDOG_URI=URI] python -m runner.runtime.watchdog --pid PID --seconds S --name worker0 \
         --waiting-for "host:port, ..." [--run-id ID]

@@ -23,10 +23,8 @@ NAME = "mlflow_journal.jsonl"
 
 
 class Journal:
-    """The writes of one run, in order, with the store's acknowledgements; in memory and, given a path, on disk.
-
-    A journal that cannot be written (its disk full too) keeps its entries in memory and says so once.
-    """
+    """The writes of one run, in order, with the store's acknowledgements; in memory and, given a path, on disk (a
+    file that cannot be written, its disk full too, is said once and the entries stay in memory)."""
 
     def __init__(self, path: Path | None, header: dict[str, Any],
                  on_error: Callable[[OSError], None] | None = None):

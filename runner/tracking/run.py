@@ -67,13 +67,10 @@ def record_invalid(cfg: DictConfig, error: Exception, parent: str | None) -> Non
 
 
 class Run(Recorder):
-    """One MLflow run, written through MlflowClient (no global 'active run' state).
-
-    Every write goes to the run's journal first (runner/tracking/journal.py) and then to the store. A store that fails
-    mid-run does not stop training: the run goes offline, keeps journaling, tries the store again every
-    OFFLINE_RETRY_SECONDS (one quick attempt), and at the end sends everything (trying for up to `final_wait` seconds)
-    or raises a StoreError naming the journal and the `runner replay` command. The journal file goes in `folder`
-    (None: in memory); `system_metrics`: seconds between samples (0: none); `final_wait`: `mlflow.final_wait`.
+    """One MLflow run, written through MlflowClient (no global 'active run' state), each write to its journal (in
+    `folder`, else in memory) first. A store that fails mid-run does not stop training: the run goes offline, tries
+    the store again every OFFLINE_RETRY_SECONDS, and at the end sends everything (trying for up to `final_wait`
+    seconds) or raises a StoreError naming the journal and `runner replay`. `system_metrics`: seconds between samples.
     """
 
     def __init__(self, uri: str, experiment: str, tags: dict[str, str], folder: OutputFolder | None = None,

@@ -91,11 +91,9 @@ def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
 
 
 def close_dead_sweep(client: Any, parent: str) -> str | None:
-    """End a sweep's parent run that its sweep, gone from this host, left RUNNING, once none of its jobs runs any
-    more (each abandoned job is closed first): KILLED, whatever its jobs' statuses, as the sweep was stopped before
-    it could end its run (and may not have started every job). Returns that status; None when it left the parent as
-    it was (ended already, its sweep alive or on another host, or a job still running).
-    """
+    """End KILLED a sweep's parent run that its sweep, gone from this host, left RUNNING, once none of its jobs runs
+    any more (each abandoned job is closed first), and return that status; None when it left the parent as it was
+    (ended already, its sweep alive or on another host, or a job still running)."""
     run = client.get_run(parent)
     if not abandoned(run):
         return None
