@@ -1,11 +1,5 @@
-"""What a run measures beside the training loop: hooks around its calls, and figures taken after it.
-
-- `ReuseFreedMemory` (hook): undoes, after every call, the allocator setting TensorFlow's generator datasets leave
-  behind (`runner.measure.malloc`).
-- `LossScaleMetrics` (hook): logs the loss scale and the skipped updates (train.precision=mixed_float16).
-- `Profile` (hook): traces the first call that would be timed with TensorFlow's profiler (`runner.measure.profile`).
-- `input_figures` (after training): the input pipeline's rate alone beside the training step's.
-- `peak_rss_mb` (after training): the process's peak resident memory.
+"""What a run measures beside the training loop: hooks around its calls (`ReuseFreedMemory`, `LossScaleMetrics`,
+`Profile`), and figures taken after it (`input_figures`, `peak_rss_mb`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Where a training step's time goes: trace one compiled call with TensorFlow's profiler and sum it by op kind.
 
-`train.profile=true` traces the first timed call (it is then left out of the timing) into `<run dir>/profile`
-(TensorBoard's profile plugin reads it) and logs `profile.md`: the op time of each op kind per step (each op's span
-on its thread, nested ops not counted twice), beside the step's wall time. On devices that share the same cores,
-the op time of all devices over the cores is a floor for the step time: a strategy can only be as fast as the work
-its devices add up to (waiting ops aside).
+`train.profile=true` traces the first timed call (then left out of the timing) into `<run dir>/profile` (for
+TensorBoard) and logs `profile.md`: the op time of each op kind per step beside the step's wall time. On devices that
+share the same cores, the op time of all devices over the cores is a floor for the step time.
 """
 
 from __future__ import annotations
