@@ -34,15 +34,8 @@ from runner.tasks import CLASSES, Task
 
 def not_a_bound(simulated: bool, kind: str, count: int, cores: int | None = None) -> str | None:
     """Why the floor would not bound the step on these devices, or None where it does (one device; real GPUs).
-
-    On simulated CPU devices (sharing the host's cores, one thread per op each, the towers interleaved by the
-    executor) steps ran their towers' passes, the all-reduce and the update faster than the passes alone take however
-    timed. NIN at batch 128 on 4 simulated devices and 2 cores (Intel Xeon family 6 model 207), 6 interleaved rounds
-    of 10 steps in one process: mirrored/split's step 155-163 ms (fastest), the 4 towers' passes at once 172-187 ms
-    (random or real inputs, 1 or 10 parallel iterations), one tower alone 46 ms x 4 = 185 ms, the global batch on one
-    device 211 ms; a call of 10 steps trains the same weights as 10 calls of one (no overlap of steps). On 2 devices
-    (bench floors, 3 rounds): NIN mirrored/split's step 0.93 (0.90-0.96) of its floor, lenet's 0.99 (0.88-1.05),
-    while the MLP's and CNN's held at 1.03-1.46."""
+    On simulated CPU devices sharing the host's cores the executor interleaves the towers, and whole steps measured
+    faster than their towers' passes alone, however timed (docs/benchmarks.md)."""
     cores = cores or os.cpu_count() or 1
     if simulated and kind == "CPU" and count > 1:
         return (f"not measured: on {count} simulated CPU devices sharing {cores} core{'s' * (cores > 1)} the towers' "

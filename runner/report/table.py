@@ -351,6 +351,7 @@ def sweep_end(client: Any, parent: str) -> list[str]:
     selection = Selection(experiment, run.info.experiment_id, parent, "")
     rows = fetch(client, selection, "")
     lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))] + prediction_lines(rows)
-    return ["", _by_kind(rows, compact), "", *lines, "", f"experiment: {experiment!r}; table, plots and verdict: runner report "
-            f"--experiment {experiment} --parent {parent}",
+    return ["", _by_kind(rows, compact), "", *lines, "",
+            f"experiment: {experiment!r}; table, plots and verdict: runner report --experiment {experiment} --parent "
+            f"{parent}",
             ui.where_to_look(client.tracking_uri, run.info.experiment_id)]
