@@ -252,9 +252,8 @@ HYDRA_GROUPS = ("hydra/launcher", "hydra/sweeper")  # Hydra's own groups a user 
 
 
 def group_options(group: str, extra_dirs: tuple[Path, ...] = ()) -> list[str]:
-    """The options of a config group: the YAML files in `conf/<group>/` and in `<dir>/<group>/` of each extra
-    config directory (a user's `--config-dir` or `hydra.searchpath` entries); for Hydra's own groups, also the
-    options its installed plugins register."""
+    """The options of a config group: the YAML files in `conf/<group>/` and in `<dir>/<group>/` of each extra config
+    directory (`--config-dir`, `hydra.searchpath`); for Hydra's own groups, also those its plugins register."""
     names = {p.stem for folder in (CONF_DIR, *extra_dirs) for p in (folder / group).glob("*.yaml")}
     if group in HYDRA_GROUPS:
         from hydra.core.plugins import Plugins

@@ -1,9 +1,8 @@
 """`tf = lazy("tensorflow")`: a module imported on its first attribute use.
 
-Component modules (strategies, the shared strategy pieces) define their options beside their TensorFlow code.
-Config validation imports them to read those options before TensorFlow may be imported (the devices must be
-configured first, and a bad config should fail in well under a second), so they refer to TensorFlow and Keras
-through this proxy; type checkers see the real import (`if TYPE_CHECKING: import tensorflow as tf`).
+Component modules define their options beside their TensorFlow code, and config validation reads those options
+before TensorFlow may be imported (the devices must be configured first, and a bad config should fail fast), so they
+refer to TensorFlow and Keras through this proxy; type checkers see the real import (`if TYPE_CHECKING: ...`).
 """
 
 from __future__ import annotations

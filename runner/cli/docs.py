@@ -1,10 +1,9 @@
 """`python -m runner.cli.docs`: write docs/configuration.md from the config schema, and README.md's "config at a
 glance" from the registries, so that neither can drift.
 
-Every key comes from the dataclasses themselves: the top level (runner/config.py) and each registered component's
-options (its module), with its type, default, what is allowed (the `Literal` choices and `RULES`) and the comment
-written beside the field. The README's table lists every option of every group (the registries and conf/), the
-default marked, and the built-in models by the task they take (each model's own check against a task's data).
+Every key comes from the dataclasses themselves (runner/config.py's top level, each registered component's options),
+with its type, default, what is allowed (`Literal` choices, `RULES`) and the comment beside the field; the README's
+table lists every option of every group, the default marked, and the built-in models by the task they take.
 tests/test_docs.py checks that the committed pages are what this writes.
 """
 

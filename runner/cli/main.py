@@ -93,7 +93,7 @@ def _report(e: BaseException) -> NoReturn:
 
 def _exit_now(code: int) -> None:
     """Exit once everything is recorded (logs and output flushed), skipping the interpreter's teardown when
-    TensorFlow is loaded: destroying its input iterators can wait on their threads for long, for nothing a user needs."""
+    TensorFlow is loaded: destroying its input iterators can wait long on their threads, for nothing a user needs."""
     if "tensorflow" not in sys.modules:
         sys.exit(code)
     logging.shutdown()

@@ -20,10 +20,9 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 
 
 def expand_repeats(args: list[str]) -> tuple[list[str], str | None]:
-    """`sweep.repeats=R` (R > 1) in a multirun: a sweep over `sweep.round=range(R)` put before every other swept
-    key. Hydra's sweeper varies the first swept key slowest, so every combination runs once per round, round after
-    round (a slow spell of the host hits all combinations alike). Returns the arguments and an error line (None if
-    fine)."""
+    """`sweep.repeats=R` (R > 1) in a multirun: a sweep over `sweep.round=range(R)` put first, which Hydra varies
+    slowest, so every combination runs once per round (a slow spell of the host hits all combinations alike).
+    Returns the arguments and an error line (None if fine)."""
     repeats = [a.split("=", 1)[1] for a in args if a.startswith("sweep.repeats=")]
     if repeats and not (repeats[-1].isdigit() and int(repeats[-1]) > 0):  # refused before any job starts
         return args, f"sweep.repeats={repeats[-1]} is not allowed; expected {allowed('sweep.repeats')}"
@@ -40,9 +39,8 @@ def expand_repeats(args: list[str]) -> tuple[list[str], str | None]:
 
 
 def preflight(argv: list[str]) -> tuple[list[str], str | None]:
-    """Everything the command line checks before Hydra starts: `sweep.repeats` expanded, group choices, the launcher
-    settings Hydra does not check, the launch folder. Returns the arguments for Hydra and the error line (None if
-    fine)."""
+    """The arguments for Hydra and the error line (None if fine) of what the command line checks before Hydra starts:
+    `sweep.repeats` expanded, group choices, the launcher settings Hydra does not check, the launch folder."""
     args, error = expand_repeats(argv)
     return args, error or check_group_overrides(args) or check_launch_dir(args)
 

@@ -30,9 +30,8 @@ HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACK
 
 
 def bound_http_retries() -> None:
-    """Apply HTTP_BOUNDS where the user has not set their own (MLflow reads them at every request), and keep
-    MLflow from printing run links itself: they would show credentials written into the tracking URI, and the runner
-    prints its own (masked) link."""
+    """Apply HTTP_BOUNDS where the user has not set their own (MLflow reads them at every request), and keep MLflow
+    from printing run links, which would show credentials written into the tracking URI (the runner's are masked)."""
     for name, value in HTTP_BOUNDS.items():
         os.environ.setdefault(name, value)
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"

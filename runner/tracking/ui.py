@@ -7,9 +7,8 @@
   it is timed to and its time to that target), then model, pipeline, strategy and devices, sorted by start time so
   that sweep children nest under their parent. A run adds its kind's columns to the view when it starts (`set_up`),
   so an experiment shows the figures of the kinds it holds and no others.
-- `view_url` opens that view on the runs table. MLflow 3.17 chooses between its GenAI overview and the runs table
-  from a `workflowType` URL parameter (else the browser's last choice, by default GenAI), not from the experiment,
-  so the URL names `workflowType=machine_learning`.
+- `where_to_look` names the URL of that view, with `workflowType=machine_learning`: MLflow 3.17 chooses between its
+  GenAI overview and the runs table from that URL parameter (else the browser's last choice), not the experiment.
 """
 
 from __future__ import annotations
