@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -242,6 +242,13 @@ def finish(ds: Any, opts: Any) -> Any:
 def batched(ds: Examples, batch: int, opts: Any):
     """`ds.batched`: batches converted as the model takes them, prefetched on the host."""
     return ds.batched(batch, opts)
+
+
+@dataclass(frozen=True)
+class Feed:
+    """A pipeline's feed (the `Batches` contract): `next()`, called inside the compiled loop, gives a batch a tower."""
+
+    next: Callable[[], list[tuple[Any, Any]]]
 
 
 def per_tower_batch(global_batch: int, towers: int) -> int:

@@ -114,8 +114,12 @@ class Files(DatasetOptions):
             from runner.data_pipelines.clicks import load_tsv
 
             return load_tsv(self._folder(), self.spec(), self.train_limit, self.test_limit)
-        if self._format() == "npy" and self._layout() == "stream":
-            return self._stream(seed)
+        if self._format() == "npy" and self._layout() == "stream":  # the validation stream cut to test_limit windows
+            from runner.data_pipelines.text import MappedStream
+
+            spec, test = self._npy_spec(), self._array("x_test")
+            test = test[: self.test_limit * spec.shape[0] + 1] if self.test_limit else test
+            return MappedStream(self._array("x_train"), test, spec, seed, self.train_limit)
         if self._format() == "npy" and self._layout() == "sequences":
             from runner.data_pipelines.text import SequenceFiles
 
@@ -135,16 +139,6 @@ class Files(DatasetOptions):
         decode = partial(click_decoder, spec) if spec.features else partial(token_decoder, spec, self.sequence_length) \
             if spec.token_ids else partial(decoder, spec, self.label_offset)
         return RecordData(train, test, spec, decode, self.train_limit, self.test_limit)
-
-    def _stream(self, seed: int) -> Any:
-        """The token streams, memory-mapped, the validation one cut to data.test_limit windows."""
-        from runner.data_pipelines.text import MappedStream
-
-        spec = self._npy_spec()
-        test = self._array("x_test")
-        if self.test_limit:
-            test = test[: self.test_limit * spec.shape[0] + 1]
-        return MappedStream(self._array("x_train"), test, spec, seed, self.train_limit)
 
     def _array(self, name: str) -> np.ndarray:
         """`name`.npy memory-mapped; DataError where it is missing, not an array, or holds no example (an empty

@@ -9,22 +9,9 @@ the replicas in turn, which is the same feed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from runner.data_pipelines import PIPELINES, PipelineOptions
-from runner.data_pipelines.common import batched, per_tower_batch, shuffled
-
-
-class Batches:
-    """Per-step tower batches; `next()` is called inside the compiled training loop."""
-
-    def __init__(self, ds, global_batch: int, towers: int, opts: PipelineOptions, seed: int):
-        self.towers = towers
-        self._it = iter(batched(shuffled(ds, opts.shuffle_buffer, seed), per_tower_batch(global_batch, towers), opts))
-
-    def next(self) -> list[tuple[Any, Any]]:
-        """`towers` consecutive batches of ((global/towers, H, W, C) images, (global/towers,) labels)."""
-        return [next(self._it) for _ in range(self.towers)]
+from runner.data_pipelines.common import Feed, batched, per_tower_batch, shuffled
 
 
 @PIPELINES.register
@@ -34,9 +21,11 @@ class PerTower(PipelineOptions):
 
     name: str = "per_tower"
 
-    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Batches:
-        """Feed len(devices) towers, one get_next() each."""
-        return Batches(examples, global_batch, len(devices), self, seed)
+    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:
+        """Feed len(devices) towers, one get_next() each: consecutive batches of global/towers examples."""
+        towers = len(devices)
+        it = iter(batched(shuffled(examples, self.shuffle_buffer, seed), per_tower_batch(global_batch, towers), self))
+        return Feed(lambda: [next(it) for _ in range(towers)])
 
     def distribute(self, strategy, examples, global_batch: int, seed: int):
         """tf.distribute's per-worker input function: per-replica batches from one pipeline."""

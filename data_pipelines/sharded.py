@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any, Callable, ClassVar
 
 from runner.data_pipelines import PIPELINES, PipelineOptions
-from runner.data_pipelines.common import batched, per_tower_batch, shuffled
+from runner.data_pipelines.common import Feed, batched, per_tower_batch, shuffled
 from runner.errors import ConfigError
 from runner.registry import Rule, positive
 
@@ -41,24 +41,6 @@ def staged(build: Callable[[], Any], device: str, buffer: int):
     return build().apply(tf.data.experimental.prefetch_to_device(device, buffer))
 
 
-class Batches:
-    """One staged iterator per device; `next()` is called inside the compiled training loop."""
-
-    def __init__(self, ds, global_batch: int, devices: list[str], opts: "Sharded", seed: int):
-        import tensorflow as tf
-
-        self.devices = list(devices)
-        self._its = []
-        for i, device in enumerate(self.devices):
-            build = partial(shard, ds, i, len(devices), per_tower_batch(global_batch, len(devices)), opts, seed)
-            with tf.device(device):
-                self._its.append(iter(staged(build, device, opts.device_buffer)))
-
-    def next(self) -> list[tuple[Any, Any]]:
-        """One batch per tower, each produced on its tower's device: ((global/N, H, W, C), (global/N,))."""
-        return [next(it) for it in self._its]
-
-
 @PIPELINES.register
 @dataclass
 class Sharded(PipelineOptions):
@@ -84,9 +66,16 @@ class Sharded(PipelineOptions):
                 f"it needs at least {towers} (raise data.train_limit) or use pipeline=split"
             )
 
-    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Batches:
+    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:
         """Feed len(devices) towers, each from its own shard staged on its own device."""
-        return Batches(examples, global_batch, devices, self, seed)
+        import tensorflow as tf
+
+        its = []
+        for i, device in enumerate(devices):
+            build = partial(shard, examples, i, len(devices), per_tower_batch(global_batch, len(devices)), self, seed)
+            with tf.device(device):
+                its.append(iter(staged(build, device, self.device_buffer)))
+        return Feed(lambda: [next(it) for it in its])
 
     def distribute(self, strategy, examples, global_batch: int, seed: int):
         """tf.distribute's per-replica input functions, each shard fetched onto its replica's device."""

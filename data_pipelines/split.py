@@ -11,24 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.data_pipelines import PIPELINES, PipelineOptions
-from runner.data_pipelines.common import batched, shuffled
-
-
-class Batches:
-    """Per-step tower batches; `next()` is called inside the compiled training loop."""
-
-    def __init__(self, ds, global_batch: int, towers: int, opts: PipelineOptions, seed: int):
-        self.towers = towers
-        self._it = iter(batched(shuffled(ds, opts.shuffle_buffer, seed), global_batch, opts))
-
-    def next(self) -> list[tuple[Any, Any]]:
-        """One batch per tower: `towers` pairs of ((global/towers, H, W, C) images, (global/towers,) labels)."""
-        import tensorflow as tf
-
-        x, y = next(self._it)  # (G, H, W, C) (or a dict of named features (G, ...)), (G,)
-        parts = [tf.split(t, self.towers) for t in tf.nest.flatten(x)]  # each feature's N sub-batches
-        xs = [tf.nest.pack_sequence_as(x, [p[i] for p in parts]) for i in range(self.towers)]
-        return list(zip(xs, tf.split(y, self.towers)))
+from runner.data_pipelines.common import Feed, batched, shuffled
 
 
 @PIPELINES.register
@@ -38,9 +21,20 @@ class Split(PipelineOptions):
 
     name: str = "split"
 
-    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Batches:
-        """Feed len(devices) towers from one iterator over global batches."""
-        return Batches(examples, global_batch, len(devices), self, seed)
+    def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:
+        """Feed len(devices) towers from one iterator over global batches, each split into the towers' shares."""
+        import tensorflow as tf
+
+        towers = len(devices)
+        it = iter(batched(shuffled(examples, self.shuffle_buffer, seed), global_batch, self))
+
+        def next_batches() -> list[tuple[Any, Any]]:
+            x, y = next(it)  # (G, H, W, C) (or a dict of named features (G, ...)), (G,)
+            parts = [tf.split(t, towers) for t in tf.nest.flatten(x)]  # each feature's N sub-batches
+            xs = [tf.nest.pack_sequence_as(x, [p[i] for p in parts]) for i in range(towers)]
+            return list(zip(xs, tf.split(y, towers)))
+
+        return Feed(next_batches)
 
     def distribute(self, strategy, examples, global_batch: int, seed: int):
         """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""

@@ -82,11 +82,18 @@ class TFDS(DatasetOptions):
                             + PREPARE.format(name=self.dataset.partition(":")[0])) from None
 
     def spec(self) -> Spec:
-        """The image feature's shape and the label's number of classes, from the dataset's description (its splits and
-        file format checked too)."""
+        """The image feature's shape and the label's number of classes, from the dataset's description; each split's
+        record files checked to be there and framed as TFRecord files are (records.check_framing)."""
+        from runner.data_pipelines.records import check_framing
+
         info, features = self._description()
         for split in (self.train_split, self.test_split):
-            self._check_files(self._files(info, split), split)
+            files = self._files(info, split)
+            if missing := [f for f in files if not os.path.isfile(f)]:
+                raise DataError(f"data.dataset={self.dataset} lacks {len(missing)} of the {len(files)} record files of "
+                                f"its {split!r} split ({missing[0]} is not there); copy the whole prepared folder, or "
+                                + PREPARE.format(name=self.dataset.partition(":")[0]))
+            check_framing(files)
         image, label = features.get(self.image_key, {}), features.get(self.label_key, {})
         if "image" not in image or "classLabel" not in label:
             raise DataError(f"data.dataset={self.dataset} has no image feature {self.image_key!r} and class label "
@@ -109,21 +116,8 @@ class TFDS(DatasetOptions):
         splits = {s["name"]: s for s in info.get("splits", [])}
         if split not in splits:
             raise DataError(f"data.dataset={self.dataset} has no split {split!r}; it has {', '.join(splits)}")
-        n = len(splits[split]["shardLengths"])
-        base = info["name"]
+        n, base = len(splits[split]["shardLengths"]), info["name"]
         return tuple(str(self._folder() / f"{base}-{split}.tfrecord-{i:05d}-of-{n:05d}") for i in range(n))
-
-    def _check_files(self, files: tuple[str, ...], split: str) -> None:
-        """The split's record files are all there and framed as TFRecord files are (records.check_framing)."""
-        from runner.data_pipelines.records import check_framing
-
-        missing = [f for f in files if not os.path.isfile(f)]
-        if missing:
-            name = self.dataset.partition(":")[0]
-            raise DataError(f"data.dataset={self.dataset} lacks {len(missing)} of the {len(files)} record files of its "
-                            f"{split!r} split ({missing[0]} is not there); copy the whole prepared folder, or "
-                            + PREPARE.format(name=name))
-        check_framing(files)
 
     def train_examples(self) -> int:
         info, _ = self._description()
