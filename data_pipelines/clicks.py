@@ -1,13 +1,10 @@
 """Synthetic click logs in Criteo's layout: 13 dense features, 26 categorical ids, a click label a model can learn.
 
-No click log ships in a package registry, so this generates one with the shape of the Criteo Terabyte logs that
-TF Model Garden's DLRM and TensorFlow Recommenders train on: per example 13 dense values (log(1 + a count), as
-those pipelines feed them) and 26 categorical ids, each feature with its own vocabulary (`tables`: Criteo's sizes,
-capped) and power-law id frequencies (the rank-r id of a feature is drawn with probability ~ (r + 1)^-power, its id
-a fixed permutation of the rank, as hashing spreads them). The label is drawn from a hidden logistic model: a
-weight per dense feature, an effect per id (of the informative features), one pairwise interaction and a bias for a
-click rate near Criteo's 25%; a model that learns it well reaches an AUC near the hidden model's own (reported by
-`bayes_auc`), well above 0.5, and rare ids stay unlearnable as they are in real logs. Imports only numpy.
+No click log ships in a package registry, so this generates one shaped as the Criteo Terabyte logs TF Model
+Garden's DLRM trains on: 13 dense values (log(1 + a count)) and 26 categorical ids per example, each feature with its
+own vocabulary (Criteo's sizes, capped) and power-law id frequencies. The label is drawn from a hidden logistic model
+(a weight per dense feature, an effect per id, one pairwise interaction, a click rate near Criteo's 25%), so a model
+that learns it well nears the hidden model's own AUC (`bayes_auc`). Imports only numpy.
 """
 
 from __future__ import annotations
@@ -35,8 +32,8 @@ log = logging.getLogger(__name__)
 CRITEO_VOCABULARIES = (39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208,
                        11938, 155, 4, 976, 14, 39979771, 25641295, 39664984, 585935, 12972, 108, 36)
 DENSE_FEATURES = 13
-# data.tables -> the largest table's rows (Criteo's sizes capped there): tiny for tests, default for this machine
-# (2.3M rows in all), criteo as Model Garden's.
+# data.tables -> the largest table's rows (Criteo's sizes capped there): tiny for tests, default for one machine,
+# criteo as Model Garden's.
 CAPS = {"tiny": 100, "default": 250_000, "criteo": max(CRITEO_VOCABULARIES)}
 INFORMATIVE = 0.5  # the share of categorical features whose ids carry signal (the others are noise, as in Criteo)
 

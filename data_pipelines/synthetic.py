@@ -1,9 +1,7 @@
 """Synthetic data: random uint8 images of any shape (MNIST's by default) and random labels; or, with
-`data.task=next_token`, token sequences of any length and vocabulary with structure a language model learns
-(`text.synthetic_stream`: words of a fixed random dictionary).
+`data.task=next_token`, token sequences a language model can learn (`text.synthetic_stream`).
 
-Useful for throughput studies (an ImageNet-like `data.shape=[224,224,3] data.classes=1000`), smoke tests and
-pipeline checks without any download; it imports only numpy so it is safe to import before TensorFlow.
+For throughput studies, smoke tests and pipeline checks without any download; imports only numpy.
 """
 
 from __future__ import annotations
