@@ -166,7 +166,8 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     _log_plan(plan, devices, steps, data.synthetic)
     _warn_dense_tables(plan)
     checkpointer, start = _resume(plan, strategy, run)
-    evals = _evaluations(plan, strategy, data, steps, run)
+    evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
+                              target_of(plan.train), plan.train.eval_every, train.check_cadence(plan.train, steps))
     hooks = _hooks(plan, checkpointer, strategy, run)
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
     result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks, plan.data.describe(),
@@ -222,14 +223,6 @@ def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder, jit_co
         strategy = plan.strategy.build(devices, training_for(plan, devices, jit_compile))
     signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
     return strategy
-
-
-def _evaluations(plan: Plan, strategy: Any, data: Data, steps: int, run: tracking.Recorder) -> train.Evaluations:
-    """The test set, its first `train.check_examples` examples for the accuracy checks, and the target."""
-    return train.Evaluations(
-        strategy, data.test(), data.test(plan.train.check_examples), run.metrics, target_of(plan.train),
-        plan.train.eval_every, train.check_cadence(plan.train, steps),
-    )
 
 
 def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
