@@ -216,11 +216,6 @@ def to_float(x, y, spec: Spec = MNIST):
     return (x / 255.0 if spec.dtype == "uint8" else x), y
 
 
-def shuffled(ds: Examples, buffer: int, seed: int) -> Examples:
-    """`ds` shuffled with a `buffer`-example buffer (0: kept in order), reshuffled every epoch, repeated forever."""
-    return ds.shuffled(buffer, seed)
-
-
 def autotune(value: int) -> int:
     import tensorflow as tf
 
@@ -237,11 +232,6 @@ def finish(ds: Any, opts: Any) -> Any:
         options.threading.private_threadpool_size = opts.private_threads
         out = out.with_options(options)
     return out
-
-
-def batched(ds: Examples, batch: int, opts: Any):
-    """`ds.batched`: batches converted as the model takes them, prefetched on the host."""
-    return ds.batched(batch, opts)
 
 
 @dataclass(frozen=True)

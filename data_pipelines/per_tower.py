@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runner.data_pipelines import PIPELINES, PipelineOptions
-from runner.data_pipelines.common import Feed, batched, per_tower_batch, shuffled
+from runner.data_pipelines.common import Feed, per_tower_batch
 
 
 @PIPELINES.register
@@ -24,7 +24,7 @@ class PerTower(PipelineOptions):
     def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:
         """Feed len(devices) towers, one get_next() each: consecutive batches of global/towers examples."""
         towers = len(devices)
-        it = iter(batched(shuffled(examples, self.shuffle_buffer, seed), per_tower_batch(global_batch, towers), self))
+        it = iter(examples.shuffled(self.shuffle_buffer, seed).batched(per_tower_batch(global_batch, towers), self))
         return Feed(lambda: [next(it) for _ in range(towers)])
 
     def distribute(self, strategy, examples, global_batch: int, seed: int):
@@ -35,6 +35,6 @@ class PerTower(PipelineOptions):
             mine = examples.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx.num_input_pipelines > 1 \
                 else examples
             batch = ctx.get_per_replica_batch_size(global_batch)
-            return batched(shuffled(mine, self.shuffle_buffer, seed), batch, self)
+            return mine.shuffled(self.shuffle_buffer, seed).batched(batch, self)
 
         return iter(strategy.distribute_datasets_from_function(dataset_fn))

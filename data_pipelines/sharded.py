@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any, Callable, ClassVar
 
 from runner.data_pipelines import PIPELINES, PipelineOptions
-from runner.data_pipelines.common import Feed, batched, per_tower_batch, shuffled
+from runner.data_pipelines.common import Feed, per_tower_batch
 from runner.errors import ConfigError
 from runner.registry import Rule, positive
 
@@ -22,8 +22,7 @@ def shard(ds, index: int, shards: int, batch: int, opts: PipelineOptions, seed: 
     """Shard `index` of `shards`: shuffled (its share of the buffer, its own seed), in batches of `batch` (a tower's
     share of the global batch), host-side."""
     buffer = max(1, opts.shuffle_buffer // shards) if opts.shuffle_buffer else 0  # never silently 0 (= no shuffle)
-    sub = shuffled(ds.shard(shards, index), buffer, seed + index)
-    return batched(sub, batch, opts)
+    return ds.shard(shards, index).shuffled(buffer, seed + index).batched(batch, opts)
 
 
 def staged(build: Callable[[], Any], device: str, buffer: int):

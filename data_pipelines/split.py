@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.data_pipelines import PIPELINES, PipelineOptions
-from runner.data_pipelines.common import Feed, batched, shuffled
+from runner.data_pipelines.common import Feed
 
 
 @PIPELINES.register
@@ -26,7 +26,7 @@ class Split(PipelineOptions):
         import tensorflow as tf
 
         towers = len(devices)
-        it = iter(batched(shuffled(examples, self.shuffle_buffer, seed), global_batch, self))
+        it = iter(examples.shuffled(self.shuffle_buffer, seed).batched(global_batch, self))
 
         def next_batches() -> list[tuple[Any, Any]]:
             x, y = next(it)  # (G, H, W, C) (or a dict of named features (G, ...)), (G,)
@@ -40,7 +40,7 @@ class Split(PipelineOptions):
         """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
         import tensorflow as tf
 
-        global_batches = batched(shuffled(examples, self.shuffle_buffer, seed), global_batch, self)
+        global_batches = examples.shuffled(self.shuffle_buffer, seed).batched(global_batch, self)
         # Several workers (multi_worker): each keeps its own share of every global batch. In-memory data has no
         # files to shard by, so say DATA instead of letting AUTO try FILE first and warn.
         options = tf.data.Options()

@@ -21,7 +21,6 @@ USER_MODULE = '''
 from dataclasses import dataclass
 
 from runner.data_pipelines import PipelineOptions
-from runner.data_pipelines.common import batched, shuffled
 from runner.strategies import StrategyBase
 from runner.strategies.replicated import Towers
 
@@ -56,7 +55,7 @@ class TowerBatches(PipelineOptions):
     repeat_each: int = 1
 
     def towers(self, examples, global_batch, devices, seed):
-        ds = batched(shuffled(examples, self.shuffle_buffer, seed), global_batch // len(devices), self)
+        ds = examples.shuffled(self.shuffle_buffer, seed).batched(global_batch // len(devices), self)
         return _Feed(iter(ds.flat_map(lambda x, y: ds.from_tensors((x, y)).repeat(self.repeat_each))), len(devices))
 
     def distribute(self, strategy, examples, global_batch, seed):

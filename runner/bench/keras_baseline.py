@@ -27,10 +27,8 @@ from runner.config import OptimizerName
 
 def _dataset(data, batch: int):
     """The runner's `split` feed of `data`'s training examples, with its default options."""
-    from runner.data_pipelines import common
-
     opts = Split()
-    return common.batched(common.shuffled(data.train(), opts.shuffle_buffer, 0), batch, opts)
+    return data.train().shuffled(opts.shuffle_buffer, 0).batched(batch, opts)
 
 
 class EpochTimer:
