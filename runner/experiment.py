@@ -7,6 +7,7 @@ This module wires the components together; each does its own work.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -519,7 +520,7 @@ def run(cfg: DictConfig) -> dict:
     kept = folder if folder.log_file else None  # a journal file only in a job's own folder
     if kept:
         kept.watch_log()
-    with (tracking.tracked(uri, plan, kept) if chief else tracking.untracked()) as mlrun:
+    with (tracking.tracked(uri, plan, kept) if chief else contextlib.nullcontext(tracking.NoRun())) as mlrun:
         _claim_checkpoints(plan, mlrun, uri)
         result = _train(plan, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.

@@ -288,8 +288,8 @@ def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
 def probe_before_jobs() -> None:
     """Before a sweep's jobs start, on a machine whose runs train on the CPU: probe its peak unless it is cached,
     while the machine is still idle (jobs side by side would see each other as load and never trust a probe)."""
-    from runner.runtime.devices import nvidia_gpus_present
+    from runner.runtime.devices import nvidia_gpu_count
 
-    if nvidia_gpus_present() or cached_cpu_peak() is not None:
+    if nvidia_gpu_count() or cached_cpu_peak() is not None:
         return
     cpu_peak()  # which says so

@@ -60,9 +60,9 @@ def towers_key(plan: Any) -> str:
 def compiled(plan: Any) -> bool:
     """Whether the plan's runs XLA-compile their towers (`xla.setting`; not yet measured: off), as they are priced."""
     from runner.measure import xla
-    from runner.runtime.devices import nvidia_gpus_present
+    from runner.runtime.devices import nvidia_gpu_count
 
-    decision = xla.setting(plan, "/device:GPU:0" if plan.gpus and nvidia_gpus_present() else "/device:CPU:0")
+    decision = xla.setting(plan, "/device:GPU:0" if plan.gpus and nvidia_gpu_count() else "/device:CPU:0")
     return bool(decision and decision.on)
 
 

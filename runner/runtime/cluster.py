@@ -86,11 +86,6 @@ def from_options(workers: list[str], task_index: int, strategy: str) -> Cluster:
     return parse(os.environ[ENV])
 
 
-def export(cluster: Cluster) -> None:
-    """Make TF_CONFIG describe `cluster` for TensorFlow (which reads only the environment variable)."""
-    os.environ[ENV] = cluster.tf_config()
-
-
 def worker_suffix(_root_: Any) -> str:
     """`-worker1` etc. for a multi-worker task, '' otherwise: the `${worker_suffix:}` in hydra.run.dir, so each
     worker started on the same machine in the same second still gets its own output folder and log."""

@@ -94,11 +94,6 @@ def nvidia_gpu_count() -> int:
     return min(found, len(visible.split(","))) if visible is not None else found
 
 
-def nvidia_gpus_present() -> bool:
-    """Whether this machine shows NVIDIA GPUs to this process (see `nvidia_gpu_count`)."""
-    return nvidia_gpu_count() > 0
-
-
 def memory_bytes() -> int:
     """The machine's physical memory (what a run's tensors and input buffers must fit in)."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")

@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from runner.runtime.devices import nvidia_gpus_present
+from runner.runtime.devices import nvidia_gpu_count
 from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
@@ -74,7 +74,7 @@ class Mirrored(SyncBatchNorm, StrategyBase):
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)
-        if self.cross_device_ops == "nccl" and not nvidia_gpus_present():
+        if self.cross_device_ops == "nccl" and not nvidia_gpu_count():
             raise ConfigError(
                 "strategy.cross_device_ops=nccl needs NVIDIA GPUs and this machine shows none; choose auto, "
                 "tensorflow, hierarchical_copy or reduce_to_one_device"

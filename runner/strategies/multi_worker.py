@@ -8,11 +8,12 @@ experiment builds it right after the devices); its constructor waits until every
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.runtime import cluster
-from runner.runtime.devices import DeviceError, nvidia_gpus_present
+from runner.runtime.devices import DeviceError, nvidia_gpu_count
 from runner.errors import ConfigError
 from runner.lazy import lazy
 from runner.registry import Rule
@@ -61,7 +62,7 @@ class MultiWorker(SyncBatchNorm, StrategyBase):
 
     def check(self, gpus: int, model: Any, jit_compile: bool) -> None:
         super().check(gpus, model, jit_compile)
-        if self.communication == "nccl" and not nvidia_gpus_present():
+        if self.communication == "nccl" and not nvidia_gpu_count():
             raise ConfigError("strategy.communication=nccl needs NVIDIA GPUs and this machine shows none; "
                               "choose auto or ring")
 
@@ -80,7 +81,7 @@ class MultiWorker(SyncBatchNorm, StrategyBase):
                 "GPUs; use gpus=1 and add workers instead"
             )
         spec = training.cluster
-        cluster.export(spec)
+        os.environ[cluster.ENV] = spec.tf_config()  # TensorFlow reads the cluster only from TF_CONFIG
         log.warning(exposure(spec))
         log.info("joining %d workers as %s (waits for all of them)", spec.count, spec.name)
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation, self.communication.upper())

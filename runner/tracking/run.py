@@ -209,9 +209,3 @@ class NoRun(Recorder):
     run_id: str | None = None
     experiment_id: str | None = None
     params = tags = metrics = text = file = dataset = copy_history = end = _nothing
-
-
-@contextmanager
-def untracked() -> Iterator[NoRun]:
-    """A run context that logs nothing (the worker's own log file keeps its record)."""
-    yield NoRun()
