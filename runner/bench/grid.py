@@ -123,12 +123,10 @@ def prediction_lines(table: Table) -> list[str]:
     repeats by their rates in round order."""
     from runner.report import prediction
 
-    groups: dict[str, list[tuple[str, float, float]]] = {}
-    for job, m in sorted(table.rows, key=lambda row: row[0].gpus):
-        if job.kind == "runner" and "predicted_rate" in m:
-            rates = m.get("rate_runs", [m["rate"]])
-            groups.setdefault(f"{table.setting.name} x{job.gpus}", []).extend(
-                (f"{job.strategy}/{job.pipeline}", m["predicted_rate"], r) for r in rates)
+    groups = prediction.grouped(
+        (f"{table.setting.name} x{job.gpus}", f"{job.strategy}/{job.pipeline}", m["predicted_rate"], r)
+        for job, m in sorted(table.rows, key=lambda row: row[0].gpus) if job.kind == "runner" and "predicted_rate" in m
+        for r in m.get("rate_runs", [m["rate"]]))
     return [f"- {text}" for text in prediction.group_lines(groups)]
 
 

@@ -10,7 +10,7 @@ import shlex
 import time
 
 from runner.bench.jobs import emit, machine, save
-from runner.report.prediction import combine, judge, line
+from runner.report.prediction import group_lines, grouped
 from runner.report.table import markdown, markdown_row
 
 
@@ -53,27 +53,25 @@ def predicted(args: argparse.Namespace) -> int:
     measured = _runs(resolve_uri(args.tracking_uri), args.experiment)
     commands = sorted({c for c, _ in measured})
     outcomes = dict(zip(commands, predict_all([_overrides(c) for c in commands], args.recalibrate)))
-    groups: dict[str, list[tuple[str, float, float]]] = {}
+    runs = []
     for command, rate in measured:
-        o = outcomes[command]
-        if o.prediction is not None:
-            model, combo = o.label.split(" ", 1)
-            group = f"{model} x{combo.rsplit(' x', 1)[1]}"
-            groups.setdefault(group, []).append((combo.rsplit(" x", 1)[0], o.prediction.rate, rate))
+        if (o := outcomes[command]).prediction is not None:
+            head, devices = o.label.rsplit(" x", 1)
+            model, combo = head.split(" ", 1)
+            runs.append((f"{model} x{devices}", combo, o.prediction.rate, rate))
+    groups = dict(sorted(grouped(runs).items()))
     out: list[str] = []
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
                f"{len(measured)} runs, {len(commands)} combinations, predicted in {time.perf_counter() - t0:.0f} s "
                "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
                *markdown(["model, devices", "combination", "predicted /s", "measured /s (images, tokens or examples)",
                           "error"])])
-    lines = []
-    for group in sorted(groups):
-        combos = combine(groups[group])
+    for group, combos in groups.items():
         for c in sorted(combos, key=lambda c: -c.rate):
             rng = f" ({min(c.rates):,.0f}-{max(c.rates):,.0f})" if len(c.rates) > 1 else ""
             emit(out, [markdown_row([group, c.label, f"{c.predicted:,.0f}", f"{c.rate:,.0f}{rng}",
                                      f"{(c.predicted - c.rate) / c.rate:+.0%}"])])
-        lines.append(line(group, judge(combos)))
+    lines = group_lines(groups, least=1)
     unpredicted = sorted({f"{outcomes[c].label}: {outcomes[c].error}" for c in commands if outcomes[c].error})
     emit(out, ["", *(f"- {text}" for text in lines), *(f"- not predicted: {u}" for u in unpredicted)])
     save(out, args.out)

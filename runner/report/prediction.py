@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Iterable
 
 CLOSE = 0.10  # the predicted fastest counts as confirmed within this share of the measured fastest (or the noise)
 
@@ -119,8 +120,15 @@ def line(group: str, j: Judgement) -> str:
             f"({noise}); {fastest}")
 
 
-def group_lines(groups: dict[str, list[tuple[str, float, float]]]) -> list[str]:
-    """The line of every group with two or more combinations, in the given order; a group's rows are
-    (combination, predicted, measured), one per run."""
-    judged = [(group, combine(rows)) for group, rows in groups.items()]
-    return [line(group, judge(combos)) for group, combos in judged if len(combos) > 1]
+def grouped(rows: Iterable[tuple[str, str, float, float]]) -> dict[str, list[Measured]]:
+    """(group, combination, predicted, measured) rows, one per run: each group's combinations, repeats combined;
+    groups in first-seen order."""
+    groups: dict[str, list[tuple[str, float, float]]] = {}
+    for group, *row in rows:
+        groups.setdefault(group, []).append(tuple(row))
+    return {group: combine(runs) for group, runs in groups.items()}
+
+
+def group_lines(groups: dict[str, list[Measured]], least: int = 2) -> list[str]:
+    """The line of every group with `least` or more combinations, in the given order."""
+    return [line(group, judge(combos)) for group, combos in groups.items() if len(combos) >= least]

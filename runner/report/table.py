@@ -333,11 +333,9 @@ def compact(rows: list[Row], kind: kinds.Kind) -> str:
 def prediction_lines(rows: list[Row]) -> list[str]:
     """Per model and device count with two or more predicted combinations: how the predictions fared
     (runner/report/prediction.py)."""
-    groups: dict[str, list[tuple[str, float, float]]] = {}
-    for r in rows:
-        if r.status == "FINISHED" and not math.isnan(r.predicted) and not math.isnan(r.rate):
-            key = f"{r.model} x{r.devices}"
-            groups.setdefault(key, []).append((f"{r.strategy}/{r.pipeline}", r.predicted, r.rate))
+    groups = prediction.grouped((f"{r.model} x{r.devices}", f"{r.strategy}/{r.pipeline}", r.predicted, r.rate)
+                                for r in rows
+                                if r.status == "FINISHED" and not math.isnan(r.predicted) and not math.isnan(r.rate))
     return prediction.group_lines(dict(sorted(groups.items())))
 
 
