@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import logging
 import time
 from dataclasses import dataclass
@@ -164,7 +165,12 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         rate = effective_learning_rate(plan.train, plan.train.table_learning_rate or plan.train.learning_rate)
         run.params({"train.effective_table_learning_rate": f"{rate:.6g}"})
     steps = train.total_steps(plan.train, data.train_size)
-    _log_plan(plan, devices, steps, data.synthetic)
+    log.info(
+        "training %s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
+        tracking.model_label(plan.cfg), devices.count, devices.kind, " (simulated)" if devices.simulated else "",
+        steps, plan.train.global_batch_size, plan.train.per_device_batch_size,
+        plan.train.batch_scaling, " on SYNTHETIC data" if data.synthetic else "",
+    )
     _warn_dense_tables(plan)
     checkpointer, start = _resume(plan, strategy, run)
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
@@ -189,7 +195,10 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     # may re-probe the peak: before `hardware` is logged
     result.update(_utilisation(result, hardware, devices, plan.train.precision, run, plan.spec))
     result.update(hardware)  # summary figures, logged once at the final step with the others
-    digest = weights_digest(strategy.weights())
+    sha = hashlib.sha256()  # of the weights' bytes: equal digests mean bit-identical models
+    for v in strategy.weights():
+        sha.update(v.numpy().tobytes())
+    digest = sha.hexdigest()[:16]
     log.info("final weights sha256 %s", digest)
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
                                            if "input_bound" in result else {})})
@@ -336,16 +345,6 @@ def _warn_dense_tables(plan: Plan) -> None:
                 "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
 
 
-def _log_plan(plan: Plan, devices: Devices, steps: int, synthetic: bool) -> None:
-    """One line saying what is about to train, on what, for how long."""
-    log.info(
-        "training %s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
-        tracking.model_label(plan.cfg), devices.count, devices.kind, " (simulated)" if devices.simulated else "",
-        steps, plan.train.global_batch_size, plan.train.per_device_batch_size,
-        plan.train.batch_scaling, " on SYNTHETIC data" if synthetic else "",
-    )
-
-
 def _log_profile(result: dict, folder: Path, run: tracking.Recorder) -> None:
     """Sum the traced call by op kind; log the table (profile.md) and its figures. A failure here only warns."""
     import os
@@ -382,40 +381,6 @@ def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int
         if previous:
             run.copy_history(previous, start)  # the new run's charts continue the killed run's
     return checkpointer, start
-
-
-def _claim_checkpoints(plan: Plan, run: tracking.Recorder, uri: str) -> None:
-    """Take this config's checkpoint folder for `run` (checkpoints.claim) before TensorFlow starts, so a start beside
-    a live run of the same config is refused in seconds (a multi-worker job's chief takes it for all its workers)."""
-    if not plan.train.checkpoint_every or run.run_id is None:
-        return
-    from runner import checkpoints
-
-    folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
-    checkpoints.claim(folder, run.run_id, functools.partial(tracking.live_pid, uri))
-
-
-def _check_checkpoint_dir(plan: Plan) -> None:
-    """Refuse, before anything starts, a checkpoint location that cannot be written."""
-    from runner.paths import unwritable
-
-    folder = Path(plan.train.checkpoint_dir)
-    problem = unwritable(folder) if plan.train.checkpoint_every else None
-    if problem:
-        raise ConfigError(
-            f"train.checkpoint_dir={plan.train.checkpoint_dir} cannot hold checkpoints: {problem}; choose a writable "
-            "folder, or train.checkpoint_every=0 for none"
-        )
-
-
-def weights_digest(variables: list) -> str:
-    """sha256 of the weights' bytes (first 16 hex digits): equal digests mean bit-identical models."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for v in variables:
-        digest.update(v.numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> dict:
@@ -514,14 +479,27 @@ def run(cfg: DictConfig) -> dict:
         if tracking.is_sweep_child():
             tracking.record_invalid(cfg, e, tracking.parent_run_id())  # a sweep checks its jobs first
         raise
-    _check_checkpoint_dir(plan)
+    from runner.paths import unwritable
+
+    # Refused before anything starts: a checkpoint location that cannot be written.
+    if plan.train.checkpoint_every and (problem := unwritable(Path(plan.train.checkpoint_dir))):
+        raise ConfigError(
+            f"train.checkpoint_dir={plan.train.checkpoint_dir} cannot hold checkpoints: {problem}; choose a writable "
+            "folder, or train.checkpoint_every=0 for none"
+        )
     uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
     chief = plan.cluster is None or plan.cluster.is_chief  # on a multi-worker job only the chief logs to MLflow
     kept = folder if folder.log_file else None  # a journal file only in a job's own folder
     if kept:
         kept.watch_log()
     with (tracking.tracked(uri, plan, kept) if chief else contextlib.nullcontext(tracking.NoRun())) as mlrun:
-        _claim_checkpoints(plan, mlrun, uri)
+        if plan.train.checkpoint_every and mlrun.run_id is not None:
+            from runner import checkpoints
+
+            # This config's checkpoint folder taken before TensorFlow starts, so a start beside a live run of the same
+            # config is refused in seconds (a multi-worker job's chief takes it for all its workers).
+            checkpoints.claim(checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash), mlrun.run_id,
+                              functools.partial(tracking.live_pid, uri))
         result = _train(plan, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}

@@ -197,19 +197,6 @@ def user_errors(source: str) -> Iterator[None]:
         raise _not_compilable(e) or _bad_data(e, source) or e
 
 
-def _call(loop: Any, n: int, step: int) -> tuple[float, float]:
-    """One compiled call of n steps from `step`: (mean loss, seconds). Raises NonFiniteLoss naming the bad step."""
-    import tensorflow as tf
-
-    t0 = time.perf_counter()
-    mean_loss, done = loop(tf.constant(n))
-    loss, done = float(mean_loss), int(done)  # reading the values waits for the call to finish
-    seconds = time.perf_counter() - t0
-    if done < n:
-        raise NonFiniteLoss(f"training loss is not finite at step {step + done + 1}; stopped there")
-    return loss, seconds
-
-
 @dataclass
 class Elapsed:
     """A run's training time over all its parts (evaluation excluded): a run resumed from its checkpoint trains in
@@ -364,12 +351,21 @@ class _Calls:
 
 
 def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
-    """Run the next call inside whatever context a hook asks for; returns its seconds."""
+    """Run the next compiled call of `n` steps inside whatever context a hook asks for, its mean loss kept in `done`;
+    returns its seconds. Raises NonFiniteLoss naming the bad step."""
+    import tensorflow as tf
+
     contexts = [c for c in (h.around(done.timer.calls, n) for h in hooks) if c is not None]
     with contextlib.ExitStack() as stack:
         for context in contexts:
             stack.enter_context(context)
-        done.loss, seconds = _call(loop, n, done.step)
+        t0 = time.perf_counter()
+        mean_loss, ran = loop(tf.constant(n))
+        loss, ran = float(mean_loss), int(ran)  # reading the values waits for the call to finish
+        seconds = time.perf_counter() - t0
+        if ran < n:
+            raise NonFiniteLoss(f"training loss is not finite at step {done.step + ran + 1}; stopped there")
+        done.loss = loss
     done.timer.add(n, seconds, timed=not contexts)
     return seconds
 

@@ -66,26 +66,21 @@ class Profile(Hook):
         return self.traced
 
 
-def input_rate(strategy: Any, batches: Any, steps_per_call: int, calls: int = 3, reuse_memory: bool = True) -> float:
-    """Steps per second the input pipeline delivers alone (no model), timed after one warm-up call."""
+def input_figures(strategy: Any, batches: Any, train: Any, timed: dict) -> dict:
+    """The steps per second the input pipeline delivers alone (no model; three calls timed after one warm-up call)
+    beside the training step rate; input-bound when the pipeline is under 3x the steps."""
+    if "step_time_ms" not in timed:
+        return {}
     import tensorflow as tf
 
-    drain = strategy.input_loop(batches)
-    n = tf.constant(steps_per_call)
+    drain, n, calls = strategy.input_loop(batches), tf.constant(train.steps_per_call), 3
     int(drain(n)[1])
-    if reuse_memory:
+    if train.reuse_freed_memory:
         malloc.reuse()  # the warm-up started this feed's iterators (see ReuseFreedMemory)
     t0 = time.perf_counter()
     for _ in range(calls):
         int(drain(n)[1])
-    return calls * steps_per_call / (time.perf_counter() - t0)
-
-
-def input_figures(strategy: Any, batches: Any, train: Any, timed: dict) -> dict:
-    """Pipeline-alone rate beside the training step rate; input-bound when the pipeline is under 3x the steps."""
-    if "step_time_ms" not in timed:
-        return {}
-    pipeline = input_rate(strategy, batches, train.steps_per_call, reuse_memory=train.reuse_freed_memory)
+    pipeline = calls * train.steps_per_call / (time.perf_counter() - t0)
     step = 1000.0 / timed["step_time_ms"]
     bound = pipeline < INPUT_BOUND_RATIO * step
     if bound:

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from runner.paths import cache_dir as runner_cache_dir, write_json
 
@@ -106,25 +106,17 @@ def describe_device(device_name: str) -> str:
     return _describe(device_name, "float32")[0]
 
 
-def _matmul_chain() -> Any:
-    """A tf.function running k dependent matmuls y <- y @ w; k is a tensor, so one trace serves every k."""
+def _benchmark(device_name: str, dtype: str, size: int, seconds: float) -> float:
+    """Best GFLOP/s of a matmul chain on `device_name`: warm-up excluded, about `seconds` of timed repeats."""
     import tensorflow as tf
 
     @tf.function
-    def chain(x, w, k):
+    def chain(x, w, k):  # k dependent matmuls y <- y @ w; k is a tensor, so one trace serves every k
         y = x
         for _ in tf.range(k):  # each matmul needs the previous one: no overlap, each uses every core
             y = tf.matmul(y, w)
         return tf.cast(y[0, 0], tf.float32)  # fetching a scalar waits for the chain without copying y back
 
-    return chain
-
-
-def _benchmark(device_name: str, dtype: str, size: int, seconds: float) -> float:
-    """Best GFLOP/s of a matmul chain on `device_name`: warm-up excluded, about `seconds` of timed repeats."""
-    import tensorflow as tf
-
-    chain = _matmul_chain()
     with tf.device(device_name):
         x = tf.cast(tf.random.normal((size, size), seed=1), dtype)
         # N(0, 1/n) entries keep |y| about constant along the chain: no overflow in fp16, no denormals.

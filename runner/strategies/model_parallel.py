@@ -153,14 +153,6 @@ def _clone(layer: keras.layers.Layer, input_shape: tuple, weights: list[np.ndarr
     return clone
 
 
-def _shapes(model: keras.Model) -> list[tuple]:
-    """Input shape of every layer of a Sequential model, then the output shape: len(model.layers) + 1 entries."""
-    shapes = [(None, *model.input_shape[1:])]
-    for layer in model.layers:
-        shapes.append(tuple(layer.compute_output_shape(shapes[-1])))
-    return shapes
-
-
 def _has_weights(layer: keras.layers.Layer | keras.Operation) -> bool:
     return bool(getattr(layer, "trainable_weights", None))  # an op of a functional graph (`x + h`) has none
 
@@ -250,11 +242,17 @@ def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
         )
     bounds = (0, *_stage_cuts([sum(seg.cost for seg in g) for g in groups], len(devices)), len(groups))
     clones: dict[int, keras.layers.Layer] = {}  # original layer id -> its one copy
+
+    def copy_once(layer: keras.layers.Layer) -> keras.layers.Layer:  # a layer used in two stages is one copy
+        if id(layer) not in clones:
+            clones[id(layer)] = layer.__class__.from_config(layer.get_config())  # same config and name
+        return clones[id(layer)]
+
     cells = []
     for s, (a, b) in enumerate(zip(bounds, bounds[1:])):
         stage = keras.Model(groups[a][0].begin, groups[b - 1][-1].end, name=f"stage{s}")
         with tf.device(devices[s]), keras.name_scope(f"stage{s}"):
-            copy = keras.models.clone_model(stage, clone_function=functools.partial(_copy_once, clones))
+            copy = keras.models.clone_model(stage, clone_function=copy_once)
         for original, clone in zip(stage.variables, copy.variables, strict=True):
             clone.assign(original)  # the reference weights (a Dropout's seed state too: the same masks)
         cells.append(Cell(f"stage{s}", devices[s], [copy], (INPUT if s == 0 else s - 1,), label=_names(copy, cells)))
@@ -268,18 +266,13 @@ def _names(stage: keras.Model, earlier: list[Cell]) -> str:
                      for layer in stage.layers if not isinstance(layer, keras.layers.InputLayer))
 
 
-def _copy_once(clones: dict[int, Any], layer: keras.layers.Layer) -> keras.layers.Layer:
-    """A fresh copy of `layer` (same config and name), made once: a layer used in two stages is one copy."""
-    if id(layer) not in clones:
-        clones[id(layer)] = layer.__class__.from_config(layer.get_config())
-    return clones[id(layer)]
-
-
 def width_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
     """`width`: each hidden Dense layer's units split over the devices, weights sliced from `model`. The output layer
     stays whole on devices[0], where the loss is computed: it costs little, and a split would add a sync point."""
     groups = _grouped(range(len(model.layers)), lambda i: _has_weights(model.layers[i]))
-    shapes = _shapes(model)
+    shapes = [(None, *model.input_shape[1:])]  # every layer's input shape (a Sequential's), then the output's
+    for layer in model.layers:
+        shapes.append(tuple(layer.compute_output_shape(shapes[-1])))
     kinds_ok = all(isinstance(layer, (keras.layers.Dense, keras.layers.Flatten)) for layer in model.layers)
     if not kinds_ok or not all(isinstance(model.layers[g[-1]], keras.layers.Dense) for g in groups):
         raise ConfigError(
