@@ -165,10 +165,7 @@ def top_of_each_unit(order: list[Any], k: int) -> tuple[set[str], list[str]]:
 def _not_chosen(sweep_dir: str, overrides: list[str]) -> str | None:
     """Why this job is left out by sweep.only_top (None: it runs, or only_top is off)."""
     path = Path(sweep_dir, CHOSEN_FILE)
-    if not path.exists():
-        return None
-    chosen = json.loads(path.read_text())
-    return chosen["skip"].get(combination_key(overrides), None)
+    return json.loads(path.read_text())["skip"].get(combination_key(overrides)) if path.exists() else None
 
 
 def _run_child(command: list[str], env: dict) -> tuple[int, str, str]:
@@ -227,59 +224,57 @@ class SweepCallback(Callback):
     """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from runner.config import SweepConf
+        from runner.registry import typed_values
+        from runner.tracking.redact import redact_files, redact_logs
+
         try:
-            self._start(config)
+            # The sweep's own settings, checked against their rules before anything opens: the jobs check the rest,
+            # but these act before any job (sweep.only_top=-1 would leave every job out).
+            typed_values(SweepConf, config.sweep, "sweep")
+            redact_logs()  # Hydra logs each job's overrides
+            redact_files(Path(config.hydra.sweep.dir))
+            uri, sweep_dir = tracking.resolve_uri(config.mlflow.tracking_uri), Path(config.hydra.sweep.dir)
+            parent = open_parent(uri, config.mlflow.experiment, list(config.hydra.overrides.task), sweep_dir)
+            os.environ[tracking.ENV_PARENT] = parent
+            failures.clear()
+            log.info("sweep parent run %s in %s", parent, uri)
+            if config.train.probe_peak:
+                from runner.measure.peak import probe_before_jobs
+
+                probe_before_jobs()
+            Path(sweep_dir, CHOSEN_FILE).unlink(missing_ok=True)  # a sweep dir used again: its old choice goes
+            if config.sweep.only_top:
+                chosen = choose_top(str(sweep_dir), list(config.hydra.overrides.task), config.sweep.only_top)
+                print("\n".join(redact(line) for line in chosen), file=sys.stderr)
         except Exception as e:
             raise SweepAborted(e) from e
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            self._end(config)
+            outcomes = _outcomes(config.hydra.sweep.dir)
+            failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
+            close_parent(tracking.resolve_uri(config.mlflow.tracking_uri), _read_parent(config.hydra.sweep.dir),
+                         summary_lines(outcomes), failed=bool(failures))
         except Exception as e:
             raise SweepAborted(e) from e
-
-    def _start(self, config: DictConfig) -> None:
-        from runner.config import SweepConf
-        from runner.registry import typed_values
-        from runner.tracking.redact import redact_files, redact_logs
-        from runner.tracking import resolve_uri
-
-        # The sweep's own settings, checked against their rules before anything opens: the jobs check the rest, but
-        # these act before any job (sweep.only_top=-1 would leave every job out).
-        typed_values(SweepConf, config.sweep, "sweep")
-        redact_logs()  # Hydra logs each job's overrides
-        redact_files(Path(config.hydra.sweep.dir))
-        uri, sweep_dir = resolve_uri(config.mlflow.tracking_uri), Path(config.hydra.sweep.dir)
-        parent = open_parent(uri, config.mlflow.experiment, list(config.hydra.overrides.task), sweep_dir)
-        os.environ[tracking.ENV_PARENT] = parent
-        failures.clear()
-        log.info("sweep parent run %s in %s", parent, uri)
-        if config.train.probe_peak:
-            from runner.measure.peak import probe_before_jobs
-
-            probe_before_jobs()
-        Path(sweep_dir, CHOSEN_FILE).unlink(missing_ok=True)  # a sweep dir used again: its old choice goes
-        if config.sweep.only_top:
-            chosen = choose_top(str(sweep_dir), list(config.hydra.overrides.task), config.sweep.only_top)
-            print("\n".join(redact(line) for line in chosen), file=sys.stderr)
-
-    def _end(self, config: DictConfig) -> None:
-        from runner.tracking import resolve_uri
-
-        outcomes = _outcomes(config.hydra.sweep.dir)
-        failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
-        close_parent(resolve_uri(config.mlflow.tracking_uri), _read_parent(config.hydra.sweep.dir),
-                     summary_lines(outcomes), failed=bool(failures))
 
 
 def open_parent(uri: str, experiment: str, overrides: list[str], sweep_dir: Path) -> str:
     """Before a sweep's (or a benchmark's) jobs: the store's schema and experiment, once, and the parent run its jobs'
     runs hang under (`runner report --parent`), its id in `sweep_dir` for jobs on any launcher; returns the id."""
+    from mlflow.tracking import MlflowClient
+
     from runner.tracking import open_store, whole_write
 
     experiment_id = open_store(uri, experiment)
+    # process_tags: how `runner report` tells a parent its killed sweep left open (tracking/stale.py)
+    tags = {"sweep": "parent", "sweep.command": redact(tracking.command_line()),
+            "sweep.overrides": redact(" ".join(overrides)), "sweep.dir": str(sweep_dir.resolve()),
+            "mlflow.runName": "sweep " + "/".join(sweep_dir.parts[-2:]),
+            **tracking.process_tags()}
     with whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
-        parent = _create_parent(uri, experiment_id, overrides, sweep_dir)
+        parent = MlflowClient(uri).create_run(experiment_id, tags=tags).info.run_id
         _open_parent.update(uri=uri, run_id=parent)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / PARENT_FILE).write_text(parent)
@@ -372,17 +367,3 @@ def close_open_parent(status: str) -> None:
         except Exception as e:  # noqa: BLE001 - called while another failure is being reported
             log.warning("the sweep's parent run %s could not be closed: %s", _open_parent["run_id"], redact(str(e)))
         _open_parent.clear()
-
-
-def _create_parent(uri: str, experiment_id: str, overrides: list[str], sweep_dir: Path) -> str:
-    from mlflow.tracking import MlflowClient
-
-    tags = {
-        "sweep": "parent",
-        "sweep.command": redact(tracking.command_line()),
-        "sweep.overrides": redact(" ".join(overrides)),
-        "sweep.dir": str(sweep_dir.resolve()),
-        "mlflow.runName": "sweep " + "/".join(sweep_dir.parts[-2:]),
-        **tracking.process_tags(),  # how `runner report` tells a parent its killed sweep left open (tracking/stale.py)
-    }
-    return MlflowClient(uri).create_run(experiment_id, tags=tags).info.run_id
