@@ -290,13 +290,6 @@ def config_hash(cfg: DictConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _top_level(cfg: DictConfig) -> dict[str, Any]:
-    """gpus, train, mlflow and sweep typed and checked; the component nodes as they were composed."""
-    container = OmegaConf.to_container(cfg, resolve=True)
-    values = typed_values(Config, {k: v for k, v in container.items() if k not in COMPONENTS}, "")
-    return {**values, **{k: container.get(k) for k in COMPONENTS}}
-
-
 def _resolve_batch(train: dict[str, Any], towers: int, where: str) -> None:
     """Fill in the batch size the scaling mode derives: strong fixes the global batch, weak the per-device one."""
     derived = train["global_batch_size"] // towers
@@ -319,15 +312,6 @@ def _resolve_batch(train: dict[str, Any], towers: int, where: str) -> None:
     train["per_device_batch_size"] = train["global_batch_size"] // towers
 
 
-def _check_precision(strategy: Any, precision: str) -> None:
-    """float16 trains only where the strategy's step scales the loss (small gradients would round to zero)."""
-    if precision == "mixed_float16" and not getattr(strategy, "loss_scaling", False):
-        raise ConfigError(
-            f"train.precision=mixed_float16 needs loss scaling in the step and strategy={strategy.name} does not "
-            "apply it (StrategyBase.loss_scaling); use train.precision=float32 or mixed_bfloat16"
-        )
-
-
 def compose(overrides: list[str]) -> DictConfig:
     """The project's config composed through Hydra's compose API, as @hydra.main would (a user's config folders come
     as `hydra.searchpath=[file://...]`): for `runner check` and the tests, which compose outside a Hydra run."""
@@ -341,18 +325,27 @@ def compose(overrides: list[str]) -> DictConfig:
 def validate(cfg: DictConfig) -> Plan:
     """Check a composed config and return its plan (the resolved, read-only config, the component objects and the
     derived facts); a ConfigError names the first bad key, its value and what is allowed."""
-    values = _top_level(cfg)
+    container = OmegaConf.to_container(cfg, resolve=True)  # gpus, train, mlflow and sweep typed and checked
+    values = {**typed_values(Config, {k: v for k, v in container.items() if k not in COMPONENTS}, ""),
+              **{k: container.get(k) for k in COMPONENTS}}  # the component nodes as they were composed
     parts = {kind: registry.options(values[kind] or {}) for kind, registry in COMPONENTS.items()}
     strategy, gpus, hardware = parts["strategy"], values["gpus"], parts["hardware"]
     hardware.check_devices(gpus, strategy.multi_process)
     strategy.check(gpus, parts["model"], values["train"]["jit_compile"])
-    _check_precision(strategy, values["train"]["precision"])
+    # float16 trains only where the strategy's step scales the loss (small gradients would round to zero)
+    if values["train"]["precision"] == "mixed_float16" and not getattr(strategy, "loss_scaling", False):
+        raise ConfigError(f"train.precision=mixed_float16 needs loss scaling in the step and strategy="
+                          f"{strategy.name} does not apply it (StrategyBase.loss_scaling); use train.precision=float32 "
+                          "or mixed_bfloat16")
     _check_optimizer(values["train"])
     # A named hardware's nodes are its cluster: `gpus` counts the devices of all of them
     cluster = strategy.cluster() if hardware.measured else None
     towers = strategy.towers(gpus) * (cluster.count if cluster else 1)
     _resolve_batch(values["train"], towers, f"strategy={strategy.name} gpus={gpus}")
-    spec = _spec(parts["data"])  # first: data that cannot say what it is cannot say how much of it there is
+    try:  # first: data that cannot say what it is cannot say how much of it there is
+        spec = parts["data"].spec()
+    except DataError as e:  # a missing path, an unprepared dataset
+        raise ConfigError(str(e)) from None
     parts["pipeline"].check(towers, parts["data"].train_examples())
     parts["model"].check(spec)
     strategy.check_task(spec)
@@ -402,14 +395,6 @@ def _check_optimizer(train: dict[str, Any]) -> None:
                           f"{train['learning_rate']}; use a value from 0 to it")
 
 
-def _spec(data: Dataset) -> Spec:
-    """The data's example spec; data that cannot say it (a missing path, an unprepared dataset) is a config error."""
-    try:
-        return data.spec()
-    except DataError as e:
-        raise ConfigError(str(e)) from None
-
-
 def memory_estimate(train: dict[str, Any], model: Any, spec: Spec, towers: int) -> tuple[int, int]:
     """Bytes a config needs at least: (input batches, activations). The input pipeline holds a few global batches
     (the one being made, the prefetched, the step's); each tower keeps its batch's layer outputs for the backward
@@ -424,7 +409,6 @@ def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, 
     """Refuse embedding tables that do not fit: their weights and optimizer state, times the copies the strategy
     keeps (on simulated devices every copy is in this host's memory), in one line with each strategy's need."""
     from runner.runtime.devices import memory_bytes
-    from runner.strategies import STRATEGIES
 
     table = model.table_bytes(spec)
     if not table:
