@@ -258,7 +258,8 @@ def _hooks(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Recorder)
     if plan.train.reuse_freed_memory:
         around.append(hooks.ReuseFreedMemory())
     if plan.train.profile:
-        around.append(hooks.Profile(OutputFolder.current().path / "profile", plan.train.steps_per_call, plan.train.warmup_calls))
+        around.append(hooks.Profile(OutputFolder.current().path / "profile", plan.train.steps_per_call,
+                                    plan.train.warmup_calls))
     return around
 
 
@@ -268,12 +269,12 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
     figures: dict[str, Any] = {"peak_rss_mb": hooks.peak_rss_mb()}
     from runner.measure import floor
 
-    skipped = floor.not_a_bound(devices.simulated, devices.kind, devices.count)
-    if plan.train.probe_floor and "step_time_ms" in result and skipped:
-        log.info("floor %s", skipped)
-        run.tags({"floor": skipped})
-    elif plan.train.probe_floor and "step_time_ms" in result:
-        figures.update(_floor(plan, devices, examples, result, run))
+    if plan.train.probe_floor and "step_time_ms" in result:
+        if skipped := floor.not_a_bound(devices.simulated, devices.kind, devices.count):
+            log.info("floor %s", skipped)
+            run.tags({"floor": skipped})
+        else:
+            figures.update(_floor(plan, devices, examples, result, run))
     if plan.train.measure_input:
         batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
         figures.update(hooks.input_figures(strategy, batches, plan.train, result))
@@ -293,6 +294,7 @@ def _floor(plan: Plan, devices: Devices, examples: Any, result: dict, run: track
     from runner.errors import one_line
     from runner.measure import floor
     from runner.config import table_optimizer
+    from runner.predict.calibrate import real_batches
     from runner.strategies.common import tables, tower_models
 
     log.info("measuring the step's floor (train.probe_floor): the towers' passes and one update alone, a few seconds")
@@ -300,8 +302,7 @@ def _floor(plan: Plan, devices: Devices, examples: Any, result: dict, run: track
     try:
         models = tower_models(plan.model, plan.spec, plan.train.seed, towers, plan.train.fused_batch_norm)
         on = [tables(model) for model in models]  # a model with tables: real ids (random ones all hit two rows)
-        real = list(examples.shuffled(batch * 8, plan.train.seed).batched(batch, plan.pipeline).take(len(towers))) \
-            if on[0] else None
+        real = real_batches(plan, examples, batch, len(towers)) if on[0] else None
         figures = floor.floor_step_ms(models, batch, plan.train.optimizer, towers, xla=not plan.strategy.jit_refusal(),
                                       task=plan.spec.task, batches=real, tables=on,
                                       table_optimizer=table_optimizer(plan.train))

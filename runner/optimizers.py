@@ -120,7 +120,7 @@ def updates_rows_only(optimizer: Any, variable: Any) -> bool:
     """Whether `optimizer` (a PerPart: its part for `variable`) changes only the rows of a sparse gradient of
     `variable`: Adagrad (`SparseAdagrad`) and plain SGD do; Adam, AdamW, momentum and RMSprop decay every row."""
     if isinstance(optimizer, PerPart):
-        optimizer = optimizer.part_of(variable)
+        optimizer = optimizer.parts[optimizer._index(variable)]
     return isinstance(optimizer, SparseAdagrad) or (type(optimizer) is keras.optimizers.SGD and not optimizer.momentum)
 
 
@@ -134,9 +134,6 @@ class PerPart(tf.Module):
         super().__init__(name="per_part")
         self.parts = [optimizer for optimizer, _ in parts]
         self._ids = [frozenset(id(v) for v in variables) for _, variables in parts]
-
-    def part_of(self, variable: Any) -> keras.optimizers.Optimizer:
-        return self.parts[self._index(variable)]
 
     def _index(self, variable: Any) -> int:
         return next(i for i, ids in enumerate(self._ids) if id(variable) in ids)

@@ -66,9 +66,11 @@ def parse(text: str, source: str = ENV) -> Cluster:
             raise ConfigError(f"{source}: cluster addresses must be a list of host:port strings, got {addresses!r}")
     task_type, index = spec["task"].get("type"), spec["task"].get("index")
     if task_type not in tasks:
-        raise ConfigError(f'{source}: task type {task_type!r} is not in the cluster; choose one of: {", ".join(tasks)}')
+        raise ConfigError(f"{source}: task type {task_type!r} is not in the cluster; choose one of: "
+                          f"{', '.join(tasks)}")
     if not isinstance(index, int) or not 0 <= index < len(tasks[task_type]):
-        raise ConfigError(f"{source}: task index {index!r} is out of range; {task_type} has {len(tasks[task_type])} tasks")
+        raise ConfigError(f"{source}: task index {index!r} is out of range; {task_type} has "
+                          f"{len(tasks[task_type])} tasks")
     return Cluster(tasks, task_type, index)
 
 

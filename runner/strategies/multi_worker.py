@@ -99,7 +99,8 @@ def exposure(spec: cluster.Cluster) -> str:
     port = spec.tasks[spec.task_type][spec.task_index].rsplit(":", 1)[1]
     return (f"strategy=multi_worker: {spec.name}'s TensorFlow server listens on port {port} of every network "
             "interface (TensorFlow binds 0.0.0.0 whatever strategy.workers names) and accepts unauthenticated "
-            "requests: run multi-worker jobs only on a trusted network or behind a firewall that admits the workers alone")
+            "requests: run multi-worker jobs only on a trusted network or behind a firewall that admits the workers "
+            "alone")
 
 
 class WorkerReplicas(Replicas):

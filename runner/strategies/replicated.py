@@ -152,15 +152,12 @@ class Towers(Built, Strategy):
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
         return pipeline.towers(examples, self.training.global_batch, self.devices, seed)
 
-    def _model_for(self, tower: int) -> Any:
-        return self.models[tower] if self.replicated else self.models[0]
-
     def step(self, batches: Any):
         def step() -> tf.Tensor:
             losses, grads = [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
-                loss, g = tower_gradients(self._model_for(i), x, y, self.devices[i], self.loss_scale,
-                                          self.training)
+                model = self.models[i if self.replicated else 0]
+                loss, g = tower_gradients(model, x, y, self.devices[i], self.loss_scale, self.training)
                 losses.append(loss)
                 grads.append(g)
             mean_grads = self._average(grads)  # a non-finite tower gradient makes its mean non-finite

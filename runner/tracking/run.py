@@ -105,7 +105,10 @@ class Run(Recorder):
                         self.journal.ack(entry["seq"])
                 break
             except Exception as e:  # noqa: BLE001 - whatever the store's failure, training goes on
-                self._went_offline(one_line(e))
+                if self.offline is None:
+                    log.warning("tracking store %s cannot be written (%s): training goes on, the run's writes are kept "
+                                "in %s and sent when it answers", self.uri, one_line(e), self.journal.path or "memory")
+                self.offline = (one_line(e), time.monotonic() + OFFLINE_RETRY_SECONDS)
                 if not final:
                     return
                 if time.monotonic() > deadline:
@@ -118,12 +121,6 @@ class Run(Recorder):
         if self.offline:
             log.warning("tracking store %s answers again: the run's writes are sent", self.uri)
             self.offline = None
-
-    def _went_offline(self, why: str) -> None:
-        if self.offline is None:
-            log.warning("tracking store %s cannot be written (%s): training goes on, the run's writes are kept in %s "
-                        "and sent when it answers", self.uri, why, self.journal.path or "memory")
-        self.offline = (why, time.monotonic() + OFFLINE_RETRY_SECONDS)
 
     def params(self, params: dict[str, str]) -> None:
         self._record("params", params={k: str(v) for k, v in params.items()})

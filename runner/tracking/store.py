@@ -57,13 +57,6 @@ def resolve_uri(configured: str | None) -> str:
     return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 
 
-def _artifact_root(uri: str) -> str | None:
-    """Artifacts beside a sqlite database; other stores choose their own location."""
-    if uri.startswith("sqlite:///"):
-        return (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
-    return None
-
-
 class StoreError(UserError):
     """The MLflow tracking store cannot be opened or written; the message names the store and why."""
 
@@ -100,20 +93,14 @@ def whole_write() -> Iterator[None]:
         handlers[signum](signum, frame)  # e.g. raises KeyboardInterrupt or Terminated here, after the write
 
 
-def _sqlite_problem(uri: str) -> str | None:
-    """Why a sqlite store's database cannot be created or written, or None; checked before MLflow opens it, which
-    answers an unwritable path with a traceback, and a read-only directory only after retrying for a long time."""
-    path = uri.removeprefix("sqlite:///")
-    if not path or path == ":memory:":
-        return None
-    return unwritable(Path(path), "file")
-
-
 def open_store(uri: str, experiment: str, columns: tuple[str, ...] = ()) -> str:
     """`ensure_experiment` (its runs view showing `columns` too), with a store that cannot be created, opened or
     written reported as one StoreError line naming it and the fix."""
     fix = "set mlflow.tracking_uri to a store you can write, e.g. sqlite:////abs/writable/dir/mlflow.db"
-    problem = _sqlite_problem(uri) if uri.startswith("sqlite:///") else None
+    # A sqlite database that cannot be created or written, checked before MLflow opens it, which answers an
+    # unwritable path with a traceback, and a read-only directory only after retrying for a long time.
+    path = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+    problem = unwritable(Path(path), "file") if path and path != ":memory:" else None
     if problem:
         raise StoreError(f"tracking store {uri} cannot be used: {problem}; {fix}")
     try:
@@ -153,7 +140,10 @@ def ensure_experiment(uri: str, name: str, columns: tuple[str, ...] = ()) -> str
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name(name)
         if exp is None:
-            experiment_id = client.create_experiment(name, artifact_location=_artifact_root(uri))
+            # artifacts beside a sqlite database; other stores choose their own location
+            beside = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri() \
+                if uri.startswith("sqlite:///") else None
+            experiment_id = client.create_experiment(name, artifact_location=beside)
             ui.set_up(client, experiment_id, {}, columns)
             return experiment_id
         if exp.lifecycle_stage == "deleted":

@@ -55,9 +55,10 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
     return {key: redact(value) for key, value in out.items()}
 
 
-def _source_checkout() -> Path | None:
-    """The checkout the runner is installed from in editable mode (`pip install -e`), from the install's own record
-    (PEP 610 direct_url.json); None for a regular install, whose version says what ran."""
+def _git_commit() -> str | None:
+    """The commit of the checkout the runner is installed from in editable mode (`pip install -e`, found in the
+    install's own record, PEP 610 direct_url.json), if there is one and git can read it; None for a regular install,
+    whose version says what ran."""
     import json
     from importlib import metadata
 
@@ -66,17 +67,11 @@ def _source_checkout() -> Path | None:
     except (metadata.PackageNotFoundError, ValueError):
         return None
     url = direct.get("url", "")
-    editable = direct.get("dir_info", {}).get("editable", False)
-    return Path(url.removeprefix("file://")) if editable and url.startswith("file://") else None
-
-
-def _git_commit() -> str | None:
-    """The commit of the editable checkout that runs, if there is one and git can read it."""
-    checkout = _source_checkout()
-    if checkout is None:
+    if not direct.get("dir_info", {}).get("editable", False) or not url.startswith("file://"):
         return None
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=5)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(url.removeprefix("file://")), capture_output=True,
+                             text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
