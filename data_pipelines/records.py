@@ -93,14 +93,6 @@ def count_records(path: str) -> int:
     return count
 
 
-def files_digest(files: tuple[str, ...]) -> str:
-    """sha256 of the files' names and sizes (8 hex digits): which shards a run read, without reading them."""
-    digest = hashlib.sha256()
-    for path in files:
-        digest.update(f"{os.path.basename(path)}:{os.path.getsize(path)}\n".encode())
-    return digest.hexdigest()[:8]
-
-
 # serialized record -> (image float32 (H, W, C) in 0..255, label int32 ()), or (ids int32 (length,), label)
 Decoder = Callable[[Any], tuple[Any, Any]]
 
@@ -221,18 +213,15 @@ class Records:
         files in a new order, every epoch; repeated forever."""
         return replace(self, buffer=buffer, seed=seed, endless=True)
 
-    def _shuffles_files(self) -> bool:
-        """Whether the file order is shuffled: not where shards split the records (every shard must split the same
-        order, or their records overlap) nor under a limit (the first records must be the same every epoch)."""
-        return bool(self.buffer) and self.by_file() and not self.limit
-
     def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
         """A tf.data.Dataset of (float32 (batch, H, W, C) in [0, 1], int32 (batch,)), or of token ids (batch,
         length) and their labels, prefetched on the host."""
         import tensorflow as tf
 
         files = tf.data.Dataset.from_tensor_slices(list(self.own_files()))
-        if self._shuffles_files():
+        # The file order is shuffled, but not where shards split the records (every shard must split the same
+        # order, or their records overlap) nor under a limit (the first records must be the same every epoch).
+        if self.buffer and self.by_file() and not self.limit:
             files = files.shuffle(len(self.own_files()), seed=self.seed, reshuffle_each_iteration=True)
         parallel = autotune(opts.map_parallelism)
         ds = files.interleave(tf.data.TFRecordDataset, cycle_length=min(8, len(self.own_files())),
@@ -279,7 +268,11 @@ class RecordData:
         return eval_batches(Records(self.test_files, self.spec, self.decoder, limit=limit))
 
     def digest(self, split: str) -> str:
-        return files_digest(self.train_files if split == "train" else self.test_files)
+        """sha256 of the split's file names and sizes (8 hex digits): which shards a run read, without reading them."""
+        digest = hashlib.sha256()
+        for path in self.train_files if split == "train" else self.test_files:
+            digest.update(f"{os.path.basename(path)}:{os.path.getsize(path)}\n".encode())
+        return digest.hexdigest()[:8]
 
 
 def _records(files: tuple[str, ...], limit: int | None) -> int:

@@ -44,19 +44,6 @@ failures: list[dict] = []  # set by the callback after a sweep; the command line
 _open_parent: dict[str, str] = {}  # uri and run id of a parent run this process opened and has not closed yet
 
 
-def _finished_run_with_hash(uri: str, experiment: str, digest: str) -> str | None:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return None
-    found = client.search_runs(
-        [exp.experiment_id], f"tags.config_hash = '{digest}' and attributes.status = 'FINISHED'", max_results=1
-    )
-    return found[0].info.run_id if found else None
-
-
 def _child_command(hc: Any, job_dir: str) -> list[str]:
     """`python -m runner` with the job's overrides and the sweep's own config directories (`--config-dir`,
     `hydra.searchpath`), so a user's components are found in the job's process too."""
@@ -92,10 +79,15 @@ def run_isolated(cfg: DictConfig) -> dict:
     except ConfigError as e:
         _record_invalid(cfg, e, hc.sweep.dir)
         return _write(job_dir, {**outcome, "status": "FAILED", "error": one_line(e)})
-    if cfg.sweep.resume:
-        uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri)
-        done = _finished_run_with_hash(uri, plan.cfg.mlflow.experiment, plan.config_hash)
-        if done:
+    if cfg.sweep.resume:  # a FINISHED run of the same config hash
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking.resolve_uri(plan.cfg.mlflow.tracking_uri))
+        exp = client.get_experiment_by_name(plan.cfg.mlflow.experiment)
+        found = exp and client.search_runs([exp.experiment_id], f"tags.config_hash = '{plan.config_hash}' and "
+                                           "attributes.status = 'FINISHED'", max_results=1)
+        if found:
+            done = found[0].info.run_id
             log.info("resume: %s already FINISHED as run %s; skipped", outcome["overrides"], done)
             return _write(job_dir, {**outcome, "status": "SKIPPED", "run_id": done})
     return _write(job_dir, {**outcome, **launch(_child_command(hc, job_dir), job_dir, _read_parent(hc.sweep.dir))})
@@ -197,10 +189,6 @@ def _read_parent(sweep_dir: str) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-def _outcomes(sweep_dir: str) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(Path(sweep_dir).glob(f"*/{RESULT_FILE}"))]
-
-
 def summary_lines(outcomes: list[dict]) -> list[str]:
     """Counts per status, then one line per failed combination with its error."""
     counts = {s: sum(o["status"] == s for o in outcomes) for s in ("FINISHED", "FAILED", "SKIPPED")}
@@ -252,7 +240,8 @@ class SweepCallback(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         try:
-            outcomes = _outcomes(config.hydra.sweep.dir)
+            results = sorted(Path(config.hydra.sweep.dir).glob(f"*/{RESULT_FILE}"))
+            outcomes = [json.loads(p.read_text()) for p in results]
             failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
             close_parent(tracking.resolve_uri(config.mlflow.tracking_uri), _read_parent(config.hydra.sweep.dir),
                          summary_lines(outcomes), failed=bool(failures))

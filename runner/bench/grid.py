@@ -101,10 +101,6 @@ def check(name: str, items: list[tuple[str, float | None]], holds: Callable[[flo
     return text + (f"; {failed} failed" if failed else "")
 
 
-def _ratio_or_none(m: dict, base: float | None) -> float | None:
-    return m["rate"] / base if base and "rate" in m else None
-
-
 def predict_rows(table: Table) -> None:
     """Add the cost model's prediction (runner/predict/) to every runner row of the table, calibrating this machine
     now, after the table's jobs, where the cache lacks it."""
@@ -137,8 +133,8 @@ def table_targets(table: Table) -> list[str]:
     vs_keras = [(f"runner {baseline()} / keras fit", single / keras if single and keras else None)]
     lines = [check(f"{s.name}: runner 1 device >= {need}x keras fit", vs_keras, lambda v: v >= need, "lowest")]
     for n, floor in SCALING_TARGET.items():
-        items = [(f"{job.strategy}/{job.pipeline}", _ratio_or_none(m, single)) for job, m in table.rows
-                 if job.kind == "runner" and job.gpus == n and job.strategy in DATA_PARALLEL]
+        items = [(f"{job.strategy}/{job.pipeline}", m["rate"] / single if single and "rate" in m else None)
+                 for job, m in table.rows if job.kind == "runner" and job.gpus == n and job.strategy in DATA_PARALLEL]
         if items:
             lines.append(check(f"{s.name}: every data-parallel strategy x pipeline at {n} devices >= {floor}x "
                                f"runner {baseline()}", items, lambda v, f=floor: v >= f, "lowest"))

@@ -113,11 +113,6 @@ class SpecSheet:
                  f"one node of {self.devices_per_node}: a single-process strategy; {spans} spans nodes")
         check("gpus", gpus, (lambda v: 1 <= v <= most, f"1 to {most} on hardware={self.name} ({where})"))
 
-    def nodes_for(self, gpus: int) -> int:
-        """Nodes that `gpus` devices take (filled one after another)."""
-        return math.ceil(gpus / self.devices_per_node)
-
-
 HARDWARE = Registry("hardware", __name__)
 
 

@@ -182,7 +182,7 @@ def largest_fitting_batch(model_layers: list[Layer], optimizer: str, precision: 
 def price(plan: Any, model_layers: list[Layer]) -> dict[str, float]:
     """The terms (seconds per step) of `plan`'s step on its spec sheet; ConfigError when the model does not fit."""
     hw, train = plan.hardware, plan.train
-    nodes = hw.nodes_for(max(plan.gpus, 1))
+    nodes = math.ceil(max(plan.gpus, 1) / hw.devices_per_node)  # the devices fill one node after another
     local = plan.strategy.towers(plan.gpus) // nodes if plan.strategy.data_parallel else 1
     batch = int(train.per_device_batch_size)
     _check_fits(plan, model_layers, batch)
