@@ -40,8 +40,6 @@ def _encode_idx(array: np.ndarray) -> bytes:
     code = next((c for c, dt in _IDX_DTYPES.items() if dt.newbyteorder("=") == native), None)
     if code is None:
         raise ValueError(f"dtype {array.dtype} cannot be stored in an IDX file")
-    if array.ndim > 255:
-        raise ValueError("IDX supports at most 255 dimensions")
     header = bytes([0, 0, code, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
     return header + array.astype(_IDX_DTYPES[code], copy=False).tobytes()
 
@@ -61,6 +59,6 @@ def read_idx(path: PathLike) -> np.ndarray:
 
 
 def write_idx(path: PathLike, array: np.ndarray) -> None:
-    """Write ``array`` as an uncompressed IDX file (inverse of `read_idx`); ValueError for a dtype or rank IDX
-    cannot store."""
+    """Write ``array`` as an uncompressed IDX file  (inverse of `read_idx`); ValueError for a dtype IDX cannot
+    store."""
     pathlib.Path(path).write_bytes(_encode_idx(array))

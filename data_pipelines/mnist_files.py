@@ -55,10 +55,6 @@ def default_cache_dir() -> pathlib.Path:
     return cache_dir("mnist")
 
 
-def _sha256(data: bytes | bytearray) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _load_verified(directory: pathlib.Path, key: str) -> np.ndarray:
     """Read, verify and parse one file; read once so the hash covers the parsed bytes."""
     filename, expected = FILES[key]
@@ -69,7 +65,7 @@ def _load_verified(directory: pathlib.Path, key: str) -> np.ndarray:
         buf = _read_bytes(path)
     except OSError as err:
         raise DataError(f"{path}: unreadable ({err.strerror}); fix its permissions") from err
-    if (actual := _sha256(buf)) != expected:
+    if (actual := hashlib.sha256(buf).hexdigest()) != expected:
         raise DataError(f"{path}: sha256 mismatch (expected {expected}, got {actual}; {len(buf)} bytes); replace it "
                         "with the original uncompressed IDX file")
     return _parse_idx(buf, str(path))
@@ -117,7 +113,7 @@ def _install(cache: pathlib.Path, key: str, write: Callable[[IO[bytes]], None]) 
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
-        actual = _sha256(_read_bytes(pathlib.Path(tmp)))
+        actual = hashlib.sha256(_read_bytes(pathlib.Path(tmp))).hexdigest()
         if actual != expected:
             raise DataError(f"{filename}: sha256 mismatch (expected {expected}, got {actual})")
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache must stay readable.
