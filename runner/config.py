@@ -424,7 +424,7 @@ def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, 
         return
     # every strategy that could train this task on these devices, and what it would need
     needs = {n: need(STRATEGIES.get(n)()) for n in STRATEGIES.names()
-             if STRATEGIES.get(n).takes(gpus) and not _refuses(STRATEGIES.get(n)(), spec)}
+             if STRATEGIES.get(n).takes(gpus) and not refuses(STRATEGIES.get(n)().check_task, spec)}
     fitting = [n for n, bytes_ in needs.items() if bytes_ <= available]
     each = ", ".join(f"{n} {bytes_ / gb:,.1f}" for n, bytes_ in needs.items())
     raise ConfigError(
@@ -437,10 +437,10 @@ def _check_tables(train: dict[str, Any], model: Any, spec: Spec, strategy: Any, 
     )
 
 
-def _refuses(strategy: Any, spec: Spec) -> bool:
-    """Whether `strategy` refuses `spec`'s task (check_task)."""
+def refuses(check: Callable[[Spec], None], spec: Spec) -> bool:
+    """Whether a component's `check` (a strategy's check_task, a model's check) refuses `spec`."""
     try:
-        strategy.check_task(spec)
+        check(spec)
     except ConfigError:
         return True
     return False

@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from runner.config import COMPONENTS, PRESETS, Config, ConfigError, group_options
+from runner.config import COMPONENTS, PRESETS, Config, group_options, refuses
 from runner.registry import fields, literal_values
 
 PAGE = Path("docs/configuration.md")
@@ -126,17 +126,6 @@ def _tasks() -> dict[str, list[Any]]:
             "text (token ids)": [data.get("shakespeare")().spec()], "click logs": [data.get("clicks")().spec()]}
 
 
-def _takes(model: Any, specs: list[Any]) -> bool:
-    """Whether the model's own check (no TensorFlow) accepts data of any of `specs`."""
-    for spec in specs:
-        try:
-            model.check(spec)
-            return True
-        except ConfigError:
-            continue
-    return False
-
-
 def _names(names: list[str], default: str | None = None) -> str:
     """`b` (default), `a`, `c`, ...: the default first."""
     first = [f"`{default}` (default)"] if default in names else []
@@ -146,8 +135,9 @@ def _names(names: list[str], default: str | None = None) -> str:
 def _models(default: str) -> str:
     """The built-in models by the task they take, and the variants they have."""
     models = COMPONENTS["model"]
-    by_task = [f"{task}: {_names([n for n in models.names() if _takes(models.get(n)(), specs)], default)}"
-               for task, specs in _tasks().items()]
+    takes = {task: [n for n in models.names() if not all(refuses(models.get(n)().check, s) for s in specs)]
+             for task, specs in _tasks().items()}  # the model's own check (no TensorFlow) takes one of the specs
+    by_task = [f"{task}: {_names(names, default)}" for task, names in takes.items()]
     variants = dict.fromkeys(v for n in models.names() for v in typing.get_args(fields(models.get(n)).get("variant")))
     return (f"{'; '.join(by_task)}; your own (`model._target_`). `model.variant`: {_names(list(variants))}, where "
             "the model has them")
