@@ -74,20 +74,15 @@ def result_line(result: dict) -> str:
     return f"{scores}  {rate}  ({result['steps']:.0f} steps, {result['wall_seconds']:.1f} s)  {where}"
 
 
-def _log_to_files(message: str) -> None:
-    """Put the error into Hydra's job log file too, without printing it a second time on the console."""
-    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
-            handler.handle(record)
-
-
 def _report(e: BaseException) -> NoReturn:
     """Report a user error in one line and exit 2, or re-raise it when a traceback was asked for."""
     if os.environ.get("RUNNER_TRACEBACK", "") not in ("", "0"):
         raise e
     message = explain(e)
-    _log_to_files(message)
+    record = log.makeRecord(log.name, logging.ERROR, __file__, 0, message, None, None)
+    for handler in logging.getLogger().handlers:  # Hydra's job log file too, not printed a second time
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
     _fail(message)
 
 
@@ -161,12 +156,11 @@ def cli() -> None:
         sweep.close_open_parent("KILLED")
         print("interrupted" if isinstance(e, KeyboardInterrupt) else f"terminated ({e})", file=sys.stderr)
         _exit_now(signals.EXIT_CODES[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM])
-    except (UserError, HydraException, OmegaConfBaseException) as e:
+    except Exception as e:
         sweep.close_open_parent("FAILED")
+        if not isinstance(e, (UserError, HydraException, OmegaConfBaseException)):
+            raise
         _report(e)
-    except Exception:
-        sweep.close_open_parent("FAILED")
-        raise
 
 
 if __name__ == "__main__":

@@ -38,14 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser().parse_known_args(argv)
     overrides = [o for o in [*args.overrides, *rest] if o not in ("-m", "--multirun")]
     unknown = [o for o in overrides if o.startswith("-")]
-    if unknown:
-        print(f"error: {unknown[0]} is not an option of runner predict; see runner predict --help", file=sys.stderr)
-        return 2
     output = [o for o in overrides if o.startswith(f"{FORMAT}=")]
     overrides = [o for o in overrides if not o.startswith(f"{FORMAT}=")]
     shape = output[-1].split("=", 1)[1] if output else "table"
     dirs = tuple(Path(d).expanduser().resolve() for d in args.config_dir)
-    error = (f"{FORMAT}={shape!r} is not allowed; choose one of: table, json" if shape not in ("table", "json")
+    error = (f"{unknown[0]} is not an option of runner predict; see runner predict --help" if unknown
+             else f"{FORMAT}={shape!r} is not allowed; choose one of: table, json" if shape not in ("table", "json")
              else check_group_overrides([*overrides, *(f"--config-dir={d}" for d in dirs)]))
     if error:
         print(f"error: {error}", file=sys.stderr)
