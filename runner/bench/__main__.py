@@ -110,11 +110,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variant", default="default")
     p.add_argument("--steps", type=_positive, default=400)
     p.add_argument("--steps-per-call", type=_positive, default=50)
-    for parsed in (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False)):
+    grids = (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False))
+    for parsed in grids:
         parsed.add_argument("--pipelines", type=_names, default=PIPELINES.names())
         parsed.add_argument("--batch", type=_positive, default=128)
         parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
-        parsed.add_argument("--tracking-uri", default=None)
     fl = sub.add_parser("floors", help="each built-in model's step vs its floor at 1, 2, 4 devices, MFU and Keras fit, "
                                        "in rounds")
     fl.add_argument("--models", "--model", dest="models", type=_names, default=built_in())
@@ -130,16 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     fl.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
     fl.add_argument("--test-limit", type=_positive, default=1000,
                     help="evaluate runner jobs on the first N test images")
-    fl.add_argument("--tracking-uri", default=None)
-    fl.add_argument("--out", default=None, help="also write the markdown to this file")
     pr = sub.add_parser("predicted", help="the cost model's predictions beside an experiment's measured runs")
     pr.add_argument("--experiment", default="bench_strategies", help="whose finished runner runs to predict")
     pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
-    pr.add_argument("--tracking-uri", default=None)
-    pr.add_argument("--out", default=None, help="also write the markdown to this file")
     pu = sub.add_parser("published", help="spec-sheet predictions against published tables (runner/bench/published/)")
     pu.add_argument("--hardware", type=_names, default=[], help="only these systems (default: every table's)")
-    pu.add_argument("--out", default=None, help="also write the markdown to this file")
     pe = sub.add_parser("peers", help="a user's ResNet-20 against tf_cnn_benchmarks' resnet20, or (--gpt) the GPT "
                                       "against nanoGPT, in rounds")
     pe.add_argument("--peer", default=None, help="a checkout of github.com/tensorflow/benchmarks (without --gpt)")
@@ -149,15 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     pe.add_argument("--steps", type=_positive, default=200,
                     help="steps of each job (the peer times them all after its warm-up; the runner, all but its "
                          "first call)")
-    pe.add_argument("--tracking-uri", default=None)
-    pe.add_argument("--out", default=None, help="also write the markdown to this file")
-    add_gpt_arguments(pe)
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
     st.add_argument("--steps", type=_positive, default=None, help="steps per job (default: the group's)")
     st.add_argument("--test-limit", type=_positive, default=1000, help="evaluate on the first N test images")
-    st.add_argument("--tracking-uri", default=None)
-    st.add_argument("--out", default=None, help="also write the markdown to this file")
+    for parsed in (*grids, fl, pr, pe, st):
+        parsed.add_argument("--tracking-uri", default=None)
+    for parsed in (fl, pr, pu, pe, st):  # the grids' --out comes with their own options
+        parsed.add_argument("--out", default=None, help="also write the markdown to this file")
+    add_gpt_arguments(pe)
     args = parser.parse_args(argv)
     signals.install()  # SIGTERM as `Terminated`: the running job is stopped and the sweep's parent closed KILLED
     try:
