@@ -9,21 +9,33 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import hashlib
 import logging
+import os
 import time
-from dataclasses import dataclass
+import types
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig
 
-from runner import tracking, train
-from runner.measure import hooks
-from runner.config import ConfigError, Plan, validate
-from runner.runtime.devices import Devices  # no TensorFlow import: devices.setup imports it
+from runner import checkpoints, tracking, train
+from runner.config import ROWS_ONLY, ConfigError, Plan, table_optimizer, validate
+from runner.errors import UserError, one_line
+from runner.measure import floor, flops, hooks, profile
+from runner.paths import unwritable
+from runner.runtime import devices as devices_mod  # no TensorFlow import: devices.setup imports it
+from runner.runtime.devices import Devices
 from runner.runtime.output import OutputFolder
+from runner.strategies import Training
+from runner.strategies.common import (build_model, build_optimizer, effective_learning_rate, optimizer_state_bytes,
+                                      tables, tower_models)
+from runner.strategies.loss_scale import LossScale, LossScaling
+from runner.strategies.single import SingleDevice
 from runner.tasks import target_of
+from runner.tracking.redact import redact_files, redact_logs
 
 if TYPE_CHECKING:
     from runner.data_pipelines import Spec
@@ -35,8 +47,6 @@ log = logging.getLogger(__name__)
 
 def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Devices:
     """Configure the devices (the process's first TensorFlow import) and the precision; tag what the run is on."""
-    from runner.runtime import devices as devices_mod
-
     devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
     if log_placement:
@@ -60,10 +70,6 @@ def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = 
 def training_for(plan: Plan, devices: Devices, jit_compile: bool = False) -> Any:
     """What the strategy builds and trains on `devices`, from the plan (runner.strategies.Training), XLA-compiled
     as `jit_compile` says (train.jit_compile resolved: `jit_decision`)."""
-    from runner.strategies import Training
-    from runner.strategies.common import build_model, build_optimizer
-    from runner.strategies.loss_scale import LossScaling
-
     float16 = plan.train.precision == "mixed_float16"
     return Training(
         model=plan.model,
@@ -92,8 +98,6 @@ def jit_decision(plan: Plan, devices: Devices, data: Data) -> Any:
     if plan.cluster is not None:
         return xla.Decision(False, "off: not measured (a multi-worker job cannot time a step before its strategy "
                                    "starts; a one-process run of the same model and batch measures it)")
-    import gc
-
     batch = plan.train.per_device_batch_size
     label = f"model={plan.model.name} at {batch} examples a step on one {devices.kind} device"
     decision = xla.decide(xla.key(plan, devices.names[0]), label,
@@ -105,14 +109,9 @@ def jit_decision(plan: Plan, devices: Devices, data: Data) -> Any:
 def _timed_step(plan: Plan, devices: Devices, data: Data, batch: int, jit: bool) -> Any:
     """fn(steps) -> seconds: the run's model trained `steps` steps on its first device (the baseline's step, XLA as
     `jit` says) on one fixed batch of its training examples: what `jit_decision` compares."""
-    import dataclasses
-    import types
-
     import tensorflow as tf
 
-    from runner.strategies.single import SingleDevice
-
-    training = dataclasses.replace(training_for(plan, devices, jit), global_batch=batch)
+    training = replace(training_for(plan, devices, jit), global_batch=batch)
     strategy = SingleDevice(devices.names[0], training)
     pairs = strategy.batches(plan.pipeline, data.train(), plan.train.seed).next()  # one batch, reused
     loop = strategy.train_loop(types.SimpleNamespace(next=lambda: pairs))
@@ -153,7 +152,6 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
     import tensorflow as tf
 
-    from runner.strategies.common import effective_learning_rate, optimizer_state_bytes
 
     data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
     _log_dataset(plan, data, run)
@@ -239,19 +237,17 @@ def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
     """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec."""
     for context, size in (("train", data.train_size), ("test", data.test_size)):
         shape = "image_shape" if data.spec.unit == "images" else "example_shape"
-        profile = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
-                   "dtype": data.spec.dtype, "synthetic": data.synthetic}
+        about = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
+                 "dtype": data.spec.dtype, "synthetic": data.synthetic}
         if data.spec.features:  # named features: each one's shape, dtype and vocabularies
-            profile.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
-            del profile[shape]
-        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), profile, context)
+            about.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
+            del about[shape]
+        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), about, context)
 
 
 def _hooks(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Recorder) -> list:
     """What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler
     trace."""
-    from runner.strategies.loss_scale import LossScale
-
     around = [checkpointer] if checkpointer is not None else []
     if isinstance(getattr(strategy, "loss_scale", None), LossScale):
         around.append(hooks.LossScaleMetrics(strategy.loss_scale, run.metrics))
@@ -267,8 +263,6 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
                     devices: Devices) -> dict:
     """Figures taken once training is over: peak memory, the input pipeline alone, the profile's table, the floor."""
     figures: dict[str, Any] = {"peak_rss_mb": hooks.peak_rss_mb()}
-    from runner.measure import floor
-
     if plan.train.probe_floor and "step_time_ms" in result:
         if skipped := floor.not_a_bound(devices.simulated, devices.kind, devices.count):
             log.info("floor %s", skipped)
@@ -291,11 +285,7 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
 def _floor(plan: Plan, devices: Devices, examples: Any, result: dict, run: tracking.Recorder) -> dict[str, float]:
     """The step's floor (train.probe_floor, runner/measure/floor.py) and the step over it; a floor that cannot be
     measured (memory for a second set of models, say) is a warning and the run's `floor` tag, not a failed run."""
-    from runner.errors import one_line
-    from runner.measure import floor
-    from runner.config import table_optimizer
     from runner.predict.calibrate import real_batches
-    from runner.strategies.common import tables, tower_models
 
     log.info("measuring the step's floor (train.probe_floor): the towers' passes and one update alone, a few seconds")
     towers, batch = list(devices.names[:plan.local_towers]), plan.train.per_device_batch_size
@@ -315,7 +305,6 @@ def _floor(plan: Plan, devices: Devices, examples: Any, result: dict, run: track
 
 def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recorder) -> dict[str, float]:
     """The cost model's prediction for this combination (runner/predict/), beside what the run measured."""
-    from runner.errors import UserError, one_line
     from runner.predict.grid import predict_run
 
     try:
@@ -334,8 +323,6 @@ def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recor
 def _warn_dense_tables(plan: Plan) -> None:
     """One warning when a recommender's embedding tables get an optimizer that updates every row every step (Adam,
     train.optimizer's default, among them), where Adagrad and SGD update the rows a batch looked up."""
-    from runner.config import ROWS_ONLY, table_optimizer
-
     name = table_optimizer(plan.train)
     if not plan.spec.features or name in ROWS_ONLY:
         return
@@ -348,10 +335,6 @@ def _warn_dense_tables(plan: Plan) -> None:
 
 def _log_profile(result: dict, folder: Path, run: tracking.Recorder) -> None:
     """Sum the traced call by op kind; log the table (profile.md) and its figures. A failure here only warns."""
-    import os
-
-    from runner.measure import profile
-
     try:
         text, figures = profile.table(folder, int(result["profile_steps"]), result["profile_seconds"],
                                       len(os.sched_getaffinity(0)))
@@ -367,8 +350,6 @@ def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int
     """The run's checkpointer and the step to start from (> 0 when a killed run of this config left checkpoints)."""
     if not plan.train.checkpoint_every:
         return None, 0
-    from runner import checkpoints
-
     spec = plan.cluster
     folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
     writer = spec is None or spec.is_chief
@@ -386,9 +367,6 @@ def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int
 
 def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> dict:
     """FLOPs of one training step per example (if they can be counted) and the probed matmul peak, if enabled."""
-    from runner.measure import flops
-    from runner.strategies.common import build_model
-
     figures: dict[str, Any] = {}
     # On Keras' own layers: TensorFlow's FLOP statistics have no formula for the fused batch norm kernel
     count = flops.count_training_flops(build_model(plan.model, plan.spec, plan.train.seed, fused_batch_norm=False),
@@ -439,8 +417,6 @@ def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str,
     why, rather than logging a ratio above 1."""
     if spec.rate_key not in result or "flops_per_example" not in hardware:
         return {}
-    from runner.measure import flops
-
     examples = result[spec.rate_key] / spec.units_per_example  # per second
     achieved = examples * hardware["flops_per_example"] / 1e9
     out = {"achieved_gflops": achieved}
@@ -468,8 +444,6 @@ def run(cfg: DictConfig) -> dict:
     """Run one experiment from `cfg` (composed by Hydra) and return its final metrics, its `run_id`, and `unit` (what
     the throughput counts). Raises ConfigError, before anything is built or logged, for an invalid config."""
     started = time.perf_counter()
-    from runner.tracking.redact import redact_files, redact_logs
-
     folder = OutputFolder.current()
     redact_logs()
     if folder.log_file:
@@ -480,8 +454,6 @@ def run(cfg: DictConfig) -> dict:
         if tracking.is_sweep_child():
             tracking.record_invalid(cfg, e, tracking.parent_run_id())  # a sweep checks its jobs first
         raise
-    from runner.paths import unwritable
-
     # Refused before anything starts: a checkpoint location that cannot be written.
     if plan.train.checkpoint_every and (problem := unwritable(Path(plan.train.checkpoint_dir))):
         raise ConfigError(
@@ -495,8 +467,6 @@ def run(cfg: DictConfig) -> dict:
         kept.watch_log()
     with (tracking.tracked(uri, plan, kept) if chief else contextlib.nullcontext(tracking.NoRun())) as mlrun:
         if plan.train.checkpoint_every and mlrun.run_id is not None:
-            from runner import checkpoints
-
             # This config's checkpoint folder taken before TensorFlow starts, so a start beside a live run of the same
             # config is refused in seconds (a multi-worker job's chief takes it for all its workers).
             checkpoints.claim(checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash), mlrun.run_id,

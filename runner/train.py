@@ -11,6 +11,7 @@ import contextlib
 import logging
 import math
 import re
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
 import numpy as np
 
 import runner
-from runner.errors import UserError
+from runner.errors import ConfigError, UserError, one_line
 from runner.runtime import signals
 from runner.tasks import Target
 
@@ -105,8 +106,6 @@ class Progress:
         self.unit = {"images": "img", "tokens": "tok", "examples": "ex"}[unit]
         self.bar = None
         if sys.stderr.isatty():
-            import shutil
-
             from tqdm import tqdm
 
             width = shutil.get_terminal_size((100, 20)).columns  # a terminal of unknown size: 100 columns
@@ -142,7 +141,6 @@ def _bad_data(e: Exception, source: str) -> Exception | None:
     not read (an error raised through an input iterator), naming `source`; None for an error that is not the data's."""
     from runner.data_pipelines import DataError
     from runner.data_pipelines.records import BAD_CLICK, BAD_ID, BAD_LABEL, BAD_TOKEN
-    from runner.errors import one_line
 
     if found := re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e)):
         return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
@@ -172,8 +170,6 @@ XLA_NOT_CONSTANT = re.compile(r"with op (\w+) must be a compile-time constant")
 def _not_compilable(e: Exception) -> Exception | None:
     """A ConfigError naming what XLA could not compile (the model's: train.jit_compile put its forward and backward
     in an XLA cluster), or None for an error that is not XLA's refusal."""
-    from runner.errors import ConfigError
-
     text = str(e)
     if found := XLA_NO_KERNEL.search(text):
         what = f"op {', '.join(dict.fromkeys(found.group(1).split(', ')))} (no XLA kernel)"

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, ContextManager
 
-from runner.measure import malloc
+from runner.measure import malloc, profile
 from runner.train import Hook
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,6 @@ class Profile(Hook):
     def around(self, calls: int, n: int) -> ContextManager[None] | None:
         if self.traced or n != self.steps_per_call or calls < max(1, self.warmup_calls):
             return None
-        from runner.measure import profile
-
         self.tracing = True
         return profile.trace(self.folder)
 

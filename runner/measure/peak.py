@@ -8,16 +8,21 @@ more and, still disturbed, not trusted; a re-probe keeps the higher figure.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import platform
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from runner.paths import cache_dir as runner_cache_dir, write_json
+from runner.runtime.devices import cpuinfo, nvidia_gpu_count
 
 log = logging.getLogger(__name__)
 
@@ -50,17 +55,12 @@ class Peak:
 
 def _cpuinfo(field: str) -> str:
     """The first processor's `field` in /proc/cpuinfo ('' where there is none, e.g. macOS)."""
-    from runner.runtime.devices import cpuinfo
-
     return cpuinfo().get(field, "")
 
 
 def _cpu_description() -> str:
     """CPU model, a digest of its instruction-set flags (one model name covers hosts with and without AVX-512) and the
     cores this process may use (affinity: a container's share, which is what TF uses)."""
-    import hashlib
-    import platform
-
     name = _cpuinfo("model name") or platform.processor() or platform.machine()
     flags = hashlib.sha256(" ".join(sorted(_cpuinfo("flags").split())).encode()).hexdigest()[:8]
     return f"{name} (flags {flags}, {len(_cpus())} cores)"
@@ -265,9 +265,6 @@ def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
     """The host CPU's `dtype` peak, probed in a fresh process first when it is not cached (or `refresh`): a run's
     own thread pools may be cut, and a probe there would cache a fraction of the CPU. None without native `dtype`,
     or where the probe gave no figure (a busy machine)."""
-    import subprocess
-    import sys
-
     if not _cpu_supports(dtype):
         return None
     if refresh or cached_cpu_peak(dtype=dtype) is None:
@@ -280,8 +277,6 @@ def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
 def probe_before_jobs() -> None:
     """Before a sweep's jobs start, on a machine whose runs train on the CPU: probe its peak unless it is cached,
     while the machine is still idle (jobs side by side would see each other as load and never trust a probe)."""
-    from runner.runtime.devices import nvidia_gpu_count
-
     if nvidia_gpu_count() or cached_cpu_peak() is not None:
         return
     cpu_peak()  # which says so

@@ -25,9 +25,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from runner.measure import peak
-from runner.measure.floor import median_seconds
+from runner.config import ROWS_ONLY, compose, table_optimizer, validate
+from runner.measure import peak, xla
+from runner.measure.floor import median_seconds, towers_seconds
 from runner.paths import cache_dir as runner_cache_dir, write_json
+from runner.runtime.devices import host_cpu, nvidia_gpu_count, setup
+from runner.strategies.common import build_optimizer, drain_loop, tables, tower_models
 
 CACHE_FILE = "calibration.json"
 FORMAT = 7  # in every key: entries of an older calibration (other figures) are measured again, not misread
@@ -43,8 +46,6 @@ def _digest(value: Any) -> str:
 
 def device_set_key(plan: Any) -> str:
     """The host CPU, the device count and the thread settings: what every calibration of a group shares."""
-    from runner.runtime.devices import host_cpu
-
     t = plan.train
     return f"v{FORMAT}|{host_cpu()}|gpus={plan.gpus}|threads={t.intra_op_threads},{t.inter_op_threads}"
 
@@ -59,9 +60,6 @@ def towers_key(plan: Any) -> str:
 
 def compiled(plan: Any) -> bool:
     """Whether the plan's runs XLA-compile their towers (`xla.setting`; not yet measured: off), as they are priced."""
-    from runner.measure import xla
-    from runner.runtime.devices import nvidia_gpu_count
-
     decision = xla.setting(plan, "/device:GPU:0" if plan.gpus and nvidia_gpu_count() else "/device:CPU:0")
     return bool(decision and decision.on)
 
@@ -200,8 +198,6 @@ def looked_up(model: Any, batches: list[tuple[Any, Any]]) -> list[list[Any]]:
     the tables' sparse gradients (a row per lookup, repeats included): [table][batch] -> int64 (lookups,)."""
     import tensorflow as tf
 
-    from runner.strategies.common import tables
-
     found, out = tables(model), []
     for x, _ in batches:
         with tf.GradientTape() as tape:  # any function of the outputs: its table gradients' rows are the lookups
@@ -216,8 +212,6 @@ def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[t
     copy on every device of `devices`, updated at once), table t's rows at `ids[t][s]` in step s, every table in one
     `apply_gradients` as a step applies them: the sparse update a model's looked-up rows pay."""
     import tensorflow as tf
-
-    from runner.strategies.common import build_optimizer
 
     copies = []
     for device in devices:
@@ -249,9 +243,6 @@ def table_figures(plan: Any, model: Any, devices: list[str], examples: Any) -> d
     """`model`'s embedding tables (`common.tables`): their bytes and count, the rows one tower looks up per step, and
     the bytes per second a sparse update of them moves on one device and on all at once (optimizers that update
     only the looked-up rows), at the ids of ten real global batches (reused rows would be in the caches)."""
-    from runner.config import ROWS_ONLY, table_optimizer
-    from runner.strategies.common import tables
-
     shapes = [(int(t.shape[0]), int(t.shape[1])) for t in tables(model)]  # (rows, d) each
     n = len(devices)
     ids = looked_up(model, real_batches(plan, examples, plan.train.per_device_batch_size * n, 10))  # [table][batch]
@@ -267,9 +258,6 @@ def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
     """Seconds per step of the towers' passes, all at once, at the per-tower batch (a model with embedding tables on
     real batches of `examples`: random ids would all hit two rows); the model's dense trainable weights (float32
     bytes) and variables; the update, reduce and copy throughputs; its tables' `table_figures`."""
-    from runner.measure.floor import towers_seconds
-    from runner.strategies.common import tables, tower_models
-
     models = tower_models(plan.model, plan.spec, plan.train.seed, devices)
     batch = plan.train.per_device_batch_size
     found = {id(t) for t in tables(models[0])}
@@ -292,8 +280,6 @@ def input_seconds(plan: Any, towers: list[str], examples: Any, steps: int = 100)
     """Seconds per step of the pipeline alone feeding a tower on each of `towers` (each batch touched there)."""
     import tensorflow as tf
 
-    from runner.strategies.common import drain_loop
-
     batches = plan.pipeline.towers(examples, plan.train.global_batch_size, list(towers), plan.train.seed)
     loop = drain_loop(batches.next)
     loop(tf.constant(steps))  # tracing, first fills of the buffers
@@ -306,9 +292,6 @@ def measure(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
     """In this process, on devices set up as the runs' would be: every calibration in `wanted` (keys) for the
     combinations given as overrides, which share one device set; each entry with the figures, what it ran on and
     the share of the CPUs other processes used meanwhile (above peak.BUSY the parent does not cache them)."""
-    from runner.config import compose, validate
-    from runner.runtime.devices import setup
-
     loaded: dict[str, Any] = {}
 
     def examples(plan: Any) -> Any:
@@ -331,8 +314,6 @@ def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -
     """The calibrations `wanted` for `plans`, on this process's devices `devs` (a run's, after its training, or the
     calibration child's); `examples(plan)` gives a plan's training examples for its pipeline."""
     import keras
-
-    from runner.runtime.devices import host_cpu
 
     conditions = {"measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host_cpu(),
                   "devices": f"{devs.count} {'simulated ' if devs.simulated else ''}{devs.kind}",

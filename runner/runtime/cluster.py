@@ -16,6 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from runner.errors import ConfigError
 
 ENV = "TF_CONFIG"
@@ -56,7 +58,7 @@ def parse(text: str, source: str = ENV) -> Cluster:
         spec = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{source} is not valid JSON ({e.msg} at character {e.pos}): {text[:80]!r}") from None
-    if not isinstance(spec, dict) or not isinstance(spec.get("cluster"), dict) or not isinstance(spec.get("task"), dict):
+    if not (isinstance(spec, dict) and isinstance(spec.get("cluster"), dict) and isinstance(spec.get("task"), dict)):
         raise ConfigError(f'{source} needs "cluster" and "task" objects, got: {text[:80]!r}')
     tasks = {t: v for t, v in spec["cluster"].items() if t in TASK_TYPES}
     if not tasks.get("worker") and not tasks.get("chief"):
@@ -104,7 +106,5 @@ def worker_suffix(_root_: Any) -> str:
 
 def register_resolver() -> None:
     """Make `${worker_suffix:}` available to the configs (before Hydra composes them)."""
-    from omegaconf import OmegaConf
-
     if not OmegaConf.has_resolver("worker_suffix"):
         OmegaConf.register_new_resolver("worker_suffix", worker_suffix)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError
+from runner.runtime.quiet import filtered_stderr
 
 log = logging.getLogger(__name__)
 
@@ -253,8 +254,6 @@ def setup(gpus: int, intra: int = -1, inter: int = 0) -> Devices:
     """Configure TensorFlow's devices for `gpus` (0: the host CPU alone) and its thread pools (`intra`: threads per
     op, -1 auto; `inter`: ops at once, 0 TensorFlow's default), and describe them (a warning when simulated); a
     DeviceError when this process cannot provide them."""
-    from runner.runtime.quiet import filtered_stderr
-
     with filtered_stderr():  # TensorFlow's start-up lines, filtered to those that matter
         tf = import_tensorflow()
         try:

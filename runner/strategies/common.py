@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from runner.errors import ConfigError
 from runner.lazy import lazy
+from runner.models import check_lookups, spec_arguments
+from runner.strategies import loss_scale
+from runner.tasks import AUC, auc
 
 if TYPE_CHECKING:
     import keras
@@ -27,11 +32,6 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
         ConfigError: the build gave no Keras model, or one that does not map the data's inputs to its outputs, or
             one with an embedding smaller than the data's ids (`runner.models.check_lookups`).
     """
-    import reprlib
-
-    from runner.errors import ConfigError
-    from runner.models import check_lookups, spec_arguments
-
     keras.utils.set_random_seed(seed)
     try:
         built = model.build(spec)
@@ -73,8 +73,6 @@ def _kernels(built: keras.Model, fused: bool) -> keras.Model:
 def _check_features(name: str, built: keras.Model, spec: Spec) -> None:
     """A model of named features (`Spec.features`) has one Input per feature, named as it, of its shape and dtype,
     and one logit per example (a binary label) or one per class."""
-    from runner.errors import ConfigError
-
     inputs = {t.name: t for t in built.inputs}
     want = {f.name: f for f in spec.features}
     if set(inputs) != set(want):
@@ -129,7 +127,6 @@ def build_optimizer(train_cfg: Any, variables: list, tables: list = ()) -> Any:
         ConfigError: train.table_optimizer is set and the model has no embedding table.
     """
     from runner import optimizers
-    from runner.errors import ConfigError
 
     if not train_cfg.table_optimizer:
         return _optimizer(train_cfg, train_cfg.optimizer, train_cfg.learning_rate, variables)
@@ -182,14 +179,12 @@ def update(scale: Any, grads: Any, clip_norm: float | None, apply: Any) -> None:
     """The end of a step, written once: one decision on the whole step's gradients (`grads`, any nest; under
     mixed_float16 a non-finite one skips every update), then the gradients unscaled, clipped and given to
     `apply(grads)` in the same nest: the strategy's own part, which optimizer updates what where."""
-    from runner.strategies.loss_scale import all_finite
-
     flat = tf.nest.flatten(grads)
 
     def applied() -> None:
         apply(tf.nest.pack_sequence_as(grads, clip(scale.unscale(flat), clip_norm)))
 
-    scale.apply_if_finite(lambda: all_finite(flat), applied)
+    scale.apply_if_finite(lambda: loss_scale.all_finite(flat), applied)
 
 
 def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: bool,
@@ -210,8 +205,6 @@ def input_signature(spec: Spec) -> Any:
 def make_evaluate(model: keras.Model, device: str, spec: Spec):
     """A function dataset -> {"loss", *the task's metrics} over every example, computed on `device`: the means of
     the loss and of what the task sums per batch (`Task.sums`); an AUC exact over the whole set (`tasks.auc`)."""
-    from runner.tasks import AUC, auc
-
     task = spec.task
     ranked = AUC in task.metrics  # an AUC needs every example's output, not a sum
 
@@ -250,9 +243,7 @@ class Built:
 
     def _share(self, model: Any, device: str, scale_device: str | None = None) -> None:
         """The step's loss scale on `scale_device` (default: `device`) and `evaluate` of `model` on `device`."""
-        from runner.strategies.loss_scale import make
-
-        self.loss_scale = make(self.training.loss_scaling, scale_device or device)
+        self.loss_scale = loss_scale.make(self.training.loss_scaling, scale_device or device)
         self.evaluate = make_evaluate(model, device, self.training.spec)
 
     def step(self, batches: Any) -> Any:
@@ -267,9 +258,7 @@ class Built:
 
     def checkpoint_objects(self) -> dict[str, Any]:
         """A strategy keeping one model (`self.model`): its variables, its optimizer and the loss scale."""
-        from runner.strategies.loss_scale import checkpointed
-
-        return {"model": self.model.variables, "optimizer": self.optimizer, **checkpointed(self.loss_scale)}
+        return {"model": self.model.variables, "optimizer": self.optimizer, **loss_scale.checkpointed(self.loss_scale)}
 
     def weights(self) -> list:
         return self.model.trainable_variables

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 from runner.errors import UserError, one_line
 from runner.paths import locked, unwritable
+from runner.tracking import ui
 from runner.tracking.redact import redact
 
 # MLflow's sqlite store logs every failed write with its full traceback and SQL (e.g. a full disk); the runner says
@@ -133,8 +134,6 @@ def ensure_experiment(uri: str, name: str, columns: tuple[str, ...] = ()) -> str
     may start at once on a fresh store), set up its UI with `columns` in its runs view (`ui.set_up`: the figures of
     the run about to start); return the experiment id. A StoreError if the experiment was deleted."""
     from mlflow.tracking import MlflowClient
-
-    from runner.tracking import ui
 
     with schema_lock(uri):
         client = MlflowClient(uri)

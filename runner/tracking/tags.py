@@ -3,11 +3,13 @@ process that writes it, and its place in a sweep."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +61,6 @@ def _git_commit() -> str | None:
     """The commit of the checkout the runner is installed from in editable mode (`pip install -e`, found in the
     install's own record, PEP 610 direct_url.json), if there is one and git can read it; None for a regular install,
     whose version says what ran."""
-    import json
-    from importlib import metadata
-
     try:
         direct = json.loads(metadata.distribution(runner.DISTRIBUTION).read_text("direct_url.json") or "{}")
     except (metadata.PackageNotFoundError, ValueError):

@@ -17,6 +17,9 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from runner.tasks import target_of
+from runner.tracking.redact import redact
+
 if TYPE_CHECKING:
     from runner.config import Plan
 
@@ -43,8 +46,6 @@ def figures(unit: str, score: str, target: str | None) -> tuple[str, ...]:
 
 def figures_of(plan: Plan) -> tuple[str, ...]:
     """`figures` of a run of `plan`: its data's unit and score, the metric of its target."""
-    from runner.tasks import target_of
-
     target = target_of(plan.train)
     return figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None)
 
@@ -85,8 +86,6 @@ def set_up(client: Any, experiment_id: str, existing: dict[str, str], columns: t
 def where_to_look(uri: str, experiment_id: str) -> str:
     """One line: for a local store the command that serves its UI (bound to this machine only), then the URL of
     the experiment's runs table in the runner's view (a tracking server's own; credentials masked)."""
-    from runner.tracking.redact import redact
-
     uri = redact(uri)
     server = uri.startswith(("http://", "https://"))
     url = (f"{uri.rstrip('/') if server else 'http://127.0.0.1:5000'}/#/experiments/{experiment_id}/runs"
