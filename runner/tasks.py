@@ -60,11 +60,6 @@ class Task:
     def __str__(self) -> str:
         return self.name
 
-    def scores_line(self, figures: dict[str, float]) -> str:
-        """A finished run's test figures (`test_<metric>`), as its last line says them."""
-        said = self.headline or tuple((m.name, f"test {m.said} {{:.4f}}") for m in (self.score, LOSS))
-        return "  ".join(form.format(figures[f"test_{name}"]) for name, form in said if f"test_{name}" in figures)
-
     @property
     def targets(self) -> tuple[Metric, ...]:
         """What a run of this task may be timed to: its loss, or one of its metrics."""

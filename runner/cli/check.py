@@ -170,15 +170,10 @@ def _one_process(found: list[Combination], steps: int, timed: int) -> Iterator[O
                 measured += 1
         proc.wait()
         if measured < len(found):
-            said = _last_said(path.read_text(errors="replace"))
-            yield Outcome(found[measured].label, error=f"exit {proc.returncode}: {said}")
-
-
-def _last_said(log: str) -> str:
-    """The last line a child that died said while measuring its last combination (after its last BEGIN line), other
-    than the placer's."""
-    said = [line for line in log.split(BEGIN)[-1].splitlines()[1:] if line.strip() and "placer.cc" not in line]
-    return said[-1] if said else "no output"
+            # the last line it said while measuring its last combination (after its last BEGIN), not the placer's
+            said = [line for line in path.read_text(errors="replace").split(BEGIN)[-1].splitlines()[1:]
+                    if line.strip() and "placer.cc" not in line]
+            yield Outcome(found[measured].label, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
 
 
 def judge(outcome: Outcome, reference: Outcome, tolerance: float) -> None:

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from runner.cli.overrides import explain, preflight
 from runner.config import CONF_DIR
 from runner.errors import UserError
-from runner.tasks import METRICS, TASKS
+from runner.tasks import LOSS, METRICS, TASKS
 
 log = logging.getLogger("runner")
 USER_ERROR_EXIT = 2
@@ -69,7 +69,9 @@ def result_line(result: dict) -> str:
                      f"{result[f'steps_to_{metric}']:.0f} steps (time not known)")
         elif f"target_{metric}" in result:
             rate += f"  target {said}{result[f'target_{metric}']:.2f} not reached"
-    scores = TASKS[result.get("task", "class")].scores_line(result)  # as its task says them
+    task = TASKS[result.get("task", "class")]  # its test figures (`test_<metric>`) as its task says them
+    said = task.headline or tuple((m.name, f"test {m.said} {{:.4f}}") for m in (task.score, LOSS))
+    scores = "  ".join(form.format(result[f"test_{name}"]) for name, form in said if f"test_{name}" in result)
     where = f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)"
     return f"{scores}  {rate}  ({result['steps']:.0f} steps, {result['wall_seconds']:.1f} s)  {where}"
 

@@ -63,13 +63,6 @@ class Row:
     target_metric: str = "accuracy"  # what the run was timed to (train.target_<metric>: runner.tasks.METRICS)
     score_metric: str = "accuracy"  # what `score` is: its task's score (runner.tasks.Task.score)
 
-    @property
-    def device_label(self) -> str:
-        if self.host_only:
-            return "host CPU (gpus=0)"
-        return f"{self.devices} {self.kind}{' (sim)' if self.simulated else ''}"
-
-
 def row_of(run: Any, status: str | None = None) -> Row:
     """An MLflow run as a row: what it measured, in its own unit and metric (the one place a report reads them);
     `status` shown instead of the stored one (a dead run's)."""
@@ -240,9 +233,11 @@ def table(rows: list[Row], kind: kinds.Kind) -> str:
     head = ["model", "pipeline", "strategy", "devices", "scaling", f"{unit}/s", "± stderr", f"predicted {unit}/s",
             "speedup", "efficiency", f"{_time_to(kind)} (s)", _score(kind), "learns same", "MFU", "wall s", "status"]
     lines = markdown(head, [
-        [r.model, r.pipeline, r.strategy, r.device_label, r.scaling, _fmt(r.rate, ",.0f"), _fmt(r.stderr, ",.0f"),
-         _fmt(r.predicted, ",.0f"), _fmt(r.speedup, ".2f"), _fmt(r.efficiency, ".2f"), _fmt(r.time_to_target, ".1f"),
-         _fmt(r.score, ".4f"), same[r.same], _fmt(r.mfu, ".1%"), _fmt(r.wall_seconds, ".1f"), r.status] for r in rows])
+        [r.model, r.pipeline, r.strategy,
+         "host CPU (gpus=0)" if r.host_only else f"{r.devices} {r.kind}{' (sim)' if r.simulated else ''}", r.scaling,
+         _fmt(r.rate, ",.0f"), _fmt(r.stderr, ",.0f"), _fmt(r.predicted, ",.0f"), _fmt(r.speedup, ".2f"),
+         _fmt(r.efficiency, ".2f"), _fmt(r.time_to_target, ".1f"), _fmt(r.score, ".4f"), same[r.same],
+         _fmt(r.mfu, ".1%"), _fmt(r.wall_seconds, ".1f"), r.status] for r in rows])
     notes = []
     if any(math.isnan(r.speedup) and r.status == "FINISHED" for r in rows):
         notes.append("speedup/efficiency `-`: no 1-device run of that model, pipeline and strategy (or of `single`)")
