@@ -58,11 +58,6 @@ class Stream:
     train_limit: int | None = None  # the first N windows of the seed's order
     synthetic: bool = False
 
-    def _starts(self) -> np.ndarray:
-        """Every window's start in the training stream, in the seed's order (int32: 4 bytes a start)."""
-        starts = np.random.default_rng(self.seed).permutation(len(self.train_ids) - self.spec.shape[0])
-        return starts[: self.train_limit].astype(np.int32)
-
     @property
     def train_size(self) -> int:
         windows = len(self.train_ids) - self.spec.shape[0]
@@ -75,8 +70,10 @@ class Stream:
     def train(self) -> Windows:
         import tensorflow as tf
 
-        return Windows(tf.constant(self.train_ids), None, tf.data.Dataset.from_tensor_slices(self._starts()),
-                       self.spec)
+        # every window's start in the training stream, in the seed's order (int32: 4 bytes a start)
+        starts = np.random.default_rng(self.seed).permutation(len(self.train_ids) - self.spec.shape[0])
+        starts = tf.data.Dataset.from_tensor_slices(starts[: self.train_limit].astype(np.int32))
+        return Windows(tf.constant(self.train_ids), None, starts, self.spec)
 
     def test(self, limit: int | None = None) -> Any:
         """Consecutive windows of the validation stream: ids (k, length) and next tokens (k, length)."""

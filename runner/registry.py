@@ -84,13 +84,6 @@ def _key(kind: str, key: str) -> str:
     return f"{kind}.{key}" if kind else key
 
 
-def _config_message(e: OmegaConfBaseException, kind: str) -> str:
-    """OmegaConf's refusal, named by the component's key (its message's first line; the rest is OmegaConf's detail)."""
-    key = getattr(e, "full_key", None) or ""
-    message = str(getattr(e, "msg", e)).splitlines()[0]
-    return f"{_key(kind, key)}: {message}" if key else f"{kind or 'config'}: {message}"
-
-
 def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
     """Literal choices and `RULES` of cls, and of the options dataclasses nested in it."""
     for name, annotation in fields(cls).items():
@@ -119,8 +112,9 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
     plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})
-    except OmegaConfBaseException as e:
-        raise ConfigError(_config_message(e, kind)) from None
+    except OmegaConfBaseException as e:  # named by the component's key; the message's first line (the rest: detail)
+        key, message = getattr(e, "full_key", None) or "", str(getattr(e, "msg", e)).splitlines()[0]
+        raise ConfigError(f"{_key(kind, key)}: {message}" if key else f"{kind or 'config'}: {message}") from None
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:  # a field without a default (`???`) that the node does not give
         raise ConfigError(f"{_key(kind, missing[0])} is not set and has no default; give it "

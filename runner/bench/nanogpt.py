@@ -180,18 +180,6 @@ def nanogpt_job(python: str, repo: Path, plan: Any, compile_: str, windows: int)
     return {"rate": rate, "unit": "tokens", "test_loss": json.loads(score.stdout.strip().splitlines()[-1])["loss"]}
 
 
-def _checked(args: argparse.Namespace) -> tuple[Path, str, str, Any]:
-    """The checkout, the venv's Python and torch version, and the runner's plan; every refusal before any job."""
-    repo = checkout(args.nanogpt)
-    python, torch_version = interpreter(args.python)
-    if args.iters < MIN_ITERS:
-        raise ConfigError(f"--iters {args.iters}: at least {MIN_ITERS} (the first steps are warm-up)")
-    bad = [v for v in args.compile if v not in ("false", "true")]
-    if bad or not args.compile:
-        raise ConfigError(f"--compile {','.join(args.compile)}: a list of false and true (nanoGPT's --compile)")
-    return repo, python, torch_version, runner_plan(runner_overrides(args.iters, args.override))
-
-
 def _measure(args: argparse.Namespace, repo: Path, python: str, plan: Any, windows: int) -> dict[str, list[dict]]:
     """Every round: the runner, then nanoGPT at each --compile setting, each in a fresh process."""
     overrides = runner_overrides(args.iters, args.override)
@@ -256,7 +244,13 @@ def verdict(got: dict[str, list[dict]], ratios: list[float]) -> tuple[list[str],
 
 def gpt_peers(args: argparse.Namespace) -> int:
     """The runner's GPT against nanoGPT in `args.rounds` interleaved rounds; 0 when the target is met, else 1."""
-    repo, python, torch_version, plan = _checked(args)
+    repo = checkout(args.nanogpt)  # every refusal before any job
+    python, torch_version = interpreter(args.python)
+    if args.iters < MIN_ITERS:
+        raise ConfigError(f"--iters {args.iters}: at least {MIN_ITERS} (the first steps are warm-up)")
+    if not args.compile or any(v not in ("false", "true") for v in args.compile):
+        raise ConfigError(f"--compile {','.join(args.compile)}: a list of false and true (nanoGPT's --compile)")
+    plan = runner_plan(runner_overrides(args.iters, args.override))
     folder, windows = prepare(repo, plan)
     t0 = time.perf_counter()
     got = _measure(args, repo, python, plan, windows)
