@@ -26,10 +26,6 @@ def default_data_dir() -> str:
     return os.environ.get("TFDS_DATA_DIR") or str(Path("~/tensorflow_datasets").expanduser())
 
 
-def _version_key(path: Path) -> tuple[int, ...]:
-    return tuple(int(p) if p.isdigit() else -1 for p in path.name.split("."))
-
-
 @DATASETS.register
 @dataclass
 class TFDS(DatasetOptions):
@@ -53,7 +49,8 @@ class TFDS(DatasetOptions):
         """The prepared dataset's version folder, holding dataset_info.json."""
         name, _, version = self.dataset.partition(":")
         root = Path(self.data_dir or default_data_dir()).expanduser() / name
-        candidates = [root / version] if version else sorted(root.glob("*.*.*"), key=_version_key)
+        candidates = [root / version] if version else sorted(
+            root.glob("*.*.*"), key=lambda path: tuple(int(p) if p.isdigit() else -1 for p in path.name.split(".")))
         prepared = [c for c in candidates if (c / "dataset_info.json").is_file()]
         if not prepared:
             where = self.data_dir or default_data_dir()

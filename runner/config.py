@@ -270,10 +270,9 @@ def allowed(key: str) -> str | None:
         cls = registry_fields(cls).get(name)
         if not dataclasses.is_dataclass(cls):
             return None
-    rule = getattr(cls, "RULES", {}).get(path[-1])
-    choices = typing.get_args(registry_fields(cls).get(path[-1])) if path[-1] in registry_fields(cls) else ()
-    if rule:
+    if rule := getattr(cls, "RULES", {}).get(path[-1]):
         return rule[1]
+    choices = typing.get_args(registry_fields(cls).get(path[-1]))  # () where it has none
     return f"one of: {', '.join(map(str, choices))}" if choices and all(isinstance(c, str) for c in choices) else None
 
 
