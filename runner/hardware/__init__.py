@@ -113,6 +113,7 @@ class SpecSheet:
                  f"one node of {self.devices_per_node}: a single-process strategy; {spans} spans nodes")
         check("gpus", gpus, (lambda v: 1 <= v <= most, f"1 to {most} on hardware={self.name} ({where})"))
 
+
 HARDWARE = Registry("hardware", __name__)
 
 

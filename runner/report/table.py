@@ -63,6 +63,7 @@ class Row:
     target_metric: str = "accuracy"  # what the run was timed to (train.target_<metric>: runner.tasks.METRICS)
     score_metric: str = "accuracy"  # what `score` is: its task's score (runner.tasks.Task.score)
 
+
 def row_of(run: Any, status: str | None = None) -> Row:
     """An MLflow run as a row: what it measured, in its own unit and metric (the one place a report reads them);
     `status` shown instead of the stored one (a dead run's)."""
