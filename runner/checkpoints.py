@@ -147,8 +147,10 @@ class Checkpointer(Hook):
                        unknown=unknown)
 
     def start(self, elapsed: Elapsed) -> None:
-        """The loop's `elapsed` continues from the restored one, and is saved with every checkpoint."""
-        elapsed.resume(self.restored)
+        """The loop's `elapsed` continues from the restored one (its parts' seconds, its target's crossing, what is
+        not known), and is saved with every checkpoint."""
+        saved = self.restored
+        elapsed.earlier, elapsed.reached, elapsed.unknown = saved.earlier, saved.reached, saved.unknown
         self.elapsed = elapsed
 
     def save(self, step: int) -> None:

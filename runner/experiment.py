@@ -152,7 +152,6 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
     import tensorflow as tf
 
-
     data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
     _log_dataset(plan, data, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling, "task": plan.spec.target,
@@ -169,7 +168,14 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         steps, plan.train.global_batch_size, plan.train.per_device_batch_size,
         plan.train.batch_scaling, " on SYNTHETIC data" if data.synthetic else "",
     )
-    _warn_dense_tables(plan)
+    # A recommender's tables given an optimizer that updates every row every step (Adam, train.optimizer's default,
+    # among them), where Adagrad and SGD update the rows a batch looked up: one warning.
+    if plan.spec.features and (name := table_optimizer(plan.train)) not in ROWS_ONLY:
+        key = "train.table_optimizer" if plan.train.table_optimizer else "train.optimizer"
+        log.warning("%s=%s updates every row of model=%s's embedding tables every step (Keras' Adam, AdamW, momentum "
+                    "and RMSprop decay every row's slots), not only the rows a batch looked up: for sparse updates use "
+                    "train.optimizer=adagrad or sgd, or an optimizer per part as TF Model Garden trains DLRM: "
+                    "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
     checkpointer, start = _resume(plan, strategy, run)
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
                               target_of(plan.train), plan.train.eval_every, train.check_cadence(plan.train, steps))
@@ -178,7 +184,16 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks, plan.data.describe(),
                        (plan.spec.unit, plan.spec.units_per_example))
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
-    _check_moving_state(plan, strategy, run)
+    # A model with moving state (batch normalization): tagged with what the strategy does with it and whether every
+    # copy ended with the same moving statistics (a warning if not).
+    if copies := strategy.moving_statistics():
+        import numpy as np
+
+        equal = all(np.array_equal(c[0], other) for c in copies for other in c[1:])
+        run.tags({"batch_norm": plan.strategy.describe_batch_norm(), "batch_norm.copies_equal": str(equal).lower()})
+        if not equal:
+            log.warning("the model copies of strategy=%s ended with different moving statistics (batch "
+                        "normalization); the test figures are the first copy's", plan.strategy.name)
     run.tags(evals.tags())  # reached or not; untimed where an earlier part's training time is not known
     if plan.spec.rate_key not in result:
         why = train.untimed(plan.train, steps, plan.spec.unit)
@@ -201,21 +216,6 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
                                            if "input_bound" in result else {})})
     return result
-
-
-def _check_moving_state(plan: Plan, strategy: Strategy, run: tracking.Recorder) -> None:
-    """For a model with moving state (batch normalization): tag what the strategy does with it and whether every copy
-    ended with the same moving statistics (a warning if not)."""
-    import numpy as np
-
-    copies = strategy.moving_statistics()
-    if not copies:
-        return
-    equal = all(np.array_equal(c[0], other) for c in copies for other in c[1:])
-    run.tags({"batch_norm": plan.strategy.describe_batch_norm(), "batch_norm.copies_equal": str(equal).lower()})
-    if not equal:
-        log.warning("the model copies of strategy=%s ended with different moving statistics (batch normalization); "
-                    "the test figures are the first copy's", plan.strategy.name)
 
 
 def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder, jit_compile: bool) -> Strategy:
@@ -318,19 +318,6 @@ def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recor
         return {}
     run.tags({"predicted.dominant": prediction.dominant})
     return prediction.metrics()
-
-
-def _warn_dense_tables(plan: Plan) -> None:
-    """One warning when a recommender's embedding tables get an optimizer that updates every row every step (Adam,
-    train.optimizer's default, among them), where Adagrad and SGD update the rows a batch looked up."""
-    name = table_optimizer(plan.train)
-    if not plan.spec.features or name in ROWS_ONLY:
-        return
-    key = "train.table_optimizer" if plan.train.table_optimizer else "train.optimizer"
-    log.warning("%s=%s updates every row of model=%s's embedding tables every step (Keras' Adam, AdamW, momentum and "
-                "RMSprop decay every row's slots), not only the rows a batch looked up: for sparse updates use "
-                "train.optimizer=adagrad or sgd, or an optimizer per part as TF Model Garden trains DLRM: "
-                "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
 
 
 def _log_profile(result: dict, folder: Path, run: tracking.Recorder) -> None:

@@ -215,10 +215,6 @@ class Elapsed:
         """Training seconds of all parts so far; NaN when an earlier part's are not known."""
         return math.nan if self.unknown else self.earlier + self.now
 
-    def resume(self, saved: Elapsed) -> None:
-        """Continue from what a checkpoint saved: its parts' seconds, its target's crossing, what is not known."""
-        self.earlier, self.reached, self.unknown = saved.earlier, saved.reached, saved.unknown
-
 
 @dataclass
 class Evaluations:

@@ -214,18 +214,11 @@ def _reuse(tf, gpus: int) -> Devices:
     return Devices(_names(kind, need), kind, need > 1 and have > physical, desc)
 
 
-def intra_op_threads(requested: int, devices: Devices) -> int:
-    """Threads one op may use. Auto (-1): on N simulated CPU devices, cores / N, since their towers run at once
-    on the same cores and N ops of 2 threads each on 2 cores only fight; otherwise TensorFlow's default (0)."""
-    if requested != -1:
-        return requested
-    if devices.simulated and devices.kind == "CPU":
-        return max(1, (os.cpu_count() or 1) // devices.count)
-    return 0
-
-
 def _configure_threads(tf, devices: Devices, intra: int, inter: int) -> None:
-    intra = intra_op_threads(intra, devices)
+    """`intra`: threads one op may use. Auto (-1): on N simulated CPU devices, cores / N, since their towers run at
+    once on the same cores and N ops of 2 threads each on 2 cores only fight; otherwise TensorFlow's default (0)."""
+    if intra == -1:
+        intra = max(1, (os.cpu_count() or 1) // devices.count) if devices.simulated and devices.kind == "CPU" else 0
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)

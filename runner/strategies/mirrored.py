@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal
 
 from runner.runtime.devices import nvidia_gpu_count
 from runner.errors import ConfigError
@@ -110,25 +110,13 @@ SYNC_BATCH_NORM = ("batch statistics of the global batch (strategy.sync_batch_no
                    "step), so every replica keeps the same moving statistics")
 
 
-class PerReplicaFeed:
+def per_replica_feed(strategy: tf.distribute.Strategy, towers: Any) -> Iterator[tuple[Any, ...]]:
     """A pipeline's own tower feed as tf.distribute per-replica values: replica i (on the strategy's i-th device,
     where the pipeline put tower i's batch) trains on tower i's batch, made inside the compiled loop."""
-
-    def __init__(self, strategy: tf.distribute.Strategy, towers: Any):
-        self.strategy, self.towers = strategy, towers
-
-    def __iter__(self) -> "PerReplicaFeed":
-        return self
-
-    def __next__(self) -> tuple[Any, Any]:
-        pairs = self.towers.next()  # one (x (G/N, H, W, C), y (G/N,)) per device, in the strategy's order
-
-        def per_replica(k: int) -> Any:
-            return self.strategy.experimental_distribute_values_from_function(
-                lambda ctx: pairs[ctx.replica_id_in_sync_group][k]
-            )
-
-        return per_replica(0), per_replica(1)
+    while True:
+        pairs = towers.next()  # one (x (G/N, H, W, C), y (G/N,)) per device, in the strategy's order
+        yield tuple(strategy.experimental_distribute_values_from_function(
+            lambda ctx, k=k: pairs[ctx.replica_id_in_sync_group][k]) for k in (0, 1))
 
 
 class Replicas(Built, Strategy):
@@ -160,7 +148,7 @@ class Replicas(Built, Strategy):
         batch = self.training.global_batch
         if self.input_api:
             return pipeline.distribute(self.strategy, examples, batch, seed)
-        return PerReplicaFeed(self.strategy, pipeline.towers(examples, batch, list(self.devices.names), seed))
+        return per_replica_feed(self.strategy, pipeline.towers(examples, batch, list(self.devices.names), seed))
 
     def step(self, batches: Any):
         """fn() -> the mean loss of one synchronous step over all replicas (tf.distribute's run and all-reduce)."""

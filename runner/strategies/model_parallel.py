@@ -379,7 +379,12 @@ class SplitModel(Built, Strategy):
 
     def __init__(self, split: str, devices: Devices, training: Training):
         self.split, self.devices, self.training = split, devices, training
-        self.cells = self._build_cells(devices.names)
+        if split == "two_tower":
+            self.cells = tower_cells(training.model_fn, training.seed, devices.names)
+        else:
+            with tf.device(devices.names[0]):
+                reference = training.model_fn(training.seed)
+            self.cells = (width_cells if split == "width" else stage_cells)(reference, devices.names)
         found = [t for cell in self.cells for layer in cell.layers for t in tables(layer)]  # embedding tables
         for cell, owned in zip(self.cells, owned_variables(self.cells), strict=True):
             cell.owned = owned
@@ -387,13 +392,6 @@ class SplitModel(Built, Strategy):
                 with tf.device(cell.device), keras.name_scope(cell.name):
                     cell.optimizer = training.optimizer_fn(owned, found)
         self._share(self, devices.names[0])
-
-    def _build_cells(self, names: tuple[str, ...]) -> list[Cell]:
-        if self.split == "two_tower":
-            return tower_cells(self.training.model_fn, self.training.seed, names)
-        with tf.device(names[0]):
-            reference = self.training.model_fn(self.training.seed)
-        return (width_cells if self.split == "width" else stage_cells)(reference, names)
 
     def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
         """Logits through the placed cells (what `evaluate` calls)."""
