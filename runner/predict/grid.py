@@ -107,7 +107,12 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
         plans = [plan for plan, _ in members]
         needed = set().union(*(keys(p) for p in plans))
         wanted = needed if recalibrate else {k for k in needed if k not in cached}
-        measured = _calibrate(_covering(members, wanted), wanted) if wanted else {}
+        left, covering = set(wanted), []  # the first combinations that between them need every wanted key
+        for plan, outcome in members:
+            if keys(plan) & left:
+                covering.append(outcome.overrides)
+                left -= keys(plan)
+        measured = _calibrate(covering, wanted) if wanted else {}
         if "error" in measured:
             for _, outcome in members:
                 outcome.error = measured["error"]
@@ -139,16 +144,6 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
         return
     outcome.prediction = Prediction(combination(plan), plan.train.global_batch_size, terms, plan.spec.unit,
                                     plan.spec.units_per_example, one_device, max(plan.gpus, 1))
-
-
-def _covering(members: list[tuple[Any, Outcome]], wanted: set[str]) -> list[list[str]]:
-    """The overrides of the first combinations that between them need every calibration in `wanted`."""
-    left, out = set(wanted), []
-    for plan, outcome in members:
-        if keys(plan) & left:
-            out.append(outcome.overrides)
-            left -= keys(plan)
-    return out
 
 
 def keys(plan: Any) -> set[str]:
