@@ -66,19 +66,6 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
     return g
 
 
-def _check_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """At least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2."""
-    if args.command == "pipelines":
-        todo = [(args.model, args.steps, args.steps_per_call)]
-    else:
-        of = floor_settings if args.command == "floors" else settings
-        todo = [(s.name, s.steps, s.steps_per_call) for s in of(args)]
-    for name, steps, per_call in todo:
-        problem = too_few_timed(name, steps, per_call)
-        if problem:
-            parser.error(problem)
-
-
 def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Each device count's first job validated as the runner will (e.g. a global batch the towers cannot split),
     so a bad grid is one `error:` line before any job instead of a failed job per combination."""
@@ -174,7 +161,15 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return speed_settings(args)
     if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
         return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
-    _check_steps(parser, args)
+    # at least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2
+    if args.command == "pipelines":
+        todo = [(args.model, args.steps, args.steps_per_call)]
+    else:
+        todo = [(s.name, s.steps, s.steps_per_call) for s in (floor_settings if args.command == "floors"
+                                                                else settings)(args)]
+    for name, steps, per_call in todo:
+        if problem := too_few_timed(name, steps, per_call):
+            parser.error(problem)
     if args.command in ("grid", "strategies", "floors"):
         _check_grid(parser, args)
     return {"floors": floors, "pipelines": pipelines}.get(args.command, grid)(args)

@@ -75,14 +75,6 @@ def _type(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
 
 
-def _allowed(cls: type, name: str, annotation: Any) -> str:
-    rule = getattr(cls, "RULES", {}).get(name)
-    choices = [c for c in literal_values(annotation) or () if c is not None]
-    if choices:
-        return ", ".join(f"`{str(c).lower() if isinstance(c, bool) else c}`" for c in choices)  # as typed
-    return rule[1] if rule else ""
-
-
 def rows(cls: type, prefix: str) -> list[str]:
     """Markdown rows `| key | type | default | allowed | what |` for the fields of an options dataclass."""
     comments, out = _comments(cls), []
@@ -97,7 +89,11 @@ def rows(cls: type, prefix: str) -> list[str]:
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
         shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
         what = comments.get(field.name, "").replace("|", "/")
-        out.append(f"| `{key}` | {_type(annotation)} | `{shown}` | {_allowed(cls, field.name, annotation)} | {what} |")
+        rule = getattr(cls, "RULES", {}).get(field.name)
+        choices = [str(c).lower() if isinstance(c, bool) else c for c in literal_values(annotation) or ()
+                   if c is not None]  # as typed
+        allowed = ", ".join(f"`{c}`" for c in choices) if choices else rule[1] if rule else ""
+        out.append(f"| `{key}` | {_type(annotation)} | `{shown}` | {allowed} | {what} |")
     return out
 
 
