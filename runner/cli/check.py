@@ -268,17 +268,6 @@ def _merge(skipped: list[str]) -> list[str]:
     return out
 
 
-def _gpus(overrides: list[str]) -> int:
-    """gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices."""
-    from runner.errors import UserError
-    from runner.runtime.devices import nvidia_gpu_count
-
-    named = [o.split("=", 1)[1] for o in overrides if o.startswith("gpus=")]
-    if named and not named[-1].isdigit():
-        raise UserError(f"gpus={named[-1]}: runner check takes one device count (run it once per count)")
-    return int(named[-1]) if named else (nvidia_gpu_count() or 2)
-
-
 def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argparse.Namespace, gpus: int,
             common: list[str]) -> str:
     """One MLflow run in the config's experiment (`check`): the table, a metric per combination, the devices."""
@@ -345,12 +334,18 @@ def one_device() -> list[str]:
 def check(args: argparse.Namespace) -> int:
     """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
     from runner.cli.overrides import searchpath
+    from runner.errors import UserError
+    from runner.runtime.devices import nvidia_gpu_count
     from runner.strategies import baseline
 
     dirs = tuple(Path(d).expanduser().resolve() for d in args.config_dir)
     search = searchpath(dirs)
     common = [*BASE, *search, *(o for o in args.overrides if not o.startswith(CHOICES))]
-    gpus = _gpus(args.overrides)
+    # gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices
+    named = [o.split("=", 1)[1] for o in args.overrides if o.startswith("gpus=")]
+    if named and not named[-1].isdigit():
+        raise UserError(f"gpus={named[-1]}: runner check takes one device count (run it once per count)")
+    gpus = int(named[-1]) if named else (nvidia_gpu_count() or 2)
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
     print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "
           f"(unshuffled, same seed; loss tolerance {args.tolerance:g} relative)", flush=True)
