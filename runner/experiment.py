@@ -153,7 +153,15 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     import tensorflow as tf
 
     data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
-    _log_dataset(plan, data, run)
+    # The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec.
+    for context, size in (("train", data.train_size), ("test", data.test_size)):
+        shape = "image_shape" if data.spec.unit == "images" else "example_shape"
+        about = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
+                 "dtype": data.spec.dtype, "synthetic": data.synthetic}
+        if data.spec.features:  # named features: each one's shape, dtype and vocabularies
+            about.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
+            del about[shape]
+        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), about, context)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling, "task": plan.spec.target,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
               "xla": "on" if built.xla.on else "off", "jit_compile_reason": built.xla.reason, **strategy.describe()})
@@ -179,9 +187,17 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     checkpointer, start = _resume(plan, strategy, run)
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
                               target_of(plan.train), plan.train.eval_every, train.check_cadence(plan.train, steps))
-    hooks = _hooks(plan, checkpointer, strategy, run)
+    # What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler trace
+    around = [checkpointer] if checkpointer is not None else []
+    if isinstance(getattr(strategy, "loss_scale", None), LossScale):
+        around.append(hooks.LossScaleMetrics(strategy.loss_scale, run.metrics))
+    if plan.train.reuse_freed_memory:
+        around.append(hooks.ReuseFreedMemory())
+    if plan.train.profile:
+        around.append(hooks.Profile(OutputFolder.current().path / "profile", plan.train.steps_per_call,
+                                    plan.train.warmup_calls))
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
-    result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, hooks, plan.data.describe(),
+    result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, around, plan.data.describe(),
                        (plan.spec.unit, plan.spec.units_per_example))
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
     # A model with moving state (batch normalization): tagged with what the strategy does with it and whether every
@@ -231,32 +247,6 @@ def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder, jit_co
         strategy = plan.strategy.build(devices, training_for(plan, devices, jit_compile))
     signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
     return strategy
-
-
-def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
-    """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec."""
-    for context, size in (("train", data.train_size), ("test", data.test_size)):
-        shape = "image_shape" if data.spec.unit == "images" else "example_shape"
-        about = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
-                 "dtype": data.spec.dtype, "synthetic": data.synthetic}
-        if data.spec.features:  # named features: each one's shape, dtype and vocabularies
-            about.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
-            del about[shape]
-        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), about, context)
-
-
-def _hooks(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Recorder) -> list:
-    """What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler
-    trace."""
-    around = [checkpointer] if checkpointer is not None else []
-    if isinstance(getattr(strategy, "loss_scale", None), LossScale):
-        around.append(hooks.LossScaleMetrics(strategy.loss_scale, run.metrics))
-    if plan.train.reuse_freed_memory:
-        around.append(hooks.ReuseFreedMemory())
-    if plan.train.profile:
-        around.append(hooks.Profile(OutputFolder.current().path / "profile", plan.train.steps_per_call,
-                                    plan.train.warmup_calls))
-    return around
 
 
 def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Recorder,

@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager
 
 import numpy as np
 
@@ -178,19 +178,6 @@ def _not_compilable(e: Exception) -> Exception | None:
     else:
         return None
     return ConfigError(f"train.jit_compile: XLA cannot compile the model's {what}; set train.jit_compile=false")
-
-
-@contextlib.contextmanager
-def user_errors(source: str) -> Iterator[None]:
-    """Training and evaluation inside stop in one line when the cause is the user's to fix: an example that cannot
-    be used (`_bad_data`) or a model op XLA cannot compile (`_not_compilable`), which reach Python as TensorFlow's
-    errors; any other error passes unchanged."""
-    import tensorflow as tf
-
-    try:
-        yield
-    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-        raise _not_compilable(e) or _bad_data(e, source) or e
 
 
 @dataclass
@@ -400,14 +387,20 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
     eval_seconds, steps, resumed_from_step, seconds_to_first_step, the timer's figures, the target's, the hooks'.
     `record` logs (metrics, step); `source` names where the examples come from when one cannot be read; `unit`:
     what the throughput counts and how many of it an example holds."""
+    import tensorflow as tf
+
     hooks = hooks or []
     for hook in hooks:
         hook.start(evals.elapsed)
-    with user_errors(source):
+    try:
         if start:
             fast_forward(strategy, batches, start)
         done = _run_calls(strategy.train_loop(batches), evals, train, steps, start, record, hooks, unit)
         final = evals.final(done.step, done.train_seconds)
+    except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+        # In one line when the cause is the user's to fix, which reaches Python as TensorFlow's error: an example
+        # that cannot be used (`_bad_data`) or a model op XLA cannot compile (`_not_compilable`).
+        raise _not_compilable(e) or _bad_data(e, source) or e
     return {
         "train_loss": done.loss,
         **final,
