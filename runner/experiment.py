@@ -27,6 +27,7 @@ from runner.errors import UserError, one_line
 from runner.measure import floor, flops, hooks, profile
 from runner.paths import unwritable
 from runner.runtime import devices as devices_mod  # no TensorFlow import: devices.setup imports it
+from runner.runtime import signals, watchdog
 from runner.runtime.devices import Devices
 from runner.runtime.output import OutputFolder
 from runner.strategies import Training
@@ -43,28 +44,6 @@ if TYPE_CHECKING:
     from runner.strategies import Strategy
 
 log = logging.getLogger(__name__)
-
-
-def _start_tensorflow(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Devices:
-    """Configure the devices (the process's first TensorFlow import) and the precision; tag what the run is on."""
-    devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
-    devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
-    if log_placement:
-        import tensorflow as tf
-
-        tf.debugging.set_log_device_placement(True)  # before any op runs, or the placer's log misses them
-    run.tags({**devices.as_tags(), "devices.workers": "1", "tensorflow.onednn": devices_mod.onednn()})
-    # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
-    logging.getLogger("tensorflow").setLevel(logging.WARNING)
-
-    import keras
-
-    # Every model built from here on computes in this precision (set each run: the policy is process-wide).
-    keras.mixed_precision.set_dtype_policy(plan.train.precision)
-    devices_mod.fuse_ops(plan.train.precision, devices)
-    if warning := devices_mod.precision_warning(plan.train.precision, devices, devices_mod.host_cpu()):
-        log.warning(warning)
-    return devices
 
 
 def training_for(plan: Plan, devices: Devices, jit_compile: bool = False) -> Any:
@@ -140,9 +119,36 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
     path fails before the slow TensorFlow import); the strategy right after the devices (MultiWorkerMirroredStrategy
     must exist before TensorFlow's runtime starts). `log_placement`: TensorFlow logs every op's device."""
     data = plan.data.load(plan.train.seed)
-    devices = _start_tensorflow(plan, run, log_placement)
+    # The devices (the process's first TensorFlow import) and the precision; the run tagged with what it is on.
+    devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
+    devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
+    if log_placement:
+        import tensorflow as tf
+
+        tf.debugging.set_log_device_placement(True)  # before any op runs, or the placer's log misses them
+    run.tags({**devices.as_tags(), "devices.workers": "1", "tensorflow.onednn": devices_mod.onednn()})
+    # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
+
+    import keras
+
+    # Every model built from here on computes in this precision (set each run: the policy is process-wide).
+    keras.mixed_precision.set_dtype_policy(plan.train.precision)
+    devices_mod.fuse_ops(plan.train.precision, devices)
+    if warning := devices_mod.precision_warning(plan.train.precision, devices, devices_mod.host_cpu()):
+        log.warning(warning)
     xla = jit_decision(plan, devices, data)
-    strategy = _build_strategy(plan, devices, run, xla.on)
+    training = training_for(plan, devices, xla.on)
+    if plan.cluster is None:
+        strategy = plan.strategy.build(devices, training)
+    else:  # a multi-worker strategy waits for its peers under a watchdog
+        me = (plan.cluster.task_type, plan.cluster.task_index)
+        others = [a for kind, addresses in plan.cluster.tasks.items() for i, a in enumerate(addresses)
+                  if (kind, i) != me]
+        uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri) if run.run_id else None
+        with watchdog.bounded_wait(plan.strategy.peer_wait(), plan.cluster.name, ", ".join(others), uri, run.run_id):
+            strategy = plan.strategy.build(devices, training)
+        signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
     return Built(data, devices, strategy, data.train(), xla)
 
 
@@ -232,21 +238,6 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
                                            if "input_bound" in result else {})})
     return result
-
-
-def _build_strategy(plan: Plan, devices: Devices, run: tracking.Recorder, jit_compile: bool) -> Strategy:
-    """The plan's strategy over `devices`; a multi-worker one waits for its peers under a watchdog."""
-    if plan.cluster is None:
-        return plan.strategy.build(devices, training_for(plan, devices, jit_compile))
-    from runner.runtime import signals, watchdog
-
-    me = (plan.cluster.task_type, plan.cluster.task_index)
-    others = [a for kind, addresses in plan.cluster.tasks.items() for i, a in enumerate(addresses) if (kind, i) != me]
-    uri = tracking.resolve_uri(plan.cfg.mlflow.tracking_uri) if run.run_id else None
-    with watchdog.bounded_wait(plan.strategy.peer_wait(), plan.cluster.name, ", ".join(others), uri, run.run_id):
-        strategy = plan.strategy.build(devices, training_for(plan, devices, jit_compile))
-    signals.install()  # TensorFlow installed its own SIGTERM handler while it waited
-    return strategy
 
 
 def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Recorder,
