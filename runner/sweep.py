@@ -44,21 +44,6 @@ failures: list[dict] = []  # set by the callback after a sweep; the command line
 _open_parent: dict[str, str] = {}  # uri and run id of a parent run this process opened and has not closed yet
 
 
-def _child_command(hc: Any, job_dir: str) -> list[str]:
-    """`python -m runner` with the job's overrides and the sweep's own config directories (`--config-dir`,
-    `hydra.searchpath`), so a user's components are found in the job's process too."""
-    config_dir = [s.path for s in hc.runtime.config_sources if s.provider == "command-line" and s.schema == "file"]
-    searchpath = [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")]
-    return [sys.executable, "-m", "runner", *(["--config-dir", config_dir[0]] if config_dir else []),
-            *hc.overrides.task, *searchpath, f"hydra.run.dir={job_dir}"]
-
-
-def _error_line(stderr: str, code: int) -> str:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    return (errors or lines or [f"exit status {code}"])[-1].removeprefix("error: ")
-
-
 def run_isolated(cfg: DictConfig) -> dict:
     """The job function of a multirun: skip if resumable, else run the job in a fresh process. An invalid job starts
     none: its run is recorded FAILED with the error here, as its process would have. Returns the job's outcome:
@@ -90,7 +75,13 @@ def run_isolated(cfg: DictConfig) -> dict:
             done = found[0].info.run_id
             log.info("resume: %s already FINISHED as run %s; skipped", outcome["overrides"], done)
             return _write(job_dir, {**outcome, "status": "SKIPPED", "run_id": done})
-    return _write(job_dir, {**outcome, **launch(_child_command(hc, job_dir), job_dir, _read_parent(hc.sweep.dir))})
+    # `python -m runner` with the job's overrides and the sweep's own config directories (`--config-dir`,
+    # `hydra.searchpath`), so a user's components are found in the job's process too
+    config_dir = [s.path for s in hc.runtime.config_sources if s.provider == "command-line" and s.schema == "file"]
+    command = [sys.executable, "-m", "runner", *(["--config-dir", config_dir[0]] if config_dir else []),
+               *overrides, *(o for o in hc.overrides.hydra if o.startswith("hydra.searchpath=")),
+               f"hydra.run.dir={job_dir}"]
+    return _write(job_dir, {**outcome, **launch(command, job_dir, _read_parent(hc.sweep.dir))})
 
 
 def launch(command: list[str], job_dir: str, parent: str | None) -> dict[str, str]:
@@ -104,7 +95,11 @@ def launch(command: list[str], job_dir: str, parent: str | None) -> dict[str, st
     Path(job_dir, "child.stderr").write_text(stderr)
     found = re.search(r"mlflow run ([0-9a-f]{32})", stdout)
     outcome = {"status": "FINISHED" if code == 0 else "FAILED", **({"run_id": found.group(1)} if found else {})}
-    return outcome if code == 0 else {**outcome, "error": _error_line(stderr, code)}
+    if code == 0:
+        return outcome
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]  # the job's own error line, else its last
+    return {**outcome, "error": (errors or lines or [f"exit status {code}"])[-1].removeprefix("error: ")}
 
 
 def _record_invalid(cfg: DictConfig, error: Exception, sweep_dir: str) -> None:
