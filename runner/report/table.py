@@ -99,13 +99,9 @@ def select(client: Any, experiment: str | None, parent: str | None, latest_sweep
     experiment. Raises ReportError naming what exists when the ask cannot be met."""
     experiments = [e for e in client.search_experiments() if e.name != "Default" or e.experiment_id != "0"]
     names = ", ".join(sorted(e.name for e in experiments)) or "none"
-    if experiment is not None:
-        exp = next((e for e in experiments if e.name == experiment), None)
-        if exp is None:
-            raise ReportError(f"no experiment {experiment!r} in {client.tracking_uri}; experiments: {names}")
-        pool = [exp]
-    else:
-        pool = experiments
+    pool = [e for e in experiments if experiment is None or e.name == experiment]  # names are unique
+    if experiment is not None and not pool:
+        raise ReportError(f"no experiment {experiment!r} in {client.tracking_uri}; experiments: {names}")
     if not pool:
         raise ReportError(f"no experiments in {client.tracking_uri}: run `python -m runner` first")
     if parent:
