@@ -214,20 +214,6 @@ def _reuse(tf, gpus: int) -> Devices:
     return Devices(_names(kind, need), kind, need > 1 and have > physical, desc)
 
 
-def _configure_threads(tf, devices: Devices, intra: int, inter: int) -> None:
-    """`intra`: threads one op may use. Auto (-1): on N simulated CPU devices, cores / N, since their towers run at
-    once on the same cores and N ops of 2 threads each on 2 cores only fight; otherwise TensorFlow's default (0)."""
-    if intra == -1:
-        intra = max(1, (os.cpu_count() or 1) // devices.count) if devices.simulated and devices.kind == "CPU" else 0
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:  # TensorFlow already initialised in this process (in-process tests): keep its pools
-        log.info("thread pools already fixed in this process; train.*_op_threads not applied")
-        return
-    log.info("threads: intra-op %s, inter-op %s (0 = TensorFlow's default)", intra, inter)
-
-
 def import_tensorflow() -> Any:
     """Import TensorFlow and Keras without the optional packages Keras would load for features a run never uses:
     meanwhile importing them raises ImportError (a None entry in sys.modules), as Keras expects when they are absent."""
@@ -253,7 +239,16 @@ def setup(gpus: int, intra: int = -1, inter: int = 0) -> Devices:
             devices = _configure(tf, gpus)
         except RuntimeError:  # "... cannot be modified after being initialized"
             devices = _reuse(tf, gpus)
-    _configure_threads(tf, devices, intra, inter)
+    if intra == -1:  # auto: on N simulated CPU devices cores / N (their towers run at once on the same cores, and N
+        # ops of 2 threads each on 2 cores only fight); otherwise TensorFlow's default (0)
+        intra = max(1, (os.cpu_count() or 1) // devices.count) if devices.simulated and devices.kind == "CPU" else 0
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:  # TensorFlow already initialised in this process (in-process tests): keep its pools
+        log.info("thread pools already fixed in this process; train.*_op_threads not applied")
+    else:
+        log.info("threads: intra-op %s, inter-op %s (0 = TensorFlow's default)", intra, inter)
     if devices.simulated:
         log.warning(
             "simulated devices: %d logical %s devices on %s; they share one physical processor",

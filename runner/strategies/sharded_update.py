@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import lazy
-from runner.strategies import (NO_ROWS, NOTHING, STRATEGIES, Exchange, Rows, Traffic, Training,
-                               loss_scale, ring)
+from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, loss_scale, ring
 from runner.strategies.common import placed_copies, tables, update
 from runner.strategies.replicated import Replicated, Towers, TowersOptions, mean_of, tower_gradients
 
@@ -67,27 +66,23 @@ class ShardedUpdate(TowersOptions):
         """Each tower cuts its gradients into N slices (copies: read and write W each); device j sums and divides
         its slice of the N towers ((N + 3) W over the devices); N updates of 1/N; every device assembles the N
         updated slices and writes them into its copy (copies: 4 W each). Slices travel to their owner and back:
-        2 (N - 1) W."""
-        n, w = devices, weight_bytes
-        return Traffic(update_copies=1, update_devices=n, reduce_bytes=(n + 3) * w, reduce_devices=n,
-                       moved_bytes=2 * (n - 1) * w, messages=2 * n * (n - 1),
-                       ops=n * (variables + n) + 3 * n + 3 * n * variables,
-                       copy_bytes=(2 * n + 4 * n) * w) + self._row_traffic(n, rows)
+        2 (N - 1) W.
 
-    @staticmethod
-    def _row_traffic(n: int, rows: Rows) -> Traffic:
-        """A table's rows (`_by_owner`, `_gather_rows`): each tower partitions its rows by owner (copy 2 R) and
-        sends (N - 1) / N of them away; each owner concatenates and divides the N R / N it receives (2 N R over the
+        A table's rows (`_by_owner`, `_gather_rows`): each tower partitions its rows by owner (copy 2 R) and sends
+        (N - 1) / N of them away; each owner concatenates and divides the N R / N it receives (2 N R over the
         owners) and applies them, the N owners at once; then every copy gathers the N R updated rows from their
         owners and scatters them into its table (2 N R per copy, (N - 1) N R sent). Ops per table: N + 4 per
         tower's partition, 2 + 3 per owner, 3 per copy and owner."""
-        r, t = rows.tower_bytes, rows.tables
+        n, w, r, t = devices, weight_bytes, rows.tower_bytes, rows.tables
+        dense = Traffic(update_copies=1, update_devices=n, reduce_bytes=(n + 3) * w, reduce_devices=n,
+                        moved_bytes=2 * (n - 1) * w, messages=2 * n * (n - 1),
+                        ops=n * (variables + n) + 3 * n + 3 * n * variables, copy_bytes=(2 * n + 4 * n) * w)
         if not t:
-            return NOTHING
-        return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n,
-                       copy_bytes=2 * n * r + 2 * n * r + 2 * n * n * r, moved_bytes=(n - 1) * r + (n - 1) * n * r,
-                       messages=2 * n * (n - 1) * t, ops=t * (n * (n + 4) + 5 * n + 3 * n * n),
-                       rows_applied=n * r, rows_devices=n)
+            return dense
+        return dense + Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n,
+                               copy_bytes=2 * n * r + 2 * n * r + 2 * n * n * r,
+                               moved_bytes=(n - 1) * r + (n - 1) * n * r, messages=2 * n * (n - 1) * t,
+                               ops=t * (n * (n + 4) + 5 * n + 3 * n * n), rows_applied=n * r, rows_devices=n)
 
 
 def pieces(sizes: list[int], n: int) -> tuple[list[list[tuple[int, int, int]]], int]:

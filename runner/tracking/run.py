@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import one_line
 from runner.runtime.signals import Terminated
+from runner.tasks import target_of
 from runner.tracking import system, ui
 from runner.tracking.journal import NAME as JOURNAL_NAME
 from runner.tracking.journal import Journal, send
@@ -170,9 +171,11 @@ class Run(Recorder):
 def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None) -> Iterator[Run]:
     """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING
     (a store that cannot be written at the end: a StoreError naming the journal that holds the rest)."""
-    cfg = plan.cfg
-    # An unusable store fails here, in one line, before anything else; the runs view gets this run's own figures.
-    open_store(uri, cfg.mlflow.experiment, ui.figures_of(plan))
+    cfg, target = plan.cfg, target_of(plan.train)
+    # An unusable store fails here, in one line, before anything else; the runs view gets this run's own figures (its
+    # data's unit and score, the metric of its target).
+    open_store(uri, cfg.mlflow.experiment,
+               ui.figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None))
     tags = {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}
     close_dead_runs(uri, cfg.mlflow.experiment, tags["config_hash"])
     run = None

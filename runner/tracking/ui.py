@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from runner.tasks import target_of
 from runner.tracking.redact import redact
-
-if TYPE_CHECKING:
-    from runner.config import Plan
 
 VIEW_KEY = "runner"
 VIEW_TAG = f"mlflow.sharedViewState.{VIEW_KEY}"
@@ -42,12 +38,6 @@ def figures(unit: str, score: str, target: str | None) -> tuple[str, ...]:
     if target:
         keys += [*([f"test_{target}"] if target != score else []), f"time_to_{target}_seconds"]
     return tuple(f"metrics.`{key}`" for key in keys)
-
-
-def figures_of(plan: Plan) -> tuple[str, ...]:
-    """`figures` of a run of `plan`: its data's unit and score, the metric of its target."""
-    target = target_of(plan.train)
-    return figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None)
 
 
 def view_tag_value(columns: tuple[str, ...] = ()) -> str:
