@@ -190,7 +190,19 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
                     "and RMSprop decay every row's slots), not only the rows a batch looked up: for sparse updates use "
                     "train.optimizer=adagrad or sgd, or an optimizer per part as TF Model Garden trains DLRM: "
                     "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
-    checkpointer, start = _resume(plan, strategy, run)
+    checkpointer, start = None, 0  # the step to start from: > 0 when a killed run of this config left checkpoints
+    if plan.train.checkpoint_every:
+        spec = plan.cluster
+        folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
+        scratch = folder.with_name(f"{folder.name}.{spec.name}") if spec else None
+        checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
+                                                run.run_id, spec is None or spec.is_chief, scratch)
+        start, previous = checkpointer.restore()
+        strategy.check_same_start(start)
+        if start:
+            run.tags({"resumed_from_step": str(start), **({"resumed_from": previous} if previous else {})})
+            if previous:
+                run.copy_history(previous, start)  # the new run's charts continue the killed run's
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
                               target_of(plan.train), plan.train.eval_every, train.check_cadence(plan.train, steps))
     # What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler trace
@@ -256,7 +268,17 @@ def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run:
     if plan.train.predict:
         figures.update(_prediction(plan, devices, examples, run))
     if "profile_steps" in result:
-        _log_profile(result, OutputFolder.current().path / "profile", run)
+        # The traced call summed by op kind: the table (profile.md) and its figures; a failure here only warns.
+        folder = OutputFolder.current().path / "profile"
+        try:
+            text, traced = profile.table(folder, int(result["profile_steps"]), result["profile_seconds"],
+                                         len(os.sched_getaffinity(0)))
+        except Exception as e:  # the run itself succeeded: keep it, say why there is no profile
+            log.warning("no profile summary (%s: %s); the trace, if any, is in %s", type(e).__name__, e, folder)
+        else:
+            log.info("profile (trace in %s): %s", folder, text.splitlines()[0])
+            run.text(text + "\n", "profile.md")
+            run.metrics(traced, int(result["steps"]))
     elif plan.train.profile:
         log.warning("train.profile=true traced nothing: the profiler traces the first full call after warm-up; "
                     "it needs train.steps >= %d", train.steps_to_time(plan.train) + plan.train.steps_per_call)
@@ -299,38 +321,6 @@ def _prediction(plan: Plan, devices: Devices, examples: Any, run: tracking.Recor
         return {}
     run.tags({"predicted.dominant": prediction.dominant})
     return prediction.metrics()
-
-
-def _log_profile(result: dict, folder: Path, run: tracking.Recorder) -> None:
-    """Sum the traced call by op kind; log the table (profile.md) and its figures. A failure here only warns."""
-    try:
-        text, figures = profile.table(folder, int(result["profile_steps"]), result["profile_seconds"],
-                                      len(os.sched_getaffinity(0)))
-    except Exception as e:  # the run itself succeeded: keep it, say why there is no profile
-        log.warning("no profile summary (%s: %s); the trace, if any, is in %s", type(e).__name__, e, folder)
-        return
-    log.info("profile (trace in %s): %s", folder, text.splitlines()[0])
-    run.text(text + "\n", "profile.md")
-    run.metrics(figures, int(result["steps"]))
-
-
-def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int]:
-    """The run's checkpointer and the step to start from (> 0 when a killed run of this config left checkpoints)."""
-    if not plan.train.checkpoint_every:
-        return None, 0
-    spec = plan.cluster
-    folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
-    writer = spec is None or spec.is_chief
-    scratch = folder.with_name(f"{folder.name}.{spec.name}") if spec else None
-    checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
-                                            run.run_id, writer, scratch)
-    start, previous = checkpointer.restore()
-    strategy.check_same_start(start)
-    if start:
-        run.tags({"resumed_from_step": str(start), **({"resumed_from": previous} if previous else {})})
-        if previous:
-            run.copy_history(previous, start)  # the new run's charts continue the killed run's
-    return checkpointer, start
 
 
 def _hardware_figures(plan: Plan, devices: Devices, run: tracking.Recorder) -> dict:

@@ -78,8 +78,11 @@ def native(device_name: str, dtype: str) -> bool:
     return _describe(device_name, dtype)[1]
 
 
-def _gpu_description(device_name: str) -> tuple[str, tuple[int, int]]:
-    """Name and compute capability of the physical GPU behind `device_name` (GPU 0 for simulated ones)."""
+def _describe(device_name: str, dtype: str) -> tuple[str, bool]:
+    """(device description for the cache key, whether `dtype` is worth probing on it); a GPU by the name and compute
+    capability of the physical GPU behind `device_name` (GPU 0 for simulated ones)."""
+    if "GPU" not in device_name.upper():
+        return _cpu_description(), _cpu_supports(dtype)
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
@@ -88,14 +91,7 @@ def _gpu_description(device_name: str) -> tuple[str, tuple[int, int]]:
     index = int(device_name.rsplit(":", 1)[-1])
     details = tf.config.experimental.get_device_details(gpus[index if index < len(gpus) else 0])
     cc = tuple(details.get("compute_capability") or (0, 0))
-    return f"{details.get('device_name', 'GPU')} (cc {cc[0]}.{cc[1]})", cc
-
-
-def _describe(device_name: str, dtype: str) -> tuple[str, bool]:
-    """(device description for the cache key, whether `dtype` is worth probing on it)."""
-    if "GPU" not in device_name.upper():
-        return _cpu_description(), _cpu_supports(dtype)
-    desc, cc = _gpu_description(device_name)
+    desc = f"{details.get('device_name', 'GPU')} (cc {cc[0]}.{cc[1]})"
     # fp16 is fast from Volta (7.0) on, and on P100 (6.0); other Pascals run it at 1/64 rate. bf16 needs Ampere.
     fast = {"float32": True, "float16": cc >= (7, 0) or cc == (6, 0), "bfloat16": cc >= (8, 0)}
     return desc, fast[dtype]
