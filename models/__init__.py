@@ -11,12 +11,13 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
 
 from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
-from runner.registry import Registry, Rule, check
+from runner.registry import Registry, Rule, check, fields
 
 if TYPE_CHECKING:
     import keras
@@ -194,10 +195,6 @@ MODELS = Registry("model", __name__, from_function=from_function)
 
 def variants(name: str) -> tuple[str | None, ...]:
     """A registered model's variants (the choices of its `variant` option), or (None,) when it has none."""
-    import typing
-
-    from runner.registry import fields
-
     return typing.get_args(fields(MODELS.get(name)).get("variant", typing.Literal[None]))
 
 

@@ -317,7 +317,8 @@ def parent_figures(jobs: list[Any]) -> dict[str, float]:
     else:  # a model whose own jobs are of several kinds (a user's, on images and on tokens): its kinds named too
         named = dict(zip([k for k, _ in parts], kinds.names([k for k, _ in parts])))
         spans = [model for _, part in parts for model in {r.model for r in part}]
-        groups = [(_metric_name(model) + (f"/{named[kind]}" if spans.count(model) > 1 else "") + "/",
+        # the model's name as MLflow takes it in a metric's key (letters, digits, `_-. /`; a user's may say more)
+        groups = [(re.sub(r"[^\w\-. /]", "_", model) + (f"/{named[kind]}" if spans.count(model) > 1 else "") + "/",
                    [r for r in part if r.model == model])
                   for kind, part in parts for model in sorted({r.model for r in part})]
     figures = {}
@@ -330,11 +331,6 @@ def parent_figures(jobs: list[Any]) -> dict[str, float]:
             if values:
                 figures[prefix + key] = pick(values)
     return figures
-
-
-def _metric_name(model: str) -> str:
-    """A model's name as MLflow takes it in a metric's key (letters, digits, `_-. /`; a user's model may say more)."""
-    return re.sub(r"[^\w\-. /]", "_", model)
 
 
 def close_open_parent(status: str) -> None:
