@@ -163,9 +163,8 @@ class Checkpointer(Hook):
         try:
             path = self.manager.save(checkpoint_number=step)
         except (OSError, tf.errors.OpError) as e:
-            reason = one_line(e)
             raise CheckpointError(
-                f"the checkpoint at step {step} could not be written to {self.manager.directory} ({reason}); free "
+                f"the checkpoint at step {step} could not be written to {self.manager.directory} ({one_line(e)}); free "
                 "space there or set train.checkpoint_dir elsewhere (train.checkpoint_every=0: no checkpoints)"
             ) from None
         if self.writer:

@@ -192,8 +192,7 @@ def read_cache(path: Path, what: str = "peak") -> dict:
 def write_cache(path: Path, key: str, entry: dict) -> None:
     """Add `entry` under `key`, atomically (parallel sweep jobs never see a half-written file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {**read_cache(path), key: entry}
-    write_json(path, data)
+    write_json(path, {**read_cache(path), key: entry})
 
 
 def _cache_path(cache_dir: Path | None = None) -> Path:
