@@ -44,7 +44,8 @@ class KerasApp(ModelOptions):
     """A keras.applications network, untrained, with the data's input shape and classes."""
 
     name: str = "keras_app"
-    app: str = "MobileNetV2"  # the constructor's name in keras.applications: ResNet50, EfficientNetB0, ConvNeXtTiny, ...
+    # the constructor's name in keras.applications: ResNet50, EfficientNetB0, ConvNeXtTiny, ...
+    app: str = "MobileNetV2"
     options: dict[str, Any] = field(default_factory=dict)  # the constructor's other keyword arguments
     variant: Literal["default", "tiny"] = "default"  # tiny: alpha=0.35 where the constructor has a width (MobileNets)
 

@@ -40,7 +40,8 @@ class NIN(SequentialModel):
     def layers(self, keras: Any, spec: Spec) -> list[Any]:
         c1, c2, c3 = CHANNELS[self.variant]
         layers = mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
-        layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 14, 14, c1)
+        # (b, 14, 14, c1)
+        layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]
         layers += mlpconv(keras, c2, _KERNELS[1])  # (b, 14, 14, c2)
         layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
         layers += mlpconv(keras, c3, _KERNELS[2], out=spec.classes)  # (b, 7, 7, classes)

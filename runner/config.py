@@ -71,7 +71,8 @@ class TrainConf:
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"  # the rule when the global batch changes (x global/ref)
     lr_reference_batch: int = 128  # the global batch `learning_rate` was tuned for
     lr_warmup_steps: int = 0  # linear warm-up to the effective rate over this many steps
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # after warm-up; cosine: down to min_learning_rate at the last step
+    # after warm-up; cosine: down to min_learning_rate at the last step
+    lr_schedule: Literal["constant", "cosine"] = "constant"
     min_learning_rate: float = 0.0  # lr_schedule=cosine: the rate at the last step (nanoGPT: learning_rate / 10)
     epochs: float | None = 5  # used when `steps` is null
     steps: int | None = None  # total optimizer steps; overrides epochs
@@ -115,7 +116,8 @@ class TrainConf:
     loss_scale_period: int = 2000  # mixed_float16: finite steps in a row after which the loss scale doubles
     measure_input: bool = True  # after training, time the input pipeline alone and flag input-bound runs
     probe_peak: bool = True  # measure the device's matmul peak once per machine (cached) to log MFU
-    probe_floor: bool = False  # after training, time a lower bound of the step (runner/measure/floor.py): step_time_over_floor
+    # after training, time a lower bound of the step (runner/measure/floor.py): step_time_over_floor
+    probe_floor: bool = False
     predict: bool = True  # after training, log the cost model's prediction for this combination (runner/predict/)
     profile: bool = False  # trace the first timed call with TensorFlow's profiler; log op time (spans) per op kind
     intra_op_threads: int = -1  # threads per op; -1 auto: cores / devices on simulated CPU devices, else TF's default

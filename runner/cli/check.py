@@ -277,7 +277,8 @@ def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argpar
     cfg = compose(common)
     uri = tracking.resolve_uri(cfg.mlflow.tracking_uri)
     tracking.open_store(uri, cfg.mlflow.experiment)
-    tags = {"mlflow.runName": f"check gpus={gpus}", "runner.cli.check": "true", **reference.tags, **tracking.process_tags()}
+    tags = {"mlflow.runName": f"check gpus={gpus}", "runner.cli.check": "true", **reference.tags,
+            **tracking.process_tags()}
     tags.update({k: v for o in outcomes[:1] for k, v in o.tags.items() if k.startswith("devices.")})
     run = tracking.Run(uri, cfg.mlflow.experiment, tags, final_wait=cfg.mlflow.final_wait)
     run.params({"gpus": gpus, "steps": args.steps, "timed_steps": args.timed, "tolerance": args.tolerance,
