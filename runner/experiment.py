@@ -159,15 +159,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     import tensorflow as tf
 
     data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
-    # The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec.
-    for context, size in (("train", data.train_size), ("test", data.test_size)):
-        shape = "image_shape" if data.spec.unit == "images" else "example_shape"
-        about = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
-                 "dtype": data.spec.dtype, "synthetic": data.synthetic}
-        if data.spec.features:  # named features: each one's shape, dtype and vocabularies
-            about.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
-            del about[shape]
-        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), about, context)
+    _log_dataset(plan, data, run)
     run.tags({"tensorflow.version": tf.__version__, "batch_scaling": plan.train.batch_scaling, "task": plan.spec.target,
               "devices.requested": str(plan.gpus), "mfu.basis": _mfu_basis(devices, plan.train.precision),
               "xla": "on" if built.xla.on else "off", "jit_compile_reason": built.xla.reason, **strategy.describe()})
@@ -182,52 +174,16 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         steps, plan.train.global_batch_size, plan.train.per_device_batch_size,
         plan.train.batch_scaling, " on SYNTHETIC data" if data.synthetic else "",
     )
-    # A recommender's tables given an optimizer that updates every row every step (Adam, train.optimizer's default,
-    # among them), where Adagrad and SGD update the rows a batch looked up: one warning.
-    if plan.spec.features and (name := table_optimizer(plan.train)) not in ROWS_ONLY:
-        key = "train.table_optimizer" if plan.train.table_optimizer else "train.optimizer"
-        log.warning("%s=%s updates every row of model=%s's embedding tables every step (Keras' Adam, AdamW, momentum "
-                    "and RMSprop decay every row's slots), not only the rows a batch looked up: for sparse updates use "
-                    "train.optimizer=adagrad or sgd, or an optimizer per part as TF Model Garden trains DLRM: "
-                    "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
-    checkpointer, start = None, 0  # the step to start from: > 0 when a killed run of this config left checkpoints
-    if plan.train.checkpoint_every:
-        spec = plan.cluster
-        folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
-        scratch = folder.with_name(f"{folder.name}.{spec.name}") if spec else None
-        checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
-                                                run.run_id, spec is None or spec.is_chief, scratch)
-        start, previous = checkpointer.restore()
-        strategy.check_same_start(start)
-        if start:
-            run.tags({"resumed_from_step": str(start), **({"resumed_from": previous} if previous else {})})
-            if previous:
-                run.copy_history(previous, start)  # the new run's charts continue the killed run's
+    _warn_dense_tables(plan)
+    checkpointer, start = _resume(plan, strategy, run)
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
                               target_of(plan.train), plan.train.eval_every, train.check_cadence(plan.train, steps))
-    # What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler trace
-    around = [checkpointer] if checkpointer is not None else []
-    if isinstance(getattr(strategy, "loss_scale", None), LossScale):
-        around.append(hooks.LossScaleMetrics(strategy.loss_scale, run.metrics))
-    if plan.train.reuse_freed_memory:
-        around.append(hooks.ReuseFreedMemory())
-    if plan.train.profile:
-        around.append(hooks.Profile(OutputFolder.current().path / "profile", plan.train.steps_per_call,
-                                    plan.train.warmup_calls))
+    around = _around(plan, checkpointer, strategy, run)
     batches = strategy.batches(plan.pipeline, examples, plan.train.seed)
     result = train.fit(strategy, batches, evals, plan.train, steps, run.metrics, start, around, plan.data.describe(),
                        (plan.spec.unit, plan.spec.units_per_example))
     del batches  # frees the training feed (sharded: its device buffers) before the pipeline is timed alone
-    # A model with moving state (batch normalization): tagged with what the strategy does with it and whether every
-    # copy ended with the same moving statistics (a warning if not).
-    if copies := strategy.moving_statistics():
-        import numpy as np
-
-        equal = all(np.array_equal(c[0], other) for c in copies for other in c[1:])
-        run.tags({"batch_norm": plan.strategy.describe_batch_norm(), "batch_norm.copies_equal": str(equal).lower()})
-        if not equal:
-            log.warning("the model copies of strategy=%s ended with different moving statistics (batch "
-                        "normalization); the test figures are the first copy's", plan.strategy.name)
+    _check_moving_state(plan, strategy, run)
     run.tags(evals.tags())  # reached or not; untimed where an earlier part's training time is not known
     if plan.spec.rate_key not in result:
         why = train.untimed(plan.train, steps, plan.spec.unit)
@@ -242,14 +198,88 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     # may re-probe the peak: before `hardware` is logged
     result.update(_utilisation(result, hardware, devices, plan.train.precision, run, plan.spec))
     result.update(hardware)  # summary figures, logged once at the final step with the others
-    sha = hashlib.sha256()  # of the weights' bytes: equal digests mean bit-identical models
-    for v in strategy.weights():
-        sha.update(v.numpy().tobytes())
-    digest = sha.hexdigest()[:16]
+    digest = weights_digest(strategy.weights())
     log.info("final weights sha256 %s", digest)
     run.tags({"weights.sha256": digest, **({"input_bound": str(bool(result["input_bound"])).lower()}
                                            if "input_bound" in result else {})})
     return result
+
+
+def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
+    """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec."""
+    for context, size in (("train", data.train_size), ("test", data.test_size)):
+        shape = "image_shape" if data.spec.unit == "images" else "example_shape"
+        about = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
+                 "dtype": data.spec.dtype, "synthetic": data.synthetic}
+        if data.spec.features:  # named features: each one's shape, dtype and vocabularies
+            about.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
+            del about[shape]
+        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), about, context)
+
+
+def _warn_dense_tables(plan: Plan) -> None:
+    """One warning where a recommender's tables get an optimizer that updates every row every step (Adam,
+    train.optimizer's default, among them), where Adagrad and SGD update only the rows a batch looked up."""
+    if plan.spec.features and (name := table_optimizer(plan.train)) not in ROWS_ONLY:
+        key = "train.table_optimizer" if plan.train.table_optimizer else "train.optimizer"
+        log.warning("%s=%s updates every row of model=%s's embedding tables every step (Keras' Adam, AdamW, momentum "
+                    "and RMSprop decay every row's slots), not only the rows a batch looked up: for sparse updates use "
+                    "train.optimizer=adagrad or sgd, or an optimizer per part as TF Model Garden trains DLRM: "
+                    "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
+
+
+def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int]:
+    """The run's checkpointer (None: train.checkpoint_every=0) and the step to start from: > 0 when a killed run of
+    this config left checkpoints, whose metric history the new run continues."""
+    if not plan.train.checkpoint_every:
+        return None, 0
+    spec = plan.cluster
+    folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
+    scratch = folder.with_name(f"{folder.name}.{spec.name}") if spec else None
+    checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
+                                            run.run_id, spec is None or spec.is_chief, scratch)
+    start, previous = checkpointer.restore()
+    strategy.check_same_start(start)
+    if start:
+        run.tags({"resumed_from_step": str(start), **({"resumed_from": previous} if previous else {})})
+        if previous:
+            run.copy_history(previous, start)  # the new run's charts continue the killed run's
+    return checkpointer, start
+
+
+def _around(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Recorder) -> list:
+    """What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler
+    trace."""
+    around = [checkpointer] if checkpointer is not None else []
+    if isinstance(getattr(strategy, "loss_scale", None), LossScale):
+        around.append(hooks.LossScaleMetrics(strategy.loss_scale, run.metrics))
+    if plan.train.reuse_freed_memory:
+        around.append(hooks.ReuseFreedMemory())
+    if plan.train.profile:
+        around.append(hooks.Profile(OutputFolder.current().path / "profile", plan.train.steps_per_call,
+                                    plan.train.warmup_calls))
+    return around
+
+
+def _check_moving_state(plan: Plan, strategy: Any, run: tracking.Recorder) -> None:
+    """For a model with moving state (batch normalization): tag what the strategy does with it and whether every copy
+    ended with the same moving statistics (a warning if not)."""
+    if copies := strategy.moving_statistics():
+        import numpy as np
+
+        equal = all(np.array_equal(c[0], other) for c in copies for other in c[1:])
+        run.tags({"batch_norm": plan.strategy.describe_batch_norm(), "batch_norm.copies_equal": str(equal).lower()})
+        if not equal:
+            log.warning("the model copies of strategy=%s ended with different moving statistics (batch "
+                        "normalization); the test figures are the first copy's", plan.strategy.name)
+
+
+def weights_digest(variables: list) -> str:
+    """sha256 of the weights' bytes (first 16 hex digits): equal digests mean bit-identical models."""
+    sha = hashlib.sha256()
+    for v in variables:
+        sha.update(v.numpy().tobytes())
+    return sha.hexdigest()[:16]
 
 
 def _after_training(plan: Plan, strategy: Any, examples: Any, result: dict, run: tracking.Recorder,
