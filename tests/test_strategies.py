@@ -84,12 +84,24 @@ def _graph_nodes(tf, loop):
 
 
 def _matmul_devices(tf, loop) -> tuple[dict, dict]:
-    """Count forward and backward MatMul nodes per requested device in the traced training loop."""
+    """Count forward and backward MatMul nodes per requested device in the traced training loop, each function's
+    body once per call (the towers' one traced forward and backward, `common.stateless_passes`): a node without a
+    device of its own runs on its caller's, as TensorFlow places a function called under tf.device."""
+    graph = loop.get_concrete_function(tf.TensorSpec([], tf.int32)).graph.as_graph_def()
+    bodies = {f.signature.name: f.node_def for f in graph.library.function}
     forward, backward = {}, {}
-    for node in _graph_nodes(tf, loop):
-        if node.op == "MatMul":
-            side = backward if "gradient_tape" in node.name else forward
-            side[node.device] = side.get(node.device, 0) + 1
+
+    def walk(nodes, caller: str) -> None:
+        for node in nodes:
+            device = node.device or caller
+            for value in node.attr.values():  # a call, a loop's body: the functions the node runs
+                if value.HasField("func") and value.func.name in bodies:
+                    walk(bodies[value.func.name], device)
+            if node.op == "MatMul":
+                side = backward if "gradient_tape" in node.name else forward
+                side[device] = side.get(device, 0) + 1
+
+    walk(graph.node, "")
     return forward, backward
 
 

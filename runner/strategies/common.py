@@ -289,13 +289,15 @@ def steps_loop(step_fn, patience: int = 1):
     return loop
 
 
-def tower_step(model: keras.Model, task: Task, loss_of: Any, scale: Any, jit_compile: bool) -> Any:
+def tower_step(model: keras.Model, task: Task, loss_of: Any, scale: Any, jit_compile: bool,
+               passes: Any = None) -> Any:
     """One tower's forward and backward: fn(x, y) -> (loss, gradients of the trainable variables for the loss times
     `scale`'s factor), where loss = loss_of(the task's per-example losses (b,)).
 
-    Under `jit_compile`, one XLA cluster on the device it is called under. A cluster cannot read a variable held on
-    another device (parameter_server's weights, the loss scale), so the model is called statelessly on its variables'
-    values read outside it; the moving statistics it computes are assigned after it.
+    Stateless (Keras' `stateless_call` on the variables' values read outside it, the moving statistics it computes
+    assigned after it) under `jit_compile`, where an XLA cluster cannot read a variable held on another device
+    (parameter_server's weights, the loss scale), and where `passes` (`stateless_passes` of any copy of the model) is
+    given: one trace for every tower instead of one each.
     """
     trainable, state = model.trainable_variables, model.non_trainable_variables
 
@@ -305,12 +307,30 @@ def tower_step(model: keras.Model, task: Task, loss_of: Any, scale: Any, jit_com
             scaled = scale.scaled(loss)  # recorded on the tape
         return loss, tape.gradient(scaled, trainable)
 
-    if not jit_compile:
+    if passes is None and not jit_compile:
         return stateful
+    passes = passes or stateless_passes(model, task, loss_of, jit_compile)
 
-    @tf.function(jit_compile=True, autograph=False)
-    def stateless(x: tf.Tensor, y: tf.Tensor, weights: list[tf.Tensor], values: list[tf.Tensor],
-                  factor: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
+    def stateless(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        read = [tf.convert_to_tensor(v) for v in trainable], [tf.convert_to_tensor(v) for v in state]
+        loss, grads, values = passes(x, y, *read, scale.factor())
+        for variable, value in zip(state, values):
+            variable.assign(value)
+        return loss, grads
+
+    return stateless
+
+
+def stateless_passes(model: keras.Model, task: Task, loss_of: Any, jit_compile: bool) -> Any:
+    """fn(x, y, weights, values, factor) -> (loss, gradients of `weights` for loss x factor, the new `values`): the
+    forward and backward of `model` on the given values of its trainable and non-trainable variables, one
+    tf.function run on the device it is called under (under `jit_compile` one XLA cluster there). Any copy of the
+    model can be given in (the same shapes), so N towers trace the model once: tracing a model's call and gradient is
+    most of a multi-device job's first call."""
+
+    @tf.function(jit_compile=jit_compile, autograph=False)
+    def passes(x: tf.Tensor, y: tf.Tensor, weights: list[tf.Tensor], values: list[tf.Tensor],
+               factor: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor], list[tf.Tensor]]:
         with tf.GradientTape() as tape:
             tape.watch(weights)
             logits, values = model.stateless_call(weights, values, x, training=True)
@@ -318,14 +338,7 @@ def tower_step(model: keras.Model, task: Task, loss_of: Any, scale: Any, jit_com
             scaled = loss * factor
         return loss, tape.gradient(scaled, weights), values
 
-    def compiled(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        read = [tf.convert_to_tensor(v) for v in trainable], [tf.convert_to_tensor(v) for v in state]
-        loss, grads, values = stateless(x, y, *read, scale.factor())
-        for variable, value in zip(state, values):
-            variable.assign(value)
-        return loss, grads
-
-    return compiled
+    return passes
 
 
 def touch(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:

@@ -16,7 +16,7 @@ from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
                                loss_scale, ring, rows_to_every_copy, rows_to_one_copy, rows_to_owners)
 from runner.strategies.common import (
-    Built, average_moving_state, copies_of_moving_state, deal, share, tables, tower_step, update,
+    Built, average_moving_state, copies_of_moving_state, deal, share, stateless_passes, tables, tower_step, update,
 )
 
 if TYPE_CHECKING:
@@ -27,12 +27,20 @@ else:
     tf = lazy("tensorflow")
 
 
-def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any, training: Training
-                    ) -> tuple[tf.Tensor, list[tf.Tensor]]:
+def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any, training: Training,
+                    passes: Any = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """Forward and backward of one tower on `device`: (mean loss, gradients for the loss times `scale`'s factor)
-    (common.tower_step)."""
+    (common.tower_step; `passes`: the towers' one `shared_passes`)."""
     with tf.device(device):
-        return tower_step(model, training.spec.task, tf.reduce_mean, scale, training.jit_compile)(x, y)
+        return tower_step(model, training.spec.task, tf.reduce_mean, scale, training.jit_compile, passes)(x, y)
+
+
+def shared_passes(model: Any, training: Training) -> Any:
+    """One traced forward and backward for every tower (`common.stateless_passes`) of a model without embedding
+    tables; None for one with tables, whose towers keep their own: a stateless call would read a table whole, where
+    each lookup reads its rows (`common.read_rows_only`)."""
+    return None if tables(model) else stateless_passes(model, training.spec.task, tf.reduce_mean,
+                                                       training.jit_compile)
 
 
 def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
@@ -153,11 +161,13 @@ class Towers(Built, Strategy):
         return pipeline.towers(examples, self.training.global_batch, self.devices, seed)
 
     def step(self, batches: Any):
+        passes = shared_passes(self.models[0], self.training)
+
         def step() -> tf.Tensor:
             losses, grads = [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
                 model = self.models[i if self.replicated else 0]
-                loss, g = tower_gradients(model, x, y, self.devices[i], self.loss_scale, self.training)
+                loss, g = tower_gradients(model, x, y, self.devices[i], self.loss_scale, self.training, passes)
                 losses.append(loss)
                 grads.append(g)
             mean_grads = self._average(grads)  # a non-finite tower gradient makes its mean non-finite

@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.lazy import lazy
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, loss_scale, ring
 from runner.strategies.common import placed_copies, tables, update
-from runner.strategies.replicated import Replicated, Towers, TowersOptions, mean_of, tower_gradients
+from runner.strategies.replicated import (Replicated, Towers, TowersOptions, mean_of, shared_passes,
+                                          tower_gradients)
 
 if TYPE_CHECKING:
     import keras
@@ -133,12 +134,13 @@ class ShardedTowers(Towers):
 
     def step(self, batches: Any):
         """fn() -> the mean loss of one synchronous step: towers, reduce-scatter, sharded update, all-gather."""
-        n = len(self.devices)
+        n, passes = len(self.devices), shared_passes(self.models[0], self.training)
 
         def step() -> tf.Tensor:
             losses, slices, rows = [], [], []
             for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
-                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale, self.training)
+                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale, self.training,
+                                              passes)
                 with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
                     flats = [grads[k] for k in self.flat_index]
                     slices.append([self._slice(flats, j) for j in range(n)])  # each (P/N,)
