@@ -158,14 +158,16 @@ def first_layer_weights(model: Any, skip: set[int] = frozenset()) -> int:
     return sum(int(v.shape.num_elements()) for v in first.trainable_variables) if first else 0
 
 
-def looked_up(tables: list[Any], model: Any, x: Any) -> list[Any]:
-    """The distinct rows of each of `tables` (embedding tables of `model`, read by lookups only) that the inputs `x`
-    look up, read off the tables' sparse gradients: [table] -> int64 (rows,)."""
+def looked_up(tables: list[Any], model: Any, x: Any, distinct: bool = True) -> list[Any]:
+    """The rows of each of `tables` (embedding tables of `model`, read by lookups only) that the inputs `x` look up,
+    read off the tables' sparse gradients: [table] -> int64 (rows,), each once, or with `distinct` false a row per
+    lookup, repeats included."""
     import tensorflow as tf
 
     with tf.GradientTape() as tape:  # any function of the outputs: its table gradients' indices are the lookups
         loss = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
-    return [tf.unique(tf.cast(g.indices, tf.int64))[0] for g in tape.gradient(loss, tables)]
+    ids = [tf.cast(g.indices, tf.int64) for g in tape.gradient(loss, tables)]
+    return [tf.unique(i)[0] for i in ids] if distinct else ids
 
 
 def rows_seconds(tables: list[list[Any]], rows: list[list[Any]], devices: list[str]) -> float:

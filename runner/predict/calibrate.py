@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import ROWS_ONLY, compose, table_optimizer, validate
-from runner.measure import peak, xla
+from runner.measure import floor, peak, xla
 from runner.measure.floor import median_seconds, towers_seconds
 from runner.paths import cache_dir as runner_cache_dir, write_json
 from runner.runtime.devices import host_cpu, nvidia_gpu_count, setup
@@ -194,16 +194,11 @@ def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, step
 
 
 def looked_up(model: Any, batches: list[tuple[Any, Any]]) -> list[list[Any]]:
-    """The ids each batch of `batches` looks up in each of `model`'s embedding tables (`common.tables`), read off
-    the tables' sparse gradients (a row per lookup, repeats included): [table][batch] -> int64 (lookups,)."""
-    import tensorflow as tf
-
-    found, out = tables(model), []
-    for x, _ in batches:
-        with tf.GradientTape() as tape:  # any function of the outputs: its table gradients' rows are the lookups
-            loss = tf.reduce_sum(tf.cast(model(x, training=True), tf.float32))
-        out.append([tf.cast(g.indices, tf.int64) for g in tape.gradient(loss, found)])
-    return [list(per_table) for per_table in zip(*out)]
+    """The ids each batch of `batches` looks up in each of `model`'s embedding tables (`common.tables`), a row per
+    lookup, repeats included (`floor.looked_up`): [table][batch] -> int64 (lookups,)."""
+    found = tables(model)
+    per_batch = [floor.looked_up(found, model, x, distinct=False) for x, _ in batches]
+    return [list(per_table) for per_table in zip(*per_batch)]
 
 
 def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[tuple[int, int]],
