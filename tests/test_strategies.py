@@ -116,6 +116,31 @@ def test_replicated_places_a_copy_and_a_tower_per_device(tf_devices, n):
     assert len(set(forward.values())) == 1 and len(set(backward.values())) == 1  # the same work on each
 
 
+def test_later_copies_start_from_the_first_copys_values_on_their_own_devices(tf_devices):
+    import keras
+
+    from runner.strategies.common import placed_copies
+
+    draws = []
+
+    def drawn(shape, dtype=None):  # an initializer that counts its calls: only the first copy's variables draw
+        draws.append(shape)
+        return keras.random.normal(shape, dtype=dtype, seed=len(draws))
+
+    def model_fn(seed):
+        inputs = keras.Input((3,))
+        hidden = keras.layers.Dense(5, kernel_initializer=drawn, bias_initializer=drawn)(inputs)
+        return keras.Model(inputs, keras.layers.BatchNormalization()(hidden))
+
+    devices = [f"/device:CPU:{i}" for i in range(3)]
+    copies = placed_copies(model_fn, 0, devices)
+    assert draws == [(3, 5), (5,)]
+    for i, copy in enumerate(copies):
+        assert len(copy.variables) == len(copies[0].variables) == 6
+        for mine, first in zip(copy.variables, copies[0].variables):
+            assert mine.value.device.endswith(f"CPU:{i}")
+            np.testing.assert_array_equal(mine.numpy(), first.numpy())
+
 @pytest.mark.parametrize("ps_device,home", [("cpu", "CPU:0"), ("first_device", "CPU:0")])
 def test_parameter_server_keeps_one_copy_on_its_device_and_towers_on_all(tf_devices, ps_device, home):
     strategy, plan = _strategy(tf_devices, "parameter_server", 4, f"strategy.ps_device={ps_device}")

@@ -16,7 +16,8 @@ from runner.lazy import lazy
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
                                loss_scale, ring, rows_to_every_copy, rows_to_one_copy, rows_to_owners)
 from runner.strategies.common import (
-    Built, average_moving_state, copies_of_moving_state, deal, share, stateless_passes, tables, tower_step, update,
+    Built, average_moving_state, copies_of_moving_state, deal, placed_copies, share, stateless_passes, tables,
+    tower_step, update,
 )
 
 if TYPE_CHECKING:
@@ -147,13 +148,11 @@ class Towers(Built, Strategy):
         self.devices, self.training = devices, training
         self.replicated = ps_device is None
         self.homes = devices if ps_device is None else [ps_device]
-        self.models, self.optimizers = [], []
-        for home in self.homes:  # the same seed for every copy: identical initial weights
+        self.models, self.optimizers = placed_copies(training.model_fn, training.seed, self.homes), []
+        for home, model in zip(self.homes, self.models):
             with tf.device(home):
-                model = training.model_fn(training.seed)
                 if spread_tables:  # parameter_server: each table on one device (hybrid's placement), read by all
                     share([model], deal([math.prod(t.shape) for t in tables(model)], len(devices)), devices)
-                self.models.append(model)
                 self.optimizers.append(training.optimizer_fn(model.trainable_variables, tables(model)))
         self._share(self.models[0], self.devices[0], self.homes[0])
 
