@@ -171,10 +171,11 @@ class ShardedTowers(Towers):
                     shard = self.shards[j]
                     shard.assign_sub(shard.value * self.decayed[j] * (rate * self.training.weight_decay))
                 optimizer.apply_gradients(zip(grad, mine))
+        changed = [self._changed_rows(j, [g[1:] for g in grads]) for j in range(len(self.devices))]
         for device, model in zip(self.devices, self.models):
             with tf.device(device):  # all-gather: each variable of this copy from the slices that hold it
                 self._gather(model)
-                self._gather_rows(model, [g[1:] for g in grads])
+                self._gather_rows(model, changed)
 
     def _by_owner(self, grad: Any, rows: int, table: int) -> list[Any]:
         """Table `table`'s gradient (tf.IndexedSlices of the rows a tower looked up) cut into N parts by owner
@@ -187,21 +188,35 @@ class ShardedTowers(Towers):
         return [tf.IndexedSlices(v, i - j * rows, tf.constant(tuple(self.table_shards[j][table].shape), tf.int64))
                 for j, (v, i) in enumerate(zip(values, indices))]
 
-    def _gather_rows(self, model: Any, grads: list[list[Any]]) -> None:
-        """Write each table's updated rows into a model copy: the rows looked up, where the optimizer changed only
-        those (`updates_rows_only`); else the owner's whole part."""
+    def _changed_rows(self, j: int, grads: list[list[Any]]) -> list[tuple[Any, Any] | None]:
+        """Per table, the rows device j's part changed (global row numbers and their updated values, read on device j
+        once for every copy): the rows looked up, where the optimizer changed only those (`updates_rows_only`);
+        None where it may have changed the whole part."""
         from runner.optimizers import updates_rows_only
 
+        out: list[tuple[Any, Any] | None] = []
+        with tf.device(self.devices[j]):
+            for t, rows in enumerate(self.rows):
+                grad, owned = grads[j][t], self.table_shards[j][t]
+                if isinstance(grad, tf.IndexedSlices) and updates_rows_only(self.optimizers[j], owned):
+                    local = tf.unique(grad.indices)[0]  # (u,) rows of part j that changed
+                    out.append((local + j * rows, tf.gather(owned.value, local)))
+                else:
+                    out.append(None)
+        return out
+
+    def _gather_rows(self, model: Any, changed: list[list[tuple[Any, Any] | None]]) -> None:
+        """Write each table's updated rows into a model copy: each owner's changed rows (`_changed_rows`), else the
+        owner's whole part."""
         variables = model.trainable_variables
         for t, (k, rows) in enumerate(zip(self.table_index, self.rows)):
             for j, owned in enumerate(self.table_shards):
-                grad = grads[j][t]
-                if isinstance(grad, tf.IndexedSlices) and updates_rows_only(self.optimizers[j], owned[t]):
-                    local = tf.unique(grad.indices)[0]  # (u,) rows of part j that changed
-                    tf.raw_ops.ResourceScatterUpdate(resource=variables[k].value.handle, indices=local + j * rows,
-                                                     updates=tf.gather(owned[t].value, local))
-                else:
+                if changed[j][t] is None:
                     variables[k].value[j * rows:j * rows + owned[t].shape[0]].assign(owned[t].value)
+                else:
+                    indices, values = changed[j][t]
+                    tf.raw_ops.ResourceScatterUpdate(resource=variables[k].value.handle, indices=indices,
+                                                     updates=values)
 
     def _slice(self, grads: list[tf.Tensor], j: int) -> tf.Tensor:
         """Slice j (P/N,) of the flattened gradients, read from the variables it covers."""
