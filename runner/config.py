@@ -88,7 +88,9 @@ class TrainConf:
     beta2: float = 0.999  # adam, adamw: the second moment's decay (Keras' default; nanoGPT's recipe: 0.99)
     weight_decay: float = 0.0  # adamw: decoupled decay of the weights of 2 or more dimensions (not norms, biases)
     clip_norm: float | None = None  # scale the averaged gradients down to this global norm when above it (null: off)
-    fused_optimizer: bool = True  # adam, momentum: one TensorFlow kernel per variable update (false: Keras' own ops)
+    # adam(w), momentum: one TensorFlow kernel a variable; every optimizer's variables updated directly, outside
+    # tf.distribute (false: Keras' own update)
+    fused_optimizer: bool = True
     # BatchNormalization of 4-D channels-last inputs on TensorFlow's fused kernel, the same outputs (false: Keras' ops)
     fused_batch_norm: bool = True
     reuse_freed_memory: bool = True  # glibc: keep freed tensors in the heap (tf.data generator iterators switch it off)

@@ -46,6 +46,34 @@ def test_fused_update_matches_keras_update(tf_devices, name, options):
     assert not np.allclose(fused[0].numpy(), np.linspace(-1, 1, 12).reshape(3, 4))  # it did update
 
 
+@pytest.mark.parametrize("keras_class", ["Adam", "RMSprop", "SGD", "Adagrad"])
+def test_the_direct_update_matches_keras_own_and_traces_fewer_ops(tf_devices, keras_class):
+    """Outside tf.distribute the runner's optimizers update each variable directly (`optimizers.direct`, with
+    train.fused_optimizer), without Keras' all-reduce and update over the default strategy's one replica: the same
+    weights, fewer ops."""
+    import keras
+
+    tf = tf_devices
+    make = optimizers.SparseAdagrad if keras_class == "Adagrad" else getattr(keras.optimizers, keras_class)
+    out = []
+    for optimizer in (optimizers.direct(make(0.01)), make(0.01)):
+        kernel = keras.Variable(np.linspace(-1, 1, 12).reshape(3, 4).astype("float32"), name="kernel")
+        optimizer.build([kernel])
+
+        @tf.function
+        def apply(g):
+            optimizer.apply_gradients([(g, kernel)])
+
+        for step in range(5):
+            apply(tf.constant(np.full((3, 4), 0.1 * (step + 1), "float32")))
+        out.append((kernel.numpy(), len(apply.get_concrete_function(tf.zeros((3, 4))).graph.get_operations())))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    assert not np.allclose(out[0][0], np.linspace(-1, 1, 12).reshape(3, 4))  # it did update
+    assert out[0][1] < out[1][1]  # the default strategy's identities and update contexts are gone
+    assert "_backend_update_step" in vars(optimizers.make("sgd", 0.01, fused=True))  # the runner's default
+    assert "_backend_update_step" not in vars(optimizers.make("sgd", 0.01, fused=False))  # Keras' own, as asked
+
+
 def test_fused_classes_are_used_only_when_asked():
     assert type(optimizers.make("adam", 1e-3, fused=True)) is optimizers.FusedAdam
     assert type(optimizers.make("momentum", 1e-3, fused=True)) is optimizers.FusedMomentum
