@@ -18,11 +18,13 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from runner.errors import UserError, one_line
 from runner.lazy import lazy
 from runner.paths import locked, write_json
+from runner.tracking.stale import process_alive
+from runner.tracking.tags import process_tags
 from runner.train import Elapsed, Hook, crossed
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ else:
 log = logging.getLogger(__name__)
 logging.getLogger("absl").setLevel(logging.WARNING)  # the checkpoint writer logs an INFO line per save
 RUN_FILE = "run.json"  # beside the checkpoints: which MLflow run wrote them, at which step
-WRITER_FILE = "writer.json"  # beside them: the MLflow run that writes the folder now (`claim`)
+WRITER_FILE = "writer.json"  # beside them: the MLflow run that writes the folder now and its process (`claim`)
 LOCK_FILE = ".claim.lock"  # held while a start reads and takes the folder, so two at once cannot both take it
 
 
@@ -54,20 +56,20 @@ def _read_json(path: Path) -> dict:
     return found if isinstance(found, dict) else {}  # valid JSON of another shape: as unreadable
 
 
-def claim(folder: Path, run_id: str, live_pid: Callable[[str], str | None]) -> None:
-    """Make run `run_id` the writer of the checkpoint folder `folder` (created if missing), unless a live run writes
-    it (`live_pid`: a run id -> its live process's pid on this host, else None): then raise CheckpointInUse."""
+def claim(folder: Path, run_id: str) -> None:
+    """Make run `run_id` (this process's) the writer of the checkpoint folder `folder` (created if missing), unless
+    the process of another run that writes it is alive on this host: then raise CheckpointInUse."""
     try:
         with locked(folder / LOCK_FILE):
-            writer = _read_json(folder / WRITER_FILE).get("run_id")
-            pid = live_pid(writer) if writer and writer != run_id else None
-            if pid:
+            writer = _read_json(folder / WRITER_FILE)
+            if writer.get("run_id", run_id) != run_id and process_alive(writer):
+                pid = writer["runner.pid"]
                 raise CheckpointInUse(
-                    f"run {writer} of this config is still training on this host (pid {pid}) and writes its "
+                    f"run {writer['run_id']} of this config is still training on this host (pid {pid}) and writes its "
                     f"checkpoints to {folder}; wait for it to end or stop it (kill {pid}), or give this start its "
                     "own train.checkpoint_dir (train.checkpoint_every=0: no checkpoints)"
                 )
-            write_json(folder / WRITER_FILE, {"run_id": run_id})
+            write_json(folder / WRITER_FILE, {"run_id": run_id, **process_tags()})
     except OSError:  # a full disk: the run's first save there fails it in one line, with its metrics kept
         return
 

@@ -155,6 +155,10 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
 def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     """Everything after the run is opened: the run's objects, then the loop and what is measured after it."""
     built = build(plan, run)  # the process's first TensorFlow import, once the devices are configured
+    if plan.train.checkpoint_every and run.run_id is not None:
+        # This config's checkpoint folder taken before anything is trained or resumed, so a start beside a live run
+        # of the same config is refused in seconds (a multi-worker job's chief takes it for all its workers).
+        checkpoints.claim(checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash), run.run_id)
 
     import tensorflow as tf
 
@@ -454,11 +458,6 @@ def run(cfg: DictConfig) -> dict:
     if kept:
         kept.watch_log()
     with (tracking.tracked(uri, plan, kept) if chief else contextlib.nullcontext(tracking.NoRun())) as mlrun:
-        if plan.train.checkpoint_every and mlrun.run_id is not None:
-            # This config's checkpoint folder taken before TensorFlow starts, so a start beside a live run of the same
-            # config is refused in seconds (a multi-worker job's chief takes it for all its workers).
-            checkpoints.claim(checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash), mlrun.run_id,
-                              functools.partial(tracking.live_pid, uri))
         result = _train(plan, mlrun, started)
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}

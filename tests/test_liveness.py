@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -109,3 +110,22 @@ def test_the_first_peak_probe_says_what_it_does_before_it_starts_and_a_cached_pe
     (line,) = started[0]
     assert line == (f"measuring this machine's float32 matmul peak once for MFU (cached in {empty / peak.CACHE_FILE}): "
                     f"~{peak.PROBE_SECONDS} s")
+
+
+def test_a_checkpoint_folder_is_refused_only_while_the_process_that_claimed_it_lives(tmp_path):
+    """The claim names its process (host, pid, start): no store is read, and a later process given the same pid is
+    not taken for it."""
+    from runner import checkpoints
+    from runner.tracking.tags import process_tags
+
+    folder = tmp_path / "folder"
+    checkpoints.claim(folder, "first")  # this process, alive
+    with pytest.raises(checkpoints.CheckpointInUse, match=rf"run first of this config .* \(pid {os.getpid()}\)"):
+        checkpoints.claim(folder, "second")
+    writer = folder / checkpoints.WRITER_FILE
+    ended = subprocess.run([sys.executable, "-c", "print(__import__('os').getpid())"], capture_output=True, text=True)
+    for gone in ({**process_tags(), "runner.pid": ended.stdout.strip()},  # its process has ended
+                 {**process_tags(), "runner.started": "1"}):  # its pid now another process's
+        writer.write_text(json.dumps({"run_id": "first", **gone}))
+        checkpoints.claim(folder, "second")
+        assert json.loads(writer.read_text())["run_id"] == "second"

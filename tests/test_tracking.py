@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 from conftest import compose
@@ -132,3 +135,58 @@ def test_a_store_that_cannot_be_written_at_the_end_is_tried_for_mlflow_final_wai
         with tracking.tracked(store, plan):
             monkeypatch.setattr(run_module, "send", refused)
     assert len(attempts) == tries and "the store is restarting" in str(error.value)
+
+
+def test_a_job_opens_and_writes_its_run_from_a_writer_process_and_never_imports_mlflow(tmp_path, store):
+    """MLflow's import and the store's opening overlap TensorFlow's import in the writer process: the training
+    process records every write of the run (params, config, tags, datasets, metrics, the log's artifact) without
+    importing MLflow."""
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from runner.config import compose\n"
+        "from runner.experiment import run\n"
+        f"result = run(compose(['debug=smoke', 'mlflow.tracking_uri={store}', 'train.measure_input=false']))\n"
+        "print(result['run_id'], 'mlflow' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_id, imported = proc.stdout.split()[-2:]
+    assert imported == "False"
+    client = MlflowClient(store)
+    record = client.get_run(run_id)
+    assert record.info.status == "FINISHED"
+    assert record.data.params["train.steps"] == "60" and record.data.tags["runner.pid"].isdigit()
+    assert {"train_loss", "test_accuracy", "seconds_to_first_step"} <= set(record.data.metrics)
+    assert [d.dataset.name for d in record.inputs.dataset_inputs] == ["mnist", "mnist"]
+    assert "config.yaml" in [a.path for a in client.list_artifacts(run_id)]
+    assert f"MLflow run {run_id} in {store}" in proc.stderr  # the writer's log line, logged by the job
+
+
+def test_a_run_written_by_a_writer_process_ends_as_a_run_written_here_does(store):
+    cfg = validate(compose("debug=smoke", f"mlflow.tracking_uri={store}"))
+    with tracking.tracked(store, cfg, writer=True) as run:
+        run.metrics({"train_loss": 0.5}, 7)
+        run.tags({"where": "writer"})
+    with pytest.raises(ValueError, match="bad data"):
+        with tracking.tracked(store, cfg, writer=True) as failed:
+            raise ValueError("bad data")
+    client = MlflowClient(store)
+    done, bad = client.get_run(run.run_id), client.get_run(failed.run_id)
+    assert done.info.status == "FINISHED" and done.data.tags["where"] == "writer"
+    assert [(m.step, m.value) for m in client.get_metric_history(run.run_id, "train_loss")] == [(7, 0.5)]
+    assert bad.info.status == "FAILED" and bad.data.tags["error"] == "ValueError: bad data"
+
+
+def test_a_store_that_cannot_be_opened_is_the_same_one_line_from_a_writer_process(tmp_path):
+    (tmp_path / "afile").write_text("")
+    uri = f"sqlite:///{tmp_path / 'afile' / 'mlflow.db'}"
+    cfg = validate(compose("debug=smoke", f"mlflow.tracking_uri={uri}"))
+    said = []
+    for writer in (False, True):
+        with pytest.raises(tracking.StoreError) as error:
+            with tracking.tracked(uri, cfg, writer=writer) as run:
+                run.tags({"never": "written"})
+        said.append(str(error.value))
+    assert said[0] == said[1] and "is a file, not a directory" in said[0]

@@ -4,10 +4,17 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import math
+import queue
+import subprocess
+import sys
+import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
@@ -136,8 +143,8 @@ class Run(Recorder):
     def text(self, text: str, name: str) -> None:
         self._record("text", text=text, name=name)
 
-    def file(self, path: Path) -> None:
-        if path.is_file():
+    def file(self, path: Path | str) -> None:
+        if Path(path).is_file():
             self._record("file", path=str(path))
 
     def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
@@ -167,25 +174,63 @@ class Run(Recorder):
         self.journal.remove()
 
 
+@dataclass
+class Opening:
+    """What opening a run takes, in JSON's types (a writer process receives it as one line): `check` the store (an
+    unusable one is a StoreError line) and close dead runs of the same config, then `fill` the created run with its
+    config. The journal goes in `folder` (a path), if given."""
+
+    uri: str
+    experiment: str
+    columns: list[str]
+    tags: dict[str, str]
+    config_hash: str
+    params: dict[str, str]
+    config_yaml: str
+    folder: str | None
+    system_metrics: float
+    final_wait: float
+
+    def check(self) -> None:
+        open_store(self.uri, self.experiment, tuple(self.columns))
+        close_dead_runs(self.uri, self.experiment, self.config_hash)
+
+    def run(self, folder: Any) -> Run:
+        return Run(self.uri, self.experiment, self.tags, folder, self.system_metrics, self.final_wait)
+
+    def fill(self, run: Run) -> None:
+        log.info("MLflow run %s in %s (experiment %r)", run.run_id, self.uri, self.experiment)
+        run.params(self.params)
+        run.text(self.config_yaml, "config.yaml")
+
+
 @contextmanager
-def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None) -> Iterator[Run]:
+def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bool | None = None) -> Iterator[Recorder]:
     """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING
-    (a store that cannot be written at the end: a StoreError naming the journal that holds the rest)."""
+    (a store that cannot be written at the end: a StoreError naming the journal that holds the rest).
+
+    `writer`: the run is opened and written by a writer process (`WriterRun`) while this one goes on; by default
+    when this process has not imported MLflow (a job's start: MLflow's import overlaps TensorFlow's). Otherwise
+    here, an unusable store failing in one line before anything else."""
     cfg, target = plan.cfg, target_of(plan.train)
-    # An unusable store fails here, in one line, before anything else; the runs view gets this run's own figures (its
-    # data's unit and score, the metric of its target).
-    open_store(uri, cfg.mlflow.experiment,
-               ui.figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None))
-    tags = {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}
-    close_dead_runs(uri, cfg.mlflow.experiment, tags["config_hash"])
-    run = None
+    opening = Opening(
+        uri, cfg.mlflow.experiment,
+        # the runs view gets this run's own figures (its data's unit and score, the metric of its target)
+        list(ui.figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None)),
+        {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}, plan.config_hash, flatten(cfg),
+        redact(OmegaConf.to_yaml(cfg, resolve=True)), str(folder.path) if folder else None,
+        cfg.mlflow.system_metrics_interval, cfg.mlflow.final_wait)
+    if writer is None:
+        writer = "mlflow" not in sys.modules
+    run: Recorder | None = None
     try:
-        with whole_write():  # a Ctrl-C during the creation is raised once `run` is set, and closes it KILLED
-            run = Run(uri, cfg.mlflow.experiment, tags, folder, cfg.mlflow.system_metrics_interval,
-                      cfg.mlflow.final_wait)
-        log.info("MLflow run %s in %s (experiment %r)", run.run_id, uri, cfg.mlflow.experiment)
-        run.params(flatten(cfg))
-        run.text(redact(OmegaConf.to_yaml(cfg, resolve=True)), "config.yaml")
+        if writer:
+            run = WriterRun(opening, folder)
+        else:
+            opening.check()
+            with whole_write():  # a Ctrl-C during the creation is raised once `run` is set, and closes it KILLED
+                run = opening.run(folder)
+            opening.fill(run)
         yield run
     except (KeyboardInterrupt, Terminated) as e:
         if run is not None:
@@ -196,6 +241,107 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None) -> Iterato
             run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
         raise
     run.end("FINISHED")
+
+
+class WriterRun(Recorder):
+    """A run written by a writer process (`python -m runner.tracking.writer`, which holds the journaled `Run`): each
+    call goes to it as a JSON line, from a thread, so training never waits for the store. The writer's log lines are
+    logged here; the first call waits until it has opened the run (its StoreError, one line, raised here)."""
+
+    def __init__(self, opening: Opening, folder: OutputFolder | None):
+        self.folder = folder
+        self.process = subprocess.Popen([sys.executable, "-m", "runner.tracking.writer"], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.outbox: queue.Queue[str | None] = queue.Queue()
+        self.outbox.put(json.dumps(dataclasses.asdict(opening)))
+        self._opened: dict[str, Any] | None = None
+        self.failed: str | None = None  # the writer's error, once answered
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._write, daemon=True).start()
+
+    def _write(self) -> None:
+        while (line := self.outbox.get()) is not None:
+            try:
+                self.process.stdin.write(line + "\n")
+                self.process.stdin.flush()
+            except OSError:  # the writer has ended: its reply (or its absence) says why
+                return
+        self.process.stdin.close()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            try:
+                reply = json.loads(line)
+            except ValueError:  # not the writer's: said as it came
+                sys.stderr.write(line)
+                continue
+            if "log" in reply:
+                level, name, message = reply["log"]
+                logging.getLogger(name).log(level, "%s", message)
+            elif "folder_failed" in reply and self.folder is not None:
+                self.folder.failed(OSError(reply["folder_failed"]))
+            else:
+                self.replies.put(reply)
+        self.replies.put(None)
+
+    def _reply(self) -> dict[str, Any]:
+        """The writer's next answer; an error (its last word), or its end without one, is a StoreError from now on."""
+        if self.failed is None:
+            reply = self.replies.get()
+            if reply is not None and "error" not in reply:
+                return reply
+            code = self.process.wait()
+            self.failed = reply["error"] if reply else (
+                f"the MLflow writer process ended without a reply (exit code {code}); its error is above")
+        raise StoreError(self.failed)
+
+    def _opening(self) -> dict[str, Any]:
+        if self._opened is None:
+            self._opened = self._reply()
+        return self._opened
+
+    @property
+    def run_id(self) -> str:  # type: ignore[override]
+        return self._opening()["opened"]
+
+    @property
+    def experiment_id(self) -> str:  # type: ignore[override]
+        return self._opening()["experiment_id"]
+
+    def _call(self, name: str, *args: Any) -> None:
+        self._opening()
+        self.outbox.put(json.dumps({"call": name, "args": args}))
+
+    def params(self, params: dict[str, Any]) -> None:
+        self._call("params", {k: str(v) for k, v in params.items()})
+
+    def tags(self, tags: dict[str, Any]) -> None:
+        self._call("tags", {k: str(v) for k, v in tags.items()})
+
+    def metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._call("metrics", {k: float(v) for k, v in metrics.items()}, int(step))
+
+    def text(self, text: str, name: str) -> None:
+        self._call("text", text, name)
+
+    def file(self, path: Path) -> None:
+        self._call("file", str(path))
+
+    def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
+        self._call("dataset", name, digest, source, profile, context)
+
+    def copy_history(self, source_run_id: str, until_step: int) -> None:
+        self._call("copy_history", source_run_id, until_step)
+
+    def end(self, status: str, error: str | None = None) -> None:
+        """Close the run (the writer sends everything first, as `Run.end`), then wait for the writer to finish."""
+        self._call("end", status, error)
+        self.outbox.put(None)
+        try:
+            self._reply()
+        finally:
+            self.process.wait()
 
 
 def _nothing(self: Any, *args: Any, **kwargs: Any) -> None:

@@ -16,49 +16,48 @@ from typing import Any, Mapping
 log = logging.getLogger(__name__)
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` exists and has not ended. A zombie has ended: a sweep killed with its jobs leaves their
-    processes to an init that may never reap them, and the signal check alone would call them alive for ever."""
+def _stat(pid: int) -> list[str] | None:
+    """Process `pid`'s /proc status fields from its state on (None: no such process, or no /proc, as on macOS)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks after boot), None where unknown: with its pid, one process for ever."""
+    fields = _stat(pid)
+    return fields[19] if fields and len(fields) > 19 else None
+
+
+def _alive(pid: int, since: str | None = None) -> bool:
+    """Whether process `pid` exists and has not ended (and started at `since`, if given: a later process given the
+    same pid is not it). A zombie has ended: a sweep killed with its jobs leaves their processes to an init that may
+    never reap them, and the signal check alone would call them alive for ever."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
         pass
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):  # no /proc (macOS): the signal check alone
+    fields = _stat(pid)
+    if fields is None:  # no /proc: the signal check alone
         return True
-    return state not in ("Z", "X")
+    return fields[0] not in ("Z", "X") and since in (None, started(pid))
 
 
 def process_alive(tags: Mapping[str, str]) -> bool | None:
-    """Whether the process named by a run's `runner.host` and `runner.pid` tags is alive; None when this host cannot
-    know (a process of another host, or a run without the tags)."""
+    """Whether the process named by a run's `runner.host`, `runner.pid` and `runner.started` tags (tags.process_tags)
+    is alive; None when this host cannot know (a process of another host, or a run without the tags)."""
     pid = tags.get("runner.pid", "")
     if tags.get("runner.host") != socket.gethostname() or not pid.isdigit():
         return None
-    return _alive(int(pid))
+    return _alive(int(pid), tags.get("runner.started"))
 
 
 def abandoned(run: Any) -> bool:
     """Whether an MLflow run is RUNNING although its process is gone from this host: no one will ever end it."""
     return run.info.status == "RUNNING" and process_alive(run.data.tags) is False
-
-
-def live_pid(uri: str, run_id: str) -> str | None:
-    """The pid of run `run_id`'s process if the run is RUNNING and its process alive on this host; None if the run
-    ended, its process is gone, it runs on another host (which cannot be checked from here) or the store lacks it."""
-    from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
-
-    try:
-        found = MlflowClient(uri).get_run(run_id)
-    except MlflowException:
-        return None
-    if found.info.status != "RUNNING" or process_alive(found.data.tags) is not True:
-        return None
-    return found.data.tags["runner.pid"]
 
 
 def close_dead(client: Any, run: Any) -> bool:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 import runner
 from runner.tracking.redact import redact
+from runner.tracking.stale import started
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 ENV_PARENT = "RUNNER_PARENT_RUN_ID"  # set for a sweep's job processes: the sweep's parent run
@@ -104,8 +105,11 @@ def base_tags(cfg: DictConfig) -> dict[str, str]:
 
 
 def process_tags() -> dict[str, str]:
-    """Which process writes the run: how a later start of the same config tells a dead run from a live one."""
-    return {"runner.host": socket.gethostname(), "runner.pid": str(os.getpid())}
+    """Which process writes the run (its host, pid and start): how a later start of the same config, and the
+    checkpoint folder's claim, tell a dead run from a live one (stale.process_alive)."""
+    pid = os.getpid()
+    return {"runner.host": socket.gethostname(), "runner.pid": str(pid),
+            **({"runner.started": since} if (since := started(pid)) else {})}
 
 
 def sweep_tags(digest: str) -> dict[str, str]:
