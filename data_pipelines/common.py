@@ -109,17 +109,15 @@ def count_examples(x: Any) -> int:
 
 
 def array_digest(x: Any, y: np.ndarray) -> str:
-    """sha256 of the images' and labels' bytes (8 hex digits); of a memory-mapped array only its shape and first
-    2**20 values (not the whole file into memory); of named features, each example's features side by side."""
-    if isinstance(x, dict):
-        x = np.concatenate([np.ascontiguousarray(v).view(np.uint8).reshape(len(y), -1) for _, v in sorted(x.items())],
-                           axis=1)
+    """sha256 of the examples' and labels' bytes, read in place (8 hex digits): of named features each feature's, in
+    name order; of a memory-mapped array only its shape and first 2**20 values (not the whole file into memory)."""
     digest = hashlib.sha256()
-    if isinstance(x, np.memmap):
-        digest.update(repr((x.shape, x.dtype.str)).encode() + x.reshape(-1)[: 1 << 20].tobytes())
-    else:
-        digest.update(x.tobytes())
-    digest.update(np.asarray(y).tobytes())
+    for part in [v for _, v in sorted(x.items())] if isinstance(x, dict) else [x]:
+        if isinstance(part, np.memmap):
+            digest.update(repr((part.shape, part.dtype.str)).encode() + part.reshape(-1)[: 1 << 20].tobytes())
+        else:
+            digest.update(np.ascontiguousarray(part).data)
+    digest.update(np.ascontiguousarray(y).data)
     return digest.hexdigest()[:8]
 
 
