@@ -107,7 +107,7 @@ def test_run_and_norun_each_implement_every_method_of_the_recorder_contract():
     AttributeError, `experiment_id` is None on a worker that logs nothing)."""
     methods = {n for n, v in vars(tracking.Recorder).items() if callable(v) and not n.startswith("_")}
     assert methods >= {"params", "tags", "metrics", "text", "file", "dataset", "copy_history", "end"}
-    for cls in (tracking.Run, tracking.NoRun):
+    for cls in (tracking.Run, tracking.NoRun, tracking.WriterRun):
         assert tracking.Recorder in cls.__mro__  # implemented explicitly
         assert methods <= set(vars(cls)), f"{cls.__name__} lacks {sorted(methods - set(vars(cls)))}"
     quiet = tracking.NoRun()

@@ -4,7 +4,7 @@ The loop records through the `Recorder` contract (`run.py`); nothing here reache
 below are the package's interface; each is defined once, in the module named beside it.
 """
 
-from runner.tracking.run import NoRun, Recorder, Run, record_invalid, tracked
+from runner.tracking.run import NoRun, Recorder, Run, WriterRun, record_invalid, tracked
 from runner.tracking.stale import abandoned, close_dead, close_dead_sweep, process_alive
 from runner.tracking.store import (
     StoreError, bound_http_retries, ensure_experiment, open_store, resolve_uri, schema_lock, whole_write,
@@ -14,7 +14,7 @@ from runner.tracking.tags import (
 )
 
 __all__ = [
-    "Recorder", "Run", "NoRun", "tracked", "record_invalid",
+    "Recorder", "Run", "NoRun", "WriterRun", "tracked", "record_invalid",
     "abandoned", "close_dead", "close_dead_sweep", "process_alive",
     "StoreError", "bound_http_retries", "ensure_experiment", "open_store", "resolve_uri", "schema_lock", "whole_write",
     "ENV_CHILD", "ENV_PARENT", "command_line", "is_sweep_child", "model_label", "parent_run_id", "process_tags",

@@ -138,7 +138,7 @@ class Run(Recorder):
 
     def metrics(self, metrics: dict[str, float], step: int) -> None:
         now = int(time.time() * 1000)
-        self._record("metrics", points=[[k, float(v), now, step] for k, v in metrics.items()])
+        self._record("metrics", points=[[k, float(v), now, int(step)] for k, v in metrics.items()])
 
     def text(self, text: str, name: str) -> None:
         self._record("text", text=text, name=name)
@@ -243,6 +243,14 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
     run.end("FINISHED")
 
 
+_WRITES = ("params", "tags", "metrics", "text", "file", "dataset", "copy_history")
+
+
+def _sent(name: str) -> Any:
+    """A write of the Recorder contract that a `WriterRun` sends to its writer."""
+    return lambda self, *args: self._call(name, *args)
+
+
 class WriterRun(Recorder):
     """A run written by a writer process (`python -m runner.tracking.writer`, which holds the journaled `Run`): each
     call goes to it as a JSON line, from a thread, so training never waits for the store. The writer's log lines are
@@ -311,28 +319,10 @@ class WriterRun(Recorder):
 
     def _call(self, name: str, *args: Any) -> None:
         self._opening()
-        self.outbox.put(json.dumps({"call": name, "args": args}))
+        self.outbox.put(json.dumps({"call": name, "args": args}, default=str))  # a Path, a numpy number: as text
 
-    def params(self, params: dict[str, Any]) -> None:
-        self._call("params", {k: str(v) for k, v in params.items()})
-
-    def tags(self, tags: dict[str, Any]) -> None:
-        self._call("tags", {k: str(v) for k, v in tags.items()})
-
-    def metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._call("metrics", {k: float(v) for k, v in metrics.items()}, int(step))
-
-    def text(self, text: str, name: str) -> None:
-        self._call("text", text, name)
-
-    def file(self, path: Path) -> None:
-        self._call("file", str(path))
-
-    def dataset(self, name: str, digest: str, source: str, profile: dict[str, Any], context: str) -> None:
-        self._call("dataset", name, digest, source, profile, context)
-
-    def copy_history(self, source_run_id: str, until_step: int) -> None:
-        self._call("copy_history", source_run_id, until_step)
+    # the Recorder's writes, each sent to the writer's `Run` as it is called
+    params, tags, metrics, text, file, dataset, copy_history = (_sent(name) for name in _WRITES)
 
     def end(self, status: str, error: str | None = None) -> None:
         """Close the run (the writer sends everything first, as `Run.end`), then wait for the writer to finish."""
