@@ -126,3 +126,22 @@ def test_the_decision_is_kept_per_optimizer():
     keys = {xla.key(plan, "/device:CPU:0") for plan in plans}
     assert len(keys) == 3
     assert xla.key(plans[0], "/device:CPU:0") == xla.key(validate(compose("model=mlp")), "/device:CPU:0")
+
+
+def test_a_decision_cached_by_other_code_is_measured_again(monkeypatch):
+    """A cached decision belongs to the TensorFlow and the step code that measured it: a new version of either (e.g.
+    an optimizer update XLA can now compile) is not answered from the cache."""
+    from runner.config import validate
+
+    plan = validate(compose("model=mlp"))
+    before = xla.key(plan, "/device:CPU:0")
+    version = xla.step_code(plan)
+    monkeypatch.setattr(xla, "step_code", lambda _: (version[0], "another step"))
+    assert xla.key(plan, "/device:CPU:0") != before
+    monkeypatch.setattr(xla, "step_code", lambda _: ("2.99.0", version[1]))
+    assert xla.key(plan, "/device:CPU:0") != before
+    import tensorflow as tf
+
+    assert version[0] == tf.__version__  # read without importing TensorFlow
+    monkeypatch.undo()
+    assert xla.step_code(validate(compose("model=gpt", "data=shakespeare")))[1] != version[1]  # another model's code

@@ -7,11 +7,13 @@ the two loops (runner.experiment); the cost model and the bench read the same ca
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import math
 import time
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Callable
 
@@ -40,12 +42,33 @@ class Decision:
 
 def key(plan: Any, device_name: str) -> str:
     """The cache entry of a run's decision: the device (`peak.describe_device`), a digest of the model's options, the
-    data's spec and the optimizer (its update is part of the compiled step), the per-device batch, the precision."""
+    data's spec and the optimizer (its update is part of the compiled step), the per-device batch, the precision, and
+    of what compiles the step (`step_code`: a new version of it measures again)."""
     from runner.measure.peak import describe_device
 
     optimizer = (plan.train.optimizer, plan.train.fused_optimizer)
-    digest = hashlib.sha256(repr((plan.model, plan.spec, optimizer)).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(repr((plan.model, plan.spec, optimizer, step_code(plan))).encode()).hexdigest()[:16]
     return f"{describe_device(device_name)}|{digest}|b{plan.train.per_device_batch_size}|{plan.train.precision}"
+
+
+def step_code(plan: Any) -> tuple[str, str]:
+    """TensorFlow's version and a digest of the source that makes the run's step: the model's module, the step and
+    the optimizers (runner.strategies.common, runner.optimizers)."""
+    import inspect
+
+    from runner import optimizers
+    from runner.strategies import common
+
+    files = {inspect.getfile(type(plan.model)), common.__file__, optimizers.__file__}
+    code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sorted(files))).hexdigest()[:16]
+    return _tensorflow_version(), code
+
+
+@functools.lru_cache(maxsize=None)
+def _tensorflow_version() -> str:
+    """TensorFlow's installed version, read without importing it (the cost model reads decisions without it)."""
+    names = metadata.packages_distributions().get("tensorflow", [])
+    return metadata.version(names[0]) if names else "none"
 
 
 def setting(plan: Any, device_name: str, folder: Path | None = None) -> Decision | None:
