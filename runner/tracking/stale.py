@@ -43,7 +43,7 @@ def _alive(pid: int, since: str | None = None) -> bool:
     fields = _stat(pid)
     if fields is None:  # no /proc: the signal check alone
         return True
-    return fields[0] not in ("Z", "X") and since in (None, started(pid))
+    return fields[0] not in ("Z", "X") and (since is None or fields[19:20] == [since])
 
 
 def process_alive(tags: Mapping[str, str]) -> bool | None:
