@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 from conftest import compose, runs
@@ -145,3 +146,13 @@ def test_a_decision_cached_by_other_code_is_measured_again(monkeypatch):
     assert version[0] == tf.__version__  # read without importing TensorFlow
     monkeypatch.undo()
     assert xla.step_code(validate(compose("model=gpt", "data=shakespeare")))[1] != version[1]  # another model's code
+    import hashlib
+
+    import user_models
+
+    from runner import optimizers
+    from runner.strategies import common
+
+    user = validate(compose("+model._target_=user_models.resnet", "model.name=resnet"))
+    read = sorted({user_models.__file__, common.__file__, optimizers.__file__})  # a user's builder: its own module
+    assert xla.step_code(user)[1] == hashlib.sha256(b"".join(Path(f).read_bytes() for f in read)).hexdigest()[:16]

@@ -52,14 +52,17 @@ def key(plan: Any, device_name: str) -> str:
 
 
 def step_code(plan: Any) -> tuple[str, str]:
-    """TensorFlow's version and a digest of the source that makes the run's step: the model's module, the step and
-    the optimizers (runner.strategies.common, runner.optimizers)."""
+    """TensorFlow's version and a digest of the source that makes the run's step: the model's module (a user's
+    builder's own), the step and the optimizers (runner.strategies.common, runner.optimizers)."""
     import inspect
 
     from runner import optimizers
+    from runner.registry import locate
     from runner.strategies import common
 
-    files = {inspect.getfile(type(plan.model)), common.__file__, optimizers.__file__}
+    target = getattr(plan.model, "target", "")
+    files = {inspect.getfile(locate(target, "model") if target else type(plan.model)), common.__file__,
+             optimizers.__file__}
     code = hashlib.sha256(b"".join(Path(f).read_bytes() for f in sorted(files))).hexdigest()[:16]
     return _tensorflow_version(), code
 
