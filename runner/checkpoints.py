@@ -62,7 +62,8 @@ def claim(folder: Path, run_id: str) -> None:
     try:
         with locked(folder / LOCK_FILE):
             writer = _read_json(folder / WRITER_FILE)
-            if writer.get("run_id", run_id) != run_id and process_alive(writer):
+            mine = process_tags().items() <= writer.items()  # an earlier run of this process: ended (one at a time)
+            if writer.get("run_id", run_id) != run_id and not mine and process_alive(writer):
                 pid = writer["runner.pid"]
                 raise CheckpointInUse(
                     f"run {writer['run_id']} of this config is still training on this host (pid {pid}) and writes its "
@@ -72,6 +73,16 @@ def claim(folder: Path, run_id: str) -> None:
             write_json(folder / WRITER_FILE, {"run_id": run_id, **process_tags()})
     except OSError:  # a full disk: the run's first save there fails it in one line, with its metrics kept
         return
+
+
+def release(folder: Path) -> None:
+    """Give up the checkpoint folder `folder` if this process holds it (`claim`): its run has ended, however it ended
+    (a long-lived process, a notebook's, starts other runs or none)."""
+    if not (folder / WRITER_FILE).exists():  # not claimed, or removed with the finished run's checkpoints
+        return
+    with contextlib.suppress(OSError), locked(folder / LOCK_FILE):
+        if process_tags().items() <= _read_json(folder / WRITER_FILE).items():
+            (folder / WRITER_FILE).unlink()
 
 
 def unreadable(path: str) -> str | None:

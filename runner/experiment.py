@@ -458,7 +458,11 @@ def run(cfg: DictConfig) -> dict:
     if kept:
         kept.watch_log()
     with (tracking.tracked(uri, plan, kept) if chief else contextlib.nullcontext(tracking.NoRun())) as mlrun:
-        result = _train(plan, mlrun, started)
+        try:
+            result = _train(plan, mlrun, started)
+        finally:  # the checkpoint folder's claim (in _train) ends with the run, however the run ends
+            if plan.train.checkpoint_every:
+                checkpoints.release(checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash))
         # train/test loss and accuracy were recorded by the loop at their steps; add the run's summary figures.
         summary = {k: v for k, v in result.items() if k not in ("train_loss", "test_loss", "test_accuracy")}
         mlrun.metrics(summary, int(result["steps"]))

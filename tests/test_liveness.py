@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import markdown_rows, runs, start_cli, subcommand
 
+from runner.tracking import stale
+
 # Tiny MLP, checkpoints every 100 steps, far more steps than a test waits for: stopped by the test itself.
 LONG = ["debug=smoke", "train.steps=1000000", "train.checkpoint_every=100", "train.measure_input=false",
         "train.probe_peak=false"]
@@ -113,19 +115,32 @@ def test_the_first_peak_probe_says_what_it_does_before_it_starts_and_a_cached_pe
 
 
 def test_a_checkpoint_folder_is_refused_only_while_the_process_that_claimed_it_lives(tmp_path):
-    """The claim names its process (host, pid, start): no store is read, and a later process given the same pid is
-    not taken for it."""
+    """The claim names its process (host, pid, start): no store is read, a later process given the same pid is not
+    taken for it, and a run's end gives the folder up (a long-lived process runs others after it)."""
     from runner import checkpoints
     from runner.tracking.tags import process_tags
 
-    folder = tmp_path / "folder"
-    checkpoints.claim(folder, "first")  # this process, alive
-    with pytest.raises(checkpoints.CheckpointInUse, match=rf"run first of this config .* \(pid {os.getpid()}\)"):
-        checkpoints.claim(folder, "second")
+    folder, other = tmp_path / "folder", subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     writer = folder / checkpoints.WRITER_FILE
-    ended = subprocess.run([sys.executable, "-c", "print(__import__('os').getpid())"], capture_output=True, text=True)
-    for gone in ({**process_tags(), "runner.pid": ended.stdout.strip()},  # its process has ended
-                 {**process_tags(), "runner.started": "1"}):  # its pid now another process's
-        writer.write_text(json.dumps({"run_id": "first", **gone}))
-        checkpoints.claim(folder, "second")
-        assert json.loads(writer.read_text())["run_id"] == "second"
+    try:
+        deadline = time.time() + 10
+        while not (since := stale.started(other.pid)) and time.time() < deadline:
+            time.sleep(0.01)
+        folder.mkdir()
+        living = {**process_tags(), "runner.pid": str(other.pid), "runner.started": since}
+        writer.write_text(json.dumps({"run_id": "first", **living}))
+        with pytest.raises(checkpoints.CheckpointInUse, match=rf"run first of this config .* \(pid {other.pid}\)"):
+            checkpoints.claim(folder, "second")
+        for gone in ({**living, "runner.started": "1"},  # its pid now another process's
+                     {**process_tags(), "runner.pid": str(other.pid)}):  # its process has ended (below)
+            if "runner.started" not in gone:
+                other.kill()
+                other.wait()
+            writer.write_text(json.dumps({"run_id": "first", **gone}))
+            checkpoints.claim(folder, "second")
+            assert json.loads(writer.read_text())["run_id"] == "second"
+    finally:
+        other.kill()
+    checkpoints.claim(folder, "third")  # this process's earlier run ("second") has ended: a process runs one at a time
+    checkpoints.release(folder)  # the run's end gives the folder up
+    assert not writer.exists()
