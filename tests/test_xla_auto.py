@@ -141,9 +141,13 @@ def test_a_decision_cached_by_other_code_is_measured_again(monkeypatch):
     assert xla.key(plan, "/device:CPU:0") != before
     monkeypatch.setattr(xla, "step_code", lambda _: ("2.99.0", version[1]))
     assert xla.key(plan, "/device:CPU:0") != before
+    import sys
+
     import tensorflow as tf
 
-    assert version[0] == tf.__version__  # read without importing TensorFlow
+    assert version[0] == tf.__version__
+    monkeypatch.delitem(sys.modules, "tensorflow")  # as the cost model reads it: the installed distribution's
+    assert xla._tensorflow_version.__wrapped__() == tf.__version__
     monkeypatch.undo()
     assert xla.step_code(validate(compose("model=gpt", "data=shakespeare")))[1] != version[1]  # another model's code
     import hashlib
