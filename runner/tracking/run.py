@@ -136,8 +136,9 @@ class Run(Recorder):
     def tags(self, tags: dict[str, str]) -> None:
         self._record("tags", tags={k: str(v) for k, v in tags.items()})
 
-    def metrics(self, metrics: dict[str, float], step: int) -> None:
-        now = int(time.time() * 1000)
+    def metrics(self, metrics: dict[str, float], step: int, at: int | None = None) -> None:
+        """`at`: when they were measured (ms since the epoch; a writer process gets them later), else now."""
+        now = at or int(time.time() * 1000)
         self._record("metrics", points=[[k, float(v), now, int(step)] for k, v in metrics.items()])
 
     def text(self, text: str, name: str) -> None:
@@ -243,7 +244,7 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
     run.end("FINISHED")
 
 
-_WRITES = ("params", "tags", "metrics", "text", "file", "dataset", "copy_history")
+_WRITES = ("params", "tags", "text", "file", "dataset", "copy_history")
 
 
 def _sent(name: str) -> Any:
@@ -322,7 +323,10 @@ class WriterRun(Recorder):
         self.outbox.put(json.dumps({"call": name, "args": args}, default=str))  # a Path, a numpy number: as text
 
     # the Recorder's writes, each sent to the writer's `Run` as it is called
-    params, tags, metrics, text, file, dataset, copy_history = (_sent(name) for name in _WRITES)
+    params, tags, text, file, dataset, copy_history = (_sent(name) for name in _WRITES)
+
+    def metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._call("metrics", metrics, step, int(time.time() * 1000))  # stamped now, not when the writer gets them
 
     def end(self, status: str, error: str | None = None) -> None:
         """Close the run (the writer sends everything first, as `Run.end`), then wait for the writer to finish."""
