@@ -73,11 +73,19 @@ def store(tmp_path) -> str:
 UNMEASURED = ("train.measure_input=false", "train.probe_peak=false", "train.jit_compile=false")
 
 
+@functools.cache
+def _checkpoints() -> Path:
+    """This test process's checkpoint folder: the launch folder's `checkpoints/` would be every worker's, and a run is
+    refused beside a live run of its config that writes there (two workers' smoke runs at once)."""
+    return Path(tempfile.mkdtemp(prefix="checkpoints-"))
+
+
 def compose(*overrides: str):
-    """Compose the project's config through Hydra's compose API, as @hydra.main would (with UNMEASURED first)."""
+    """Compose the project's config through Hydra's compose API, as @hydra.main would (with UNMEASURED and this
+    process's checkpoint folder first: a test's own overrides win)."""
     from runner.config import compose as compose_config
 
-    return compose_config([*UNMEASURED, *overrides])
+    return compose_config([*UNMEASURED, f"train.checkpoint_dir={_checkpoints()}", *overrides])
 
 
 def build_strategy(plan, devices):
