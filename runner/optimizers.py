@@ -208,6 +208,9 @@ def direct(optimizer: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
     def update(grads: list, variables: list, learning_rate: Any) -> None:
         if tf.distribute.has_strategy():
             return keras_update(grads, variables, learning_rate)
+        # Read once for every variable: a Keras variable's read per variable took 3.6 ms of tracing each (dlrm
+        # sharded_update x4: 0.4 s of its first call); the same value.
+        learning_rate = tf.convert_to_tensor(learning_rate)
         for grad, variable in zip(grads, variables):
             variable = variable.value if isinstance(variable, keras.Variable) else variable
             with tf.device(variable.device):

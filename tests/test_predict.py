@@ -55,7 +55,7 @@ ROWS_AT_2 = {
     # to the owners, (N - 1) N R back.
     "sharded_update": Traffic(update_copies=0, update_devices=1, reduce_bytes=400, reduce_devices=2,
                               copy_bytes=400 + 400 + 800, moved_bytes=100 + 200, messages=8,
-                              ops=2 * (2 * 6 + 10 + 12), rows_applied=200, rows_devices=2),
+                              ops=2 * (2 * 5 + 10 + 12), rows_applied=200, rows_devices=2),
 }
 
 
