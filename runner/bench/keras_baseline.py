@@ -31,28 +31,6 @@ def _dataset(data, batch: int):
     return data.train().shuffled(opts.shuffle_buffer, 0).batched(batch, opts)
 
 
-class EpochTimer:
-    """Keras callback timing whole epochs, and the end of the very first step (the job overhead)."""
-
-    def __init__(self):
-        import keras
-
-        self.cb = keras.callbacks.LambdaCallback(on_epoch_begin=self._begin, on_epoch_end=self._end,
-                                                 on_train_batch_end=self._batch_end)
-        self.seconds: list[float] = []
-        self.first_step_end: float | None = None  # wall clock at the end of the first step
-
-    def _begin(self, epoch, logs=None):
-        self._t0 = time.perf_counter()
-
-    def _end(self, epoch, logs=None):
-        self.seconds.append(time.perf_counter() - self._t0)
-
-    def _batch_end(self, batch, logs=None):
-        if self.first_step_end is None:  # one comparison per step: nothing beside a step
-            self.first_step_end = time.time()
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the baseline and print its figures as JSON."""
     parser = argparse.ArgumentParser(prog="python -m runner.bench.keras_baseline")
@@ -106,17 +84,21 @@ def main(argv: list[str] | None = None) -> int:
         optimizer = build_optimizer(OmegaConf.merge(plan.train, {"fused_optimizer": False}), model.trainable_variables)
         optimizer.global_clipnorm = plan.train.clip_norm  # Keras clips the gradients it applies (None: not at all)
         model.compile(optimizer=optimizer, loss=plan.spec.task.loss)  # the runner's loss per example; Keras averages
-    timer = EpochTimer()
+    starts, epochs, first_step_end = [], [], []  # epochs' starts and seconds; the end of the first step (overhead)
+    timer = keras.callbacks.LambdaCallback(  # one test per step: nothing beside a step
+        on_epoch_begin=lambda epoch, logs=None: starts.append(time.perf_counter()),
+        on_epoch_end=lambda epoch, logs=None: epochs.append(time.perf_counter() - starts[-1]),
+        on_train_batch_end=lambda batch, logs=None: first_step_end or first_step_end.append(time.time()))
     model.fit(_dataset(data, batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
-              verbose=0, callbacks=[timer.cb], shuffle=False)  # the dataset shuffles itself (_dataset)
+              verbose=0, callbacks=[timer], shuffle=False)  # the dataset shuffles itself (_dataset)
     timed = Timer(warmup_calls=1, steps_per_call=args.chunk)  # the runner's own summary of timed calls (epochs)
-    for seconds in timer.seconds:
+    for seconds in epochs:
         timed.add(args.chunk, seconds)
     print(json.dumps({
         **timed.summary(batch * plan.spec.units_per_example, plan.spec.unit), "devices": devices.count,
         "simulated": devices.simulated, "distributed": args.mirrored, "optimizer": type(model.optimizer).__name__,
         "clip_norm": model.optimizer.global_clipnorm,
-        "seconds_to_first_step": timer.first_step_end - runner.STARTED_AT, "peak_rss_mb": peak_rss_mb(),
+        "seconds_to_first_step": first_step_end[0] - runner.STARTED_AT, "peak_rss_mb": peak_rss_mb(),
     }))
     return 0
 
