@@ -1,4 +1,4 @@
-"""The benchmarks' command line: `python -m runner.bench COMMAND` (the commands: runner/bench/__init__.py)."""
+"""The benchmarks' command line: `python -m runner.bench COMMAND` (the commands: `--help`)."""
 
 from __future__ import annotations
 
