@@ -89,47 +89,40 @@ def efficiency(rows: list[tuple[int, float]]) -> float:
 
 
 def summarise(rates: dict[Cell, float | None]) -> tuple[Summary, list[str]]:
-    """The markdown (a table per system and model: GPUs, published, predicted, error; the efficiency line) and the
+    """The markdown (a table per system and model: GPUs, published, predicted, error; the efficiency line; then one
+    row per system and model: the error at each GPU count and the efficiency at the largest, both ways) and the
     summary figures."""
     lines, errors, gaps, groups = [], [], {}, {}
+    compact = markdown(["system", "model", "batch", "tf_cnn mode", "error at 1, 2, 4, 8 ... GPUs",
+                        "efficiency at the most: predicted / published"])
     for cell, rate in rates.items():
         groups.setdefault(cell.group, []).append((cell, rate))
     for group, members in groups.items():
         hardware, model, batch, mode = group
         lines += [f"**{hardware} {model}**, batch {batch} per GPU, tf_cnn_benchmarks {mode}", "",
                   *markdown(["GPUs", "published images/s", "predicted images/s", "error"])]
+        each, most = [], "-"
         for cell, rate in sorted(members, key=lambda m: m[0].gpus):
             error = rate / cell.published - 1 if rate else None
             errors += [abs(error)] if error is not None else []
             shown = f"{error:+.0%}" if error is not None else "not predicted"
             lines.append(markdown_row([str(cell.gpus), f"{cell.published:,.1f}", f"{rate or 0:,.1f}", shown]))
+            each.append(f"{cell.gpus}: {shown if error is not None else '-'}")
         priced = [(c.gpus, r) for c, r in members if r]
         if len(priced) == len(members) > 1:
             pub, pred = efficiency([(c.gpus, c.published) for c, _ in members]), efficiency(priced)
             gaps[group] = 100 * (pred - pub)
             lines.append(f"\nscaling efficiency at {max(priced)[0]} GPUs: predicted {pred:.0%}, published {pub:.0%}")
+            most = f"{max(priced)[0]}: {pub + gaps[group] / 100:.0%} / {pub:.0%}"
         lines.append("")
+        compact.append(markdown_row([*map(str, group), ", ".join(each), most]))
     summary = Summary(errors, gaps)
-    lines += compact(groups, gaps)
+    lines += [*compact, ""]
     worst = max(gaps.values(), key=abs) if gaps else 0.0
     lines.append(f"{len(errors)} cells: median error {summary.median:.1%}, largest {max(errors):.1%}; "
                  f"efficiency at the largest count within 5 points in {sum(abs(g) <= 5 for g in gaps.values())} of "
                  f"{len(gaps)} groups (largest gap {worst:+.1f} points)")
     return summary, lines
-
-
-def compact(groups: dict[tuple, list[tuple[Cell, float | None]]], gaps: dict[tuple, float]) -> list[str]:
-    """One row per system and model: the error at each GPU count and the efficiency at the largest, both ways."""
-    lines = markdown(["system", "model", "batch", "tf_cnn mode", "error at 1, 2, 4, 8 ... GPUs",
-                      "efficiency at the most: predicted / published"])
-    for group, members in groups.items():
-        errors = ", ".join(f"{c.gpus}: {r / c.published - 1:+.0%}" if r else f"{c.gpus}: -"
-                           for c, r in sorted(members, key=lambda m: m[0].gpus))
-        pub = efficiency([(c.gpus, c.published) for c, _ in members]) if group in gaps else 0.0
-        most = max(c.gpus for c, _ in members)
-        shown = f"{most}: {pub + gaps[group] / 100:.0%} / {pub:.0%}" if group in gaps else "-"
-        lines.append(markdown_row([*map(str, group), errors, shown]))
-    return lines + [""]
 
 
 def published(args: argparse.Namespace) -> int:
