@@ -18,19 +18,15 @@ import logging
 import math
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from runner.errors import UserError, one_line
-from runner.lazy import lazy
+from runner.lazy import tf
 from runner.paths import locked, write_json
 from runner.tracking.stale import process_alive
 from runner.tracking.tags import process_tags
 from runner.train import Elapsed, Hook, crossed
 
-if TYPE_CHECKING:
-    import tensorflow as tf
-else:
-    tf = lazy("tensorflow")  # `claim` runs before TensorFlow may be imported
 
 log = logging.getLogger(__name__)
 logging.getLogger("absl").setLevel(logging.WARNING)  # the checkpoint writer logs an INFO line per save

@@ -1,14 +1,14 @@
-"""`tf = lazy("tensorflow")`: a module imported on its first attribute use.
+"""`from runner.lazy import keras, tf`: TensorFlow and Keras imported on their first attribute use.
 
 Component modules define their options beside their TensorFlow code, and config validation reads those options
 before TensorFlow may be imported (the devices must be configured first, and a bad config should fail fast), so they
-refer to TensorFlow and Keras through this proxy; type checkers see the real import (`if TYPE_CHECKING: ...`).
+refer to TensorFlow and Keras through these proxies; type checkers see the real modules.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 class lazy:  # lower case: called like a function, `tf = lazy("tensorflow")`
@@ -23,3 +23,10 @@ class lazy:  # lower case: called like a function, `tf = lazy("tensorflow")`
     def __repr__(self) -> str:
         return f"<lazy module {self._name!r}>"
 
+
+
+if TYPE_CHECKING:
+    import keras
+    import tensorflow as tf
+else:
+    keras, tf = lazy("keras"), lazy("tensorflow")

@@ -124,13 +124,13 @@ class Traffic:
         rows_devices: the devices those sparse updates run on at once.
     """
 
-    update_copies: float
-    update_devices: int
-    reduce_bytes: float
-    reduce_devices: int
-    moved_bytes: float
-    messages: int
-    ops: int
+    update_copies: float = 0.0
+    update_devices: int = 1
+    reduce_bytes: float = 0.0
+    reduce_devices: int = 1
+    moved_bytes: float = 0.0
+    messages: int = 0
+    ops: int = 0
     copy_bytes: float = 0.0  # most strategies cut and assemble nothing
     rows_applied: float = 0.0  # a model without embedding tables applies no rows
     rows_devices: int = 1
@@ -154,7 +154,7 @@ class Rows:
 
 
 NO_ROWS = Rows()  # a model without embedding tables
-NOTHING = Traffic(update_copies=0, update_devices=1, reduce_bytes=0, reduce_devices=1, moved_bytes=0, messages=0, ops=0)
+NOTHING = Traffic()
 
 
 # What the strategies do with the tables' rows, counted as `Traffic` (N devices, R = rows.tower_bytes, T tables).
@@ -168,32 +168,22 @@ def rows_to_every_copy(n: int, rows: Rows) -> Traffic:
     r, t = rows.tower_bytes, rows.tables
     if not t:
         return NOTHING
-    return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
-                   moved_bytes=(n - 1) * r + (n - 1) * n * r, messages=2 * (n - 1) * t, ops=t * (2 + 3 * n),
-                   rows_applied=n * n * r, rows_devices=n)
+    return Traffic(reduce_bytes=2 * n * r, copy_bytes=2 * n * r, moved_bytes=(n - 1) * r + (n - 1) * n * r,
+                   messages=2 * (n - 1) * t, ops=t * (2 + 3 * n), rows_applied=n * n * r, rows_devices=n)
 
 
-def rows_to_one_copy(n: int, rows: Rows) -> Traffic:
-    """One copy of the tables on a parameter device (parameter_server): every tower's looked-up rows come from there
-    (N R sent) and its gradient rows go back (N R); concatenated and divided there; one update of N R rows."""
-    r, t = rows.tower_bytes, rows.tables
-    if not t:
-        return NOTHING
-    return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=1, copy_bytes=2 * n * r,
-                   moved_bytes=2 * n * r, messages=2 * n * t, ops=t * 5, rows_applied=n * r, rows_devices=1)
-
-
-def rows_to_owners(n: int, rows: Rows) -> Traffic:
-    """Each table once, on one of the N devices (hybrid; parameter_server with strategy.tables=spread): a tower's
-    rows of the tables on other devices, (N - 1) / N of them, come from there and their gradients go back (2 (N - 1)
-    R over the towers); each owner concatenates and divides its tables' N R rows and applies them, the N owners at
+def rows_to_owners(n: int, rows: Rows, spread: bool = True) -> Traffic:
+    """Each table once: on one of the N devices (`spread`: hybrid; parameter_server with strategy.tables=spread), a
+    tower's rows of the tables on other devices, (N - 1) / N of them, coming from there and their gradients going
+    back (2 (N - 1) R over the towers); else on the parameter device (parameter_server), every tower's rows coming
+    from there and going back (2 N R). The owners concatenate and divide their tables' N R rows and apply them, at
     once."""
     r, t = rows.tower_bytes, rows.tables
     if not t:
         return NOTHING
-    return Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n, copy_bytes=2 * n * r,
-                   moved_bytes=2 * (n - 1) * r, messages=2 * (n - 1) * t, ops=t * 5, rows_applied=n * r,
-                   rows_devices=n)
+    away, owners = (n - 1, n) if spread else (n, 1)
+    return Traffic(reduce_bytes=2 * n * r, reduce_devices=owners, copy_bytes=2 * n * r, moved_bytes=2 * away * r,
+                   messages=2 * away * t, ops=t * 5, rows_applied=n * r, rows_devices=owners)
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,15 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from runner.errors import ConfigError
-from runner.lazy import lazy
+from runner.lazy import keras, tf
 from runner.models import check_lookups, spec_arguments
 from runner.strategies import loss_scale
 from runner.tasks import AUC, auc
 
 if TYPE_CHECKING:
-    import keras
-    import tensorflow as tf
-
     from runner.data_pipelines import Spec
     from runner.models import Model
     from runner.tasks import Task
-else:
-    keras, tf = lazy("keras"), lazy("tensorflow")
 
 
 def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = True) -> keras.Model:

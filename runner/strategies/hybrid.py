@@ -13,17 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from runner.lazy import lazy
+from runner.lazy import tf
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, rows_to_owners
 from runner.strategies.common import deal, placed_copies, share, tables
 from runner.strategies.replicated import Replicated, Towers, TowersOptions, average, mean_of
 
 if TYPE_CHECKING:
-    import tensorflow as tf
-
     from runner.runtime.devices import Devices
-else:
-    tf = lazy("tensorflow")
 
 
 @STRATEGIES.register

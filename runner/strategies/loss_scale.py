@@ -10,14 +10,10 @@ device) would have each decide alone, and one device could skip a step another a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from runner.lazy import lazy
+from runner.lazy import tf
 
-if TYPE_CHECKING:
-    import tensorflow as tf
-else:
-    tf = lazy("tensorflow")
 
 # Consecutive steps with a non-finite loss after which training stops: a skipped step is not a failure, a loss
 # that stays inf or NaN is (float32 and bfloat16 stop at the first, as nothing would skip it).

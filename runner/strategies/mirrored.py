@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal
 
 from runner.runtime.devices import nvidia_gpu_count
 from runner.errors import ConfigError
-from runner.lazy import lazy
+from runner.lazy import tf
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
                                loss_scale, ring)
 from runner.strategies.common import (
@@ -27,11 +27,7 @@ from runner.strategies.common import (
 from runner.strategies.replicated import Replicated
 
 if TYPE_CHECKING:
-    import tensorflow as tf
-
     from runner.runtime.devices import Devices
-else:
-    tf = lazy("tensorflow")
 
 CrossDeviceOps = Literal["auto", "tensorflow", "nccl", "hierarchical_copy", "reduce_to_one_device"]
 _CROSS_DEVICE_OPS = {

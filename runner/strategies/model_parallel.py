@@ -30,20 +30,15 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 import numpy as np
 
 from runner.errors import ConfigError
-from runner.lazy import lazy
+from runner.lazy import keras, tf
 from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
 from runner.strategies.common import Built, copies_of_moving_state, tables, update
 
 if TYPE_CHECKING:
-    import keras
-    import tensorflow as tf
-
     from runner.data_pipelines import Spec
     from runner.models import Model
     from runner.runtime.devices import Devices
     from runner.strategies.loss_scale import LossScale, NoLossScale
-else:
-    keras, tf = lazy("keras"), lazy("tensorflow")
 
 INPUT = -1  # Cell.inputs index meaning "the image batch"
 Split = Literal["auto", "width", "stages", "two_tower"]

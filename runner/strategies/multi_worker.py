@@ -15,17 +15,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from runner.runtime import cluster
 from runner.runtime.devices import DeviceError, nvidia_gpu_count
 from runner.errors import ConfigError
-from runner.lazy import lazy
+from runner.lazy import tf
 from runner.registry import Rule
 from runner.strategies import STRATEGIES, Exchange, StrategyBase, Training, ring
 from runner.strategies.mirrored import Replicas, SyncBatchNorm
 
 if TYPE_CHECKING:
-    import tensorflow as tf
-
     from runner.runtime.devices import Devices
-else:
-    tf = lazy("tensorflow")
 
 log = logging.getLogger(__name__)
 

@@ -12,20 +12,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from runner.lazy import lazy
+from runner.lazy import tf
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
-                               loss_scale, ring, rows_to_every_copy, rows_to_one_copy, rows_to_owners)
+                               loss_scale, ring, rows_to_every_copy, rows_to_owners)
 from runner.strategies.common import (
     Built, average_moving_state, copies_of_moving_state, deal, placed_copies, share, stateless_passes, tables,
     tower_step, update,
 )
 
 if TYPE_CHECKING:
-    import tensorflow as tf
-
     from runner.runtime.devices import Devices
-else:
-    tf = lazy("tensorflow")
 
 
 def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any, training: Training,
@@ -134,9 +130,8 @@ class ParameterServer(TowersOptions):
         tower reads the weights from it (N sent back). A table's rows: to and from the one copy, or, with
         strategy.tables=spread, the table's own device (hybrid's)."""
         n, w = devices, weight_bytes
-        tables = rows_to_owners if self.tables == "spread" else rows_to_one_copy
-        return Traffic(update_copies=1, update_devices=1, reduce_bytes=(n + 3) * w, reduce_devices=1,
-                       moved_bytes=2 * n * w, messages=2 * n * variables, ops=3 * variables) + tables(n, rows)
+        return Traffic(update_copies=1, reduce_bytes=(n + 3) * w, moved_bytes=2 * n * w, messages=2 * n * variables,
+                       ops=3 * variables) + rows_to_owners(n, rows, spread=self.tables == "spread")
 
 
 class Towers(Built, Strategy):

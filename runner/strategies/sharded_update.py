@@ -26,19 +26,14 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from runner.lazy import lazy
+from runner.lazy import keras, tf
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, loss_scale, ring
 from runner.strategies.common import placed_copies, tables, update
 from runner.strategies.replicated import (Replicated, Towers, TowersOptions, mean_of, shared_passes,
                                           tower_gradients)
 
 if TYPE_CHECKING:
-    import keras
-    import tensorflow as tf
-
     from runner.runtime.devices import Devices
-else:
-    keras, tf = lazy("keras"), lazy("tensorflow")
 
 
 @STRATEGIES.register
@@ -80,8 +75,7 @@ class ShardedUpdate(TowersOptions):
                         ops=n * (variables + n) + 3 * n + 3 * n * variables, copy_bytes=(2 * n + 4 * n) * w)
         if not t:
             return dense
-        return dense + Traffic(update_copies=0, update_devices=1, reduce_bytes=2 * n * r, reduce_devices=n,
-                               copy_bytes=2 * n * r + 2 * n * r + 2 * n * n * r,
+        return dense + Traffic(reduce_bytes=2 * n * r, reduce_devices=n, copy_bytes=(4 * n + 2 * n * n) * r,
                                moved_bytes=(n - 1) * r + (n - 1) * n * r, messages=2 * n * (n - 1) * t,
                                ops=t * (10 * n + 3 * n * n), rows_applied=n * r, rows_devices=n)
 

@@ -5,17 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from runner.lazy import lazy
+from runner.lazy import tf
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training
 from runner.strategies import common
 from runner.strategies.common import Built, copies_of_moving_state, per_example_loss, tables
 
 if TYPE_CHECKING:
-    import tensorflow as tf
-
     from runner.runtime.devices import Devices
-else:
-    tf = lazy("tensorflow")
 
 
 @STRATEGIES.register
@@ -41,8 +37,7 @@ class Single(StrategyBase):
     def traffic(self, devices: int, weight_bytes: int, variables: int, rows: Rows = NO_ROWS) -> Traffic:
         """One update; nothing to combine or move. A table's rows: applied once (2 more ops than a dense update:
         the repeated rows summed first)."""
-        return Traffic(update_copies=1, update_devices=1, reduce_bytes=0, reduce_devices=1, moved_bytes=0, messages=0,
-                       ops=variables + 2 * rows.tables, rows_applied=rows.tower_bytes)
+        return Traffic(update_copies=1, ops=variables + 2 * rows.tables, rows_applied=rows.tower_bytes)
 
 
 class SingleDevice(Built, Strategy):
