@@ -209,7 +209,7 @@ def test_the_floor_is_the_steps_own_work_and_the_run_reports_its_ratio(tf_device
     assert floor.first_layer_weights(CNN(variant="default").build()) == 3 * 3 * 32 + 32  # the first convolution
     one, two = (floor.bandwidth_bytes_per_second([f"/device:CPU:{i}" for i in range(n)], 16) for n in (1, 2))
     assert two > 0.5 * one  # two devices copying at once move at least about what one moves alone
-    small, large = (floor.forward_backward_seconds(model, b, "/device:CPU:0") for b in (16, 512))
+    small, large = (floor.towers_seconds([model], b, ["/device:CPU:0"]) for b in (16, 512))
     assert 0 < small < large  # the work grows with the batch
     parts = floor.floor_step_ms([model], 128, "adam", ["/device:CPU:0"])
     assert parts["floor_step_ms"] == pytest.approx(parts["floor_compute_ms"] + parts["floor_update_ms"])

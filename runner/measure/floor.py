@@ -3,21 +3,15 @@
 MFU compares a run with the device's peak on one large matrix product, which a batch-128 MLP's small matrices can
 never reach. The floor compares it with what its own work costs here, measured in the same process on the same
 devices, counting only what every step of every strategy must do, one part after the other:
-- the towers' forward and backward passes at the run's per-tower batch, all towers at once on their own devices,
-  every op at its exact shape (no input pipeline, no optimizer, no cross-device traffic), one step's passes after
-  the other's, as training's must run; the fastest of 7 timed calls, since a slow spell of the host only adds time.
-  A model with embedding tables is fed real batches: random ids would all look up the same two rows;
+- the towers' forward and backward passes, all at once on their own devices at the run's per-tower batch, with no
+  input pipeline, optimizer or cross-device traffic (`towers_seconds`, the fastest repeat);
 - the update of the first layer's weights and of every embedding table (each the first layer of its own lookups):
   the last gradients the backward pass produces and the first weights the next forward reads, so no strategy can
-  overlap them with compute. Counted as memory traffic (weights, gradient and the optimizer's slots read, the changed
-  ones written): dense weights at the bandwidth of the whole device set copying at once (a sharded update's best
-  case), a table's looked-up rows at the speed of gathering those rows (`tables_update_seconds`). The other layers'
-  updates can overlap the backward pass and are not counted.
+  overlap them with compute. Counted as memory traffic: dense weights at the bandwidth of the whole device set (a
+  sharded update's best case), a table's looked-up rows at the speed of gathering them (`tables_update_seconds`).
+  The other layers' updates can overlap the backward pass and are not counted.
 `train.probe_floor=true` measures it after training and logs `floor_step_ms` and `step_time_over_floor` (at least
-1.0, give or take the spread of repeated runs; how far above it is what the step does beyond its unavoidable work).
-Not on simulated CPU devices (`not_a_bound`): there the towers' passes timed alone do not bound the step. Why the
-set's bandwidth and the fastest repeat: with one device's bandwidth or the median, steps measured below their floor
-(docs/benchmarks.md; the figures are in git history).
+1.0, give or take the spread of repeated runs); not on simulated CPU devices (`not_a_bound`).
 """
 
 from __future__ import annotations
@@ -54,11 +48,6 @@ def median_seconds(fn: Any, repeats: int = 5, statistic: Any = statistics.median
         fn()
         times.append(time.perf_counter() - t0)
     return statistic(times)
-
-
-def forward_backward_seconds(model: Any, batch: int, device: str, calls: int = 10) -> float:
-    """Seconds per forward and backward pass of `model` on `batch` images on `device` (gradients not applied)."""
-    return towers_seconds([model], batch, [device], calls)
 
 
 def random_batch(model: Any, batch: int, task: Task = CLASSES) -> tuple[Any, Any]:
