@@ -105,35 +105,22 @@ class Strategy(Protocol):
 @dataclass(frozen=True)
 class Traffic:
     """What a strategy's step does beyond its towers' forward and backward passes, in counts a reader can check by
-    hand (runner/predict/ prices them).
+    hand (runner/predict/ prices them); bytes and counts per step, summed over the devices unless said."""
 
-    Attributes:
-        update_copies: full optimizer updates per step, summed over the devices (replicated: N; sharded: N
-            updates of 1/N each, so 1).
-        update_devices: the devices those updates run on at once (replicated, sharded: N; parameter server: 1).
-        reduce_bytes: bytes read plus written per step, summed over the devices, by the arithmetic that combines
-            the towers' gradients (additions, divisions).
-        reduce_devices: the devices that arithmetic runs on at once.
-        copy_bytes: bytes read plus written per step, summed over the devices, by copies that cut gradients into
-            slices and put updated weights together, on every device at once (priced apart from the update).
-        moved_bytes: bytes sent from one device to another per step.
-        messages: cross-device transfers per step (each pays a latency, whatever its size).
-        ops: ops per step beyond the towers' forward and backward, each paying the executor's fixed cost.
-        rows_applied: bytes of embedding-table gradient rows (`Rows`) that sparse updates apply per step, summed over
-            the devices (each copy of a table that applies N towers' rows counts N towers' bytes).
-        rows_devices: the devices those sparse updates run on at once.
-    """
-
-    update_copies: float = 0.0
-    update_devices: int = 1
-    reduce_bytes: float = 0.0
-    reduce_devices: int = 1
-    moved_bytes: float = 0.0
-    messages: int = 0
-    ops: int = 0
-    copy_bytes: float = 0.0  # most strategies cut and assemble nothing
-    rows_applied: float = 0.0  # a model without embedding tables applies no rows
-    rows_devices: int = 1
+    update_copies: float = 0.0  # full optimizer updates (replicated: N; sharded: N updates of 1/N each, so 1)
+    update_devices: int = 1  # the devices those updates run on at once (replicated, sharded: N; parameter server: 1)
+    reduce_bytes: float = 0.0  # read plus written by the arithmetic combining the towers' gradients (+, /)
+    reduce_devices: int = 1  # the devices that arithmetic runs on at once
+    # Read plus written by copies that cut gradients into slices and put updated weights together, on every device
+    # at once (priced apart from the update); most strategies cut and assemble nothing.
+    copy_bytes: float = 0.0
+    moved_bytes: float = 0.0  # sent from one device to another
+    messages: int = 0  # cross-device transfers (each pays a latency, whatever its size)
+    ops: int = 0  # ops beyond the towers' passes, each paying the executor's fixed cost
+    # Bytes of embedding-table gradient rows (`Rows`) that sparse updates apply (each copy of a table that applies N
+    # towers' rows counts N towers' bytes); a model without embedding tables applies none.
+    rows_applied: float = 0.0
+    rows_devices: int = 1  # the devices those sparse updates run on at once
 
     def __add__(self, other: Traffic) -> Traffic:
         """Two parts of one step's work (the dense weights', the tables' rows): the counts added; of the devices
