@@ -22,14 +22,11 @@ class PerTower(PipelineOptions):
     name: str = "per_tower"
 
     def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:
-        """Feed len(devices) towers, one get_next() each: consecutive batches of global/towers examples."""
         towers = len(devices)
         it = iter(examples.shuffled(self.shuffle_buffer, seed).batched(per_tower_batch(global_batch, towers), self))
         return Feed(lambda: [next(it) for _ in range(towers)])
 
     def distribute(self, strategy, examples, global_batch: int, seed: int):
-        """tf.distribute's per-worker input function: per-replica batches from one pipeline."""
-
         def dataset_fn(ctx):
             # One pipeline per worker; several workers (multi_worker) each take a disjoint shard of the examples.
             mine = examples.shard(ctx.num_input_pipelines, ctx.input_pipeline_id) if ctx.num_input_pipelines > 1 \

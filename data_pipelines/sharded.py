@@ -58,7 +58,7 @@ class Sharded(PipelineOptions):
     }
 
     def check(self, towers: int, train_examples: int | None) -> None:
-        """Every shard needs at least one example (shard i holds examples i, i + N, ...)."""
+        """Every shard needs at least one example."""
         if train_examples is not None and train_examples < towers:
             raise ConfigError(
                 f"pipeline=sharded splits the {train_examples} training examples into {towers} shards, one per tower; "
@@ -66,7 +66,6 @@ class Sharded(PipelineOptions):
             )
 
     def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:
-        """Feed len(devices) towers, each from its own shard staged on its own device."""
         import tensorflow as tf
 
         its = []
@@ -77,7 +76,6 @@ class Sharded(PipelineOptions):
         return Feed(lambda: [next(it) for it in its])
 
     def distribute(self, strategy, examples, global_batch: int, seed: int):
-        """tf.distribute's per-replica input functions, each shard fetched onto its replica's device."""
         import tensorflow as tf
 
         def dataset_fn(ctx):

@@ -22,7 +22,6 @@ class Split(PipelineOptions):
     name: str = "split"
 
     def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:
-        """Feed len(devices) towers from one iterator over global batches, each split into the towers' shares."""
         import tensorflow as tf
 
         towers = len(devices)
@@ -37,7 +36,6 @@ class Split(PipelineOptions):
         return Feed(next_batches)
 
     def distribute(self, strategy, examples, global_batch: int, seed: int):
-        """The same feed through tf.distribute: an iterator of per-replica batches of global/replicas examples."""
         import tensorflow as tf
 
         global_batches = examples.shuffled(self.shuffle_buffer, seed).batched(global_batch, self)
