@@ -51,14 +51,3 @@ def _read_bytes(path: pathlib.Path) -> bytearray:
         n = f.readinto(buf)
     return buf[:n] if n != len(buf) else buf
 
-
-def read_idx(path: PathLike) -> np.ndarray:
-    """An uncompressed IDX file's array, in native byte order; DataError where its header or size is inconsistent."""
-    path = pathlib.Path(path)
-    return _parse_idx(_read_bytes(path), str(path))
-
-
-def write_idx(path: PathLike, array: np.ndarray) -> None:
-    """Write ``array`` as an uncompressed IDX file  (inverse of `read_idx`); ValueError for a dtype IDX cannot
-    store."""
-    pathlib.Path(path).write_bytes(_encode_idx(array))

@@ -169,6 +169,20 @@ def markdown_rows(text: str) -> list[dict[str, str]]:
     return rows
 
 
+def read_idx(path: Path):
+    """An uncompressed IDX file's array, parsed as data=mnist parses its files (DataError where it is inconsistent)."""
+    from runner.data_pipelines.idx import _parse_idx, _read_bytes
+
+    return _parse_idx(_read_bytes(path), str(path))
+
+
+def write_idx(path: Path, array) -> None:
+    """Write `array` as an uncompressed IDX file, as data=mnist writes one; ValueError for a dtype IDX cannot store."""
+    from runner.data_pipelines.idx import _encode_idx
+
+    path.write_bytes(_encode_idx(array))
+
+
 def runs(uri: str, experiment: str):
     """All runs of `experiment` in the store at `uri`, as a DataFrame."""
     import mlflow

@@ -19,9 +19,8 @@ from typing import Callable
 
 import numpy as np
 import pytest
-from conftest import REPO, new_store, run_cli
+from conftest import REPO, new_store, run_cli, write_idx
 
-from runner.data_pipelines.idx import write_idx
 from runner.data_pipelines.mnist_files import FILES
 from runner.config import MAX_DEVICES, group_options
 

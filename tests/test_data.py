@@ -22,8 +22,9 @@ import types
 
 import numpy as np
 import pytest
+from conftest import read_idx, write_idx
 
-from runner.data_pipelines import idx, mnist_files, synthetic
+from runner.data_pipelines import mnist_files, synthetic
 
 EXPECTED_SHAPES = {
     "train_images": (60000, 28, 28),
@@ -137,7 +138,7 @@ def fake_npm(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, body: str)
 def test_idx_round_trip_real_files_gives_identical_bytes(real_dir, tmp_path):
     for filename, expected_sha in mnist_files.FILES.values():
         out = tmp_path / filename
-        idx.write_idx(out, idx.read_idx(real_dir / filename))
+        write_idx(out, read_idx(real_dir / filename))
         assert out.read_bytes() == (real_dir / filename).read_bytes()
         assert sha256(out) == expected_sha
 
@@ -145,8 +146,8 @@ def test_idx_round_trip_real_files_gives_identical_bytes(real_dir, tmp_path):
 @pytest.mark.parametrize("dtype", [">i2", "<i2", "<i4", "int8", "float32", "float64"])
 def test_idx_round_trip_other_dtypes(tmp_path, dtype):
     array = (np.arange(2 * 3 * 5) - 7).reshape(2, 3, 5).astype(dtype)
-    idx.write_idx(tmp_path / "x", array)
-    back = idx.read_idx(tmp_path / "x")
+    write_idx(tmp_path / "x", array)
+    back = read_idx(tmp_path / "x")
     np.testing.assert_array_equal(back, array)
     assert back.dtype.isnative and back.dtype.newbyteorder("=") == array.dtype.newbyteorder("=")
     # IDX is big-endian by definition: first dim stored as 00 00 00 02.
@@ -155,16 +156,16 @@ def test_idx_round_trip_other_dtypes(tmp_path, dtype):
 
 def test_write_idx_rejects_unrepresentable_dtype(tmp_path):
     with pytest.raises(ValueError, match="int64"):
-        idx.write_idx(tmp_path / "x", np.zeros(3, dtype=np.int64))
+        write_idx(tmp_path / "x", np.zeros(3, dtype=np.int64))
 
 
 def test_read_idx_rejects_bad_magic_and_wrong_size(tmp_path):
     (tmp_path / "bad_magic").write_bytes(b"\x01\x00\x08\x01\x00\x00\x00\x01\x07")
     with pytest.raises(mnist_files.DataError, match="bad_magic"):
-        idx.read_idx(tmp_path / "bad_magic")
+        read_idx(tmp_path / "bad_magic")
     (tmp_path / "short").write_bytes(b"\x00\x00\x08\x01\x00\x00\x00\x05\x01\x02")
     with pytest.raises(mnist_files.DataError, match="short.*size mismatch"):
-        idx.read_idx(tmp_path / "short")
+        read_idx(tmp_path / "short")
 
 
 # ------------------------------------------------------------- explicit path
