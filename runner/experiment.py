@@ -470,9 +470,6 @@ def run(cfg: DictConfig) -> dict:
             for handler in logging.getLogger().handlers:
                 handler.flush()
             mlrun.file(folder.log_file)
-    result["run_id"] = mlrun.run_id
-    result["experiment_id"] = mlrun.experiment_id
-    result["tracking_uri"] = uri
-    result["unit"] = plan.spec.unit  # what its throughput counts (images, tokens, examples)
-    result["task"] = plan.spec.target  # what its test figures are (runner/tasks.py)
-    return result
+    # unit: what its throughput counts (images, tokens, examples); task: what its test figures are (runner/tasks.py)
+    return {**result, "run_id": mlrun.run_id, "experiment_id": mlrun.experiment_id, "tracking_uri": uri,
+            "unit": plan.spec.unit, "task": plan.spec.target}
