@@ -52,3 +52,8 @@ def one_line(e: BaseException, limit: int = 300) -> str:
         line = " ".join(" ".join(part.split()) for part in text.split("\n\n")[0].splitlines()[:2] if part.strip())
     line = line or type(e).__name__
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def last_line(output: str, otherwise: str) -> str:
+    """A failed process's last line that says something (its error, as it stands), or `otherwise` if none does."""
+    return next((line for line in reversed(output.splitlines()) if line.strip()), otherwise)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from runner.data_pipelines import rate_unit
+from runner.errors import last_line
 
 MIN_TIMED_STEPS = 20
 NO_TIMED_STEPS = "no timed steps: raise --steps to a few times --steps-per-call"  # a finished job's row without a rate
@@ -153,7 +154,7 @@ def keras_job(setting: Setting, gpus: int, mirrored: bool) -> dict:
     proc = subprocess.run(keras_command(setting, gpus, mirrored), capture_output=True, text=True,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["failed"])[-1]}
+        return {"error": last_line(proc.stderr.strip(), "failed")}
     return with_rate(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 

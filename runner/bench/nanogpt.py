@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from runner.bench.jobs import Progress, cell, emit, machine, median_range, run_job, save, sweep
-from runner.errors import ConfigError
+from runner.errors import ConfigError, last_line
 from runner.report.table import markdown, markdown_row
 
 DATASET = "runner_shakespeare"  # nanoGPT's data/<name>/, written from the runner's Shakespeare
@@ -70,7 +70,7 @@ def interpreter(python: str | None) -> tuple[str, str]:
     proc = subprocess.run([python, "-c", "import numpy, torch; print(torch.__version__)"], capture_output=True,
                           text=True)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        last = last_line(proc.stderr.strip(), f"exit {proc.returncode}")
         raise ConfigError(f"--python {python}: cannot import torch and numpy ({last}); pip install them there")
     return python, proc.stdout.strip()
 
@@ -154,12 +154,6 @@ def timed_rate(stdout: str, warmup: int, iters: int, tokens_per_iter: int) -> fl
     return len(ms) * tokens_per_iter / (sum(ms) / 1000) if ms and sum(ms) > 0 else None
 
 
-def _failed(proc: subprocess.CompletedProcess) -> dict:
-    """A failed process's last line as the job's error."""
-    lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
-    return {"error": lines[-1].strip() if lines else f"exit {proc.returncode}"}
-
-
 def nanogpt_job(python: str, repo: Path, plan: Any, compile_: str, windows: int) -> dict:
     """nanoGPT's train.py in a fresh process, then its checkpoint on the runner's validation windows:
     {'rate', 'unit', 'test_loss'}, or {'error': ...}."""
@@ -169,14 +163,14 @@ def nanogpt_job(python: str, repo: Path, plan: Any, compile_: str, windows: int)
                               capture_output=True, text=True)
         rate = timed_rate(proc.stdout, per_call(iters), iters, plan.train.global_batch_size * length)
         if proc.returncode != 0:
-            return _failed(proc)
+            return {"error": last_line(proc.stderr + proc.stdout, f"exit {proc.returncode}").strip()}
         if rate is None:
             return {"error": f"train.py printed no iteration times for iterations {per_call(iters)}-{iters - 1}"}
         score = subprocess.run([python, str(EVAL_SCRIPT), "--checkout", str(repo), "--ckpt",
                                 str(Path(out_dir) / "ckpt.pt"), "--val", str(repo / "data" / DATASET / "val.bin"),
                                 "--length", str(length), "--windows", str(windows)], capture_output=True, text=True)
         if score.returncode != 0:
-            return _failed(score)
+            return {"error": last_line(score.stderr + score.stdout, f"exit {score.returncode}").strip()}
     return {"rate": rate, "unit": "tokens", "test_loss": json.loads(score.stdout.strip().splitlines()[-1])["loss"]}
 
 

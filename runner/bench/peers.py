@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from runner.bench.jobs import Progress, emit, failed, machine, median_range, run_job, save, sweep
-from runner.errors import ConfigError
+from runner.errors import ConfigError, last_line
 from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing
 
@@ -50,8 +50,7 @@ def peer_job(script: Path, towers: int, batch: int, steps: int, xla: bool) -> di
     proc = subprocess.run(args, cwd=script.parent, capture_output=True, text=True, env=env)
     found = re.search(r"total images/sec: ([\d.]+)", proc.stdout)
     if proc.returncode != 0 or not found:
-        lines = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
-        return {"error": lines[-1] if lines else f"exit {proc.returncode}"}
+        return {"error": last_line(proc.stderr + proc.stdout, f"exit {proc.returncode}")}
     return {"rate": float(found.group(1)), "unit": "images"}
 
 

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.errors import UserError, one_line
+from runner.errors import UserError, last_line, one_line
 from runner.measure.peak import BUSY
 from runner.predict import calibrate, spec_sheet
 from runner.predict.costs import Prediction, check_covered, combination, predict
@@ -73,8 +73,7 @@ def _child(args: list[str], timeout: int) -> Any:
         return {"error": f"timed out after {timeout} s"}
     lines = [line for line in proc.stdout.splitlines() if line.startswith(calibrate.RESULT)]
     if not lines:
-        said = [line for line in proc.stderr.splitlines() if line.strip()]
-        return {"error": said[-1] if said else f"exit {proc.returncode}"}
+        return {"error": last_line(proc.stderr, f"exit {proc.returncode}")}
     return json.loads(lines[-1].removeprefix(calibrate.RESULT))
 
 
