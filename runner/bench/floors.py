@@ -14,8 +14,8 @@ import statistics
 import time
 
 from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
-from runner.bench.jobs import DEFAULT_STEPS, Job, Progress, Setting, emit, failed, machine, median_range, run_one
-from runner.bench.jobs import save, sweep
+from runner.bench.jobs import Job, Progress, Setting, emit, failed, machine, median_range, run_one, save, setting_for
+from runner.bench.jobs import sweep
 from runner.models import MODELS, variants
 from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing, name_of
@@ -46,13 +46,8 @@ def built_in() -> list[str]:
 
 def floor_settings(args: argparse.Namespace) -> list[Setting]:
     """One setting per model: its default variant (if it has variants) and its steps (given, or DEFAULT_STEPS)."""
-    out = []
-    for model in args.models:
-        variant = "default" if "default" in variants(model) else None  # refuses a model that is not registered
-        steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
-        out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
-                           args.data, args.test_limit, args.optimizer))
-    return out
+    # variants(model) refuses a model that is not registered
+    return [setting_for(args, model, "default" if "default" in variants(model) else None) for model in args.models]
 
 
 def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dict[str, list[float | None]]]:

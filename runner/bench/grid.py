@@ -7,8 +7,8 @@ import argparse
 import time
 from typing import Callable
 
-from runner.bench.jobs import DEFAULT_STEPS, MIN_TIMED_STEPS, Job, Progress, Setting, Table, cell, emit, machine
-from runner.bench.jobs import measure, save, sweep
+from runner.bench.jobs import MIN_TIMED_STEPS, Job, Progress, Setting, Table, cell, emit, machine, measure, save
+from runner.bench.jobs import setting_for, sweep
 from runner.measure.hooks import INPUT_BOUND_RATIO
 from runner.models import variants
 from runner.report.table import markdown
@@ -201,13 +201,8 @@ def targets(tables: list[Table]) -> list[str]:
 
 def settings(args: argparse.Namespace) -> list[Setting]:
     """One setting per model x variant, with its steps (given, or DEFAULT_STEPS)."""
-    out = []
-    for model in args.models:
-        for variant in [v for v in variants(model) if v is None or v in args.variants]:
-            steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
-            out.append(Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch,
-                               args.data, args.test_limit, args.optimizer, tuple(args.override)))
-    return out
+    return [setting_for(args, model, variant, tuple(args.override))
+            for model in args.models for variant in variants(model) if variant is None or variant in args.variants]
 
 
 def grid(args: argparse.Namespace) -> int:

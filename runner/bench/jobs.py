@@ -4,6 +4,7 @@ the jobs of one sweep per benchmark (`runner.sweep.launch`), read back from MLfl
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -123,6 +124,14 @@ class Setting:
                "train.predict=false"]  # predictions of a grid: `bench predicted`, one calibration per device set
         out += [f"model.variant={self.variant}"] if self.variant else []
         return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else []) + list(self.extra)
+
+
+def setting_for(args: argparse.Namespace, model: str, variant: str | None, extra: tuple[str, ...] = ()) -> Setting:
+    """`model`/`variant` at the command line's batch, data, test limit and optimizer, for its steps and steps per
+    call (given, or DEFAULT_STEPS; else 120 in calls of 10)."""
+    steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
+    return Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch, args.data,
+                   args.test_limit, args.optimizer, extra)
 
 
 def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
