@@ -91,10 +91,11 @@ def floors(args: argparse.Namespace) -> int:
                     runs[setting, job].append(run_one(setting, job, bench, progress, r))
     out: list[str] = []
     unit = next((m["unit"] for done in runs.values() for m in done if "unit" in m), "images")  # the data's
+    others = ", ".join(str(n) for n in args.gpus if n > 1) or "no other"
     emit(out, [
         f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
         f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on "
-        f"{_counts(args.gpus)} devices, each in a fresh process, every model and job in every round; optimizer "
+        f"{others} devices, each in a fresh process, every model and job in every round; optimizer "
         f"{args.optimizer}, data {args.data}; {len(todo) * len(every) * args.rounds} jobs in "
         f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
         *markdown(["model", "global batch", f"runner {unit}/s", f"keras fit {unit}/s", "runner / keras (per round)",
@@ -121,10 +122,6 @@ def floors(args: argparse.Namespace) -> int:
                *(f"- n/a floors at x{n}: {why}" for n, why in sorted(unbounded.items()))])
     save(out, args.out)
     return 1 if any("error" in m for ms in runs.values() for m in ms) else 0
-
-
-def _counts(gpus: list[int]) -> str:
-    return ", ".join(str(n) for n in gpus if n > 1) or "no other"
 
 
 def above_floor(rows: list[tuple[str, list[float]]]) -> str:
