@@ -50,7 +50,6 @@ class Row:
     status: str
     scaling: str = "strong"
     host_only: bool = False  # gpus=0: the host CPU alone, the baseline beside the device runs
-    achieved_gflops: float = math.nan
     mfu: float = math.nan
     loss: float = math.nan
     time_to_target: float = math.nan  # training seconds to the target accuracy or loss
@@ -78,8 +77,8 @@ def row_of(run: Any, status: str | None = None) -> Row:
         tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true", m.get(f"{unit}_per_sec", math.nan),
         m.get(f"{unit}_per_sec_stderr", math.nan), m.get(f"test_{score}", math.nan), m.get("wall_seconds", math.nan),
         status or run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
-        m.get("achieved_gflops", math.nan), m.get("mfu", math.nan), m.get("test_loss", math.nan),
-        m.get(f"time_to_{metric}_seconds", math.nan), m.get(f"target_{metric}", math.nan),
+        m.get("mfu", math.nan), m.get("test_loss", math.nan), m.get(f"time_to_{metric}_seconds", math.nan),
+        m.get(f"target_{metric}", math.nan),
         predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric, score_metric=score,
     )
 
