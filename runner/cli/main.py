@@ -61,14 +61,11 @@ def result_line(result: dict) -> str:
     unit = result["unit"]
     rate = f"{result[f'{unit}_per_sec']:,.0f} {unit}/s" if f"{unit}_per_sec" in result else f"{unit}/s not measured"
     for metric, said in ((m.name, "" if m.name == "accuracy" else f"{m.said} ") for m in METRICS.values()):
-        if f"time_to_{metric}_seconds" in result:
-            rate += (f"  target {said}{result[f'target_{metric}']:.2f} reached in "
-                     f"{result[f'time_to_{metric}_seconds']:.1f} s ({result[f'steps_to_{metric}']:.0f} steps)")
-        elif f"steps_to_{metric}" in result:  # resumed from a checkpoint without the earlier part's training time
-            rate += (f"  target {said}{result[f'target_{metric}']:.2f} reached in "
-                     f"{result[f'steps_to_{metric}']:.0f} steps (time not known)")
-        elif f"target_{metric}" in result:
-            rate += f"  target {said}{result[f'target_{metric}']:.2f} not reached"
+        seconds, steps, target = f"time_to_{metric}_seconds", f"steps_to_{metric}", f"target_{metric}"
+        if {seconds, steps, target} & result.keys():  # steps without seconds: resumed without the earlier part's time
+            rate += f"  target {said}{result[target]:.2f} " + (
+                f"reached in {result[seconds]:.1f} s ({result[steps]:.0f} steps)" if seconds in result else
+                f"reached in {result[steps]:.0f} steps (time not known)" if steps in result else "not reached")
     task = TASKS[result.get("task", "class")]  # its test figures (`test_<metric>`) as its task says them
     said = task.headline or tuple((m.name, f"test {m.said} {{:.4f}}") for m in (task.score, LOSS))
     scores = "  ".join(form.format(result[f"test_{name}"]) for name, form in said if f"test_{name}" in result)
