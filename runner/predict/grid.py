@@ -17,6 +17,7 @@ from runner.errors import UserError, last_line, one_line
 from runner.measure.peak import BUSY
 from runner.predict import calibrate, spec_sheet
 from runner.predict.costs import Prediction, check_covered, combination, predict
+from runner.report.table import markdown, markdown_row
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +193,7 @@ def table(outcomes: list[Outcome]) -> list[str]:
         lines += _unit_table([o for o in outcomes if o.prediction and o.prediction.unit == unit], unit)
     failed = [o for o in outcomes if not o.prediction]
     if failed:
-        lines += (["| combination | not predicted |", "|---|---|"]
-                  + [f"| {o.label} | {o.error} |" for o in failed] + [""])
+        lines += [*markdown(["combination", "not predicted"], [[o.label, o.error] for o in failed]), ""]
     return lines + ([] if units else [fastest_line([])])
 
 
@@ -202,13 +202,13 @@ def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
     from runner.predict.costs import TERMS
 
     scaled = any(o.prediction.efficiency is not None for o in outcomes)
-    lines = [f"| combination | predicted {unit}/s | step ms | {'efficiency | ' if scaled else ''}dominant term | "
-             + " | ".join(f"{t} ms" for t in TERMS) + " |", "|" + "---|" * (4 + scaled + len(TERMS))]
+    lines = markdown(["combination", f"predicted {unit}/s", "step ms", *(["efficiency"] if scaled else []),
+                      "dominant term", *(f"{t} ms" for t in TERMS)])
     for o in ranked(outcomes):
         p = o.prediction
-        efficiency = f"{p.efficiency:.0%} | " if scaled and p.efficiency is not None else "- | " if scaled else ""
-        lines.append(f"| {o.label} | {p.rate:,.0f} | {1e3 * p.step_seconds:.2f} | {efficiency}{p.dominant} | "
-                     + " | ".join(f"{1e3 * p.terms[t]:.2f}" for t in TERMS) + " |")
+        efficiency = [f"{p.efficiency:.0%}" if p.efficiency is not None else "-"] if scaled else []
+        lines.append(markdown_row([o.label, f"{p.rate:,.0f}", f"{1e3 * p.step_seconds:.2f}", *efficiency, p.dominant,
+                                   *(f"{1e3 * p.terms[t]:.2f}" for t in TERMS)]))
     return lines + ["", fastest_line(outcomes), ""]
 
 
