@@ -156,6 +156,19 @@ def test_dlrm_learns_the_same_under_every_strategy(tf_devices, single_losses, st
             np.testing.assert_array_equal(other.get_layer(f"table{table}").embeddings.numpy(), first)
 
 
+@pytest.mark.parametrize("optimizer", ["adagrad", "adam"])  # writes back the rows looked up | every owner's part
+def test_sharded_update_holds_tables_of_two_widths_as_two_variables_a_device_and_learns_singles_losses(
+        tf_devices, optimizer):
+    """A device holds its rows of the tables of one width as one variable (`sharded_update.groups`): a model with
+    tables 4 and 8 wide has two a device, and trains single's losses."""
+    mine = ("model.name=mine", "+model._target_=user_models.two_widths_recommender", f"train.optimizer={optimizer}")
+    losses, built = _loss_history("strategy=sharded_update", "gpus=4", *mine)
+    assert built.groups == [[0, 2], [1, 3]]
+    rows = [-(-v // 4) for v in TABLES]  # R: each device's rows of a table
+    assert [tuple(v.shape) for v in built.table_shards[3]] == [(rows[0] + rows[2], 4), (rows[1] + rows[3], 8)]
+    np.testing.assert_allclose(losses, _loss_history("strategy=single", *mine)[0], rtol=1e-4)
+
+
 def test_sharded_update_keeps_every_copy_of_a_table_whole_under_an_optimizer_that_moves_every_row(tf_devices):
     """Adam's slots move rows no batch looked up: each copy gets its owners' whole parts, not only the rows looked up
     (writing those alone left the copies stale: tried, 5.6e-4 relative apart from one device within 10 steps)."""
@@ -163,9 +176,11 @@ def test_sharded_update_keeps_every_copy_of_a_table_whole_under_an_optimizer_tha
     losses, built = _loss_history("strategy=sharded_update", "gpus=2", "train.optimizer=adam",
                                   "train.learning_rate=0.01")
     np.testing.assert_allclose(losses, single, rtol=1e-4)
-    owners = np.concatenate([part[0].numpy() for part in built.table_shards])  # table 0's rows, owner by owner
+    # Table 0's rows, owner by owner: the first R rows of each owner's variable for its group (the last part padded).
+    owners = np.concatenate([part[0].numpy()[:built.rows[0]] for part in built.table_shards])
     for copy in built.models:
-        np.testing.assert_array_equal(copy.get_layer("table0").embeddings.numpy(), owners)
+        table = copy.get_layer("table0").embeddings.numpy()
+        np.testing.assert_array_equal(table, owners[:len(table)])
 
 
 def test_parameter_server_can_spread_the_tables_over_the_devices(tf_devices, single_losses):

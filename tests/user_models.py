@@ -99,3 +99,16 @@ def subclassed_recommender():
             return self.logit(keras.ops.concatenate([x["dense"], rows], axis=1))
 
     return Subclassed()
+
+
+def two_widths_recommender(vocabulary_sizes: list[int], num_dense_features: int):
+    """A user's recommender whose tables are 4 and 8 wide in turn (sharded_update holds them as two groups)."""
+    import keras
+
+    dense = keras.Input((num_dense_features,), name="dense")
+    ids = keras.Input((len(vocabulary_sizes),), dtype="int32", name="categorical")
+    rows = [keras.layers.Embedding(v, 4 + 4 * (k % 2), name=f"table{k}")(ids[:, k])
+            for k, v in enumerate(vocabulary_sizes)]
+    joined = keras.layers.Concatenate(name="joined")([dense, *rows])  # (b, 13 + 4 + 8 + ...)
+    return keras.Model({"dense": dense, "categorical": ids}, keras.layers.Dense(1, name="logit")(joined),
+                       name="two_widths")
