@@ -299,6 +299,16 @@ def test_sharded_update_targets_compare_rows_of_the_same_pipeline_and_devices():
         "highest 1.008 (split x4)",
         "- PASS mlp/default: runner single step <= 1.15x its floor: 1 of 1 hold; highest 1.12x (runner single)",
     ]
+    # A run of sharded_update alone (--strategies sharded_update) has nothing to compare it with: not a failure.
+    alone = [row for row in rows if row[0].strategy != "replicated"]
+    lines = sharded_update_targets(Table(Setting("mlp", "default", 600, 50, 128, "mnist"), "now", alone))
+    assert lines[0] == ("- n/a mlp/default: sharded_update >= replicated, same pipeline and devices: not measured in "
+                        "this run")
+    # One whose replicated job failed (no rate) is a failure.
+    failed = [*alone, (Job("runner", 4, "r", "replicated", "split"), {"error": "boom"})]
+    lines = sharded_update_targets(Table(Setting("mlp", "default", 600, 50, 128, "mnist"), "now", failed))
+    assert lines[0] == ("- FAIL mlp/default: sharded_update >= replicated, same pipeline and devices: 0 of 1 hold; "
+                        "1 failed")
 
 
 def test_floors_rows_take_medians_over_rounds_and_judge_each_model():

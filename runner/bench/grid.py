@@ -155,9 +155,10 @@ def sharded_update_targets(table: Table) -> list[str]:
         versus, shares = [], []
         for (strategy, pipeline, n), m in rows.items():
             if strategy == sharded:
-                other = rows.get((unsharded, pipeline, n), {})
-                both = "rate" in m and "rate" in other
-                versus.append((f"{pipeline} x{n}", m["rate"] / other["rate"] if both else None))
+                if (unsharded, pipeline, n) in rows:  # a pair this run has (--strategies may leave one out)
+                    other = rows[(unsharded, pipeline, n)]
+                    both = "rate" in m and "rate" in other
+                    versus.append((f"{pipeline} x{n}", m["rate"] / other["rate"] if both else None))
                 per_device = m.get(key)
                 shares.append((f"{pipeline} x{n}", per_device * n / state if per_device and state else None))
         lines += [check(f"{s.name}: {sharded} >= {unsharded}, same pipeline and devices", versus, lambda v: v >= 1.0,
