@@ -53,9 +53,10 @@ ROWS_AT_2 = {
                       moved_bytes=200, messages=4, ops=10, rows_applied=200, rows_devices=2),
     # Partitioned by owner (2 N R), concatenated at the owners (2 N R), the changed rows put together (2 N R) and
     # written into both copies (2 N N R); (N - 1) R to the owners, (N - 1) R put together, (N - 1) N R to the copies.
+    # Ops: 2 towers x (5 x 2 tables + 5), 2 owners x (5 + 6), 3 to put together, 2 copies x (2 + 2 tables).
     "sharded_update": Traffic(update_copies=0, update_devices=1, reduce_bytes=400, reduce_devices=2,
                               copy_bytes=400 + 400 + 400 + 800, moved_bytes=100 + 100 + 200, messages=4 + 6,
-                              ops=2 * (6 * 2 + 20) + 3, rows_applied=200, rows_devices=2),
+                              ops=2 * 15 + 2 * 11 + 3 + 2 * 4, rows_applied=200, rows_devices=2),
 }
 
 

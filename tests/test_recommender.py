@@ -169,6 +169,33 @@ def test_sharded_update_holds_tables_of_two_widths_as_two_variables_a_device_and
     np.testing.assert_allclose(losses, _loss_history("strategy=single", *mine)[0], rtol=1e-4)
 
 
+@pytest.mark.parametrize("strategy", ["sharded_update", "hybrid"])
+def test_mixed_float16_keeps_a_tables_gradient_sparse_and_learns_replicateds_losses(tf_devices, strategy):
+    """Under loss scaling the unscaled gradient of a table stays its rows (tf.IndexedSlices): divided as a dense
+    tensor it became the whole table (sharded_update's owners, which read the rows they changed, failed to trace)."""
+    float16 = ("train.precision=mixed_float16", "train.optimizer=adagrad", "gpus=2")
+    losses = _loss_history(f"strategy={strategy}", *float16)[0]
+    np.testing.assert_allclose(losses, _loss_history("strategy=replicated", *float16)[0], rtol=1e-3)
+
+
+def test_sharded_update_restores_its_tables_grouped_rows_and_their_slots_from_a_checkpoint(tf_devices, tmp_path):
+    from runner.checkpoints import Checkpointer
+
+    adagrad = ("strategy=sharded_update", "gpus=2", "train.optimizer=adagrad")
+    loop, first = _loop(*adagrad)
+    _run(loop, 3)
+    Checkpointer(tmp_path, 1000, first.checkpoint_objects(), "r").save(3)
+    second = _loop(*adagrad)[1]
+    fresh = [v.numpy() for part in second.table_shards for v in part]  # the grouped rows before any step
+    assert Checkpointer(tmp_path, 1000, second.checkpoint_objects(), "r").restore() == (3, "r")
+    saved, restored = ([*(v for part in s.table_shards for v in part), *(v for o in s.optimizers for v in o.variables),
+                        *s.models[1].variables] for s in (first, second))
+    assert len(saved) == len(restored)
+    for a, b in zip(saved, restored):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert any((a != b.numpy()).any() for a, b in zip(fresh, restored))  # 3 steps moved them: restored, not rebuilt
+
+
 def test_sharded_update_keeps_every_copy_of_a_table_whole_under_an_optimizer_that_moves_every_row(tf_devices):
     """Adam's slots move rows no batch looked up: each copy gets its owners' whole parts, not only the rows looked up
     (writing those alone left the copies stale: tried, 5.6e-4 relative apart from one device within 10 steps)."""

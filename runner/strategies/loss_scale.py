@@ -29,8 +29,10 @@ class LossScaling:
 
 
 def all_finite(grads: list[tf.Tensor]) -> tf.Tensor:
-    """True when every element of every gradient is finite (a scalar bool)."""
-    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in grads])
+    """True when every element of every gradient is finite (a scalar bool); a table's rows (tf.IndexedSlices) read
+    as they are, not as the whole table."""
+    values = [g.values if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
 
 
 class NoLossScale:
@@ -74,8 +76,10 @@ class LossScale:
         return tf.convert_to_tensor(self.scale)
 
     def unscale(self, grads: list[tf.Tensor]) -> list[tf.Tensor]:
-        """Gradients of the scaled loss divided back (float32, as the variables)."""
-        return [g / self.scale for g in grads]
+        """Gradients of the scaled loss divided back (float32, as the variables); a table's rows (tf.IndexedSlices)
+        stay rows (divided as a tensor they became the whole table)."""
+        return [tf.IndexedSlices(g.values / self.scale, g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices)
+                else g / self.scale for g in grads]
 
     def apply_if_finite(self, finite: Callable[[], tf.Tensor], apply: Callable[[], object]) -> None:
         """Run `apply()` (every update of the step) when `finite()` is true, else skip it; then adjust the scale."""

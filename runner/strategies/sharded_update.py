@@ -15,9 +15,9 @@ The slices are read from and written to the variables they cover (`pieces`), nev
 copies would cost more than the sharding saves). Embedding tables (`common.tables`) are not flattened, which would
 make each tower's gradient a dense table: device j owns rows j*R to (j+1)*R of every table and their optimizer
 state; each tower sends each owner its looked-up rows, and the owners write back only the rows they updated. A
-device's rows of the tables of one width are one variable (`groups`): one update and one deduplication a device,
-not one a table (DLRM's 26 tables at 4 devices: 8,689 ops a step before, about 5,900 after; each op is traced,
-optimised and run).
+device's rows of the tables of one width are one variable (`groups`): one sparse update and one read of the rows
+it changed a device and group, not one a table (DLRM's 26 tables at 4 devices: 8,689 ops a step before, 4,701
+after; each op is traced, optimised and run).
 
 The averaged gradient and the update are `replicated`'s, so the two train the same losses (not bit-identical: a
 slice of a gradient may round differently). Checkpoint names carry N: they restore onto the same device count only.
@@ -73,7 +73,8 @@ class ShardedUpdate(TowersOptions):
         owners at once; the rows they changed are put together on one device ((N - 1) R in, copy 2 N R), sent to
         the other copies ((N - 1) N R; 3 tensors each way: 6 (N - 1) messages) and each copy partitions them by
         table and scatters them (2 N R per copy). Ops: 5 per tower and table and 5 per tower; 5 per owner (concat,
-        divide, apply) and 8 for the rows it changed, 3 to put them together; 2 per copy and 1 per copy and table."""
+        divide, apply) and 6 for the rows it changed, 3 to put them together; 2 per copy and 1 per copy and table.
+        Counted for the tables of one width (one group); each other width repeats the per-group terms."""
         n, w, r, t = devices, weight_bytes, rows.tower_bytes, rows.tables
         dense = Traffic(update_copies=1, update_devices=n, reduce_bytes=(n + 3) * w, reduce_devices=n,
                         moved_bytes=2 * (n - 1) * w, messages=2 * n * (n - 1),
@@ -82,7 +83,7 @@ class ShardedUpdate(TowersOptions):
             return dense
         return dense + Traffic(reduce_bytes=2 * n * r, reduce_devices=n, copy_bytes=(6 * n + 2 * n * n) * r,
                                moved_bytes=2 * (n - 1) * r + (n - 1) * n * r, messages=2 * n * (n - 1) + 6 * (n - 1),
-                               ops=n * (6 * t + 20) + 3, rows_applied=n * r, rows_devices=n)
+                               ops=n * (6 * t + 18) + 3, rows_applied=n * r, rows_devices=n)
 
 
 def groups(tables: list[Any], rows: list[int]) -> tuple[list[list[int]], list[int]]:
@@ -190,7 +191,8 @@ class ShardedTowers(Towers):
                 self._gather_rows(model, changed)
 
     def _owned(self, variables: list[Any], group: list[int], j: int) -> tf.Tensor:
-        """Device j's rows of a group's tables, one after another (each part R rows, the last padded with zeros)."""
+        """Device j's rows of a group's tables, one after another, R apiece (a part past a table's end padded with
+        zeros)."""
         parts = []
         for t in group:
             r = self.rows[t]
@@ -228,15 +230,16 @@ class ShardedTowers(Towers):
                 out.append(None)
                 continue
             base = tf.constant([self.base[t] for t in group], tf.int64)
-            rows = tf.constant([self.rows[t] for t in group], tf.int64)
             parts = []
             for j, device in enumerate(self.devices):
                 with tf.device(device):
                     local = tf.unique(grads[j][g].indices)[0]  # (u,) rows of owner j's variable that changed
-                    table = tf.searchsorted(base, local, side="right") - 1
-                    parts.append((table, local - tf.gather(base, table) + j * tf.gather(rows, table),
+                    which = tf.searchsorted(base, local, side="right") - 1  # each row's table in the group
+                    to_table = tf.constant([j * self.rows[t] - self.base[t] for t in group], tf.int64)
+                    parts.append((which, local + tf.gather(to_table, which),
                                   tf.gather(self.table_shards[j][g].value, local)))
-            out.append([tf.concat(part, 0) for part in zip(*parts)])
+            with tf.device(self.devices[0]):
+                out.append([tf.concat(part, 0) for part in zip(*parts)])
         return out
 
     def _gather_rows(self, model: Any, changed: list[list[Any] | None]) -> None:
@@ -252,9 +255,9 @@ class ShardedTowers(Towers):
                         if size > 0:
                             table.value[j * r:j * r + size].assign(owned[g].value[base:base + size])
                 continue
-            table, rows, values = changed[g]
-            by_table = zip(group, tf.dynamic_partition(rows, table, len(group)),
-                           tf.dynamic_partition(values, table, len(group)))
+            which, rows, values = changed[g]
+            by_table = zip(group, tf.dynamic_partition(rows, which, len(group)),
+                           tf.dynamic_partition(values, which, len(group)))
             for t, indices, updates in by_table:
                 tf.raw_ops.ResourceScatterUpdate(resource=variables[self.table_index[t]].value.handle, indices=indices,
                                                  updates=updates)
