@@ -128,9 +128,9 @@ class Checkpointer(Hook):
                 self.restored = self._restore(path)
             except (AssertionError, ValueError) as e:
                 raise CheckpointError(
-                    f"checkpoint {path} does not fit this run's variables (written by another strategy, model or "
-                    f"device count: {(str(e).splitlines() or [''])[0][:200]}); remove it or set train.checkpoint_dir "
-                    "elsewhere"
+                    f"checkpoint {path} does not fit this run's variables (written by another strategy, model, device "
+                    f"count or runner version: {(str(e).splitlines() or [''])[0][:200]}); remove it or set "
+                    "train.checkpoint_dir elsewhere"
                 ) from None
             step = int(self.step.numpy())
             log.info("resuming from checkpoint %s at step %d", path, step)
