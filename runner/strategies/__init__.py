@@ -41,27 +41,18 @@ Loop = Callable[["tf.Tensor"], tuple["tf.Tensor", "tf.Tensor"]]
 
 @dataclass(frozen=True)
 class Training:
-    """What a strategy builds and trains, as plain values.
-
-    Attributes:
-        model_fn: seed -> the model with that seed's initial weights (every strategy's copies start the same).
-        optimizer_fn: (variables, embedding tables) -> the configured optimizer for the variables, its slots
-            built (`common.build_optimizer`).
-        global_batch: examples per step over all towers.
-        jit_compile: XLA-compile each tower's forward and backward (train.jit_compile, resolved).
-        loss_scaling: dynamic loss scaling settings (train.precision=mixed_float16), or None.
-        spec: the data's examples the model is built for.
-    """
+    """What a strategy builds and trains, as plain values."""
 
     model: Model
-    model_fn: Callable[[int], keras.Model]
+    model_fn: Callable[[int], keras.Model]  # seed -> the model with its initial weights (every copy starts the same)
+    # (variables, embedding tables) -> the configured optimizer for the variables, slots built (common.build_optimizer)
     optimizer_fn: Callable[[list, list], Any]
     seed: int
-    global_batch: int
-    jit_compile: bool = False
+    global_batch: int  # examples per step over all towers
+    jit_compile: bool = False  # XLA-compile each tower's forward and backward (train.jit_compile, resolved)
     cluster: Cluster | None = None
-    loss_scaling: LossScaling | None = None
-    spec: Spec = MNIST
+    loss_scaling: LossScaling | None = None  # dynamic loss scaling (train.precision=mixed_float16), or None
+    spec: Spec = MNIST  # the data's examples the model is built for
     clip_norm: float | None = None  # the averaged gradients' global norm is scaled down to this (common.clip)
     weight_decay: float = 0.0  # adamw's decay: what sharded_update applies to its slices itself
 
