@@ -24,7 +24,6 @@ class lazy:  # lower case: called like a function, `tf = lazy("tensorflow")`
         return f"<lazy module {self._name!r}>"
 
 
-
 if TYPE_CHECKING:
     import keras
     import tensorflow as tf
