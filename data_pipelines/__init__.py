@@ -182,7 +182,7 @@ class PipelineOptions:
     """The host-side tf.data options every pipeline shares."""
 
     name: str = ""
-    shuffle_buffer: int = 10000  # examples; 0 disables shuffling
+    shuffle_buffer: int = 10000  # examples shuffled together (a window; files: a buffer); 0 disables shuffling
     prefetch: int = -1  # batches prefetched on the host; -1 = tf.data.AUTOTUNE
     map_parallelism: int = -1  # parallel uint8->float conversions; -1 = AUTOTUNE
     private_threads: int = 0  # >0: a private tf.data thread pool of this size; 0: TensorFlow's shared pool

@@ -72,8 +72,7 @@ class Stream:
 
         # every window's start in the training stream, in the seed's order (int32: 4 bytes a start)
         starts = np.random.default_rng(self.seed).permutation(len(self.train_ids) - self.spec.shape[0])
-        starts = tf.data.Dataset.from_tensor_slices(starts[: self.train_limit].astype(np.int32))
-        return Windows(tf.constant(self.train_ids), None, starts, self.spec)
+        return Windows(tf.constant(self.train_ids), None, starts[: self.train_limit].astype(np.int32), self.spec)
 
     def test(self, limit: int | None = None) -> Any:
         """Consecutive windows of the validation stream: ids (k, length) and next tokens (k, length)."""
@@ -94,15 +93,11 @@ class MappedStream(Stream):
     every start, as `Stream`'s, would hold 4 bytes a token in memory)."""
 
     def train(self) -> Windows:
-        import tensorflow as tf
-
-        return Windows(self.train_ids, None, tf.data.Dataset.range(self.train_size), self.spec)
+        return Windows(self.train_ids, None, range(self.train_size), self.spec)
 
     def test(self, limit: int | None = None) -> Any:
-        import tensorflow as tf
-
         length, count = self.spec.shape[0], min(self.test_size, limit or self.test_size)
-        return eval_batches(Windows(self.test_ids, None, tf.data.Dataset.range(0, count * length, length), self.spec))
+        return eval_batches(Windows(self.test_ids, None, range(0, count * length, length), self.spec))
 
 
 @dataclass(frozen=True)
@@ -111,9 +106,7 @@ class SequenceFiles(Arrays):
     on them: every row is an example, each of its positions labelled with the next id."""
 
     def _examples(self, x: np.ndarray) -> Windows:
-        import tensorflow as tf
-
-        return Windows(x, None, tf.data.Dataset.range(len(x)), self.spec)
+        return Windows(x, None, range(len(x)), self.spec)
 
     def train(self) -> Windows:
         return self._examples(self.x_train)

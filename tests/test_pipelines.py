@@ -104,6 +104,15 @@ def test_shuffle_is_seeded_and_changes_every_epoch(tf_devices):
     assert first_labels(1, 1) != a[:1]
 
 
+def test_in_memory_examples_are_shuffled_a_window_at_a_time_every_example_once_an_epoch(tf_devices):
+    b = _opts("split", shuffle_buffer=128).towers(_indexed(tf_devices), GLOBAL, ["/device:CPU:0"], 0)
+    for _ in range(2):  # two epochs, each its own permutation of each window
+        stream = np.concatenate([b.next()[0][1].numpy() for _ in range(N_EXAMPLES // GLOBAL)])
+        assert sorted(stream.tolist()) == list(range(N_EXAMPLES))
+        assert (stream // 128 == np.arange(N_EXAMPLES) // 128).all()  # example i stays in its window of 128
+        assert (stream != np.arange(N_EXAMPLES)).any()
+
+
 def test_batch_not_divisible_by_towers_fails_at_config_time():
     from runner.config import ConfigError
 
