@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 
 CACHE_FILE = "xla.json"
 ROUNDS = 3  # alternating timed calls each way; the fastest call of each side counts
-CALL_SECONDS = 0.15  # the length of one timed call, in steps of the side's own speed (0.3 s: the same decisions, 0.9 s more)
+CALL_SECONDS = 0.15  # one timed call's length in steps of the side's speed (mlp, gpt, dlrm: as at 0.3 s, 0.9 s sooner)
 TIE = 0.05  # XLA kept only when its step is at least this much faster: within it, its compile time buys nothing
 
 # fn(steps) -> seconds: run `steps` compiled training steps and wait for them (a loop's first call compiles it).
