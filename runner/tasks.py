@@ -11,6 +11,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from runner.lazy import keras, tf
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -80,15 +84,10 @@ class Classes(Task):
     logits, averaged over the positions; the accuracy (per position)."""
 
     def loss(self, y: Any, outputs: Any) -> Any:
-        import keras
-        import tensorflow as tf
-
         loss = keras.losses.sparse_categorical_crossentropy(y, outputs, from_logits=True)  # (b, *positions)
         return tf.reduce_mean(loss, axis=list(range(1, loss.shape.rank))) if loss.shape.rank > 1 else loss
 
     def sums(self, y: Any, outputs: Any) -> dict[str, Any]:
-        import tensorflow as tf
-
         correct = tf.cast(tf.equal(tf.argmax(outputs, -1, output_type=y.dtype), y), tf.float32)  # (b, *positions)
         if correct.shape.rank > 1:  # each example's share of correct positions
             correct = tf.reduce_mean(correct, axis=list(range(1, correct.shape.rank)))
@@ -101,15 +100,10 @@ class Binary(Task):
     over the whole test set, the AUC (`auc`), the score."""
 
     def loss(self, y: Any, outputs: Any) -> Any:
-        import keras
-        import tensorflow as tf
-
         labels = tf.reshape(tf.cast(y, outputs.dtype), (-1, 1))
         return keras.losses.binary_crossentropy(labels, outputs, from_logits=True)  # (b,)
 
     def sums(self, y: Any, outputs: Any) -> dict[str, Any]:
-        import tensorflow as tf
-
         guess = tf.cast(outputs[:, 0] > 0, y.dtype)
         return {"accuracy": tf.reduce_sum(tf.cast(tf.equal(guess, y), tf.float32))}
 
@@ -119,13 +113,9 @@ class Regression(Task):
     """A float value per example and one output: mean squared error; the mean absolute error, the score."""
 
     def loss(self, y: Any, outputs: Any) -> Any:
-        import tensorflow as tf
-
         return tf.square(outputs[:, 0] - tf.cast(y, outputs.dtype))  # (b,)
 
     def sums(self, y: Any, outputs: Any) -> dict[str, Any]:
-        import tensorflow as tf
-
         return {"mae": tf.reduce_sum(tf.abs(outputs[:, 0] - tf.cast(y, outputs.dtype)))}
 
 
@@ -188,8 +178,6 @@ def from_labels(dtype: str) -> str | None:
 def auc(labels: Any, scores: Any) -> float:
     """The exact area under the ROC curve of `scores` (n,) for binary `labels` (n,), from the ranks (Mann-Whitney U,
     ties count half); NaN without both classes."""
-    import numpy as np
-
     labels, scores = np.asarray(labels).reshape(-1), np.asarray(scores, np.float64).reshape(-1)
     positives = int(labels.sum())
     negatives = len(labels) - positives

@@ -21,6 +21,7 @@ import numpy as np
 
 import runner
 from runner.errors import ConfigError, UserError, one_line
+from runner.lazy import tf
 from runner.runtime import signals
 from runner.tasks import Target
 
@@ -311,8 +312,6 @@ def crossed(step: int, n: int, every: int) -> bool:
 def fast_forward(strategy: Any, batches: Any, steps: int) -> None:
     """Pull the batches of `steps` steps through the feed unused: a resumed run continues where its data left off
     (the pipelines are deterministic for a seed)."""
-    import tensorflow as tf
-
     t0 = time.perf_counter()
     int(strategy.input_loop(batches)(tf.constant(steps))[1])
     log.info("input fast-forwarded past %d finished steps in %.1f s", steps, time.perf_counter() - t0)
@@ -332,8 +331,6 @@ class _Calls:
 def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
     """Run the next compiled call of `n` steps inside whatever context a hook asks for, its mean loss kept in `done`;
     returns its seconds. Raises NonFiniteLoss naming the bad step."""
-    import tensorflow as tf
-
     contexts = [c for c in (h.around(done.timer.calls, n) for h in hooks) if c is not None]
     with contextlib.ExitStack() as stack:
         for context in contexts:
@@ -387,8 +384,6 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
     eval_seconds, steps, resumed_from_step, seconds_to_first_step, the timer's figures, the target's, the hooks'.
     `record` logs (metrics, step); `source` names where the examples come from when one cannot be read; `unit`:
     what the throughput counts and how many of it an example holds."""
-    import tensorflow as tf
-
     hooks = hooks or []
     for hook in hooks:
         hook.start(evals.elapsed)
