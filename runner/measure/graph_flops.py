@@ -67,19 +67,11 @@ def _quiet_tf_logging() -> Iterator[None]:
         logger.setLevel(level)
 
 
-def _collect(node: Any, totals: dict[str, float]) -> None:
-    """Sum the profiler's own (not cumulative) float_ops per op type over its tree."""
-    if node.float_ops:
-        totals[node.name] = totals.get(node.name, 0.0) + node.float_ops
-    for child in node.children:
-        _collect(child, totals)
-
-
-def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True,
-                         task: Task = CLASSES) -> dict[str, float]:
+def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = True, task: Task = CLASSES) -> float:
     """TensorFlow profiler FLOPs per example of the traced step (`batch` examples; forward + loss + gradients, or
-    the forward pass alone if not `training`; the loss `task`'s), by op type. ValueError: some tensor of the traced
-    graph has no static shape (its FLOPs would be silently missed)."""
+    the forward pass alone if not `training`; the loss `task`'s): the independent count (module docstring), the
+    profiler's total over all op types. ValueError: some tensor of the traced graph has no static shape (its FLOPs
+    would be silently missed)."""
     import tensorflow as tf
 
     with _quiet_tf_logging():
@@ -89,12 +81,4 @@ def profiler_flops_by_op(model: Any, batch: int = 32, training: bool = True,
         raise ValueError(f"the traced step has tensors without static shapes, e.g. {partial[:3]}")
     options = dict(tf.compat.v1.profiler.ProfileOptionBuilder.float_operation(), output="none")
     with _quiet_tf_logging():
-        root = tf.compat.v1.profiler.profile(graph, options=options, cmd="op")
-    totals: dict[str, float] = {}
-    _collect(root, totals)
-    return {name: flops / batch for name, flops in totals.items()}
-
-
-def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = True, task: Task = CLASSES) -> float:
-    """`profiler_flops_by_op` summed: the independent count of FLOPs per example (module docstring)."""
-    return sum(profiler_flops_by_op(model, batch, training, task).values())
+        return tf.compat.v1.profiler.profile(graph, options=options, cmd="op").total_float_ops / batch
