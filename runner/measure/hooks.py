@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, ContextManager
 
-from runner.measure import malloc, profile
+from runner.measure import malloc
 from runner.train import Hook
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,8 @@ class LossScaleMetrics(Hook):
 
 class Profile(Hook):
     """Trace the first full call that would be timed (never the first call: that one traces the tf.function) into
-    `folder`; that call is then left out of the timing, and its steps and seconds become figures."""
+    `folder` with TensorFlow's profiler (host and any GPU: `<folder>/plugins/profile/<time>/*.xplane.pb`, which
+    `profile.op_seconds` reads); that call is then left out of the timing, and its steps and seconds become figures."""
 
     def __init__(self, folder: Path, steps_per_call: int, warmup_calls: int):
         self.folder, self.steps_per_call, self.warmup_calls = folder, steps_per_call, warmup_calls
@@ -52,8 +53,10 @@ class Profile(Hook):
     def around(self, calls: int, n: int) -> ContextManager[None] | None:
         if self.traced or n != self.steps_per_call or calls < max(1, self.warmup_calls):
             return None
+        import tensorflow as tf
+
         self.tracing = True
-        return profile.trace(self.folder)
+        return tf.profiler.experimental.Profile(str(self.folder))
 
     def after(self, step: int, n: int, seconds: float, last: bool) -> None:
         if self.tracing:

@@ -8,7 +8,6 @@ share the same cores, the op time of all devices over the cores is a floor for t
 from __future__ import annotations
 
 import collections
-import contextlib
 import re
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,18 +36,6 @@ def kind_of(op_type: str) -> str:
 
 
 _OP_EVENT = re.compile(r"[^:\s]+:([A-Za-z_]\w*)")  # 'dense/MatMul:MatMul', not 'ExecutorState::Process'
-
-
-@contextlib.contextmanager
-def trace(logdir: Path) -> Iterator[None]:
-    """Trace the host (and any GPU) while the block runs; writes `<logdir>/plugins/profile/<time>/*.xplane.pb`."""
-    import tensorflow as tf
-
-    tf.profiler.experimental.start(str(logdir))
-    try:
-        yield
-    finally:
-        tf.profiler.experimental.stop()
 
 
 def _self_times(events: Any, names: dict[int, str]) -> Iterator[tuple[str, float]]:
