@@ -8,9 +8,12 @@ is a dataclass named by `_target_`, or any function returning a Keras model, cal
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import itertools
 import logging
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
@@ -105,25 +108,96 @@ class ModelOptions:
         return False
 
 
+@dataclass(frozen=True)
+class Layer:
+    """A Keras layer as the arguments it was asked for (`RECORDER`): what validation walks without TensorFlow."""
+
+    kind: str  # the keras.layers class name
+    args: tuple
+    kwargs: dict
+
+
+class _Recorder:
+    """`keras.layers.X(*args, **kwargs)` as `Layer("X", args, kwargs)`."""
+
+    def __getattr__(self, kind: str) -> Callable[..., Layer]:
+        return lambda *args, **kwargs: Layer(kind, args, kwargs)
+
+
+RECORDER = types.SimpleNamespace(layers=_Recorder())  # given to `SequentialModel.layers` in place of keras
+# Positional arguments of the layers the walk knows, in Keras' order; it skips a Flatten and a Dropout's output.
+_ARGUMENTS = {"Conv2D": ("filters", "kernel_size", "strides", "padding"), "MaxPooling2D": ("pool_size", "strides",
+              "padding"), "Dense": ("units",), "ZeroPadding2D": ("padding",), "GlobalAveragePooling2D": (),
+              "Flatten": (), "Dropout": ("rate",)}
+_VIEWS = ("Flatten", "Dropout")  # outputs that are their input (not counted as activations)
+
+
+def output_shapes(layers: list[Layer], shape: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Each layer's output shape per example for inputs of `shape`, as Keras computes it (a side of 0 or less: the
+    layers do not fit)."""
+    out = []
+    for layer in layers:
+        a = {**dict(zip(_ARGUMENTS[layer.kind], layer.args)), **layer.kwargs}
+        if layer.kind in ("Conv2D", "MaxPooling2D"):
+            size = a.get("kernel_size", a.get("pool_size", 2))
+            stride = a.get("strides") or (1 if layer.kind == "Conv2D" else size)
+            sides = [-(-x // stride) if a.get("padding") == "same" else (x - size) // stride + 1 for x in shape[:2]]
+            shape = (*sides, a["filters"] if layer.kind == "Conv2D" else shape[2])
+        elif layer.kind == "ZeroPadding2D":
+            (top, bottom), (left, right) = a["padding"]
+            shape = (shape[0] + top + bottom, shape[1] + left + right, shape[2])
+        else:
+            shape = {"Dense": lambda: (a["units"],), "Flatten": lambda: (math.prod(shape),),
+                     "GlobalAveragePooling2D": lambda: (shape[-1],), "Dropout": lambda: shape}[layer.kind]()
+        out.append(shape)
+    return out
+
+
 @dataclass
 class SequentialModel(ModelOptions):
-    """Base of the MNIST study's image models (mlp, cnn, lenet, nin): `build` puts the data's Input before the
-    model's `layers` and names the Keras model `<name>_<variant>`. The MNIST target is the convnets' 99%."""
-
-    variant: str = "default"  # each model narrows it to a Literal of its sizes
-
-    target_accuracy: ClassVar[float | None] = 0.99
+    """A model that is a stack of Keras layers (`layers`): `build` puts the data's Input before them, and the facts
+    validation needs before TensorFlow starts (the least image size, the activations, the layers with weights) come
+    from walking the same layers' shapes (`output_shapes`), so the architecture is written once."""
 
     def build(self, spec: Spec = MNIST) -> keras.Model:
         """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits."""
         import keras
 
-        layers = [keras.Input(spec.shape), *self.layers(keras, spec)]
-        return keras.Sequential(layers, name=f"{self.name}_{self.variant}")
+        return keras.Sequential([keras.Input(spec.shape), *self.layers(keras, spec)], name=self.keras_name())
+
+    def keras_name(self) -> str:
+        """The Keras model's name: `<name>_<variant>` (a model with variants)."""
+        return f"{self.name}_{self.variant}"  # type: ignore[attr-defined]
 
     def layers(self, keras: Any, spec: Spec) -> list[Any]:
-        """The layers after the Input, ending in the (batch, spec.classes) logits (shapes in comments: MNIST's)."""
+        """The layers after the Input, ending in the (batch, spec.classes) logits (shapes in comments: MNIST's);
+        `keras` is the module, or `RECORDER`."""
         raise NotImplementedError
+
+    def check(self, spec: Spec) -> None:
+        """Refuse images too small for the layers: the least square side whose every output keeps a side of 1."""
+        self.images_only(spec)
+        fits = lambda side: all(min(s[:2]) >= 1 for s in self._shapes(spec, (side, side)) if len(s) == 3)  # noqa
+        self.too_small(spec, next(side for side in itertools.count(1) if fits(side)))
+
+    def activations_per_example(self, spec: Spec = MNIST) -> int:
+        return sum(math.prod(s) for layer, s in zip(self.layers(RECORDER, spec), self._shapes(spec))
+                   if layer.kind not in _VIEWS)
+
+    def layers_with_weights(self) -> int:
+        return len(self._weighted())
+
+    @property
+    def dense_only(self) -> bool:
+        return all(layer.kind == "Dense" for layer in self._weighted())
+
+    def _weighted(self) -> list[Layer]:
+        return [layer for layer in self.layers(RECORDER, MNIST) if layer.kind in ("Conv2D", "Dense")]
+
+    def _shapes(self, spec: Spec, sides: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+        """The layers' output shapes for `spec`'s images (of `sides` instead of its own, if given)."""
+        shape = (*sides, spec.shape[-1]) if sides else tuple(spec.shape)
+        return output_shapes(self.layers(RECORDER, dataclasses.replace(spec, shape=shape)), shape)
 
 
 @dataclass

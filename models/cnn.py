@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from runner.data_pipelines import MNIST, Spec
+from runner.data_pipelines import Spec
 from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default", "paper"]
@@ -25,6 +25,8 @@ class CNN(SequentialModel):
     name: str = "cnn"
     variant: Variant = "default"
 
+    target_accuracy: ClassVar[float | None] = 0.99
+
     def layers(self, keras: Any, spec: Spec) -> list[Any]:
         filters, pool_after, dense = LAYERS[self.variant]
         layers = []
@@ -39,23 +41,3 @@ class CNN(SequentialModel):
             keras.layers.Dropout(0.5),
             keras.layers.Dense(spec.classes),  # (b, classes) logits
         ]
-
-    def check(self, spec: Spec) -> None:
-        """Each valid 3x3 convolution takes 2 off each side and the pool halves it: at least 1x1 must remain."""
-        filters, pool_after, _ = LAYERS[self.variant]
-        after_pool = len(filters) - pool_after - 1  # convolutions after the pool
-        self.too_small(spec, 2 * (pool_after + 1) + 2 * (1 + 2 * after_pool))
-
-    def activations_per_example(self, spec: Spec = MNIST) -> int:
-        filters, pool_after, dense = LAYERS[self.variant]
-        (h, w, _), total = spec.shape, 0
-        for i, f in enumerate(filters):
-            h, w = h - 2, w - 2  # valid 3x3
-            total += f * h * w
-            if i == pool_after:
-                h, w = h // 2, w // 2
-                total += f * h * w
-        return total + dense + spec.classes
-
-    def layers_with_weights(self) -> int:
-        return len(LAYERS[self.variant][0]) + 2  # the convs and the two Dense layers

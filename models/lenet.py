@@ -5,9 +5,9 @@ at 8 and 16 filters, dense 32, for smoke runs."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from runner.data_pipelines import MNIST, Spec
+from runner.data_pipelines import Spec
 from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default"]
@@ -22,6 +22,8 @@ class LeNet(SequentialModel):
     name: str = "lenet"
     variant: Variant = "default"
 
+    target_accuracy: ClassVar[float | None] = 0.99
+
     def layers(self, keras: Any, spec: Spec) -> list[Any]:
         conv1, conv2, dense = WIDTHS[self.variant]
         return [
@@ -33,16 +35,3 @@ class LeNet(SequentialModel):
             keras.layers.Dense(dense, activation="relu"),
             keras.layers.Dense(spec.classes),  # (b, classes) logits
         ]
-
-    def check(self, spec: Spec) -> None:
-        """Two 2x2 pools (valid padding): at least 4x4, so one pixel remains."""
-        self.too_small(spec, 4)
-
-    def activations_per_example(self, spec: Spec = MNIST) -> int:
-        conv1, conv2, dense = WIDTHS[self.variant]
-        h, w, _ = spec.shape
-        half, quarter = (h // 2) * (w // 2), (h // 4) * (w // 4)
-        return conv1 * (h * w + half) + conv2 * (half + quarter) + dense + spec.classes
-
-    def layers_with_weights(self) -> int:
-        return 4  # two convolutions, two Dense layers

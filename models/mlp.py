@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from runner.data_pipelines import MNIST, Spec
+from runner.data_pipelines import Spec
 from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default", "chainer"]
@@ -31,13 +31,3 @@ class MLP(SequentialModel):
             keras.layers.Dense(units, activation="relu"),
             keras.layers.Dense(spec.classes),  # (b, classes) logits
         ]
-
-    def activations_per_example(self, spec: Spec = MNIST) -> int:
-        return 2 * HIDDEN_UNITS[self.variant] + spec.classes
-
-    def layers_with_weights(self) -> int:
-        return 3  # the three Dense layers, whatever the variant
-
-    @property
-    def dense_only(self) -> bool:
-        return True

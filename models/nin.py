@@ -8,9 +8,9 @@ into the logits, so there is no dense layer at all.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from runner.data_pipelines import MNIST, Spec
+from runner.data_pipelines import Spec
 from runner.models import MODELS, SequentialModel
 
 Variant = Literal["tiny", "default", "paper"]
@@ -37,6 +37,8 @@ class NIN(SequentialModel):
     name: str = "nin"
     variant: Variant = "default"
 
+    target_accuracy: ClassVar[float | None] = 0.99
+
     def layers(self, keras: Any, spec: Spec) -> list[Any]:
         c1, c2, c3 = CHANNELS[self.variant]
         layers = mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
@@ -46,13 +48,3 @@ class NIN(SequentialModel):
         layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
         layers += mlpconv(keras, c3, _KERNELS[2], out=spec.classes)  # (b, 7, 7, classes)
         return layers + [keras.layers.GlobalAveragePooling2D()]  # (b, classes) logits
-
-    def activations_per_example(self, spec: Spec = MNIST) -> int:
-        c1, c2, c3 = CHANNELS[self.variant]
-        h, w, _ = spec.shape
-        full, half, quarter = h * w, -(-h // 2) * -(-w // 2), -(-h // 4) * -(-w // 4)  # SAME pools round up
-        k = spec.classes
-        return 3 * c1 * full + c1 * half + 3 * c2 * half + c2 * quarter + (2 * c3 + k) * quarter + k
-
-    def layers_with_weights(self) -> int:
-        return 3 * len(CHANNELS[self.variant])  # three convolutions per mlpconv block
