@@ -20,6 +20,7 @@ from typing import Any
 
 from runner.config import ROWS_ONLY, TOUCHED, table_optimizer
 from runner.strategies import Rows
+from runner.tracking import model_label
 
 TERMS = ("towers", "update", "reduce", "ops", "input")
 
@@ -67,14 +68,7 @@ class Prediction:
 
 def combination(plan: Any) -> str:
     """`model/variant strategy/pipeline xN`, as the report names a row."""
-    variant = getattr(plan.model, "variant", None)
-    model = f"{plan.model.name}/{variant}" if variant else plan.model.name
-    return f"{model} {plan.strategy.name}/{plan.pipeline.name} x{plan.gpus}"
-
-
-def check_covered(plan: Any) -> None:
-    """Raise ConfigError when the plan's strategy has no cost model: before anything is measured for it."""
-    plan.strategy.traffic(plan.local_towers, 0, 0)
+    return f"{model_label(plan.cfg)} {plan.strategy.name}/{plan.pipeline.name} x{plan.gpus}"
 
 
 def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: dict[str, Any]) -> Prediction:

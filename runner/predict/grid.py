@@ -16,7 +16,7 @@ from typing import Any
 from runner.errors import UserError, last_line, one_line
 from runner.measure.peak import BUSY
 from runner.predict import calibrate, spec_sheet
-from runner.predict.costs import Prediction, check_covered, combination, predict
+from runner.predict.costs import Prediction, combination, predict
 from runner.report.table import markdown, markdown_row
 
 log = logging.getLogger(__name__)
@@ -57,8 +57,8 @@ def _plan(overrides: list[str]) -> tuple[Any, Any, str | None]:
         plan = validate(cfg)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         return cfg, None, one_line(e)
-    try:
-        check_covered(plan) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
+    try:  # ConfigError where the strategy has no cost model (traffic), or no spec-sheet one (exchange)
+        plan.strategy.traffic(plan.local_towers, 0, 0) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
     except UserError as e:
         return cfg, plan, one_line(e)
     return cfg, plan, None
@@ -156,7 +156,7 @@ def predict_run(plan: Any, devices: Any, examples: Any, cache_dir: Path | None =
     (whose devices are the run's) and cached unless other processes disturbed it. UserError: no cost model."""
     from runner.measure.peak import timed_with_others_share
 
-    check_covered(plan)
+    plan.strategy.traffic(plan.local_towers, 0, 0)  # ConfigError where it has no cost model: before any measuring
     cached = calibrate.read_cache(cache_dir)
     wanted = {k for k in keys(plan) if k not in cached}
     if wanted:  # seconds after the run's last step: said before they start
