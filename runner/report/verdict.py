@@ -40,9 +40,6 @@ class Tolerance:
         bound = f"{self.accuracy:g}" if METRICS[score].bounded else f"{self.loss:.0%}"
         return f"|Δ test {METRICS[score].said}| <= {bound}, |Δ test loss| <= {self.loss:.0%}"
 
-    def __str__(self) -> str:
-        return self.said("accuracy")
-
 
 @dataclass
 class Run:
