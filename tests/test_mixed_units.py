@@ -188,8 +188,9 @@ def test_a_run_is_sped_up_and_compared_only_against_one_device_runs_of_its_own_u
     from runner.report.table import Row, add_speedups
 
     def row(unit, devices, rate):
-        return Row(f"{unit}{devices}", "mine", "split", "mirrored", devices, "CPU", True, rate, 1.0, 0.9, 5.0,
-                   "FINISHED", unit=unit, loss=0.3)
+        return Row(run_id=f"{unit}{devices}", model="mine", pipeline="split", strategy="mirrored", devices=devices,
+                   kind="CPU", simulated=True, rate=rate, stderr=1.0, score=0.9, wall_seconds=5.0, status="FINISHED",
+                   unit=unit, loss=0.3)
 
     images, tokens = add_speedups([row("images", 1, 1_000), row("tokens", 2, 30_000), row("images", 2, 1_500)])[:2]
     assert (images.devices, images.unit, images.speedup, images.same) == (1, "images", 1.0, True)

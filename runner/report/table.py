@@ -32,35 +32,20 @@ class ReportError(Exception):
     """Nothing to report, or not what was asked for; the message is one line naming what exists."""
 
 
-@dataclass
-class Row:
-    """One run, as the report shows it."""
+@dataclass(kw_only=True)
+class Row(verdict.Run):
+    """One run, as the report shows it: what the verdict reads of it (`verdict.Run`, so rows are its runs) and the
+    rest of the table's columns."""
 
     run_id: str
-    model: str
-    pipeline: str
-    strategy: str
-    devices: int
     kind: str
     simulated: bool
-    rate: float  # throughput in `unit`/s
-    stderr: float
-    score: float  # the final test figure of the run's task (`score_metric`: accuracy, a click model's AUC)
     wall_seconds: float
-    status: str
-    scaling: str = "strong"
-    host_only: bool = False  # gpus=0: the host CPU alone, the baseline beside the device runs
     mfu: float = math.nan
-    loss: float = math.nan
-    time_to_target: float = math.nan  # training seconds to the target accuracy or loss
-    target: float = math.nan
     speedup: float = math.nan
     efficiency: float = math.nan
     same: bool | None = None  # learns the same as the model's 1-device run
     predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
-    unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
-    target_metric: str = "accuracy"  # what the run was timed to (train.target_<metric>: runner.tasks.METRICS)
-    score_metric: str = "accuracy"  # what `score` is: its task's score (runner.tasks.Task.score)
 
 
 def row_of(run: Any, status: str | None = None) -> Row:
@@ -72,13 +57,15 @@ def row_of(run: Any, status: str | None = None) -> Row:
     score = tasks.of_run(tags, m).score.name
     metric = next((k for k in tasks.METRICS if f"target_{k}" in m), score)  # what the run was timed to
     return Row(
-        run.info.run_id, f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
-        tags.get("pipeline", "?"), tags.get("strategy", "?"), int(tags.get("devices.count", 0)),
-        tags.get("devices.kind", "?"), tags.get("devices.simulated") == "true", m.get(f"{unit}_per_sec", math.nan),
-        m.get(f"{unit}_per_sec_stderr", math.nan), m.get(f"test_{score}", math.nan), m.get("wall_seconds", math.nan),
-        status or run.info.status, tags.get("batch_scaling", "strong"), tags.get("devices.requested") == "0",
-        m.get("mfu", math.nan), m.get("test_loss", math.nan), m.get(f"time_to_{metric}_seconds", math.nan),
-        m.get(f"target_{metric}", math.nan),
+        run_id=run.info.run_id, model=f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
+        pipeline=tags.get("pipeline", "?"), strategy=tags.get("strategy", "?"),
+        devices=int(tags.get("devices.count", 0)), kind=tags.get("devices.kind", "?"),
+        simulated=tags.get("devices.simulated") == "true", rate=m.get(f"{unit}_per_sec", math.nan),
+        stderr=m.get(f"{unit}_per_sec_stderr", math.nan), score=m.get(f"test_{score}", math.nan),
+        wall_seconds=m.get("wall_seconds", math.nan), status=status or run.info.status,
+        scaling=tags.get("batch_scaling", "strong"), host_only=tags.get("devices.requested") == "0",
+        mfu=m.get("mfu", math.nan), loss=m.get("test_loss", math.nan),
+        time_to_target=m.get(f"time_to_{metric}_seconds", math.nan), target=m.get(f"target_{metric}", math.nan),
         predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric, score_metric=score,
     )
 
@@ -183,9 +170,9 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
         if base is not None and row.status == "FINISHED" and row.devices:
             row.speedup = row.rate / base.rate
             row.efficiency = row.speedup / row.devices
-        reference = verdict.one_device(verdict.runs_from([r for r in peers if r.model == row.model]))
+        reference = verdict.one_device(r for r in peers if r.model == row.model)
         if reference is not None and row.status == "FINISHED":
-            row.same = verdict.learns_same(verdict.runs_from([row])[0], reference, tolerance)
+            row.same = verdict.learns_same(row, reference, tolerance)
     return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices))
 
 
@@ -274,7 +261,7 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     rows = add_speedups(fetch(client, selection, filter_string), tolerance)
     if not rows:
         raise ReportError(f"no runs in {selection.said.removeprefix('report: ')}")
-    text, lines = _by_kind(rows, table), [v.line() for v in verdict.decide(verdict.runs_from(rows), tolerance)]
+    text, lines = _by_kind(rows, table), [v.line() for v in verdict.decide(rows, tolerance)]
     lines += prediction_lines(rows)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.md").write_text("\n".join([text, "", *lines]) + "\n")
@@ -339,7 +326,7 @@ def sweep_end(client: Any, parent: str) -> list[str]:
     experiment = client.get_experiment(run.info.experiment_id).name
     selection = Selection(experiment, run.info.experiment_id, parent, "")
     rows = fetch(client, selection, "")
-    lines = [v.line() for v in verdict.decide(verdict.runs_from(rows))] + prediction_lines(rows)
+    lines = [v.line() for v in verdict.decide(rows)] + prediction_lines(rows)
     return ["", _by_kind(rows, compact), "", *lines, "",
             f"experiment: {experiment!r}; table, plots and verdict: runner report --experiment {experiment} --parent "
             f"{parent}",

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field, fields
-from typing import Any, Iterable
+from dataclasses import dataclass, field
+from typing import Iterable
 
 from runner.report import kinds
 from runner.strategies import baseline
@@ -43,7 +43,7 @@ class Tolerance:
 
 @dataclass
 class Run:
-    """What the verdict needs of one run (runner.report.table's rows give these fields)."""
+    """What the verdict needs of one run (runner.report.table's `Row` is one, with the table's other columns)."""
 
     model: str
     pipeline: str
@@ -227,8 +227,3 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
         over_base, _beyond_noise(best, runner_up, key, spread) if runner_up is not None else None, spread,
         targets[0] if targets else math.nan, reached, (sum(judged), len(judged)), tolerance,
     )
-
-
-def runs_from(rows: Iterable[Any]) -> list[Run]:
-    """Verdict runs from report rows (anything with the same field names)."""
-    return [Run(**{f.name: getattr(r, f.name) for f in fields(Run)}) for r in rows]
