@@ -394,10 +394,10 @@ def _peak(devices: Devices, precision: str, refresh: bool = False) -> float | No
 
 def _peak_dtype(devices: Devices, precision: str) -> str:
     """The dtype the run's matmuls compute in, where the device runs it natively; else float32."""
-    from runner.measure.peak import native
+    from runner.measure.peak import describe
 
     dtype = precision.removeprefix("mixed_")  # float32, bfloat16 or float16
-    return dtype if native(devices.names[0], dtype) else "float32"
+    return dtype if describe(devices.names[0], dtype)[1] else "float32"
 
 
 def _mfu_basis(devices: Devices, precision: str) -> str:

@@ -173,7 +173,7 @@ def test_probe_peak_survives_a_corrupt_cache_and_skips_unsupported_dtypes(peak, 
     assert probed is not None and not probed.cached
     assert probed.key in json.loads((tmp_path / "peak.json").read_text())
 
-    monkeypatch.setattr(peak, "_cpuinfo", lambda field: "sse2 avx2" if field == "flags" else "Test CPU")
+    monkeypatch.setattr(peak, "cpuinfo", lambda: {"model name": "Test CPU", "flags": "sse2 avx2"})
     assert peak.probe_peak(dtype="float16", cache_dir=tmp_path) is None  # no native fp16: not probed
     assert peak.probe_peak(dtype="bfloat16", cache_dir=tmp_path) is None
     with pytest.raises(ValueError, match="dtype"):
@@ -276,9 +276,9 @@ def test_a_probe_taken_under_load_is_tried_again_and_never_cached(peak, tmp_path
 def test_hosts_under_one_model_name_get_their_own_peak(peak, tmp_path, monkeypatch):
     """A peak cached on a host without AVX-512 is not read on one with it, though /proc/cpuinfo names both alike."""
     monkeypatch.setattr(peak, "_measure", lambda device, dtype, size, seconds: (50.0, 0.0))
-    monkeypatch.setattr(peak, "_cpuinfo", lambda field: "fpu avx2" if field == "flags" else "AMD EPYC")
+    monkeypatch.setattr(peak, "cpuinfo", lambda: {"model name": "AMD EPYC", "flags": "fpu avx2"})
     zen3 = peak.probe_peak(sizes=(8,), cache_dir=tmp_path)
-    monkeypatch.setattr(peak, "_cpuinfo", lambda field: "fpu avx2 avx512f" if field == "flags" else "AMD EPYC")
+    monkeypatch.setattr(peak, "cpuinfo", lambda: {"model name": "AMD EPYC", "flags": "fpu avx2 avx512f"})
     monkeypatch.setattr(peak, "_measure", lambda device, dtype, size, seconds: (90.0, 0.0))
     zen4 = peak.probe_peak(sizes=(8,), cache_dir=tmp_path)
     assert zen3.key != zen4.key and (zen3.gflops, zen4.gflops) == (50.0, 90.0) and not zen4.cached
@@ -318,10 +318,10 @@ def test_a_mixed_precision_runs_peak_is_its_compute_dtypes_where_native(monkeypa
 
     devices = Devices(("/device:CPU:0",), "CPU", False, "1 CPU (2 cores)")
     monkeypatch.setattr(peak_module, "cpu_peak", lambda dtype, refresh: {"float32": 200.0, "bfloat16": 400.0}[dtype])
-    monkeypatch.setattr(peak_module, "_cpuinfo", lambda field: "avx2 avx512_bf16" if field == "flags" else "CPU")
+    monkeypatch.setattr(peak_module, "cpuinfo", lambda: {"model name": "CPU", "flags": "avx2 avx512_bf16"})
     assert experiment._peak(devices, "mixed_bfloat16") == 400.0 and experiment._peak(devices, "float32") == 200.0
     assert "bfloat16 peak" in experiment._mfu_basis(devices, "mixed_bfloat16")
-    monkeypatch.setattr(peak_module, "_cpuinfo", lambda field: "avx2" if field == "flags" else "CPU")
+    monkeypatch.setattr(peak_module, "cpuinfo", lambda: {"model name": "CPU", "flags": "avx2"})
     assert experiment._peak(devices, "mixed_bfloat16") == 200.0
 
 

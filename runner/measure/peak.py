@@ -40,7 +40,7 @@ class Peak:
 
     gflops: float  # best achieved GFLOP/s of the matmul chain
     dtype: str
-    device: str  # what it was measured on (`describe_device`)
+    device: str  # what it was measured on (`describe`)
     key: str  # its cache key
     cached: bool  # read from the cache rather than measured by this call
     size: int = 0  # the matrix side that gave it (0: not recorded)
@@ -53,34 +53,25 @@ class Peak:
                 + (" (cached)" if self.cached else ""))
 
 
-def _cpuinfo(field: str) -> str:
-    """The first processor's `field` in /proc/cpuinfo ('' where there is none, e.g. macOS)."""
-    return cpuinfo().get(field, "")
-
-
 def _cpu_description() -> str:
     """CPU model, a digest of its instruction-set flags (one model name covers hosts with and without AVX-512) and the
     cores this process may use (affinity: a container's share, which is what TF uses)."""
-    name = _cpuinfo("model name") or platform.processor() or platform.machine()
-    flags = hashlib.sha256(" ".join(sorted(_cpuinfo("flags").split())).encode()).hexdigest()[:8]
+    name = cpuinfo().get("model name") or platform.processor() or platform.machine()
+    flags = hashlib.sha256(" ".join(sorted(cpuinfo().get("flags", "").split())).encode()).hexdigest()[:8]
     return f"{name} (flags {flags}, {len(_cpus())} cores)"
 
 
 def _cpu_supports(dtype: str) -> bool:
     """fp32 always; bf16/fp16 only with native instructions, which oneDNN uses (else they are emulated, slower)."""
-    flags = set(_cpuinfo("flags").split())
+    flags = set(cpuinfo().get("flags", "").split())
     native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}
     return dtype == "float32" or bool(native[dtype] & flags)
 
 
-def native(device_name: str, dtype: str) -> bool:
-    """Whether `dtype` matmuls run natively on the device (else they are emulated, no faster than float32)."""
-    return _describe(device_name, dtype)[1]
-
-
-def _describe(device_name: str, dtype: str) -> tuple[str, bool]:
-    """(device description for the cache key, whether `dtype` is worth probing on it); a GPU by the name and compute
-    capability of the physical GPU behind `device_name` (GPU 0 for simulated ones)."""
+def describe(device_name: str, dtype: str = "float32") -> tuple[str, bool]:
+    """(the device as cache keys name it, whether `dtype` matmuls run natively on it, else emulated and no faster
+    than float32, so not worth probing): a CPU by model, flags and cores; a GPU by the name and compute capability of
+    the physical GPU behind `device_name` (GPU 0 for simulated ones)."""
     if "GPU" not in device_name.upper():
         return _cpu_description(), _cpu_supports(dtype)
     import tensorflow as tf
@@ -95,11 +86,6 @@ def _describe(device_name: str, dtype: str) -> tuple[str, bool]:
     # fp16 is fast from Volta (7.0) on, and on P100 (6.0); other Pascals run it at 1/64 rate. bf16 needs Ampere.
     fast = {"float32": True, "float16": cc >= (7, 0) or cc == (6, 0), "bfloat16": cc >= (8, 0)}
     return desc, fast[dtype]
-
-
-def describe_device(device_name: str) -> str:
-    """The device as cache keys name it: a CPU by model, flags and cores; a GPU by name and compute capability."""
-    return _describe(device_name, "float32")[0]
 
 
 def _benchmark(device_name: str, dtype: str, size: int, seconds: float) -> float:
@@ -220,7 +206,7 @@ def probe_peak(
     two probes in a row (a warning says so; nothing is cached). ValueError: unknown dtype, or no GPU for a GPU."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r}; use one of {DTYPES}")
-    device, supported = _describe(device_name, dtype)
+    device, supported = describe(device_name, dtype)
     if not supported:
         log.info("no native %s on %s: peak not probed", dtype, device)
         return None

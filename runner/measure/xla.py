@@ -42,14 +42,14 @@ class Decision:
 
 
 def key(plan: Any, device_name: str) -> str:
-    """The cache entry of a run's decision: the device (`peak.describe_device`), a digest of the model's options, the
+    """The cache entry of a run's decision: the device (`peak.describe`), a digest of the model's options, the
     data's spec and the optimizer (its update is part of the compiled step), the per-device batch, the precision, and
     of what compiles the step (`step_code`: a new version of it measures again)."""
-    from runner.measure.peak import describe_device
+    from runner.measure.peak import describe
 
     optimizer = (plan.train.optimizer, plan.train.fused_optimizer)
     digest = hashlib.sha256(repr((plan.model, plan.spec, optimizer, step_code(plan))).encode()).hexdigest()[:16]
-    return f"{describe_device(device_name)}|{digest}|b{plan.train.per_device_batch_size}|{plan.train.precision}"
+    return f"{describe(device_name)[0]}|{digest}|b{plan.train.per_device_batch_size}|{plan.train.precision}"
 
 
 def step_code(plan: Any) -> tuple[str, str]:
