@@ -385,7 +385,7 @@ def test_hybrid_keeps_each_table_once_on_one_device_and_looks_rows_up_there(tf_d
     tower's lookup in it runs there (ids in, rows out), and the dense weights have a copy per device."""
     import tensorflow as tf
 
-    from runner.strategies.hybrid import deal
+    from runner.strategies.common import deal
 
     assert deal([100, 10, 60, 50], 2) == [0, 0, 1, 1] and deal([5, 5, 5], 3) == [0, 1, 2]
     loop, built = _loop("strategy=hybrid", "gpus=2")

@@ -3,7 +3,7 @@
 One compiled step runs N towers, tower i on device i, each computing the gradient of its own mini-batch; the
 gradients are averaged explicitly and applied, as tf_cnn_benchmarks' `variable_update` modes did. `replicated` keeps
 a model and optimizer per device, every copy applying the same mean; `parameter_server` one copy on
-`strategy.ps_device`, read by every tower (Keras' old multi_gpu_model).
+`strategy.ps_device`, read by every tower (Keras' old multi_gpu_model). `hybrid` (hybrid.py) runs these towers too.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ def shared_passes(model: Any, training: Training) -> Any:
                                                        training.jit_compile)
 
 
-def average(per_tower: list[list[tf.Tensor]], devices: list[str]) -> list[tf.Tensor]:
-    """Mean over towers of each variable's gradient (`mean_of`), variable j reduced on device j mod N."""
+def average(per_tower: list[list[tf.Tensor]], devices: list[str], owners: dict[int, int]) -> list[tf.Tensor]:
+    """Mean over towers of each variable's gradient (`mean_of`), variable j reduced on device j mod N, or on device
+    `owners[j]` where given (hybrid: a table's owner, the one device that applies it)."""
     out = []
     for j, grads in enumerate(zip(*per_tower)):
-        with tf.device(devices[j % len(devices)]):
+        with tf.device(devices[owners.get(j, j % len(devices))]):
             out.append(mean_of(list(grads)))
     return out
 
@@ -136,19 +137,28 @@ class ParameterServer(TowersOptions):
 
 class Towers(Built, Strategy):
     """N in-graph towers, tower i on devices[i]; a model copy with its optimizer on every device (tower i uses its
-    own), or one copy on `ps_device` that every tower reads."""
+    own), or one copy on `ps_device` that every tower reads. `spread_tables`: each embedding table once, on one of
+    the devices (dealt by size), in place of every copy's own; with a copy per device (hybrid) only the table's
+    owner updates it."""
 
     def __init__(self, devices: list[str], training: Training, ps_device: str | None = None,
                  spread_tables: bool = False):
-        self.devices, self.training = devices, training
+        self.devices, self.training, self.spread = devices, training, spread_tables
         self.replicated = ps_device is None
         self.homes = devices if ps_device is None else [ps_device]
-        self.models, self.optimizers = placed_copies(training.model_fn, training.seed, self.homes), []
-        for home, model in zip(self.homes, self.models):
+        self.models = placed_copies(training.model_fn, training.seed, self.homes)
+        self.table_owner: dict[int, int] = {}  # hybrid: a table's index among the trainable variables -> its owner
+        if spread_tables:
+            self.owners = deal([math.prod(t.shape) for t in tables(self.models[0])], len(devices))
+            self.shared = share(self.models, self.owners, devices)
+            if self.replicated:  # N copies share each table: its owner's optimizer alone updates it
+                position = {id(t): k for k, t in enumerate(self.shared)}
+                self.table_owner = {i: self.owners[position[id(v)]]
+                                    for i, v in enumerate(self.models[0].trainable_variables) if id(v) in position}
+        self.optimizers = []
+        for j, (home, model) in enumerate(zip(self.homes, self.models)):
             with tf.device(home):
-                if spread_tables:  # parameter_server: each table on one device (hybrid's placement), read by all
-                    share([model], deal([math.prod(t.shape) for t in tables(model)], len(devices)), devices)
-                self.optimizers.append(training.optimizer_fn(model.trainable_variables, tables(model)))
+                self.optimizers.append(training.optimizer_fn(self._mine(j, model.trainable_variables), tables(model)))
         self._share(self.models[0], self.devices[0], self.homes[0])
 
     def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
@@ -172,7 +182,12 @@ class Towers(Built, Strategy):
         return step
 
     def _average(self, grads: list[list[tf.Tensor]]) -> list[tf.Tensor]:
-        return average(grads, self.devices)
+        """Each variable's mean on one device (`average`); hybrid's tables on their owners, beside their state."""
+        return average(grads, self.devices, self.table_owner)
+
+    def _mine(self, j: int, items: list[Any]) -> list[Any]:
+        """What copy j updates of a per-variable list: all of it but the shared tables another device owns."""
+        return [x for i, x in enumerate(items) if self.table_owner.get(i, j) == j]
 
     def _agree_on_moving_state(self) -> None:
         """Each copy's moving statistics set to the copies' mean (one copy: nothing to agree with)."""
@@ -180,10 +195,10 @@ class Towers(Built, Strategy):
             average_moving_state(self.models, self.homes)
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
-        """Every copy's optimizer applies the mean gradients on its own device."""
-        for home, model, optimizer in zip(self.homes, self.models, self.optimizers):
+        """Every copy's optimizer applies the mean gradients to what it updates (`_mine`) on its own device."""
+        for j, (home, model, optimizer) in enumerate(zip(self.homes, self.models, self.optimizers)):
             with tf.device(home):
-                optimizer.apply_gradients(zip(mean_grads, model.trainable_variables))
+                optimizer.apply_gradients(zip(self._mine(j, mean_grads), self._mine(j, model.trainable_variables)))
 
     def checkpoint_objects(self) -> dict[str, Any]:
         objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
@@ -202,6 +217,10 @@ class Towers(Built, Strategy):
         return copies_of_moving_state(self.models)
 
     def describe(self) -> dict[str, str]:
+        if self.replicated and self.spread:
+            held = ", ".join(f"{d}: {self.owners.count(j)}" for j, d in enumerate(self.devices))
+            return {"placement": f"each embedding table once (tables per device: {held}); the other weights copied on "
+                                 f"{', '.join(self.devices)}"}
         if self.replicated:
             return {"placement": f"one copy per device on {', '.join(self.devices)}; towers on each"}
         homes = sorted({t.value.device.rsplit("device:", 1)[-1] for t in tables(self.models[0])})
