@@ -96,7 +96,7 @@ def test_the_first_peak_probe_says_what_it_does_before_it_starts_and_a_cached_pe
     from runner.measure import peak
 
     cached, empty = tmp_path / "cached", tmp_path / "empty"
-    peak.write_cache(cached / peak.CACHE_FILE, peak.cache_key(peak._cpu_description()), {"gflops": 100.0})
+    peak.write_cache(cached / peak.CACHE_FILE, {peak.cache_key(peak._cpu_description()): {"gflops": 100.0}})
     started: list[list[str]] = []  # the log so far, at each start of a probe process
     real_run = subprocess.run
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: started.append(caplog.messages[:]) or real_run(*a, **k))

@@ -10,6 +10,7 @@ from conftest import compose, markdown_rows, subcommand
 
 from runner.config import ConfigError, validate
 from runner.config import TOUCHED
+from runner.measure.peak import read_cache, write_cache
 from runner.predict import calibrate, grid
 from runner.predict.costs import TERMS, predict
 from runner.strategies import STRATEGIES, Rows, Traffic, predictable
@@ -174,8 +175,9 @@ def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypa
     entries = {calibrate.machine_key(plans[0]): MACHINE,
                calibrate.towers_key(plans[0]): TOWERS,
                calibrate.input_key(plans[0]): {"seconds": 0.0004}, calibrate.input_key(plans[1]): {"seconds": 0.0004}}
-    calibrate.write_cache(entries, tmp_path)
-    assert calibrate.read_cache(tmp_path) == entries
+    path = calibrate.cache_path(tmp_path)
+    write_cache(path, entries)
+    assert read_cache(path) == entries
 
     def no_child(overrides, wanted):
         raise AssertionError(f"calibrated {wanted} although cached")
@@ -190,9 +192,9 @@ def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypa
                                                                            "others_cpu_share": 0.6} for k in wanted})
     outcomes = grid.predict_all([["model=mlp", "strategy=replicated", "gpus=2"]], recalibrate=True, cache_dir=tmp_path)
     assert outcomes[0].prediction.terms["towers"] == 1.0 and "calibration disturbed" in caplog.text
-    assert calibrate.read_cache(tmp_path) == entries
-    (tmp_path / calibrate.CACHE_FILE).write_text("{not json")
-    assert calibrate.read_cache(tmp_path) == {}
+    assert read_cache(path) == entries
+    path.write_text("{not json")
+    assert read_cache(path) == {}
 
 
 def test_the_calibration_child_gets_one_combination_per_calibration_it_lacks(tmp_path, monkeypatch):

@@ -255,6 +255,7 @@ def test_no_floor_is_claimed_on_simulated_devices(tf_devices, store, monkeypatch
 
 def test_a_run_logs_its_predicted_rate_and_terms(tf_devices, store, tmp_path, monkeypatch):
     """train.predict=true: the cost model's prediction for the run's own combination, calibrated in its process."""
+    from runner.measure.peak import read_cache
     from runner.predict import calibrate
     from runner.predict.costs import TERMS
 
@@ -266,6 +267,6 @@ def test_a_run_logs_its_predicted_rate_and_terms(tf_devices, store, tmp_path, mo
     assert result["predicted_images_per_sec"] == pytest.approx(64 / result["predicted_step_ms"] * 1e3)
     row = runs(store, "smoke").set_index("run_id").loc[result["run_id"]]
     assert row["tags.predicted.dominant"].split()[0] in TERMS
-    cached = calibrate.read_cache(tmp_path / "cache")
+    cached = read_cache(calibrate.cache_path(tmp_path / "cache"))
     assert not cached or sum(k.endswith("|machine") for k in cached) == 1  # cached unless others used the CPUs
     assert "predicted_images_per_sec" not in _smoke(store)  # the smoke preset leaves it out

@@ -75,8 +75,8 @@ def test_the_cost_model_prices_the_passes_as_the_run_compiles_them(tmp_path, mon
     auto = validate(compose("model=mlp", "train.jit_compile=auto"))
     assert not calibrate.compiled(auto)  # nothing measured yet: priced plain
     plain_key = calibrate.towers_key(auto)
-    xla.write_cache(tmp_path / xla.CACHE_FILE, xla.key(auto, "/device:CPU:0"),
-                    {"plain_ms": 2.0, "xla_ms": 1.0, "label": "model=mlp", "measured": "now"})
+    xla.write_cache(tmp_path / xla.CACHE_FILE, {xla.key(auto, "/device:CPU:0"):
+                    {"plain_ms": 2.0, "xla_ms": 1.0, "label": "model=mlp", "measured": "now"}})
     assert calibrate.compiled(auto) and calibrate.towers_key(auto) != plain_key
     assert calibrate.compiled(validate(compose("model=mlp", "train.jit_compile=true")))
     assert not calibrate.compiled(validate(compose("model=mlp", "strategy=model_parallel", "gpus=2",

@@ -175,10 +175,11 @@ def read_cache(path: Path, what: str = "peak") -> dict:
         return {}
 
 
-def write_cache(path: Path, key: str, entry: dict) -> None:
-    """Add `entry` under `key`, atomically (parallel sweep jobs never see a half-written file)."""
+def write_cache(path: Path, entries: dict, what: str = "peak") -> None:
+    """Add `entries` (key: entry) to the cache, atomically (parallel sweep jobs never see a half-written file); the
+    peak's, XLA's decisions (runner/measure/xla.py) and the cost model's calibrations (runner/predict/grid.py)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {**read_cache(path), key: entry})
+    write_json(path, {**read_cache(path, what), **entries})
 
 
 def _cache_path(cache_dir: Path | None = None) -> Path:
@@ -230,7 +231,7 @@ def probe_peak(
     if gflops > old:
         entry = {"gflops": gflops, "size": size, "measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "seconds": seconds,
                  "others_cpu_share": round(others, 2)}
-        write_cache(path, key, entry)
+        write_cache(path, {key: entry})
     log.info("peak %s on %s: %.0f GFLOP/s (cached in %s)", dtype, device, max(gflops, old), path)
     return Peak(max(gflops, old), dtype, device, key, False, int(entry.get("size", 0)),
                 float(entry.get("others_cpu_share", 0)), str(entry.get("measured", "")))

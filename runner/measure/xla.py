@@ -104,7 +104,7 @@ def decide(entry_key: str, label: str, timed: Callable[[bool], Timed], folder: P
     log.info("train.jit_compile=auto: timing the step of %s with XLA and without, once (cached in %s)", label, path)
     entry = {**measure(timed), "label": label, "measured": time.strftime("%Y-%m-%dT%H:%M:%S")}
     try:
-        write_cache(path, entry_key, entry)
+        write_cache(path, {entry_key: entry})
     except OSError as e:  # an unwritable cache costs a probe next time, not the run
         log.warning("train.jit_compile=auto: decision not cached (%s)", e)
     decision = _decision(entry, False)

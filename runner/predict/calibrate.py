@@ -28,7 +28,7 @@ from typing import Any
 from runner.config import ROWS_ONLY, compose, table_optimizer, validate
 from runner.measure import floor, peak, xla
 from runner.measure.floor import median_seconds, towers_seconds
-from runner.paths import cache_dir as runner_cache_dir, write_json
+from runner.paths import cache_dir as runner_cache_dir
 from runner.runtime.devices import host_cpu, nvidia_gpu_count, setup
 from runner.strategies.common import build_optimizer, drain_loop, tables, tower_models
 
@@ -76,18 +76,6 @@ def machine_key(plan: Any) -> str:
 
 def cache_path(cache_dir: Path | None = None) -> Path:
     return (cache_dir or runner_cache_dir()) / CACHE_FILE
-
-
-def read_cache(cache_dir: Path | None = None) -> dict[str, dict]:
-    """Every cached calibration; a missing or unreadable file is an empty cache (they are measured again)."""
-    return peak.read_cache(cache_path(cache_dir), "calibration")
-
-
-def write_cache(entries: dict[str, dict], cache_dir: Path | None = None) -> None:
-    """Add `entries`, atomically (a reader never sees a half-written file)."""
-    path = cache_path(cache_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {**read_cache(cache_dir), **entries})
 
 
 def _chain_seconds(devices: list[str], size: int, ops: int) -> float:
@@ -326,9 +314,10 @@ def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -
     return out
 
 
-def child(spec_path: str) -> int:
-    """`python -m runner.predict.calibrate SPEC.json`: measure, print one result line, exit without teardown."""
-    spec = json.loads(Path(spec_path).read_text())
+def child(spec_json: str) -> int:
+    """`python -m runner.predict.calibrate '{"overrides": [...], "wanted": [...]}'`: measure, print one result line,
+    exit without teardown."""
+    spec = json.loads(spec_json)
     try:
         result = measure(spec["overrides"], set(spec["wanted"]))
     except Exception as e:  # noqa: BLE001 - reported by the parent as this group's error

@@ -8,13 +8,12 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError, last_line, one_line
-from runner.measure.peak import BUSY
+from runner.measure.peak import BUSY, read_cache, timed_with_others_share, write_cache
 from runner.predict import calibrate, spec_sheet
 from runner.predict.costs import Prediction, combination, predict
 from runner.report.table import markdown, markdown_row
@@ -80,12 +79,8 @@ def _child(args: list[str], timeout: int) -> Any:
 
 def _calibrate(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
     """Measure `wanted` for combinations of one device set in a fresh process (devices are set once per process)."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump({"overrides": overrides, "wanted": sorted(wanted)}, f)
-    try:
-        result = _child(["-m", "runner.predict.calibrate", f.name], 600)
-    finally:
-        Path(f.name).unlink(missing_ok=True)
+    spec = json.dumps({"overrides": overrides, "wanted": sorted(wanted)})
+    result = _child(["-m", "runner.predict.calibrate", spec], 600)
     return {"error": f"calibration failed: {result['error']}"} if "error" in result else result
 
 
@@ -102,7 +97,8 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
             _from_spec_sheet(plan, outcome, layers)
         elif error is None:
             groups.setdefault(calibrate.device_set_key(plan), []).append((plan, outcome))
-    cached = calibrate.read_cache(cache_dir)
+    path = calibrate.cache_path(cache_dir)
+    cached = read_cache(path, "calibration")
     for members in groups.values():
         plans = [plan for plan, _ in members]
         needed = set().union(*(keys(p) for p in plans))
@@ -122,7 +118,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
             log.warning("calibration disturbed: other processes used %.0f%% of the CPUs; not cached, and "
                         "these predictions are too slow", 100 * disturbed)
         elif measured:
-            calibrate.write_cache(measured, cache_dir)
+            write_cache(path, measured, "calibration")
         entries = {**cached, **measured}
         for plan, outcome in members:
             outcome.prediction = _priced(plan, entries)
@@ -154,18 +150,16 @@ def keys(plan: Any) -> set[str]:
 def predict_run(plan: Any, devices: Any, examples: Any, cache_dir: Path | None = None) -> Prediction:
     """A run's own prediction, after its training: the cache's calibrations, what it lacks measured in this process
     (whose devices are the run's) and cached unless other processes disturbed it. UserError: no cost model."""
-    from runner.measure.peak import timed_with_others_share
-
     plan.strategy.traffic(plan.local_towers, 0, 0)  # ConfigError where it has no cost model: before any measuring
-    cached = calibrate.read_cache(cache_dir)
+    path = calibrate.cache_path(cache_dir)
+    cached = read_cache(path, "calibration")
     wanted = {k for k in keys(plan) if k not in cached}
     if wanted:  # seconds after the run's last step: said before they start
-        log.info("calibrating the cost model for this combination once (cached in %s): a few seconds",
-                 calibrate.cache_path(cache_dir))
+        log.info("calibrating the cost model for this combination once (cached in %s): a few seconds", path)
     measured, others = timed_with_others_share(
         lambda: calibrate.measure_here([plan], wanted, devices, lambda _: examples) if wanted else {})
     if measured and others <= BUSY:
-        calibrate.write_cache({k: {**e, "others_cpu_share": round(others, 2)} for k, e in measured.items()}, cache_dir)
+        write_cache(path, {k: {**e, "others_cpu_share": round(others, 2)} for k, e in measured.items()}, "calibration")
     return _priced(plan, {**cached, **measured})
 
 
