@@ -31,9 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import keras, tf
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, loss_scale, ring
-from runner.strategies.common import placed_copies, tables, update
-from runner.strategies.replicated import (Replicated, Towers, TowersOptions, mean_of, shared_passes,
-                                          tower_gradients)
+from runner.strategies.common import placed_copies, tables
+from runner.strategies.replicated import Replicated, Towers, TowersOptions, mean_of
 
 if TYPE_CHECKING:
     from runner.runtime.devices import Devices
@@ -146,33 +145,24 @@ class ShardedTowers(Towers):
         self.decayed = [self._slice(flags, j) for j in range(n)]
         self._share(self.models[0], devices[0])
 
-    def step(self, batches: Any):
-        """fn() -> the mean loss of one synchronous step: towers, reduce-scatter, sharded update, all-gather."""
-        n, passes = len(self.devices), shared_passes(self.models[0], self.training)
+    def _average(self, grads: list[list[Any]]) -> list[list[Any]]:
+        """Reduce-scatter: each tower's gradients cut into the N slices where they were made (its tables' rows by
+        owner), then device j averages slice j and the table rows it owns: its shard's gradients."""
+        n = len(self.devices)
+        slices, rows = [], []
+        for device, tower in zip(self.devices, grads):
+            with tf.device(device):
+                flats = [tower[k] for k in self.flat_index]
+                slices.append([self._slice(flats, j) for j in range(n)])  # each (P/N,)
+                rows.append([self._by_owner(tower, g) for g in range(len(self.groups))])
+        averaged = []
+        for j, device in enumerate(self.devices):
+            with tf.device(device):
+                owned = [mean_of([tower[g][j] for tower in rows]) for g in range(len(self.groups))]
+                averaged.append([tf.add_n([s[j] for s in slices]) / n, *owned])
+        return averaged
 
-        def step() -> tf.Tensor:
-            losses, slices, rows = [], [], []
-            for i, (x, y) in enumerate(batches.next()):  # x: (G/N, H, W, C) for tower i
-                loss, grads = tower_gradients(self.models[i], x, y, self.devices[i], self.loss_scale, self.training,
-                                              passes)
-                with tf.device(self.devices[i]):  # tower i's gradient, cut into the N slices where it was made
-                    flats = [grads[k] for k in self.flat_index]
-                    slices.append([self._slice(flats, j) for j in range(n)])  # each (P/N,)
-                    rows.append([self._by_owner(grads, g) for g in range(len(self.groups))])
-                losses.append(loss)
-            self._agree_on_moving_state()
-            averaged = []
-            for j, device in enumerate(self.devices):
-                with tf.device(device):  # reduce-scatter: device j averages slice j and the table rows it owns
-                    owned = [mean_of([tower[g][j] for tower in rows]) for g in range(len(self.groups))]
-                    averaged.append([tf.add_n([s[j] for s in slices]) / n, *owned])
-            # One decision for every shard (mixed_float16): a shard skipping a step its peers apply would split them.
-            update(self.loss_scale, averaged, self.training.clip_norm, self._update)
-            return tf.add_n(losses) / len(losses)
-
-        return step
-
-    def _update(self, grads: list[list[Any]]) -> None:
+    def _apply(self, grads: list[list[Any]]) -> None:
         """Device j applies its averaged slice to its shard, adamw's decay of the shard's 2-D weights first, as Keras'
         AdamW does (its own skips the 1-D shard; a device's table rows are 2-D: its optimizer decays them); then every
         copy gathers the updated slices."""
