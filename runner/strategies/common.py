@@ -255,10 +255,11 @@ def make_evaluate(model: keras.Model, device: str, spec: Spec):
 
 
 class Built:
-    """What every built strategy shares: its `Training`, the step's loss scale and evaluation (`_share`), and the
-    compiled loops around its `step`: a strategy writes how one step runs on its devices, nothing else."""
+    """What every built strategy shares: its `Training`, the step's loss scale and evaluation (`_share`), its towers'
+    feed and the compiled loops around its `step`: a strategy writes how one step runs on its devices, nothing else."""
 
     training: Any  # runner.strategies.Training
+    tower_devices: list[str]  # a batch a step for each, tower i's on tower_devices[i]
 
     def _share(self, model: Any, device: str, scale_device: str | None = None) -> None:
         """The step's loss scale on `scale_device` (default: `device`) and `evaluate` of `model` on `device`."""
@@ -268,6 +269,9 @@ class Built:
     def step(self, batches: Any) -> Any:
         """fn() -> the mean loss of one synchronous optimizer step over all towers, its batches from `batches`."""
         raise NotImplementedError
+
+    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
+        return pipeline.towers(examples, self.training.global_batch, self.tower_devices, seed)
 
     def train_loop(self, batches: Any) -> Any:
         return steps_loop(self.step(batches), self.loss_scale.patience)

@@ -373,7 +373,7 @@ class SplitModel(Built, Strategy):
     """The model cut into cells placed on the devices (see the module docstring); one batch per step."""
 
     def __init__(self, split: str, devices: Devices, training: Training):
-        self.split, self.devices, self.training = split, devices, training
+        self.split, self.devices, self.training, self.tower_devices = split, devices, training, [devices.names[0]]
         if split == "two_tower":
             self.cells = tower_cells(training.model_fn, training.seed, devices.names)
         else:
@@ -391,9 +391,6 @@ class SplitModel(Built, Strategy):
     def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
         """Logits through the placed cells (what `evaluate` calls)."""
         return forward(self.cells, x, training)[-1]
-
-    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
-        return pipeline.towers(examples, self.training.global_batch, [self.devices.names[0]], seed)
 
     def step(self, batches: Any):
         """fn() -> the loss of one optimizer step through the placed cells (no XLA: a cluster runs on one device)."""

@@ -143,7 +143,8 @@ class Towers(Built, Strategy):
 
     def __init__(self, devices: list[str], training: Training, ps_device: str | None = None,
                  spread_tables: bool = False):
-        self.devices, self.training, self.spread = devices, training, spread_tables
+        self.devices = self.tower_devices = devices
+        self.training, self.spread = training, spread_tables
         self.replicated = ps_device is None
         self.homes = devices if ps_device is None else [ps_device]
         self.models = placed_copies(training.model_fn, training.seed, self.homes)
@@ -160,9 +161,6 @@ class Towers(Built, Strategy):
             with tf.device(home):
                 self.optimizers.append(training.optimizer_fn(self._mine(j, model.trainable_variables), tables(model)))
         self._share(self.models[0], self.devices[0], self.homes[0])
-
-    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
-        return pipeline.towers(examples, self.training.global_batch, self.devices, seed)
 
     def step(self, batches: Any):
         passes = shared_passes(self.models[0], self.training)

@@ -119,7 +119,8 @@ class ShardedTowers(Towers):
     """A model copy per device for the towers (no optimizer), and the weights' N slices with their optimizers."""
 
     def __init__(self, devices: list[str], training: Training):
-        self.devices, self.training, self.replicated, self.homes = devices, training, True, devices
+        self.devices = self.tower_devices = self.homes = devices
+        self.training, self.replicated = training, True
         self.models = placed_copies(training.model_fn, training.seed, devices)
         variables = self.models[0].trainable_variables
         table_ids = {id(t) for t in tables(self.models[0])}

@@ -44,14 +44,11 @@ class SingleDevice(Built, Strategy):
     """Model, optimizer and every op on one device."""
 
     def __init__(self, device: str, training: Training):
-        self.device, self.training = device, training
+        self.device, self.training, self.tower_devices = device, training, [device]
         with tf.device(self.device):
             self.model = training.model_fn(training.seed)
             self.optimizer = training.optimizer_fn(self.model.trainable_variables, tables(self.model))
         self._share(self.model, device)
-
-    def batches(self, pipeline: Any, examples: Any, seed: int) -> Any:
-        return pipeline.towers(examples, self.training.global_batch, [self.device], seed)
 
     def step(self, batches: Any):
         """fn() -> the loss of one optimizer step; under train.jit_compile one XLA cluster, the update included."""
