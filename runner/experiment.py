@@ -24,6 +24,7 @@ from omegaconf import DictConfig
 from runner import checkpoints, tracking, train
 from runner.config import ROWS_ONLY, ConfigError, Plan, table_optimizer, validate
 from runner.errors import UserError, one_line
+from runner.lazy import keras, tf
 from runner.measure import floor, flops, hooks, profile
 from runner.paths import unwritable
 from runner.runtime import devices as devices_mod  # no TensorFlow import: devices.setup imports it
@@ -88,8 +89,6 @@ def _timed_steps(plan: Plan, devices: Devices, data: Data, batch: int) -> Any:
     """fn(jit) -> fn(steps) -> seconds: the run's model trained `steps` steps on its first device (the baseline's
     step, XLA as `jit` says) on one fixed batch of its training examples: what `jit_decision` compares. Both sides
     train one model and optimizer, built at the first call (a second model cost the probe 1 s of DLRM's 8)."""
-    import tensorflow as tf
-
     @functools.cache
     def built() -> tuple[SingleDevice, Any]:
         strategy = SingleDevice(devices.names[0], replace(training_for(plan, devices), global_batch=batch))
@@ -130,14 +129,10 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
     devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
     if log_placement:
-        import tensorflow as tf
-
         tf.debugging.set_log_device_placement(True)  # before any op runs, or the placer's log misses them
     run.tags({**devices.as_tags(), "devices.workers": "1", "tensorflow.onednn": devices_mod.onednn()})
     # TensorFlow's INFO lines (mirrored logs one "Reduce to ... then broadcast" per variable) drown the run's own.
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-
-    import keras
 
     # Every model built from here on computes in this precision (set each run: the policy is process-wide).
     keras.mixed_precision.set_dtype_policy(plan.train.precision)
@@ -166,8 +161,6 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         # This config's checkpoint folder taken before anything is trained or resumed, so a start beside a live run
         # of the same config is refused in seconds (a multi-worker job's chief takes it for all its workers).
         checkpoints.claim(checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash), run.run_id)
-
-    import tensorflow as tf
 
     data, devices, strategy, examples = built.data, built.devices, built.strategy, built.examples
     _log_dataset(plan, data, run)
