@@ -12,13 +12,13 @@ from runner.data_pipelines import DATASETS, PIPELINES
 from runner.models import MODELS
 from runner.bench.floors import built_in, floor_settings, floors, multi_jobs
 from runner.bench.grid import DATA_PARALLEL, grid, settings
-from runner.bench.jobs import too_few_timed
+from runner.bench.jobs import Setting, too_few_timed
 from runner.bench.nanogpt import add_arguments as add_gpt_arguments
 from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
 from runner.bench.published import published
-from runner.bench.settings import SPEED_SETTINGS, check_settings_steps, speed_settings
+from runner.bench.settings import SPEED_SETTINGS, settings_steps, speed_settings
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
 from runner.runtime import signals
@@ -40,39 +40,42 @@ def _names(text: str) -> list[str]:
     return [v for v in text.split(",") if v]
 
 
+def _setting_options(parser: argparse.ArgumentParser, models: list[str], test_limit: int | None) -> None:
+    """The options of `grid`, `strategies` and `floors` that make each model's jobs.Setting (jobs.setting_for)."""
+    parser.add_argument("--models", "--model", dest="models", type=_names, default=models)
+    parser.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model/variant)")
+    parser.add_argument("--steps-per-call", type=_positive, default=None,
+                        help="steps per compiled call (default: per model)")
+    parser.add_argument("--test-limit", type=_positive, default=test_limit,
+                        help="evaluate runner jobs on the first N test images")
+    parser.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName),
+                        help="for runner jobs and Keras fit alike (default adam, the runner's default)")
+
+
 def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argparse.ArgumentParser:
     """`grid` (the whole issue grid by default) and `strategies` (one model, 2 and 4 devices) share the options."""
     helps = {"grid": "every model/variant x strategy x pipeline x N vs single device and Keras fit, with targets",
              "strategies": "data-parallel strategies x pipelines vs single device and Keras fit, one model"}
     g = sub.add_parser(name, help=helps[name])
-    g.add_argument("--models", "--model", dest="models", type=_names,
-                   default=MODELS.names() if full else ["mlp"])
+    _setting_options(g, MODELS.names() if full else ["mlp"], None)
     g.add_argument("--variants", "--variant", dest="variants", type=_names,
                    default=["tiny", "default"] if full else ["default"])
     g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])
     g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, baseline()] if full else list(DATA_PARALLEL))
-    g.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model/variant)")
-    g.add_argument("--steps-per-call", type=_positive, default=None,
-                   help="steps per compiled call (default: per model)")
-    g.add_argument("--test-limit", type=_positive, default=None, help="evaluate runner jobs on the first N test images")
     g.add_argument("--repeats", type=_positive, default=1,
                    help="run every job this many times, in rounds; rows show the median and the range")
-    g.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName),
-                   help="for runner jobs and Keras fit alike (default adam, the runner's default)")
-    g.add_argument("--out", default=None, help="also write the markdown to this file")
     g.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every job, runner and Keras fit alike (repeatable): your model "
                         "(+model._target_=pkg.fn, hydra.searchpath=[file://DIR]) or your data (data.shape=[32,32,3])")
     return g
 
 
-def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Each device count's first job validated as the runner will (e.g. a global batch the towers cannot split),
-    so a bad grid is one `error:` line before any job instead of a failed job per combination."""
+def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, first: Setting) -> None:
+    """Each device count's first job (of setting `first`) validated as the runner will (e.g. a global batch the
+    towers cannot split), so a bad grid is one `error:` line before any job instead of a failed job per combination."""
     from runner.config import compose, validate
     from runner.errors import ConfigError
 
-    first = (floor_settings if args.command == "floors" else settings)(args)[0]
     strategies = [job.strategy for job in multi_jobs([2])] if args.command == "floors" else args.strategies
     for n in args.gpus:
         strategy = baseline() if n == 1 else next((s for s in strategies if s != baseline()), None)
@@ -100,23 +103,16 @@ def main(argv: list[str] | None = None) -> int:
     grids = (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False))
     for parsed in grids:
         parsed.add_argument("--pipelines", type=_names, default=PIPELINES.names())
-        parsed.add_argument("--batch", type=_positive, default=128)
-        parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
     fl = sub.add_parser("floors", help="each built-in model's step vs its floor at 1, 2, 4 devices, MFU and Keras fit, "
                                        "in rounds")
-    fl.add_argument("--models", "--model", dest="models", type=_names, default=built_in())
+    _setting_options(fl, built_in(), 1000)
     fl.add_argument("--rounds", type=_positive, default=3, help="rounds over every model's runner and Keras jobs")
     fl.add_argument("--gpus", type=_ints, default=[1, 2, 4],
                     help="device counts (above 1: the data-parallel extremes, all-reduced and on the host, on "
                          "simulated devices)")
-    fl.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model)")
-    fl.add_argument("--steps-per-call", type=_positive, default=None,
-                    help="steps per compiled call (default: per model)")
-    fl.add_argument("--batch", type=_positive, default=128)
-    fl.add_argument("--data", default="mnist", choices=DATASETS.names())
-    fl.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
-    fl.add_argument("--test-limit", type=_positive, default=1000,
-                    help="evaluate runner jobs on the first N test images")
+    for parsed in (*grids, fl):
+        parsed.add_argument("--batch", type=_positive, default=128)
+        parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
     pr = sub.add_parser("predicted", help="the cost model's predictions beside an experiment's measured runs")
     pr.add_argument("--experiment", default="bench_strategies", help="whose finished runner runs to predict")
     pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
@@ -137,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--test-limit", type=_positive, default=1000, help="evaluate on the first N test images")
     for parsed in (*grids, fl, pr, pe, st):
         parsed.add_argument("--tracking-uri", default=None)
-    for parsed in (fl, pr, pu, pe, st):  # the grids' --out comes with their own options
+    for parsed in (*grids[1:], fl, pr, pu, pe, st):
         parsed.add_argument("--out", default=None, help="also write the markdown to this file")
     add_gpt_arguments(pe)
     args = parser.parse_args(argv)
@@ -153,26 +149,25 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The chosen benchmark, after its checks."""
+    if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
+        return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
     if args.command == "settings":
         unknown = sorted(set(args.groups) - set(SPEED_SETTINGS))
         if unknown:
             parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
-        check_settings_steps(parser, args)
-        return speed_settings(args)
-    if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
-        return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
-    # at least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2
-    if args.command == "pipelines":
+        todo = settings_steps(args)
+    elif args.command == "pipelines":
         todo = [(args.model, args.steps, args.steps_per_call)]
     else:
-        todo = [(s.name, s.steps, s.steps_per_call) for s in (floor_settings if args.command == "floors"
-                                                                else settings)(args)]
+        setups = (floor_settings if args.command == "floors" else settings)(args)
+        todo = [(s.name, s.steps, s.steps_per_call) for s in setups]
+    # at least 20 timed steps in at least two timed calls (a standard error needs two), or exit 2
     for name, steps, per_call in todo:
         if problem := too_few_timed(name, steps, per_call):
             parser.error(problem)
     if args.command in ("grid", "strategies", "floors"):
-        _check_grid(parser, args)
-    return {"floors": floors, "pipelines": pipelines}.get(args.command, grid)(args)
+        _check_grid(parser, args, setups[0])
+    return {"floors": floors, "pipelines": pipelines, "settings": speed_settings}.get(args.command, grid)(args)
 
 
 if __name__ == "__main__":

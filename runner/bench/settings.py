@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from runner.bench.jobs import NO_TIMED_STEPS, Sweep, emit, machine, run_job, save, sweep, too_few_timed
+from runner.bench.jobs import NO_TIMED_STEPS, Sweep, emit, machine, run_job, save, sweep
 from runner.bench.peers import runner_overrides
 from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing, name_of
@@ -118,12 +118,13 @@ def _group(group: str, args: argparse.Namespace, bench: Sweep, out: list[str]) -
     return failed
 
 
-def check_settings_steps(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """With --steps: every row of the chosen groups still times >= 20 steps in >= 2 calls, or exit 2."""
+def settings_steps(args: argparse.Namespace) -> list[tuple[str, int, int]]:
+    """With --steps: each row of the chosen groups as (its label, the steps, its steps per call), every one to time
+    >= 20 steps in >= 2 calls."""
+    todo = []
     for group in args.groups if args.steps else []:
         _, _, job, values = SPEED_SETTINGS[group]
         for label, extra in values:
             per_call = int([o for o in [*job, *extra] if o.startswith("train.steps_per_call=")][-1].split("=")[1])
-            problem = too_few_timed(f"`{label}`", args.steps, per_call)
-            if problem:
-                parser.error(problem)
+            todo.append((f"`{label}`", args.steps, per_call))
+    return todo
