@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
+from runner.errors import UserError
+
 STEPS = 10  # compiled one-step calls whose losses are compared
 TIMED_STEPS = 30  # steps of the one timed call
 TOLERANCE = 1e-3  # float32 on CPUs agrees to ~1e-6; GPUs' TF32 matmuls and reduction orders need more room
@@ -319,9 +321,7 @@ def reprobe() -> int:
     for peak in filter(None, peaks):
         print(peak)
     if peaks[0] is None:  # float32 always runs: None means the machine was too busy to measure
-        print("error: the peak was not measured: other processes kept the CPUs busy; stop them and run again",
-              file=sys.stderr)
-        return 2
+        raise UserError("the peak was not measured: other processes kept the CPUs busy; stop them and run again")
     return 0
 
 
@@ -335,7 +335,6 @@ def one_device() -> list[str]:
 def check(args: argparse.Namespace) -> int:
     """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
     from runner.cli.overrides import searchpath
-    from runner.errors import UserError
     from runner.runtime.devices import nvidia_gpu_count
     from runner.strategies import baseline
 
@@ -353,8 +352,7 @@ def check(args: argparse.Namespace) -> int:
     (reference,) = measure_all([Combination(f"one device: {baseline()} / split", [*common, *one_device()])],
                                args.steps, args.timed)
     if reference.error:
-        print(f"error: the one-device reference run failed: {reference.error}", file=sys.stderr)
-        return 2
+        raise UserError(f"the one-device reference run failed: {reference.error}")
 
     def done(n: int, outcome: Outcome) -> None:
         judge(outcome, reference, args.tolerance)
@@ -375,24 +373,21 @@ def check(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line; a bad value or an unusable store is one `error:` line and status 2."""
-    from runner.cli.overrides import check_group_overrides, explain
-    from runner.errors import UserError
+    """Command line; a bad value or an unusable store raises, for the dispatcher (runner.cli.main.subcommand) to say in
+    one `error:` line with status 2."""
+    from runner.cli.overrides import check_group_overrides
 
     args = parser().parse_args(argv)
     if args.each:
         return child(args.steps, args.timed, args.log)
     if args.reprobe:
         return reprobe()
-    error = check_group_overrides([*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)])
-    try:
-        if error:
-            raise UserError(error)
-        return check(args)
-    except UserError as e:
-        print(f"error: {explain(e)}", file=sys.stderr)
-        return 2
+    if error := check_group_overrides([*args.overrides, *(f"--config-dir={d}" for d in args.config_dir)]):
+        raise UserError(error)
+    return check(args)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from runner.cli.main import subcommand
+
+    sys.exit(subcommand("check", sys.argv[1:]))
