@@ -21,15 +21,9 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
+from runner.runtime import signals
+
 URI_VARIABLE = "RUNNER_WATCHDOG_URI"  # the watched run's tracking store (kept off the command line: credentials)
-
-
-class _Stop(Exception):
-    """A signal arrived (raised from the handler, so that the wait in `select` ends)."""
-
-
-def _stop(signum: int, frame: object) -> None:
-    raise _Stop(signal.Signals(signum).name)
 
 
 def _end_run(uri: str | None, run_id: str | None, status: str, error: str) -> None:
@@ -41,19 +35,19 @@ def _end_run(uri: str | None, run_id: str | None, status: str, error: str) -> No
         client = MlflowClient(uri)
         client.set_tag(run_id, "error", error)
         client.set_terminated(run_id, status)
-    except Exception as e:  # noqa: BLE001 - the stuck process is killed whatever the store says
+    except BaseException as e:  # noqa: BLE001 - the stuck process is killed whatever the store says (or a signal)
         print(f"the run could not be closed in its tracking store ({type(e).__name__}); the next start of this "
               "config marks it", file=sys.stderr)
 
 
 def watch(args: argparse.Namespace) -> int:
     """Wait for "up" on stdin, the timeout or a signal; see the module docstring."""
-    signal.signal(signal.SIGINT, _stop)
-    signal.signal(signal.SIGTERM, _stop)
+    signals.install()  # a signal raises, so that the wait in `select` ends
     try:
         ready, _, _ = select.select([sys.stdin], [], [], args.seconds)
-    except _Stop as stop:
-        error = f"interrupted ({stop}) while waiting for {args.waiting_for}"
+    except (KeyboardInterrupt, signals.Terminated) as stop:
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        error = f"interrupted ({name}) while waiting for {args.waiting_for}"
         _end_run(args.uri, args.run_id, "KILLED", error)
         print(error, file=sys.stderr, flush=True)
         os.kill(args.pid, signal.SIGKILL)
