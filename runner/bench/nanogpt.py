@@ -103,30 +103,25 @@ def runner_plan(overrides: list[str]) -> Any:
     return plan
 
 
-def write_prepared(folder: Path, train_ids: np.ndarray, test_ids: np.ndarray, vocabulary: str) -> Path:
-    """nanoGPT's prepare.py layout in `folder`: train.bin and val.bin (uint16 ids) and meta.pkl (vocab_size, stoi,
-    itos), from the runner's own streams and vocabulary."""
-    folder.mkdir(parents=True, exist_ok=True)
-    train_ids.astype(np.uint16).tofile(folder / "train.bin")
-    test_ids.astype(np.uint16).tofile(folder / "val.bin")
-    meta = {"vocab_size": len(vocabulary), "itos": dict(enumerate(vocabulary)),
-            "stoi": {c: i for i, c in enumerate(vocabulary)}}
-    (folder / "meta.pkl").write_bytes(pickle.dumps(meta))
-    return folder
-
-
 def prepare(repo: Path, plan: Any) -> tuple[Path, int]:
-    """Write the runner's split into the checkout's data/DATASET; return the folder and the validation windows the
-    runner evaluates (all, or data.test_limit)."""
+    """Write the runner's split into the checkout's data/DATASET in nanoGPT's prepare.py layout: train.bin and val.bin
+    (uint16 ids) and meta.pkl (vocab_size, stoi, itos), from the runner's own streams and vocabulary; return the folder
+    and the validation windows the runner evaluates (all, or data.test_limit)."""
     from runner.data_pipelines.shakespeare import VOCABULARY
 
-    stream = plan.data.load(plan.train.seed)
+    stream, folder = plan.data.load(plan.train.seed), repo / "data" / DATASET
     windows = min(stream.test_size, plan.data.test_limit or stream.test_size)
+    meta = {"vocab_size": len(VOCABULARY), "itos": dict(enumerate(VOCABULARY)),
+            "stoi": {c: i for i, c in enumerate(VOCABULARY)}}
     try:
-        return write_prepared(repo / "data" / DATASET, stream.train_ids, stream.test_ids, VOCABULARY), windows
+        folder.mkdir(parents=True, exist_ok=True)
+        stream.train_ids.astype(np.uint16).tofile(folder / "train.bin")
+        stream.test_ids.astype(np.uint16).tofile(folder / "val.bin")
+        (folder / "meta.pkl").write_bytes(pickle.dumps(meta))
     except OSError as e:
         raise ConfigError(f"--nanogpt {repo}: cannot write data/{DATASET} there ({e.strerror}); give a writable "
                           "checkout") from None
+    return folder, windows
 
 
 def nanogpt_flags(plan: Any, compile_: str, out_dir: str) -> list[str]:
