@@ -13,7 +13,6 @@ from runner.models import MODELS
 from runner.bench.floors import built_in, floor_settings, floors, multi_jobs
 from runner.bench.grid import DATA_PARALLEL, grid, settings
 from runner.bench.jobs import Setting, too_few_timed
-from runner.bench.nanogpt import add_arguments as add_gpt_arguments
 from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
@@ -127,6 +126,15 @@ def main(argv: list[str] | None = None) -> int:
     pe.add_argument("--steps", type=_positive, default=200,
                     help="steps of each job (the peer times them all after its warm-up; the runner, all but its "
                          "first call)")
+    pe.add_argument("--gpt", action="store_true", help="the runner's GPT against nanoGPT on the runner's text")
+    pe.add_argument("--nanogpt", default=None, help="with --gpt: a checkout of github.com/karpathy/nanoGPT")
+    pe.add_argument("--python", default=None, help="with --gpt: the Python of a venv with torch and numpy")
+    pe.add_argument("--iters", type=int, default=2000,
+                    help="with --gpt: optimizer steps of every job (nanoGPT's --max_iters; default its recipe's)")
+    pe.add_argument("--compile", type=_names, default=["false", "true"],
+                    help="with --gpt: nanoGPT's --compile settings, each a peer of its own (default false,true)")
+    pe.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --gpt: a config override of the runner's jobs; nanoGPT follows the recipe's keys")
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
     st.add_argument("--steps", type=_positive, default=None, help="steps per job (default: the group's)")
@@ -135,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
         parsed.add_argument("--tracking-uri", default=None)
     for parsed in (*grids[1:], fl, pr, pu, pe, st):
         parsed.add_argument("--out", default=None, help="also write the markdown to this file")
-    add_gpt_arguments(pe)
     args = parser.parse_args(argv)
     signals.install()  # SIGTERM as `Terminated`: the running job is stopped and the sweep's parent closed KILLED
     try:

@@ -36,19 +36,6 @@ LOSS_MARGIN = 0.02  # the runner's validation loss may be at most this above nan
 TARGET = 1.0  # runner / nanoGPT's faster setting, median of the rounds
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """`peers`' options for --gpt."""
-    parser.add_argument("--gpt", action="store_true", help="the runner's GPT against nanoGPT on the runner's text")
-    parser.add_argument("--nanogpt", default=None, help="with --gpt: a checkout of github.com/karpathy/nanoGPT")
-    parser.add_argument("--python", default=None, help="with --gpt: the Python of a venv with torch and numpy")
-    parser.add_argument("--iters", type=int, default=2000,
-                        help="with --gpt: optimizer steps of every job (nanoGPT's --max_iters; default its recipe's)")
-    parser.add_argument("--compile", type=lambda text: [v for v in text.split(",") if v], default=["false", "true"],
-                        help="with --gpt: nanoGPT's --compile settings, each a peer of its own (default false,true)")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="with --gpt: a config override of the runner's jobs; nanoGPT follows the recipe's keys")
-
-
 def checkout(folder: str | None) -> Path:
     """nanoGPT's checkout (train.py, model.py, configurator.py), or a one-line refusal."""
     if not folder:
