@@ -60,33 +60,28 @@ def abandoned(run: Any) -> bool:
     return run.info.status == "RUNNING" and process_alive(run.data.tags) is False
 
 
-def close_dead(client: Any, run: Any) -> bool:
-    """End `run` KILLED, saying why in its `error` tag, if it is `abandoned`; True if it did."""
+def close_dead(client: Any, run: Any, whose: str = "the process", what: str = "the run") -> bool:
+    """End `run` KILLED, saying why in its `error` tag (`whose` process died without ending `what`), if it is
+    `abandoned`; True if it did."""
     if not abandoned(run):
         return False
-    client.set_tag(run.info.run_id, "error", f"the process (pid {run.data.tags['runner.pid']}) died without "
-                   "ending the run")
+    client.set_tag(run.info.run_id, "error", f"{whose} (pid {run.data.tags['runner.pid']}) died without ending {what}")
     client.set_terminated(run.info.run_id, "KILLED")
     return True
 
 
-def close_dead_runs(uri: str, experiment: str, digest: str) -> list[str]:
-    """End as KILLED the RUNNING runs of this config whose process died on this host (SIGKILL, power loss), and
-    return their ids. Runs of live processes, or of other hosts (which cannot be checked from here), are left alone."""
+def close_dead_runs(uri: str, experiment: str, digest: str) -> None:
+    """End as KILLED the RUNNING runs of this config whose process died on this host (SIGKILL, power loss). Runs of
+    live processes, or of other hosts (which cannot be checked from here), are left alone."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        return []
-    closed = []
     query = f"tags.config_hash = '{digest}' and attributes.status = 'RUNNING'"
-    for found in client.search_runs([exp.experiment_id], query):
+    for found in client.search_runs([exp.experiment_id], query) if exp else []:
         if close_dead(client, found):
-            closed.append(found.info.run_id)
             log.warning("run %s of this config was left RUNNING by a dead process (pid %s): marked KILLED",
                         found.info.run_id, found.data.tags["runner.pid"])
-    return closed
 
 
 def close_dead_sweep(client: Any, parent: str) -> str | None:
@@ -98,9 +93,4 @@ def close_dead_sweep(client: Any, parent: str) -> str | None:
         return None
     jobs = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=5000)
     statuses = ["KILLED" if close_dead(client, job) else job.info.status for job in jobs]
-    if "RUNNING" in statuses:
-        return None
-    client.set_tag(parent, "error", f"the sweep's process (pid {run.data.tags['runner.pid']}) died without ending "
-                   "its run")
-    client.set_terminated(parent, "KILLED")
-    return "KILLED"
+    return "KILLED" if "RUNNING" not in statuses and close_dead(client, run, "the sweep's process", "its run") else None
