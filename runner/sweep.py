@@ -249,15 +249,13 @@ def open_parent(uri: str, experiment: str, overrides: list[str], sweep_dir: Path
     runs hang under (`runner report --parent`), its id in `sweep_dir` for jobs on any launcher; returns the id."""
     from mlflow.tracking import MlflowClient
 
-    from runner.tracking import open_store, whole_write
-
-    experiment_id = open_store(uri, experiment)
+    experiment_id = tracking.open_store(uri, experiment)
     # process_tags: how `runner report` tells a parent its killed sweep left open (tracking/stale.py)
     tags = {"sweep": "parent", "sweep.command": redact(tracking.command_line()),
             "sweep.overrides": redact(" ".join(overrides)), "sweep.dir": str(sweep_dir.resolve()),
             "mlflow.runName": "sweep " + "/".join(sweep_dir.parts[-2:]),
             **tracking.process_tags()}
-    with whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
+    with tracking.whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
         parent = MlflowClient(uri).create_run(experiment_id, tags=tags).info.run_id
         _open_parent.update(uri=uri, run_id=parent)
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -271,7 +269,6 @@ def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> None:
     from mlflow.tracking import MlflowClient
 
     from runner.report.table import sweep_end
-    from runner.tracking import whole_write
 
     client = MlflowClient(uri)
     try:
@@ -279,7 +276,7 @@ def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> None:
     except Exception as e:  # noqa: BLE001 - the table is a convenience; closing the parent is what matters
         lines = lines + [f"(no table of the jobs: {type(e).__name__}: {e})"]
     print("\n".join(lines), file=sys.stderr)
-    with whole_write():
+    with tracking.whole_write():
         try:
             _summarise_on_parent(client, parent)
             client.log_text(parent, "\n".join(lines) + "\n", "sweep_summary.txt")
@@ -339,10 +336,8 @@ def close_open_parent(status: str) -> None:
     if _open_parent:
         from mlflow.tracking import MlflowClient
 
-        from runner.tracking import whole_write
-
         try:
-            with whole_write():
+            with tracking.whole_write():
                 MlflowClient(_open_parent["uri"]).set_terminated(_open_parent["run_id"], status)
         except Exception as e:  # noqa: BLE001 - called while another failure is being reported
             log.warning("the sweep's parent run %s could not be closed: %s", _open_parent["run_id"], redact(str(e)))
