@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -118,15 +118,11 @@ def open_store(uri: str, experiment: str, columns: tuple[str, ...] = ()) -> str:
         raise StoreError(f"tracking store {redact(uri)} cannot be opened: {one_line(e)}; {fix}") from e
 
 
-@contextmanager
-def schema_lock(uri: str) -> Iterator[None]:
-    """Hold a lock beside a sqlite store while the block runs: MLflow creates a fresh store's schema on first use,
-    and several processes doing so at once leave it half-migrated. Other stores need no lock."""
-    if not uri.startswith("sqlite:///") or uri.endswith(":memory:"):
-        yield
-        return
-    with locked(Path(uri.removeprefix("sqlite:///") + ".lock")):
-        yield
+def schema_lock(uri: str) -> AbstractContextManager[None]:
+    """A lock beside a sqlite store, to hold while the block runs: MLflow creates a fresh store's schema on first
+    use, and several processes doing so at once leave it half-migrated. Other stores need no lock."""
+    sqlite = uri.startswith("sqlite:///") and not uri.endswith(":memory:")
+    return locked(Path(uri.removeprefix("sqlite:///") + ".lock")) if sqlite else nullcontext()
 
 
 def ensure_experiment(uri: str, name: str, columns: tuple[str, ...] = ()) -> str:
