@@ -10,7 +10,7 @@ from conftest import compose, markdown_rows, subcommand
 
 from runner.config import ConfigError, validate
 from runner.config import TOUCHED
-from runner.measure.peak import read_cache, write_cache
+from runner.paths import read_cache, write_cache
 from runner.predict import calibrate, grid
 from runner.predict.costs import TERMS, predict
 from runner.strategies import STRATEGIES, Rows, Traffic, predictable
@@ -157,6 +157,7 @@ def test_terms_price_the_traffic_with_the_calibrations():
 
 
 def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path))  # not this machine's XLA decisions: they key the towers
     plans = [validate(compose("model=mlp", f"strategy={s}", "gpus=2")) for s in ("replicated", "sharded_update")]
     assert calibrate.machine_key(plans[0]) == calibrate.machine_key(plans[1])  # one device set
     assert calibrate.towers_key(plans[0]) == calibrate.towers_key(plans[1])  # same model, same per-tower batch
@@ -213,6 +214,7 @@ def test_the_calibration_child_gets_one_combination_per_calibration_it_lacks(tmp
 
 
 def test_a_strategy_without_a_cost_model_is_named_and_never_calibrated(tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path))  # not this machine's XLA decisions: they key the towers
     asked = []
     monkeypatch.setattr(grid, "_calibrate", lambda overrides, wanted: asked.append((overrides, wanted)) or
                         {k: {**MACHINE, **TOWERS, "seconds": 0.001} for k in wanted})
