@@ -1,14 +1,17 @@
 """Folders: where the runner caches what it fetches or measures once per machine (verified MNIST, the matmul peak),
-whether a folder it must write can be written (checked before a run starts, so it fails in one line), and a lock
-file that processes of this host take in turn."""
+whether a folder it must write can be written (checked before a run starts, so it fails in one line), a lock file
+that processes of this host take in turn, and the JSON caches' atomic reads and writes."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+log = logging.getLogger(__name__)
 
 
 def cache_dir(kind: str = "") -> Path:
@@ -67,3 +70,22 @@ def write_json(path: Path, data: object) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_cache(path: Path) -> dict:
+    """A JSON cache's entries (the peak's, XLA's decisions, the cost model's calibrations); a missing or unreadable
+    file is an empty cache (what it holds is measured again)."""
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as err:
+        log.warning("ignoring the unreadable cache %s: %s", path, err)
+        return {}
+
+
+def write_cache(path: Path, entries: dict) -> None:
+    """Add `entries` (key: entry) to a JSON cache, atomically (parallel sweep jobs never see a half-written file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json(path, {**read_cache(path), **entries})

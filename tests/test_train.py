@@ -255,7 +255,7 @@ def test_no_floor_is_claimed_on_simulated_devices(tf_devices, store, monkeypatch
 
 def test_a_run_logs_its_predicted_rate_and_terms(tf_devices, store, tmp_path, monkeypatch):
     """train.predict=true: the cost model's prediction for the run's own combination, calibrated in its process."""
-    from runner.measure.peak import read_cache
+    from runner.paths import read_cache
     from runner.predict import calibrate
     from runner.predict.costs import TERMS
 

@@ -9,7 +9,6 @@ more and, still disturbed, not trusted; a re-probe keeps the higher figure.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import os
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from runner.paths import cache_dir as runner_cache_dir, write_json
+from runner.paths import cache_dir as runner_cache_dir, read_cache, write_cache
 from runner.runtime.devices import cpuinfo, nvidia_gpu_count
 
 log = logging.getLogger(__name__)
@@ -161,25 +160,6 @@ def _sweep(device_name: str, dtype: str, sizes: tuple[int, ...], seconds: float)
     results = [(*_measure(device_name, dtype, size, seconds), size) for size in sizes]
     gflops, _, size = max(results)
     return gflops, size, max(others for _, others, _ in results)
-
-
-def read_cache(path: Path, what: str = "peak") -> dict:
-    """The cache's entries; a missing or unreadable file is an empty cache (what it holds is measured again)."""
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as err:
-        log.warning("ignoring unreadable %s cache %s: %s", what, path, err)
-        return {}
-
-
-def write_cache(path: Path, entries: dict, what: str = "peak") -> None:
-    """Add `entries` (key: entry) to the cache, atomically (parallel sweep jobs never see a half-written file); the
-    peak's, XLA's decisions (runner/measure/xla.py) and the cost model's calibrations (runner/predict/grid.py)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, {**read_cache(path, what), **entries})
 
 
 def _cache_path(cache_dir: Path | None = None) -> Path:

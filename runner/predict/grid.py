@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import UserError, last_line, one_line
-from runner.measure.peak import BUSY, read_cache, timed_with_others_share, write_cache
+from runner.measure.peak import BUSY, timed_with_others_share
+from runner.paths import read_cache, write_cache
 from runner.predict import calibrate, spec_sheet
 from runner.predict.costs import Prediction, combination, predict
 from runner.report.table import markdown, markdown_row
@@ -98,7 +99,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
         elif error is None:
             groups.setdefault(calibrate.device_set_key(plan), []).append((plan, outcome))
     path = calibrate.cache_path(cache_dir)
-    cached = read_cache(path, "calibration")
+    cached = read_cache(path)
     for members in groups.values():
         plans = [plan for plan, _ in members]
         needed = set().union(*(keys(p) for p in plans))
@@ -118,7 +119,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
             log.warning("calibration disturbed: other processes used %.0f%% of the CPUs; not cached, and "
                         "these predictions are too slow", 100 * disturbed)
         elif measured:
-            write_cache(path, measured, "calibration")
+            write_cache(path, measured)
         entries = {**cached, **measured}
         for plan, outcome in members:
             outcome.prediction = _priced(plan, entries)
@@ -152,14 +153,14 @@ def predict_run(plan: Any, devices: Any, examples: Any, cache_dir: Path | None =
     (whose devices are the run's) and cached unless other processes disturbed it. UserError: no cost model."""
     plan.strategy.traffic(plan.local_towers, 0, 0)  # ConfigError where it has no cost model: before any measuring
     path = calibrate.cache_path(cache_dir)
-    cached = read_cache(path, "calibration")
+    cached = read_cache(path)
     wanted = {k for k in keys(plan) if k not in cached}
     if wanted:  # seconds after the run's last step: said before they start
         log.info("calibrating the cost model for this combination once (cached in %s): a few seconds", path)
     measured, others = timed_with_others_share(
         lambda: calibrate.measure_here([plan], wanted, devices, lambda _: examples) if wanted else {})
     if measured and others <= BUSY:
-        write_cache(path, {k: {**e, "others_cpu_share": round(others, 2)} for k, e in measured.items()}, "calibration")
+        write_cache(path, {k: {**e, "others_cpu_share": round(others, 2)} for k, e in measured.items()})
     return _priced(plan, {**cached, **measured})
 
 
