@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runner.errors import one_line
-from runner.paths import read_cache, write_cache
-from runner.paths import cache_dir
+from runner.paths import cache_dir, read_cache, write_cache
 
 log = logging.getLogger(__name__)
 
