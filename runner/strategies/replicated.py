@@ -40,10 +40,11 @@ def shared_passes(model: Any, training: Training) -> Any:
                                                        training.jit_compile)
 
 
-def average(per_tower: list[list[tf.Tensor]], devices: list[str], owners: dict[int, int]) -> list[tf.Tensor]:
+def average(per_tower: list[list[tf.Tensor]], devices: list[str],
+            owners: dict[int, int] | None = None) -> list[tf.Tensor]:
     """Mean over towers of each variable's gradient (`mean_of`), variable j reduced on device j mod N, or on device
     `owners[j]` where given (hybrid: a table's owner, the one device that applies it)."""
-    out = []
+    out, owners = [], owners or {}
     for j, grads in enumerate(zip(*per_tower)):
         with tf.device(devices[owners.get(j, j % len(devices))]):
             out.append(mean_of(list(grads)))
