@@ -13,7 +13,6 @@ import inspect
 import itertools
 import logging
 import math
-import types
 import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
@@ -118,38 +117,59 @@ class Layer:
 
 
 class _Recorder:
-    """`keras.layers.X(*args, **kwargs)` as `Layer("X", args, kwargs)`."""
+    """Stands in for the `keras` module while validation walks a model's layers: `keras.layers.X(*args, **kwargs)`
+    (any attribute path: `keras.regularizers.l2(...)` too) is `Layer("X", args, kwargs)`."""
 
-    def __getattr__(self, kind: str) -> Callable[..., Layer]:
-        return lambda *args, **kwargs: Layer(kind, args, kwargs)
+    def __init__(self, name: str = ""):
+        self._name = name
+
+    def __getattr__(self, name: str) -> _Recorder:
+        return _Recorder(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Layer:
+        return Layer(self._name, args, kwargs)
 
 
-RECORDER = types.SimpleNamespace(layers=_Recorder())  # given to `SequentialModel.layers` in place of keras
-# Positional arguments of the layers the walk knows, in Keras' order; it skips a Flatten and a Dropout's output.
+RECORDER = _Recorder()  # given to `SequentialModel.layers` in place of keras
+# Positional arguments of the layers the walk follows, in Keras' order; any other layer leaves the facts to the built
+# model (None). Of these, a Flatten's and a Dropout's outputs are views of their inputs, not counted as activations.
 _ARGUMENTS = {"Conv2D": ("filters", "kernel_size", "strides", "padding"), "MaxPooling2D": ("pool_size", "strides",
               "padding"), "Dense": ("units",), "ZeroPadding2D": ("padding",), "GlobalAveragePooling2D": (),
-              "Flatten": (), "Dropout": ("rate",)}
-_VIEWS = ("Flatten", "Dropout")  # outputs that are their input (not counted as activations)
+              "Flatten": (), "Dropout": ("rate",), "BatchNormalization": (), "Activation": ("activation",), "ReLU": ()}
+_VIEWS = ("Flatten", "Dropout")
+_WEIGHTED = ("Conv2D", "Dense", "BatchNormalization")
 
 
-def output_shapes(layers: list[Layer], shape: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Each layer's output shape per example for inputs of `shape`, as Keras computes it (a side of 0 or less: the
-    layers do not fit)."""
+def _pair(value: Any) -> tuple[int, int]:
+    """A Keras size or stride given as one int or a (height, width) pair, as the pair."""
+    return (value, value) if isinstance(value, int) else tuple(value)
+
+
+def output_shapes(layers: list[Layer], shape: tuple[int, ...]) -> list[tuple[int, ...]] | None:
+    """Each layer's output shape per example for channels-last inputs of `shape`, as Keras computes it (a side of 0
+    or less: the layers do not fit); None where a layer is not one the walk follows (`_ARGUMENTS`)."""
     out = []
     for layer in layers:
-        a = {**dict(zip(_ARGUMENTS[layer.kind], layer.args)), **layer.kwargs}
+        a = {**dict(zip(_ARGUMENTS.get(layer.kind, ()), layer.args)), **layer.kwargs}
+        if (layer.kind not in _ARGUMENTS or a.get("data_format", "channels_last") != "channels_last"
+                or _pair(a.get("dilation_rate", 1)) != (1, 1)):
+            return None
         if layer.kind in ("Conv2D", "MaxPooling2D"):
-            size = a.get("kernel_size", a.get("pool_size", 2))
-            stride = a.get("strides") or (1 if layer.kind == "Conv2D" else size)
-            sides = [-(-x // stride) if a.get("padding") == "same" else (x - size) // stride + 1 for x in shape[:2]]
+            sizes = _pair(a.get("kernel_size", a.get("pool_size", 2)))
+            strides = _pair(a.get("strides") or (1 if layer.kind == "Conv2D" else sizes))
+            same = a.get("padding") == "same"
+            sides = [-(-x // s) if same else (x - k) // s + 1 for x, k, s in zip(shape[:2], sizes, strides)]
             shape = (*sides, a["filters"] if layer.kind == "Conv2D" else shape[2])
         elif layer.kind == "ZeroPadding2D":
-            (top, bottom), (left, right) = a["padding"]
+            (top, bottom), (left, right) = [_pair(p) for p in _pair(a.get("padding", 1))]
             shape = (shape[0] + top + bottom, shape[1] + left + right, shape[2])
-        else:
-            shape = {"Dense": lambda: (a["units"],), "Flatten": lambda: (math.prod(shape),),
-                     "GlobalAveragePooling2D": lambda: (shape[-1],), "Dropout": lambda: shape}[layer.kind]()
-        out.append(shape)
+        elif layer.kind == "Dense":
+            shape = (*shape[:-1], a["units"])  # on the last axis
+        elif layer.kind == "Flatten":
+            shape = (math.prod(shape),)
+        elif layer.kind == "GlobalAveragePooling2D":
+            shape = (1, 1, shape[-1]) if a.get("keepdims") else (shape[-1],)
+        out.append(shape)  # the rest keep their input's shape
     return out
 
 
@@ -166,8 +186,9 @@ class SequentialModel(ModelOptions):
         return keras.Sequential([keras.Input(spec.shape), *self.layers(keras, spec)], name=self.keras_name())
 
     def keras_name(self) -> str:
-        """The Keras model's name: `<name>_<variant>` (a model with variants)."""
-        return f"{self.name}_{self.variant}"  # type: ignore[attr-defined]
+        """The Keras model's name: `<name>_<variant>`, or `<name>` for a model without variants."""
+        variant = getattr(self, "variant", None)
+        return f"{self.name}_{variant}" if variant else self.name
 
     def layers(self, keras: Any, spec: Spec) -> list[Any]:
         """The layers after the Input, ending in the (batch, spec.classes) logits (shapes in comments: MNIST's);
@@ -175,29 +196,48 @@ class SequentialModel(ModelOptions):
         raise NotImplementedError
 
     def check(self, spec: Spec) -> None:
-        """Refuse images too small for the layers: the least square side whose every output keeps a side of 1."""
+        """Refuse images too small for the layers: the least square side whose every output keeps a side of 1 (a
+        model of layers the walk does not follow: any size; Keras says what it cannot build)."""
         self.images_only(spec)
-        fits = lambda side: all(min(s[:2]) >= 1 for s in self._shapes(spec, (side, side)) if len(s) == 3)  # noqa
+        if self._shapes(spec) is None:
+            return
+        fits = lambda side: all(min(s[:2]) >= 1 for s in self._shapes(spec, (side, side)) or [] if len(s) == 3)  # noqa
         self.too_small(spec, next(side for side in itertools.count(1) if fits(side)))
 
-    def activations_per_example(self, spec: Spec = MNIST) -> int:
-        return sum(math.prod(s) for layer, s in zip(self.layers(RECORDER, spec), self._shapes(spec))
-                   if layer.kind not in _VIEWS)
+    def activations_per_example(self, spec: Spec = MNIST) -> int | None:
+        shapes = self._shapes(spec)
+        return None if shapes is None else sum(math.prod(s) for layer, s in zip(self._recorded(spec), shapes)
+                                               if layer.kind not in _VIEWS)
 
-    def layers_with_weights(self) -> int:
-        return len(self._weighted())
+    def layers_with_weights(self) -> int | None:
+        weighted = self._weighted()
+        return None if weighted is None else len(weighted)
 
     @property
     def dense_only(self) -> bool:
-        return all(layer.kind == "Dense" for layer in self._weighted())
+        weighted = self._weighted()
+        return weighted is not None and all(layer.kind == "Dense" for layer in weighted)
 
-    def _weighted(self) -> list[Layer]:
-        return [layer for layer in self.layers(RECORDER, MNIST) if layer.kind in ("Conv2D", "Dense")]
+    def _weighted(self) -> list[Layer] | None:
+        """The layers with weights (a batch normalization with a scale or an offset), or None: not walked."""
+        layers = self._recorded(MNIST)
+        if layers is None or output_shapes(layers, MNIST.shape) is None:
+            return None
+        return [x for x in layers if x.kind in _WEIGHTED and (x.kind != "BatchNormalization" or x.kwargs.get(
+            "center", True) or x.kwargs.get("scale", True))]
 
-    def _shapes(self, spec: Spec, sides: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
-        """The layers' output shapes for `spec`'s images (of `sides` instead of its own, if given)."""
+    def _recorded(self, spec: Spec) -> list[Layer] | None:
+        """`layers` for `spec` as recorded (`RECORDER`), or None where they cannot be recorded without Keras."""
+        try:
+            return self.layers(RECORDER, spec)
+        except Exception:  # noqa: BLE001 - a layer list that needs the real Keras: the built model says the rest
+            return None
+
+    def _shapes(self, spec: Spec, sides: tuple[int, ...] = ()) -> list[tuple[int, ...]] | None:
+        """The layers' output shapes for `spec`'s images (of `sides` instead of its own, if given), or None."""
         shape = (*sides, spec.shape[-1]) if sides else tuple(spec.shape)
-        return output_shapes(self.layers(RECORDER, dataclasses.replace(spec, shape=shape)), shape)
+        layers = self._recorded(dataclasses.replace(spec, shape=shape))
+        return None if layers is None else output_shapes(layers, shape)
 
 
 @dataclass

@@ -138,3 +138,63 @@ def test_check_refuses_exactly_the_sizes_keras_cannot_build(tf_devices, model):
         else:
             with pytest.raises(ConfigError, match=f"model={model.name} takes images of at least .* the data gives"):
                 model.check(spec)
+
+
+class _Mine:
+    """A user's stack of layers (`SequentialModel`): Keras' other spellings of sizes and padding, batch
+    normalization, a regularizer built from the `keras` given in; `odd` adds a layer the walk does not follow."""
+
+    @staticmethod
+    def make(odd: bool):
+        from dataclasses import dataclass
+
+        from runner.models import SequentialModel
+
+        @dataclass
+        class Mine(SequentialModel):
+            name: str = "mine"
+
+            def layers(self, keras, spec):
+                first = [keras.layers.Rescaling(0.5)] if odd else []
+                return first + [
+                    keras.layers.ZeroPadding2D((1, 2)),
+                    keras.layers.Conv2D(4, (3, 5), strides=(1, 2), padding="valid",
+                                        kernel_regularizer=keras.regularizers.l2(1e-4)),
+                    keras.layers.BatchNormalization(),
+                    keras.layers.Activation("relu"),
+                    keras.layers.MaxPooling2D((2, 3), padding="same"),
+                    keras.layers.Conv2D(6, 3, padding="same"),
+                    keras.layers.ZeroPadding2D(1),
+                    keras.layers.Dense(5),  # on the last axis
+                    keras.layers.Flatten(),
+                    keras.layers.Dense(spec.classes),
+                ]
+
+        return Mine()
+
+
+def test_a_users_stack_of_layers_is_walked_as_keras_builds_it(tf_devices):
+    """A user's SequentialModel gets the derived facts for Keras' other spellings (size pairs, int and pair padding,
+    a Dense on a feature map), and none (unknown: None, any size taken) for a layer the walk does
+    not follow, which still builds."""
+    import math
+
+    model = _Mine.make(odd=False)
+    for side in range(1, 9):
+        spec = Spec((side, side + 2, 2), 3)
+        try:
+            built = model.build(spec)
+        except ValueError:
+            with pytest.raises(ConfigError, match="model=mine takes images of at least"):
+                model.check(spec)
+            continue
+        model.check(spec)
+        outputs = sum(math.prod(layer.output.shape[1:]) for layer in built.layers
+                      if type(layer).__name__ not in ("Flatten", "Dropout"))
+        assert model.activations_per_example(spec) == outputs
+    assert model.layers_with_weights() == sum(bool(layer.trainable_weights) for layer in model.build().layers) == 5
+    assert not model.dense_only
+    odd = _Mine.make(odd=True)
+    assert odd.activations_per_example(MNIST) is None and odd.layers_with_weights() is None and not odd.dense_only
+    odd.check(Spec((1, 1, 1), 3))  # not walked: Keras says what it cannot build
+    assert odd.build(MNIST).output_shape == (None, 10)
