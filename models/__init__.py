@@ -199,15 +199,18 @@ class SequentialModel(ModelOptions):
         """Refuse images too small for the layers: the least square side whose every output keeps a side of 1 (a
         model of layers the walk does not follow: any size; Keras says what it cannot build)."""
         self.images_only(spec)
-        if self._shapes(spec) is None:
+        if self._walk(spec) is None:
             return
-        fits = lambda side: all(min(s[:2]) >= 1 for s in self._shapes(spec, (side, side)) or [] if len(s) == 3)  # noqa
+
+        def fits(side: int) -> bool:
+            _, shapes = self._walk(spec, (side, side)) or ((), [])
+            return all(min(s[:2]) >= 1 for s in shapes if len(s) == 3)
+
         self.too_small(spec, next(side for side in itertools.count(1) if fits(side)))
 
     def activations_per_example(self, spec: Spec = MNIST) -> int | None:
-        shapes = self._shapes(spec)
-        return None if shapes is None else sum(math.prod(s) for layer, s in zip(self._recorded(spec), shapes)
-                                               if layer.kind not in _VIEWS)
+        walked = self._walk(spec)
+        return None if walked is None else sum(math.prod(s) for layer, s in zip(*walked) if layer.kind not in _VIEWS)
 
     def layers_with_weights(self) -> int | None:
         weighted = self._weighted()
@@ -220,24 +223,22 @@ class SequentialModel(ModelOptions):
 
     def _weighted(self) -> list[Layer] | None:
         """The layers with weights (a batch normalization with a scale or an offset), or None: not walked."""
-        layers = self._recorded(MNIST)
-        if layers is None or output_shapes(layers, MNIST.shape) is None:
-            return None
-        return [x for x in layers if x.kind in _WEIGHTED and (x.kind != "BatchNormalization" or x.kwargs.get(
-            "center", True) or x.kwargs.get("scale", True))]
+        walked = self._walk(MNIST)
+        return None if walked is None else [x for x in walked[0] if x.kind in _WEIGHTED and (
+            x.kind != "BatchNormalization" or x.kwargs.get("center", True) or x.kwargs.get("scale", True))]
 
-    def _recorded(self, spec: Spec) -> list[Layer] | None:
-        """`layers` for `spec` as recorded (`RECORDER`), or None where they cannot be recorded without Keras."""
+    def _walk(self, spec: Spec, sides: tuple[int, ...] = ()) -> tuple[list[Layer], list[tuple[int, ...]]] | None:
+        """`layers` for `spec`'s images (of `sides` instead of its own, if given) as recorded (`RECORDER`) and their
+        output shapes; None where they cannot be recorded without Keras or the walk does not follow them."""
+        shape = (*sides, spec.shape[-1]) if sides else tuple(spec.shape)
         try:
-            return self.layers(RECORDER, spec)
+            layers = self.layers(RECORDER, dataclasses.replace(spec, shape=shape))
         except Exception:  # noqa: BLE001 - a layer list that needs the real Keras: the built model says the rest
             return None
-
-    def _shapes(self, spec: Spec, sides: tuple[int, ...] = ()) -> list[tuple[int, ...]] | None:
-        """The layers' output shapes for `spec`'s images (of `sides` instead of its own, if given), or None."""
-        shape = (*sides, spec.shape[-1]) if sides else tuple(spec.shape)
-        layers = self._recorded(dataclasses.replace(spec, shape=shape))
-        return None if layers is None else output_shapes(layers, shape)
+        if not all(isinstance(layer, Layer) for layer in layers):  # e.g. a layer object made before
+            return None
+        shapes = output_shapes(layers, shape)
+        return None if shapes is None else (layers, shapes)
 
 
 @dataclass
