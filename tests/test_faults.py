@@ -188,6 +188,30 @@ def test_a_sweep_whose_store_is_dead_at_start_fails_in_one_line_and_runs_no_job(
     assert "UserWarning" not in proc.stderr and not list((tmp_path / "multirun").glob("*/result.json"))
 
 
+@pytest.mark.parametrize("named_in", ["config", "environment", "report"])
+def test_a_folder_store_is_refused_in_one_line_before_anything_starts_unless_mlflow_is_told_to_open_it(tmp_path,
+                                                                                                     named_in):
+    """MLflow 3.17 refuses a folder (its file store) unless MLFLOW_ALLOW_FILE_STORE=true, in a paragraph, and a run
+    met it only after loading its data and devices: the runner says so at once, naming the ways out."""
+    args, env = {"config": (["debug=smoke", "mlflow.tracking_uri=mlruns"], {}),
+                 "environment": (["debug=smoke"], {"MLFLOW_TRACKING_URI": f"file://{tmp_path}/mlruns"}),
+                 "report": (["report", "--tracking-uri", "./mlruns"], {})}[named_in]
+
+    def run(**more: str) -> subprocess.CompletedProcess:  # cli_env drops MLFLOW_TRACKING_URI: put it back
+        return subprocess.run([sys.executable, "-m", "runner", *args], cwd=tmp_path, env={**cli_env(more), **env},
+                              capture_output=True, text=True, timeout=300)
+
+    proc = run()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = errors(proc.stderr)
+    assert "is a folder (MLflow's file store)" in line and "MLFLOW_ALLOW_FILE_STORE=true" in line, line
+    assert "devices:" not in proc.stderr and not (tmp_path / "mlruns").exists()  # refused before anything started
+    if named_in != "report":  # told to, MLflow opens the folder and the run lands there
+        proc = run(MLFLOW_ALLOW_FILE_STORE="true")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert list((tmp_path / "mlruns").glob("*/*/meta.yaml")), "no run in the folder"
+
+
 # slow (~35 s): the default suite covers the same offline journal with a store whose disk fills mid-run.
 @pytest.mark.long
 @pytest.mark.slow

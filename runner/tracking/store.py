@@ -14,6 +14,7 @@ import threading
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator
+from urllib.parse import urlparse
 
 from runner.errors import UserError, one_line
 from runner.paths import locked, unwritable
@@ -54,8 +55,33 @@ def quick_http() -> Iterator[None]:
 
 
 def resolve_uri(configured: str | None) -> str:
-    """The tracking URI: the config's, else $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db (absolute)."""
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+    """The tracking URI: the config's, else $MLFLOW_TRACKING_URI, else sqlite:///<cwd>/mlflow.db (absolute); a
+    StoreError, before anything starts, for a folder the installed MLflow will not open (`folder_refused`)."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
+    if why := folder_refused(uri):
+        raise StoreError(why)
+    return uri
+
+
+def folder_refused(uri: str) -> str | None:
+    """Why MLflow will not open `uri`, a folder (its file store: `./mlruns`, `file:///...`), or None. Recent MLflow
+    (3.17 here) refuses one unless MLFLOW_ALLOW_FILE_STORE=true, in a paragraph that would fill a run's error line,
+    and only once the run had loaded its data and devices. MLflow is imported only for a folder."""
+    if urlparse(uri).scheme not in ("", "file"):
+        return None
+    import mlflow
+    from mlflow import environment_variables
+
+    allowed = getattr(environment_variables, "MLFLOW_ALLOW_FILE_STORE", None)  # None: an MLflow that opens folders
+    try:
+        if allowed is None or allowed.get():
+            return None
+    except ValueError:  # a value MLflow does not read as a boolean
+        pass
+    return (f"tracking store {uri} is a folder (MLflow's file store), which MLflow {mlflow.__version__} does not "
+            "open; use a database, e.g. sqlite:////abs/dir/mlflow.db (`mlflow migrate-filestore` moves a folder's "
+            "runs into one), or a tracking server (http://host:5000), or set MLFLOW_ALLOW_FILE_STORE=true to keep "
+            "the folder")
 
 
 class StoreError(UserError):
