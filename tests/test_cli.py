@@ -62,3 +62,14 @@ def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
     proc = run_cli("--cfg", "job", "model=cnn", cwd=tmp_path)
     assert proc.returncode == 0
     assert "name: cnn" in proc.stdout and "global_batch_size: 128" in proc.stdout
+
+
+def test_a_spec_sheet_prediction_shows_its_table_without_tensorflows_start_up_lines(tmp_path):
+    """`runner predict hardware=...` builds the model with Keras to read its layers: TensorFlow's C++ start-up lines
+    (oneDNN, CUDA drivers, cuInit) are filtered there as in a run, with TensorFlow's own log level untouched."""
+    proc = run_cli("predict", "hardware=dgx1_p100", "gpus=8", "strategy=mirrored", "model=mlp", cwd=tmp_path,
+                   env={"TF_CPP_MIN_LOG_LEVEL": None}, merged=True)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "predicted fastest: mlp/default mirrored/split x8" in proc.stdout
+    assert not [line for line in proc.stdout.splitlines()
+                if "oneDNN" in line or "cuda" in line.lower() or "absl::InitializeLog" in line], proc.stdout

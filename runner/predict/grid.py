@@ -130,11 +130,16 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
     """`outcome`'s prediction on the plan's named hardware, or why there is none (`layers`: read once per model)."""
     from omegaconf import OmegaConf
 
+    from runner.runtime.devices import import_tensorflow
+    from runner.runtime.quiet import filtered_stderr
+
     model = OmegaConf.to_container(plan.cfg.model, resolve=True)
     key = (json.dumps(model, sort_keys=True), tuple(plan.spec.shape), plan.spec.classes)
     try:
         if key not in layers:
-            layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
+            with filtered_stderr():  # TensorFlow's start-up lines as Keras builds the model, filtered as a run's are
+                import_tensorflow()
+                layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
         terms, one_device = spec_sheet.price(plan, layers[key]), spec_sheet.one_device_step(plan, layers[key])
     except UserError as e:
         outcome.error = one_line(e)
