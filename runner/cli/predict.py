@@ -8,7 +8,8 @@ takes the same overrides as a sweep. On this machine (`hardware=this`, the defau
 set calibrates it (seconds, in a fresh process; cached), later ones read the cache; on a named hardware
 (conf/hardware/, or yours in `--config-dir`) it prices the model's layers from the spec sheet and runs nothing.
 `predict.format=json` prints one JSON object per combination instead of the tables. Exit status 2 for a bad override
-(one `error:` line), 1 when no combination could be predicted.
+(one `error:` line; so is a lone combination the runner refuses, where a sweep's refused ones are rows), 1 when no
+combination could be predicted.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Print the predictions of every combination of the overrides."""
     from runner.cli.overrides import check_group_overrides, searchpath
+    from runner.config import compose, validate
     from runner.predict.grid import expand, predict_all, records, table
 
     args, rest = parser().parse_known_args(argv)
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     combos = [[*searchpath(dirs), *c] for c in expand(overrides)]
+    if len(combos) == 1:  # one combination, not a sweep: a config it refuses is the command's error, as a run's is
+        validate(compose(combos[0]))
     outcomes = predict_all(combos, args.recalibrate)  # a bad override raises: runner's dispatcher says it
     if shape == "json":
         print("\n".join(json.dumps(r) for r in records(outcomes)))
