@@ -220,7 +220,13 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
     assert exit_.value.code == 2 and "argument --repeats: 0 is not a positive count" in capsys.readouterr().err
     for args, said in [(["strategies", "--steps", "0"], "argument --steps: 0 is not a positive count"),
                        (["grid", "--models", "nope"], "error: model.name='nope' is not allowed; choose one of"),
-                       (["floors", "--models", "nope"], "error: model.name='nope' is not allowed; choose one of")]:
+                       (["floors", "--models", "nope"], "error: model.name='nope' is not allowed; choose one of"),
+                       (["strategies", "--strategies", "mirrored,nope"],
+                        "error: --strategies: strategy=nope is not an option of group 'strategy'; choose one of"),
+                       (["pipelines", "--pipelines", "nope"],
+                        "error: --pipelines: pipeline=nope is not an option of group 'pipeline'; choose one of"),
+                       (["published", "--hardware", "nope"], "error: --hardware nope is not one of dgx1_p100"),
+                       (["settings", "--groups", "xla,nope"], "error: --groups nope is not one of calls, ")]:
         with pytest.raises(SystemExit) as exit_:  # before any job, in one line (was: ignored, a traceback, jobs)
             main(args)
         assert exit_.value.code == 2 and said in capsys.readouterr().err.strip().splitlines()[-1]

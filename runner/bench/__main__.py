@@ -154,14 +154,30 @@ def main(argv: list[str] | None = None) -> int:
         return signals.EXIT_CODES[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM]
 
 
+def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The names options list, checked before any job or prediction, in one line naming the value and the choices:
+    strategies and pipelines as the runner checks its group choices (the config folders of --override included),
+    settings groups and published systems by their lists. (An unknown strategy was Hydra's traceback, an unknown
+    pipeline a table of failed jobs, an unknown system an empty comparison's traceback.)"""
+    from runner.bench.published import cells
+    from runner.cli.overrides import check_group_overrides
+
+    for option, group in (("strategies", "strategy"), ("pipelines", "pipeline")):
+        chosen = [f"{group}={name}" for name in getattr(args, option, None) or []]
+        if chosen and (error := check_group_overrides([*getattr(args, "override", []), *chosen])):
+            parser.error(f"--{option}: {error}")
+    for option, allowed in (("groups", list(SPEED_SETTINGS)), ("hardware", sorted({c.hardware for c in cells()}))):
+        for name in getattr(args, option, None) or []:
+            if name not in allowed:
+                parser.error(f"--{option} {name} is not one of {', '.join(allowed)}")
+
+
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The chosen benchmark, after its checks."""
+    _check_names(parser, args)
     if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
         return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
     if args.command == "settings":
-        unknown = sorted(set(args.groups) - set(SPEED_SETTINGS))
-        if unknown:
-            parser.error(f"unknown settings group {unknown[0]!r}; choose from {', '.join(SPEED_SETTINGS)}")
         todo = settings_steps(args)
     elif args.command == "pipelines":
         todo = [(args.model, args.steps, args.steps_per_call)]
