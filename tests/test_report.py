@@ -228,6 +228,28 @@ def test_a_parent_or_filter_the_store_refuses_is_one_line(tmp_path, store, capsy
     assert code == 2 and err.strip().splitlines() == [err.strip()] and err.startswith(said), err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--accuracy-tolerance", "-1"], "argument --accuracy-tolerance: -1 is not a finite number >= 0"),
+    (["--loss-tolerance", "nan"], "argument --loss-tolerance: nan is not a finite number >= 0"),
+    (["--out", "/proc/report"], "error: --out /proc/report cannot hold the report: No such file or directory"),
+    (["--out", "{file}"], "error: --out {file} cannot hold the report: {file} is a file, not a directory"),
+    (["--filter", "tags.model = 'none'"],
+     "error: no runs matching --filter \"tags.model = 'none'\" to report in experiment 'alpha'"),
+])
+def test_a_tolerance_folder_or_filter_that_cannot_serve_is_one_line_and_writes_nothing(tmp_path, store, capsys,
+                                                                                    args, said):
+    """A negative or non-finite tolerance (was taken: every pair of runs then differs), a folder the report cannot
+    be written to (was a traceback after reading the store), a filter nothing matches."""
+    uri, _ = store
+    file = tmp_path / "file"
+    file.write_text("")
+    args, said = [a.replace("{file}", str(file)) for a in args], said.replace("{file}", str(file))
+    out = ["--out", str(tmp_path / "out")] if "--out" not in args else []
+    code, stdout, err = subcommand(capsys, "report", "--tracking-uri", uri, "--experiment", "alpha", *out, *args)
+    assert code == 2 and stdout == "" and said in err.strip().splitlines()[-1], err
+    assert not (tmp_path / "out").exists()
+
+
 def test_every_option_has_help():
     from runner.cli.report import parser
 

@@ -11,6 +11,17 @@ from runner.report import verdict
 from runner.report.table import ReportError, report, select
 
 
+def _tolerance(text: str) -> float:
+    """A tolerance: a finite number >= 0 (a negative one would call every pair of runs different)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="runner report", description="Compare runs from MLflow: a table, one verdict "
                                 "line per model, and plots. With no arguments: the newest sweep in the store.")
@@ -23,9 +34,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None, help="the store (default: $MLFLOW_TRACKING_URI, else "
                    "sqlite:///mlflow.db in this folder)")
     p.add_argument("--out", default="report", help="folder for report.md and the PNG plots (default: report)")
-    p.add_argument("--accuracy-tolerance", type=float, default=verdict.Tolerance.accuracy,
+    p.add_argument("--accuracy-tolerance", type=_tolerance, default=verdict.Tolerance.accuracy,
                    help="'learns the same': the largest |Δ test accuracy| to the 1-device run (default: %(default)s)")
-    p.add_argument("--loss-tolerance", type=float, default=verdict.Tolerance.loss,
+    p.add_argument("--loss-tolerance", type=_tolerance, default=verdict.Tolerance.loss,
                    help="'learns the same': the largest relative |Δ test loss| (default: %(default)s)")
     return p
 
@@ -34,10 +45,14 @@ def main(argv: list[str] | None = None) -> int:
     """Command line of the report; one `error:` line and status 2 when there is nothing to report."""
     from mlflow.tracking import MlflowClient
 
+    from runner.paths import unwritable
     from runner.tracking import resolve_uri
     from runner.tracking.redact import redact
 
     args = parser().parse_args(argv)
+    if problem := unwritable(Path(args.out)):  # said before the store is read, not as a traceback after it
+        print(f"error: --out {args.out} cannot hold the report: {problem}; choose a writable folder", file=sys.stderr)
+        return 2
     client = MlflowClient(resolve_uri(args.tracking_uri))
     try:
         selection = select(client, args.experiment, args.parent, args.latest_sweep)
@@ -45,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                       verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
     except ReportError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)  # it names the store
+        return 2
+    except OSError as e:  # the folder, made or written (e.g. under /proc, a full disk)
+        print(f"error: --out {args.out} cannot hold the report: {e.strerror or e}; choose a writable folder",
+              file=sys.stderr)
         return 2
     print(selection.said)
     print(made.text)

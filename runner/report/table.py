@@ -260,7 +260,9 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     """Build the table, the verdict lines and the plots; log them to the parent run if there is one."""
     rows = add_speedups(fetch(client, selection, filter_string), tolerance)
     if not rows:
-        raise ReportError(f"no runs in {selection.said.removeprefix('report: ')}")
+        where = selection.said.removeprefix("report: ").removeprefix("all runs of ")
+        raise ReportError(f"no runs {f'matching --filter {filter_string!r} ' if filter_string else ''}to report in "
+                          f"{where}")
     text, lines = _by_kind(rows, table), [v.line() for v in verdict.decide(rows, tolerance)]
     lines += prediction_lines(rows)
     out.mkdir(parents=True, exist_ok=True)
