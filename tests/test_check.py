@@ -148,6 +148,8 @@ def test_judge_names_idle_devices_stray_compute_and_loss_drift():
 
 @pytest.mark.parametrize("args, said", [
     (["gpus=2,4"], "error: gpus=2,4: runner check takes one device count"),
+    (["gpus=abc"], "error: gpus=abc is not allowed; expected an integer from 0 to 16"),  # was: 'one device count'
+    (["gpus=99"], "error: gpus=99 is not allowed; expected an integer from 0 to 16"),  # was: 0 of 0 checked
     (["train.stepz=5"], "error: "),
 ])
 def test_a_bad_override_of_runner_check_is_one_line(capsys, args, said):

@@ -343,8 +343,15 @@ def check(args: argparse.Namespace) -> int:
     common = [*BASE, *search, *(o for o in args.overrides if not o.startswith(CHOICES))]
     # gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices
     named = [o.split("=", 1)[1] for o in args.overrides if o.startswith("gpus=")]
-    if named and not named[-1].isdigit():
-        raise UserError(f"gpus={named[-1]}: runner check takes one device count (run it once per count)")
+    value = named[-1] if named else "2"
+    if "," in value or value.startswith(("range(", "choice(", "glob(")):  # a sweep's value
+        raise UserError(f"gpus={value}: runner check takes one device count (run it once per count)")
+    from runner.config import allowed
+    from runner.hardware import This
+
+    if not value.isdigit():
+        raise UserError(f"gpus={value} is not allowed; expected {allowed('gpus')}")
+    This().check_devices(int(value), multi_process=False)  # this machine's most, before the reference runs
     gpus = int(named[-1]) if named else (nvidia_gpu_count() or 2)
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
     print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "
