@@ -340,7 +340,8 @@ def _one_call(loop: Any, done: _Calls, n: int, hooks: list[Hook]) -> float:
         loss, ran = float(mean_loss), int(ran)  # reading the values waits for the call to finish
         seconds = time.perf_counter() - t0
         if ran < n:
-            raise NonFiniteLoss(f"training loss is not finite at step {done.step + ran + 1}; stopped there")
+            raise NonFiniteLoss(f"training loss is not finite at step {done.step + ran + 1}; stopped there (look for "
+                                "NaN or infinite values in the data, or lower train.learning_rate)")
         done.loss = loss
     done.timer.add(n, seconds, timed=not contexts)
     return seconds

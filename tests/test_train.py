@@ -92,7 +92,8 @@ def test_failure_inside_training_marks_the_run_failed(tf_devices, store, tmp_pat
 def test_non_finite_loss_stops_the_run_at_that_step_and_fails_it(tf_devices, store):
     from runner.train import NonFiniteLoss
 
-    with pytest.raises(NonFiniteLoss, match=r"not finite at step \d+"):
+    with pytest.raises(NonFiniteLoss, match=r"not finite at step \d+; stopped there \(look for NaN or infinite "
+                                            r"values in the data, or lower train.learning_rate\)"):
         _smoke(store, "train.optimizer=sgd", "train.learning_rate=1e30")
     row = runs(store, "smoke").iloc[0]
     assert row["status"] == "FAILED" and "not finite at step" in row["tags.error"]
