@@ -332,6 +332,20 @@ def one_device() -> list[str]:
     return [f"strategy={baseline()}", "pipeline=split", "gpus=1"]
 
 
+def _device_count(value: str) -> int:
+    """gpus=VALUE as runner check takes it: one device count this machine can have, else one UserError line (a
+    sweep's value: run it once per count), before the reference runs."""
+    from runner.config import allowed
+    from runner.hardware import This
+
+    if "," in value or "(" in value:  # 2,4 or range(1,3)
+        raise UserError(f"gpus={value}: runner check takes one device count (run it once per count)")
+    if not value.isdigit():
+        raise UserError(f"gpus={value} is not allowed; expected {allowed('gpus')}")
+    This().check_devices(int(value), multi_process=False)
+    return int(value)
+
+
 def check(args: argparse.Namespace) -> int:
     """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
     from runner.cli.overrides import searchpath
@@ -343,16 +357,7 @@ def check(args: argparse.Namespace) -> int:
     common = [*BASE, *search, *(o for o in args.overrides if not o.startswith(CHOICES))]
     # gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices
     named = [o.split("=", 1)[1] for o in args.overrides if o.startswith("gpus=")]
-    value = named[-1] if named else "2"
-    if "," in value or value.startswith(("range(", "choice(", "glob(")):  # a sweep's value
-        raise UserError(f"gpus={value}: runner check takes one device count (run it once per count)")
-    from runner.config import allowed
-    from runner.hardware import This
-
-    if not value.isdigit():
-        raise UserError(f"gpus={value} is not allowed; expected {allowed('gpus')}")
-    This().check_devices(int(value), multi_process=False)  # this machine's most, before the reference runs
-    gpus = int(named[-1]) if named else (nvidia_gpu_count() or 2)
+    gpus = _device_count(named[-1]) if named else (nvidia_gpu_count() or 2)
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
     print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "
           f"(unshuffled, same seed; loss tolerance {args.tolerance:g} relative)", flush=True)

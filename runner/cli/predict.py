@@ -34,7 +34,6 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Print the predictions of every combination of the overrides."""
     from runner.cli.overrides import check_group_overrides, searchpath
-    from runner.config import compose, validate
     from runner.predict.grid import expand, predict_all, records, table
 
     args, rest = parser().parse_known_args(argv)
@@ -51,9 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     combos = [[*searchpath(dirs), *c] for c in expand(overrides)]
-    if len(combos) == 1:  # one combination, not a sweep: a config it refuses is the command's error, as a run's is
-        validate(compose(combos[0]))
-    outcomes = predict_all(combos, args.recalibrate)  # a bad override raises: runner's dispatcher says it
+    # a bad override raises (runner's dispatcher says it), and so does a lone combination's refusal, as a run's
+    outcomes = predict_all(combos, args.recalibrate, refusals_raise=len(combos) == 1)
     if shape == "json":
         print("\n".join(json.dumps(r) for r in records(outcomes)))
     else:

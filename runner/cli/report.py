@@ -4,6 +4,7 @@ three plots (what they show: runner/report/table.py)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -16,8 +17,8 @@ def _tolerance(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
+        value = math.nan  # refused below, in the same words
+    if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
     return value
 

@@ -47,15 +47,18 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return [list(c) for c in BasicSweeper.split_arguments(parsed, None)[0]] if parsed else [[]]
 
 
-def _plan(overrides: list[str]) -> tuple[Any, Any, str | None]:
+def _plan(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, Any, str | None]:
     """A combination's composed config, its plan (None if refused) and why it cannot be predicted (refused, or no
-    cost model). An override Hydra cannot compose (`gpus=abc`) is raised: the command's error, not a row."""
+    cost model). An override Hydra cannot compose (`gpus=abc`) is raised: the command's error, not a row; so is a
+    refusal with `refusals_raise`."""
     from runner.config import compose, validate
 
     cfg = compose(overrides)
     try:
         plan = validate(cfg)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
+        if refusals_raise and isinstance(e, UserError):
+            raise
         return cfg, None, one_line(e)
     try:  # ConfigError where the strategy has no cost model (traffic), or no spec-sheet one (exchange)
         plan.strategy.traffic(plan.local_towers, 0, 0) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
@@ -85,12 +88,14 @@ def _calibrate(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
     return {"error": f"calibration failed: {result['error']}"} if "error" in result else result
 
 
-def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: Path | None = None) -> list[Outcome]:
+def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: Path | None = None,
+                refusals_raise: bool = False) -> list[Outcome]:
     """A prediction (or the reason there is none) for every combination: on a named hardware from its spec sheet,
-    on this machine from calibrations (measuring what the cache lacks)."""
+    on this machine from calibrations (measuring what the cache lacks). `refusals_raise`: a config the runner
+    refuses is raised (`runner predict` of one combination), not its row."""
     outcomes, groups, layers = [], {}, {}
     for overrides in combos:
-        cfg, plan, error = _plan(overrides)
+        cfg, plan, error = _plan(overrides, refusals_raise)
         outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error,
                           given=_given(cfg))
         outcomes.append(outcome)
