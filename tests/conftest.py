@@ -6,6 +6,8 @@ from __future__ import annotations
 import fcntl
 import functools
 import gc
+import importlib.abc
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -23,16 +25,45 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_DEVICES = 4
 
 
-@pytest.fixture(scope="session")
-def tf_devices():
-    """Import TensorFlow with TEST_DEVICES logical CPU devices (once per test process)."""
-    import tensorflow as tf
-
+def _test_devices(tf) -> None:
+    """Split the CPU into TEST_DEVICES logical devices, unless TensorFlow is initialised already."""
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * TEST_DEVICES)
-    except RuntimeError:  # already initialised by an earlier fixture use in this process
+    except RuntimeError:  # already initialised: by an earlier fixture use in this process
         pass
+
+
+class _DevicesOnImport(importlib.abc.MetaPathFinder):
+    """Sets the layout as TensorFlow is imported, whichever test imports it first: a test building a Keras model
+    without `tf_devices` (a spec-sheet prediction) would otherwise initialise TensorFlow with one CPU device, and
+    every `tf_devices` test after it in that process fail (seen where a few files run on their own)."""
+
+    def find_spec(self, name, path, target=None):
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            load(module)
+            _test_devices(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+if "tensorflow" not in sys.modules:
+    sys.meta_path.insert(0, _DevicesOnImport())
+
+
+@pytest.fixture(scope="session")
+def tf_devices():
+    """TensorFlow with TEST_DEVICES logical CPU devices (once per test process)."""
+    import tensorflow as tf
+
+    _test_devices(tf)
     assert len(tf.config.list_logical_devices("CPU")) == TEST_DEVICES
     return tf
 
