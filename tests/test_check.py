@@ -151,6 +151,8 @@ def test_judge_names_idle_devices_stray_compute_and_loss_drift():
     (["gpus=abc"], "error: gpus=abc is not allowed; expected an integer from 0 to 16"),  # was: 'one device count'
     (["gpus=99"], "error: gpus=99 is not allowed; expected an integer from 0 to 16"),  # was: 0 of 0 checked
     (["train.stepz=5"], "error: "),
+    (["strategy=single", "gpus=2"],  # was: the reference ran, then 'check: 0 of 0 combinations OK', exit 1
+     "error: nothing to check with gpus=2: single (every pipeline checked): strategy=single needs gpus from 0 to 1"),
 ])
 def test_a_bad_override_of_runner_check_is_one_line(capsys, args, said):
     code, _, err = subcommand(capsys, "check", *args)

@@ -359,6 +359,8 @@ def check(args: argparse.Namespace) -> int:
     named = [o.split("=", 1)[1] for o in args.overrides if o.startswith("gpus=")]
     gpus = _device_count(named[-1]) if named else (nvidia_gpu_count() or 2)
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
+    if not found:  # e.g. strategy=single at gpus=2: nothing to compare, said before the reference runs
+        raise UserError(f"nothing to check with gpus={gpus}: " + "; ".join(_merge(skipped)))
     print(f"check: {len(found)} combinations on gpus={gpus}, {args.steps} steps each against one device "
           f"(unshuffled, same seed; loss tolerance {args.tolerance:g} relative)", flush=True)
     (reference,) = measure_all([Combination(f"one device: {baseline()} / split", [*common, *one_device()])],
