@@ -37,7 +37,10 @@ def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        raise SystemExit(f"error: no experiment {experiment!r} in {uri}")
+        from runner.errors import UserError
+
+        names = sorted(e.name for e in client.search_experiments())
+        raise UserError(f"--experiment {experiment}: no such experiment in {uri}; it has: {', '.join(names) or 'none'}")
     found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=5000)
     timed = [(r, f"{rate_unit(r.data.metrics)}_per_sec") for r in found if r.data.tags.get("sweep") != "parent"]
     return [(r.data.tags["mlflow.source.name"], r.data.metrics[key]) for r, key in timed
