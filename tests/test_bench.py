@@ -63,7 +63,7 @@ def test_keras_baseline_fits_the_gpt_with_its_recipe_and_counts_tokens(tf_device
     """The GPT's recipe (AdamW, clipping at 1.0, from conf/model/gpt.yaml) reaches Keras fit; its rate is tokens/s:
     batch x context per step."""
     figures = _baseline(capsys, "--model", "gpt", "--variant", "tiny", "--data", "shakespeare", "--steps", "40",
-                        "--chunk", "10", "--batch", "8", "--optimizer", "adamw", "--override=data.sequence_length=16")
+                        "--chunk", "10", "--batch", "8", "--override=data.sequence_length=16")  # no --optimizer: the model's
     assert figures["optimizer"] == "AdamW" and figures["clip_norm"] == 1.0 and "images_per_sec" not in figures
     assert figures["tokens_per_sec"] == pytest.approx(8 * 16 * 1e3 / figures["step_time_ms"], rel=1e-6)
 
@@ -99,6 +99,11 @@ def test_grid_optimizer_reaches_runner_jobs_and_keras_fit():
     cmd = jobs.keras_command(setting, 2, mirrored=True)
     assert cmd[cmd.index("--optimizer") + 1] == "momentum" and cmd[-1] == "--mirrored"
     assert "optimizer momentum" in grid.format_table(jobs.Table(setting, "now"))[0]
+    # without --optimizer each model trains with its own (was: adam for all, which gpt's weight decay refuses)
+    args.models, args.variants, args.optimizer, args.data = ["gpt"], ["tiny"], None, "shakespeare"
+    (setting,) = grid.settings(args)
+    assert compose(*setting.overrides()).train.optimizer == "adamw"
+    assert "--optimizer" not in jobs.keras_command(setting, 1, mirrored=False)
 
 
 GRID = ["--models", "mlp", "--variants", "tiny", "--gpus", "1,2", "--strategies", "replicated", "--pipelines",
@@ -199,7 +204,7 @@ def test_grid_benchmark_prints_ratios_baselines_and_targets(tmp_path):
     assert report.returncode == 0 and f"(parent run {parent.run_id})" in report.stdout, report.stderr[-2000:]
 
 
-def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
+def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys, tmp_path):
     from runner.data_pipelines import PIPELINES
     from runner.bench import grid, jobs
     from runner.bench.__main__ import main
@@ -226,7 +231,9 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys):
                        (["pipelines", "--pipelines", "nope"],
                         "error: --pipelines: pipeline=nope is not an option of group 'pipeline'; choose one of"),
                        (["published", "--hardware", "nope"], "error: --hardware nope is not one of dgx1_p100"),
-                       (["settings", "--groups", "xla,nope"], "error: --groups nope is not one of calls, ")]:
+                       (["settings", "--groups", "xla,nope"], "error: --groups nope is not one of calls, "),
+                       (["predicted", "--experiment", "nope", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
+                        "error: --experiment nope: no such experiment in sqlite:")]:  # was: exit 1
         with pytest.raises(SystemExit) as exit_:  # before any job, in one line (was: ignored, a traceback, jobs)
             main(args)
         assert exit_.value.code == 2 and said in capsys.readouterr().err.strip().splitlines()[-1]

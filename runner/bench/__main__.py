@@ -47,8 +47,8 @@ def _setting_options(parser: argparse.ArgumentParser, models: list[str], test_li
                         help="steps per compiled call (default: per model)")
     parser.add_argument("--test-limit", type=_positive, default=test_limit,
                         help="evaluate runner jobs on the first N test images")
-    parser.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName),
-                        help="for runner jobs and Keras fit alike (default adam, the runner's default)")
+    parser.add_argument("--optimizer", default=None, choices=typing.get_args(OptimizerName),
+                        help="for runner jobs and Keras fit alike (default: each model's own, as `runner` trains it)")
 
 
 def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argparse.ArgumentParser:

@@ -96,8 +96,8 @@ def floors(args: argparse.Namespace) -> int:
         f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
         f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on "
         f"{others} devices, each in a fresh process, every model and job in every round; optimizer "
-        f"{args.optimizer}, data {args.data}; {len(todo) * len(every) * args.rounds} jobs in "
-        f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
+        f"{args.optimizer or 'from each model config'}, data {args.data}; {len(todo) * len(every) * args.rounds} "
+        f"jobs in {time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
         *markdown(["model", "global batch", f"runner {unit}/s", f"keras fit {unit}/s", "runner / keras (per round)",
                    "step ms", *FLOOR_COLUMNS[1:], "MFU", "peak GFLOP/s"])])
     judged = []

@@ -108,7 +108,7 @@ class Setting:
     batch: int
     data: str
     test_limit: int | None = None
-    optimizer: str = "adam"
+    optimizer: str | None = None  # None: the model's own (gpt's adamw, dlrm's adagrad, else adam)
     extra: tuple[str, ...] = ()  # the user's own config overrides (their model, their data's shape), for every job
 
     @property
@@ -119,10 +119,11 @@ class Setting:
     def overrides(self) -> list[str]:
         """The runner's config overrides for this setting."""
         out = [f"model={self.model}", f"train.steps={self.steps}", f"train.global_batch_size={self.batch}",
-               f"data={self.data}", f"train.steps_per_call={self.steps_per_call}", f"train.optimizer={self.optimizer}",
+               f"data={self.data}", f"train.steps_per_call={self.steps_per_call}",
                "train.probe_floor=true", "train.target_accuracy=null",
                "train.predict=false"]  # predictions of a grid: `bench predicted`, one calibration per device set
         out += [f"model.variant={self.variant}"] if self.variant else []
+        out += [f"train.optimizer={self.optimizer}"] if self.optimizer else []
         return out + ([f"data.test_limit={self.test_limit}"] if self.test_limit else []) + list(self.extra)
 
 
@@ -154,7 +155,8 @@ def keras_command(setting: Setting, gpus: int, mirrored: bool) -> list[str]:
     return [sys.executable, "-m", "runner.bench.keras_baseline", "--model", setting.model,
             *(["--variant", setting.variant] if setting.variant else []), "--gpus", str(gpus), "--batch",
             str(setting.batch), "--steps", str(setting.steps), "--data", setting.data, "--chunk",
-            str(setting.steps_per_call), "--optimizer", setting.optimizer, *(f"--override={o}" for o in setting.extra),
+            str(setting.steps_per_call), *(["--optimizer", setting.optimizer] if setting.optimizer else []),
+            *(f"--override={o}" for o in setting.extra),
             *(["--mirrored"] if mirrored else [])]
 
 

@@ -1,7 +1,7 @@
 """The baseline a user would reach for: plain Keras `model.fit`, alone or under MirroredStrategy.
 
     python -m runner.bench.keras_baseline --model mlp --variant default --gpus 1 --batch 128 --steps 600 [--mirrored]
-        [--optimizer adam|sgd|momentum|rmsprop] [--override KEY=VALUE ...]
+        [--optimizer adamw|adam|sgd|...] (default: the model's own) [--override KEY=VALUE ...]
 
 The same model, data, optimizer (Keras' own update), precision, global batch and host pipeline as the runner's
 (its config composed with the same overrides); Keras' defaults otherwise. Fit runs `steps` steps as epochs of
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--chunk", type=int, default=50)
-    parser.add_argument("--optimizer", default="adam", choices=typing.get_args(OptimizerName))
+    parser.add_argument("--optimizer", default=None, choices=typing.get_args(OptimizerName),
+                        help="default: the model's own, as the runner's")
     parser.add_argument("--data", default="mnist", choices=DATASETS.names())
     parser.add_argument("--override", action="append", default=[], help="a runner config override (repeatable)")
     args = parser.parse_args(argv)
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     variant = [f"model.variant={args.variant}"] if args.variant else []
     try:  # the runner's config, so that an override (learning rate, precision, data) applies to both sides alike
         plan = validate(compose([f"model={args.model}", f"data={args.data}", f"train.global_batch_size={args.batch}",
-                                 f"train.optimizer={args.optimizer}", *variant, *args.override]))
+                                 *([f"train.optimizer={args.optimizer}"] if args.optimizer else []), *variant,
+                                 *args.override]))
         if plan.train.table_optimizer:
             raise ConfigError(f"train.table_optimizer={plan.train.table_optimizer}: Keras fit applies one optimizer "
                               "to every weight, so the baseline has no optimizer per part; compare with "
