@@ -47,8 +47,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def training_for(plan: Plan, devices: Devices, jit_compile: bool = False) -> Any:
-    """What the strategy builds and trains on `devices`, from the plan (runner.strategies.Training), XLA-compiled
+def training_for(plan: Plan, jit_compile: bool = False) -> Any:
+    """What the strategy builds and trains, from the plan (runner.strategies.Training), XLA-compiled
     as `jit_compile` says (train.jit_compile resolved: `jit_decision`)."""
     float16 = plan.train.precision == "mixed_float16"
     return Training(
@@ -91,7 +91,7 @@ def _timed_steps(plan: Plan, devices: Devices, data: Data, batch: int) -> Any:
     train one model and optimizer, built at the first call (a second model cost the probe 1 s of DLRM's 8)."""
     @functools.cache
     def built() -> tuple[SingleDevice, Any]:
-        strategy = SingleDevice(devices.names[0], replace(training_for(plan, devices), global_batch=batch))
+        strategy = SingleDevice(devices.names[0], replace(training_for(plan), global_batch=batch))
         return strategy, strategy.batches(plan.pipeline, data.train(), plan.train.seed).next()  # one batch, reused
 
     def timed_step(jit: bool) -> Any:
@@ -140,7 +140,7 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
     if warning := devices_mod.precision_warning(plan.train.precision, devices, devices_mod.host_cpu()):
         log.warning(warning)
     xla = jit_decision(plan, devices, data)
-    training = training_for(plan, devices, xla.on)
+    training = training_for(plan, xla.on)
     if plan.cluster is None:
         strategy = plan.strategy.build(devices, training)
     else:  # a multi-worker strategy waits for its peers under a watchdog

@@ -123,7 +123,7 @@ def build_strategy(plan, devices):
     """Build the plan's strategy over `devices`, as a run does."""
     from runner.experiment import training_for
 
-    return plan.strategy.build(devices, training_for(plan, devices))
+    return plan.strategy.build(devices, training_for(plan))
 
 
 def cli_env(env: dict | None = None) -> dict:

@@ -27,28 +27,9 @@ if TYPE_CHECKING:
 def tower_gradients(model: Any, x: tf.Tensor, y: tf.Tensor, device: str, scale: Any, training: Training,
                     passes: Any = None) -> tuple[tf.Tensor, list[tf.Tensor]]:
     """Forward and backward of one tower on `device`: (mean loss, gradients for the loss times `scale`'s factor)
-    (common.tower_step; `passes`: the towers' one `shared_passes`)."""
+    (common.tower_step; `passes`: the towers' one traced forward and backward)."""
     with tf.device(device):
         return tower_step(model, training.spec.task, tf.reduce_mean, scale, training.jit_compile, passes)(x, y)
-
-
-def shared_passes(model: Any, training: Training) -> Any:
-    """One traced forward and backward for every tower (`common.stateless_passes`) of a model without embedding
-    tables; None for one with tables, whose towers keep their own: a stateless call would read a table whole, where
-    each lookup reads its rows (`common.read_rows_only`)."""
-    return None if tables(model) else stateless_passes(model, training.spec.task, tf.reduce_mean,
-                                                       training.jit_compile)
-
-
-def average(per_tower: list[list[tf.Tensor]], devices: list[str],
-            owners: dict[int, int] | None = None) -> list[tf.Tensor]:
-    """Mean over towers of each variable's gradient (`mean_of`), variable j reduced on device j mod N, or on device
-    `owners[j]` where given (hybrid: a table's owner, the one device that applies it)."""
-    out, owners = [], owners or {}
-    for j, grads in enumerate(zip(*per_tower)):
-        with tf.device(devices[owners.get(j, j % len(devices))]):
-            out.append(mean_of(list(grads)))
-    return out
 
 
 def mean_of(grads: list[Any]) -> Any:
@@ -164,7 +145,11 @@ class Towers(Built, Strategy):
         self._share(self.models[0], self.devices[0], self.homes[0])
 
     def step(self, batches: Any):
-        passes = shared_passes(self.models[0], self.training)
+        # one traced forward and backward for every tower (`common.stateless_passes`); a model with embedding tables
+        # keeps one per tower: a stateless call would read a table whole, where each lookup reads its rows
+        model, training = self.models[0], self.training
+        passes = None if tables(model) else stateless_passes(model, training.spec.task, tf.reduce_mean,
+                                                             training.jit_compile)
 
         def step() -> tf.Tensor:
             losses, grads = [], []
@@ -174,24 +159,25 @@ class Towers(Built, Strategy):
                 losses.append(loss)
                 grads.append(g)
             mean_grads = self._average(grads)  # a non-finite tower gradient makes its mean non-finite
-            self._agree_on_moving_state()
+            if len(self.models) > 1:  # each copy's moving statistics set to the copies' mean
+                average_moving_state(self.models, self.homes)
             update(self.loss_scale, mean_grads, self.training.clip_norm, self._apply)
             return tf.add_n(losses) / len(losses)
 
         return step
 
-    def _average(self, grads: list[list[tf.Tensor]]) -> list[tf.Tensor]:
-        """Each variable's mean on one device (`average`); hybrid's tables on their owners, beside their state."""
-        return average(grads, self.devices, self.table_owner)
+    def _average(self, per_tower: list[list[tf.Tensor]]) -> list[tf.Tensor]:
+        """Mean over towers of each variable's gradient (`mean_of`), variable j reduced on device j mod N; hybrid's
+        tables on their owners (the one device that applies each), beside their state."""
+        out = []
+        for j, grads in enumerate(zip(*per_tower)):
+            with tf.device(self.devices[self.table_owner.get(j, j % len(self.devices))]):
+                out.append(mean_of(list(grads)))
+        return out
 
     def _mine(self, j: int, items: list[Any]) -> list[Any]:
         """What copy j updates of a per-variable list: all of it but the shared tables another device owns."""
         return [x for i, x in enumerate(items) if self.table_owner.get(i, j) == j]
-
-    def _agree_on_moving_state(self) -> None:
-        """Each copy's moving statistics set to the copies' mean (one copy: nothing to agree with)."""
-        if len(self.models) > 1:
-            average_moving_state(self.models, self.homes)
 
     def _apply(self, mean_grads: list[tf.Tensor]) -> None:
         """Every copy's optimizer applies the mean gradients to what it updates (`_mine`) on its own device."""

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from runner.lazy import tf
 from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training
 from runner.strategies import common
-from runner.strategies.common import Built, copies_of_moving_state, per_example_loss, tables
+from runner.strategies.common import Built, copies_of_moving_state, tables
 
 if TYPE_CHECKING:
     from runner.runtime.devices import Devices
@@ -52,15 +52,14 @@ class SingleDevice(Built, Strategy):
 
     def step(self, batches: Any):
         """fn() -> the loss of one optimizer step; under train.jit_compile one XLA cluster, the update included."""
-        model, optimizer, scale, clip_norm = self.model, self.optimizer, self.loss_scale, self.training.clip_norm
-        variables, task = model.trainable_variables, self.training.spec.task
+        optimizer, scale, variables = self.optimizer, self.loss_scale, self.model.trainable_variables
+        # the stateful forward and backward (jit_compile=False here): under train.jit_compile `train` is the cluster
+        forward_backward = common.tower_step(self.model, self.training.spec.task, tf.reduce_mean, scale, False)
 
         def train(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_mean(per_example_loss(model, x, y, training=True, task=task)[0])
-                scaled = scale.scaled(loss)  # recorded on the tape
-            grads = tape.gradient(scaled, variables)
-            common.update(scale, grads, clip_norm, lambda clipped: optimizer.apply_gradients(zip(clipped, variables)))
+            loss, grads = forward_backward(x, y)
+            common.update(scale, grads, self.training.clip_norm,
+                          lambda clipped: optimizer.apply_gradients(zip(clipped, variables)))
             return loss
 
         train = tf.function(train, jit_compile=True) if self.training.jit_compile else train  # the fetch outside
