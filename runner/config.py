@@ -10,6 +10,7 @@ Every problem is a `ConfigError` whose message is one line naming the key, the b
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import importlib.resources
@@ -505,12 +506,8 @@ def _sequence_advice(train: dict[str, Any], model: Any, data: Dataset, spec: Spe
 
 def _largest(fits: Callable[[int], bool], high: int) -> int:
     """The largest n from 1 to `high` for which `fits(n)` (false for every n above one that is false), else 0: a
-    binary search."""
-    low = 0
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle - 1)
-    return low
+    binary search for the first n that does not fit."""
+    return bisect.bisect_left(range(1, high + 1), True, key=lambda n: not fits(n))
 
 
 def _as_node(part: Any, composed: Any) -> dict[str, Any]:

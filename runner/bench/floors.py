@@ -28,11 +28,6 @@ MULTI = (("--variable_update=replicated --all_reduce_spec=nccl", "split"),
          ("--variable_update=parameter_server --local_parameter_device=cpu", "per_tower"))
 
 
-def jobs() -> tuple[Job, Job]:
-    """The runner's baseline and Keras fit on one device."""
-    return Job("baseline", 1, f"runner {baseline()}", baseline(), "split"), Job("keras", 1, "keras fit")
-
-
 def multi_jobs(gpus: list[int]) -> list[Job]:
     """The runner's jobs on each device count above 1."""
     named = [(name_of(doing(flags)), pipeline) for flags, pipeline in MULTI]
@@ -80,7 +75,8 @@ def _multi_row(setting: Setting, job: Job, runs: list[dict]) -> tuple[str, list[
 
 def floors(args: argparse.Namespace) -> int:
     """Each built-in model's one-device step against its floor and Keras fit, in `args.rounds` rounds."""
-    todo, (base, keras) = floor_settings(args), jobs()
+    todo = floor_settings(args)  # the runner's baseline and Keras fit on one device, then the multi-device jobs
+    base, keras = Job("baseline", 1, f"runner {baseline()}", baseline(), "split"), Job("keras", 1, "keras fit")
     every = [base, keras, *multi_jobs(args.gpus)]
     progress, t0 = Progress(len(todo) * len(every) * args.rounds), time.perf_counter()
     runs: dict[tuple[Setting, Job], list[dict]] = {(s, j): [] for s in todo for j in every}

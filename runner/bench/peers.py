@@ -73,12 +73,6 @@ def peers(args: argparse.Namespace) -> int:
     if not args.peer:
         raise ConfigError("peers needs --peer DIR (a checkout of github.com/tensorflow/benchmarks), or --gpt")
     args.rounds = args.rounds or 3
-    return resnet_peers(args)
-
-
-def resnet_peers(args: argparse.Namespace) -> int:
-    """The runner's ResNet-20 against tf_cnn_benchmarks' in `args.rounds` interleaved rounds; 0 when every tower
-    count meets TARGET, else 1."""
     script = peer_script(args.peer)
     jobs = {"runner": "auto", "runner xla": "true", "peer": False, "peer xla": True}
     progress, t0 = Progress(len(args.towers) * len(jobs) * args.rounds), time.perf_counter()

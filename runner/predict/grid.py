@@ -145,7 +145,7 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
             with filtered_stderr():  # TensorFlow's start-up lines as Keras builds the model, filtered as a run's are
                 import_tensorflow()
                 layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
-        terms, one_device = spec_sheet.price(plan, layers[key]), spec_sheet.one_device_step(plan, layers[key])
+        terms, one_device = spec_sheet.price(plan, layers[key])
     except UserError as e:
         outcome.error = one_line(e)
         return

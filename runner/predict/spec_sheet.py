@@ -172,15 +172,9 @@ def memory_per_device(model_layers: list[Layer], batch: int, optimizer: str, pre
     return weights * (2 + SLOTS[optimizer]) + activations
 
 
-def largest_fitting_batch(model_layers: list[Layer], optimizer: str, precision: str, memory: float) -> int:
-    """The largest per-device batch whose memory_per_device fits `memory` (0: not even one example)."""
-    one = memory_per_device(model_layers, 1, optimizer, precision)
-    fixed = memory_per_device(model_layers, 0, optimizer, precision)
-    return max(0, int((memory - fixed) // (one - fixed))) if one > fixed else 0
-
-
-def price(plan: Any, model_layers: list[Layer]) -> dict[str, float]:
-    """The terms (seconds per step) of `plan`'s step on its spec sheet; ConfigError when the model does not fit."""
+def price(plan: Any, model_layers: list[Layer]) -> tuple[dict[str, float], float]:
+    """The terms (seconds per step) of `plan`'s step on its spec sheet, and the step of one device alone at the same
+    per-device batch (efficiency's base); ConfigError when the model does not fit."""
     hw, train = plan.hardware, plan.train
     nodes = math.ceil(max(plan.gpus, 1) / hw.devices_per_node)  # the devices fill one node after another
     local = plan.strategy.towers(plan.gpus) // nodes if plan.strategy.data_parallel else 1
@@ -190,6 +184,7 @@ def price(plan: Any, model_layers: list[Layer]) -> dict[str, float]:
     exchange = plan.strategy.exchange(max(local, 1), nodes, weight_bytes)
     tower = passes(model_layers, batch, hw.accelerator, str(train.precision))
     touched = TOUCHED[str(train.optimizer)] * weight_bytes
+    alone = tower.forward + tower.backward + touched / (hw.accelerator.memory_bandwidth * MEMORY)
     update = ((exchange.device_update * touched + exchange.device_sums * weight_bytes)
               / (hw.accelerator.memory_bandwidth * MEMORY)
               + (exchange.host_update * touched + exchange.host_sums * weight_bytes) / hw.host.memory_bandwidth)
@@ -206,7 +201,7 @@ def price(plan: Any, model_layers: list[Layer]) -> dict[str, float]:
     }
     # The next batch is copied to the devices while this step runs (prefetched): only what outlasts the step counts
     copy = batch * plan.spec.input_bytes * sharing / (hw.host.bandwidth * LINK)
-    return {**terms, "input": max(0.0, copy - sum(terms.values()))}
+    return {**terms, "input": max(0.0, copy - sum(terms.values()))}, alone
 
 
 def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
@@ -215,20 +210,12 @@ def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
     need = memory_per_device(model_layers, batch, str(train.optimizer), str(train.precision))
     if need <= hw.accelerator.memory_bytes:
         return
-    most = largest_fitting_batch(model_layers, str(train.optimizer), str(train.precision),
-                                 hw.accelerator.memory_bytes)
+    fixed = memory_per_device(model_layers, 0, str(train.optimizer), str(train.precision))  # weights and state
+    per_example = memory_per_device(model_layers, 1, str(train.optimizer), str(train.precision)) - fixed
+    most = max(0, int((hw.accelerator.memory_bytes - fixed) // per_example)) if per_example > 0 else 0
     gb = 1e9
     split = " or ".join(f"strategy={n}" for n in splitting())
     fix = (f"use train.per_device_batch_size={most} or less" if most else
            f"its weights and optimizer state alone do not fit: use a device with more memory or {split}")
     raise ConfigError(f"train.per_device_batch_size={batch} needs {need / gb:,.1f} GB per device on hardware="
                       f"{hw.name} ({hw.accelerator.name}: {hw.accelerator.memory_bytes / gb:,.1f} GB); {fix}")
-
-
-def one_device_step(plan: Any, model_layers: list[Layer]) -> float:
-    """The step of one device of the plan's hardware at the plan's per-device batch, alone (efficiency's base)."""
-    hw, train = plan.hardware, plan.train
-    tower = passes(model_layers, int(train.per_device_batch_size), hw.accelerator, str(train.precision))
-    weights = sum(layer.weight_bytes for layer in model_layers)
-    return (tower.forward + tower.backward
-            + TOUCHED[str(train.optimizer)] * weights / (hw.accelerator.memory_bandwidth * MEMORY))

@@ -54,13 +54,9 @@ def _ranks(values: list[float]) -> list[float]:
 
 def spearman(a: list[float], b: list[float]) -> float | None:
     """Rank correlation of a and b (None with fewer than 3 values or no spread in either)."""
-    if len(a) < 3:
+    if len(a) < 3 or len(set(a)) < 2 or len(set(b)) < 2:
         return None
-    ra, rb = _ranks(a), _ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
-    return cov / var if var else None
+    return statistics.correlation(_ranks(a), _ranks(b))  # Pearson's of the ranks
 
 
 @dataclass
