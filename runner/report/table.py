@@ -114,14 +114,16 @@ def _name(experiments: list[Any], experiment_id: str) -> str:
     return next((e.name for e in experiments if e.experiment_id == experiment_id), experiment_id)
 
 
-def fetch(client: Any, selection: Selection, filter_string: str) -> list[Row]:
-    """The runs of a selection (a sweep parent's children, or the experiment's runs but parents); one whose process
-    is gone from this host is closed KILLED and shown DEAD (`_dead`)."""
+def fetch(client: Any, selection: Selection, filter_string: str,
+          tolerance: verdict.Tolerance = verdict.Tolerance()) -> list[Row]:
+    """The runs of a selection (a sweep parent's children, or the experiment's runs but parents), with their speedups
+    and whether each learns the same as one device within `tolerance`; one whose process is gone from this host is
+    closed KILLED and shown DEAD (`_dead`)."""
     clauses = [filter_string] if filter_string else []
     if selection.parent:
         clauses.append(f"tags.mlflow.parentRunId = '{selection.parent}'")
     runs = client.search_runs([selection.experiment_id], " and ".join(clauses), max_results=5000)
-    return add_speedups([row_of(r, _dead(client, r)) for r in runs if r.data.tags.get("sweep") != "parent"])
+    return add_speedups([row_of(r, _dead(client, r)) for r in runs if r.data.tags.get("sweep") != "parent"], tolerance)
 
 
 def _dead(client: Any, run: Any) -> str | None:
@@ -258,7 +260,7 @@ class Report:
 def report(client: Any, selection: Selection, filter_string: str, out: Path,
            tolerance: verdict.Tolerance = verdict.Tolerance()) -> Report:
     """Build the table, the verdict lines and the plots; log them to the parent run if there is one."""
-    rows = add_speedups(fetch(client, selection, filter_string), tolerance)
+    rows = fetch(client, selection, filter_string, tolerance)
     if not rows:
         where = selection.said.removeprefix("report: ").removeprefix("all runs of ")
         raise ReportError(f"no runs {f'matching --filter {filter_string!r} ' if filter_string else ''}to report in "
