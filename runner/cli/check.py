@@ -235,9 +235,11 @@ def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tup
 
 def table(outcomes: list[Outcome], reference: Outcome) -> str:
     """The check's table in Markdown: one row per combination, the one-device reference first."""
+    from runner.report.table import markdown
+
     head = ["combination", "variables on", "matmuls/convs per device", "max loss diff", f"{reference.unit}/s (1 call)",
             "x one device", "result"]
-    rows = [head, ["---"] * len(head)]
+    rows = []
     for o in [reference, *outcomes]:
         compute = ", ".join(f"{d} {n}" for d, n in sorted(o.compute.items()))
         rate = f"{o.rate:,.0f}" if o.rate else ""
@@ -245,7 +247,7 @@ def table(outcomes: list[Outcome], reference: Outcome) -> str:
         result = "reference" if o is reference else ("OK" if o.ok else "; ".join([o.error] if o.error else o.problems))
         diff = "" if o is reference or o.diff != o.diff else f"{o.diff:.1e}"  # NaN: no losses to compare
         rows.append([o.label, ", ".join(o.variables), compute, diff, rate, ratio, result])
-    return "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    return "\n".join(markdown(head, rows))
 
 
 def _where(tags: dict[str, str]) -> str:
