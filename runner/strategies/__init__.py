@@ -197,9 +197,12 @@ def ring(devices: int, weight_bytes: float) -> float:
 
 @runtime_checkable
 class StrategyOptions(Protocol):
-    """A strategy's options, checked before TensorFlow starts."""
+    """A strategy's options, checked before TensorFlow starts (`StrategyBase` gives every member a default)."""
 
     name: str
+    data_parallel: bool  # one tower per device (else one tower, the model split across the devices)
+    multi_process: bool  # one process per worker (a cluster), not one process
+    loss_scaling: bool  # its step applies `Training.loss_scaling` (validation refuses mixed_float16 without it)
 
     def towers(self, gpus: int) -> int:
         """Towers (model replicas fed separate batches) on `gpus` devices of this process."""
@@ -215,6 +218,9 @@ class StrategyOptions(Protocol):
 
     def table_copies(self, devices: int) -> tuple[float, float]:
         """Copies of the embedding tables' weights and of their optimizer state on `devices` devices, summed."""
+
+    def jit_refusal(self) -> str:
+        """Why train.jit_compile cannot XLA-compile its step with these options ("": it can)."""
 
     def build(self, devices: Devices, training: Training) -> Strategy:
         """The strategy over `devices`, its model and optimizer built under its placement."""
