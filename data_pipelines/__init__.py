@@ -153,6 +153,15 @@ class Dataset(Protocol):
     def load(self, seed: int) -> Data:
         """The train and test examples (in-memory data read now: a bad path fails before TensorFlow)."""
 
+    def train_examples(self) -> int | None:
+        """How many training examples `load` will give, if known without loading them (None: not known)."""
+
+    def describe(self) -> str:
+        """Where the examples come from, in a few words (the run's dataset source)."""
+
+    def in_memory_bytes(self) -> int:
+        """Bytes `load` holds in memory where that can be large; validation checks they fit (0: small or streamed)."""
+
 
 class Batches(Protocol):
     """A feed made by a pipeline: `next()` is called inside the compiled loop, once per step."""
@@ -163,9 +172,13 @@ class Batches(Protocol):
 
 @runtime_checkable
 class Pipeline(Protocol):
-    """What the runner needs of a pipeline's options."""
+    """What the runner needs of a pipeline's options (`PipelineOptions` gives the host-side ones defaults)."""
 
     name: str
+    # host-side tf.data options, read by every feed of examples (`Examples.batched`): -1 is tf.data.AUTOTUNE
+    prefetch: int
+    map_parallelism: int
+    private_threads: int  # 0: TensorFlow's shared thread pool
 
     def towers(self, examples: Examples, global_batch: int, devices: list[str], seed: int) -> Batches:
         """A feed of one batch per device per step."""

@@ -337,7 +337,7 @@ def validate(cfg: DictConfig) -> Plan:
     hardware.check_devices(gpus, strategy.multi_process)
     strategy.check(gpus, parts["model"], values["train"]["jit_compile"])
     # float16 trains only where the strategy's step scales the loss (small gradients would round to zero)
-    if values["train"]["precision"] == "mixed_float16" and not getattr(strategy, "loss_scaling", False):
+    if values["train"]["precision"] == "mixed_float16" and not strategy.loss_scaling:
         raise ConfigError(f"train.precision=mixed_float16 needs loss scaling in the step and strategy="
                           f"{strategy.name} does not apply it (StrategyBase.loss_scaling); use train.precision=float32 "
                           "or mixed_bfloat16")
@@ -377,7 +377,7 @@ def _resolve_target(train: dict, parts: dict, spec: Spec) -> None:
     if given:
         train["target_accuracy"] = train["target_accuracy"] if given[0] == "target_accuracy" else None
     elif train["target_accuracy"] == MODEL_TARGET:
-        own = getattr(parts["model"], "target_accuracy", None)
+        own = parts["model"].target_accuracy
         train["target_accuracy"] = own if parts["data"].name == "mnist" else None
 
 

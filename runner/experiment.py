@@ -255,7 +255,7 @@ def _around(plan: Plan, checkpointer: Any, strategy: Any, run: tracking.Recorder
     """What runs around the training calls: checkpoints, the loss scale's metrics, the allocator reset, a profiler
     trace."""
     around = [checkpointer] if checkpointer is not None else []
-    if isinstance(getattr(strategy, "loss_scale", None), LossScale):
+    if isinstance(strategy.loss_scale, LossScale):
         around.append(hooks.LossScaleMetrics(strategy.loss_scale, run.metrics))
     if plan.train.reuse_freed_memory:
         around.append(hooks.ReuseFreedMemory())

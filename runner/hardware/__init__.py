@@ -75,7 +75,9 @@ class Network:
 
 @runtime_checkable
 class Hardware(Protocol):
-    """What validation and prediction need of a hardware."""
+    """What validation needs of a hardware, and whether predictions for it are measured here (`this`); one that is
+    not is priced from its spec sheet's fields, so it is a `SpecSheet` (a user's YAML: `_target_:
+    runner.hardware.SpecSheet`)."""
 
     name: str
 
