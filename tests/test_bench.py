@@ -102,8 +102,10 @@ def test_grid_optimizer_reaches_runner_jobs_and_keras_fit():
     # without --optimizer each model trains with its own (was: adam for all, which gpt's weight decay refuses)
     args.models, args.variants, args.optimizer, args.data = ["gpt"], ["tiny"], None, "shakespeare"
     (setting,) = grid.settings(args)
-    assert compose(*setting.overrides()).train.optimizer == "adamw"
-    assert "--optimizer" not in jobs.keras_command(setting, 1, mirrored=False)
+    assert setting.optimizer == "adamw" and compose(*setting.overrides()).train.optimizer == "adamw"
+    cmd = jobs.keras_command(setting, 1, mirrored=False)
+    assert cmd[cmd.index("--optimizer") + 1] == "adamw"
+    assert "optimizer adamw" in grid.format_table(jobs.Table(setting, "now"))[0]  # the tables say which
 
 
 GRID = ["--models", "mlp", "--variants", "tiny", "--gpus", "1,2", "--strategies", "replicated", "--pipelines",

@@ -28,6 +28,12 @@ MULTI = (("--variable_update=replicated --all_reduce_spec=nccl", "split"),
          ("--variable_update=parameter_server --local_parameter_device=cpu", "per_tower"))
 
 
+def _optimizers(todo: list[Setting]) -> str:
+    """The settings' optimizer, or each model's where they differ (`--optimizer` not given: each model's own)."""
+    used = {s.model: s.optimizer for s in todo}
+    return used.popitem()[1] if len(set(used.values())) == 1 else ", ".join(f"{o} ({m})" for m, o in used.items())
+
+
 def multi_jobs(gpus: list[int]) -> list[Job]:
     """The runner's jobs on each device count above 1."""
     named = [(name_of(doing(flags)), pipeline) for flags, pipeline in MULTI]
@@ -92,8 +98,8 @@ def floors(args: argparse.Namespace) -> int:
         f"## Each model's step against its floor: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
         f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on "
         f"{others} devices, each in a fresh process, every model and job in every round; optimizer "
-        f"{args.optimizer or 'from each model config'}, data {args.data}; {len(todo) * len(every) * args.rounds} "
-        f"jobs in {time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
+        f"{_optimizers(todo)}, data {args.data}; {len(todo) * len(every) * args.rounds} jobs in "
+        f"{time.perf_counter() - t0:.0f} s. Medians over the rounds (lowest-highest).", "",
         *markdown(["model", "global batch", f"runner {unit}/s", f"keras fit {unit}/s", "runner / keras (per round)",
                    "step ms", *FLOOR_COLUMNS[1:], "MFU", "peak GFLOP/s"])])
     judged = []

@@ -75,7 +75,7 @@ def format_table(table: Table) -> list[str]:
             "the jobs." if table.repeats > 1 else "")
     return [
         f"## {s.name}: global batch {s.batch}, {s.steps} steps ({s.steps_per_call} per call, the first call "
-        f"untimed), data {s.data}, optimizer {s.optimizer or 'from the model config'}, {table.date}",
+        f"untimed), data {s.data}, optimizer {s.optimizer}, {table.date}",
         "",
         f"x runner {baseline()}: over {single or 0:,.0f} {unit}/s (the mean of the two runner {baseline()} rows); "
         f"x keras fit: over {keras or 0:,.0f} {unit}/s. {len(table.rows)} jobs in {table.seconds:.0f} s.{each}",

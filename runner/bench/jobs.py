@@ -5,6 +5,7 @@ the jobs of one sweep per benchmark (`runner.sweep.launch`), read back from MLfl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -108,7 +109,7 @@ class Setting:
     batch: int
     data: str
     test_limit: int | None = None
-    optimizer: str | None = None  # None: the model's own (gpt's adamw, dlrm's adagrad, else adam)
+    optimizer: str | None = None  # None: the model's own (`setting_for` names it)
     extra: tuple[str, ...] = ()  # the user's own config overrides (their model, their data's shape), for every job
 
     @property
@@ -128,11 +129,17 @@ class Setting:
 
 
 def setting_for(args: argparse.Namespace, model: str, variant: str | None, extra: tuple[str, ...] = ()) -> Setting:
-    """`model`/`variant` at the command line's batch, data, test limit and optimizer, for its steps and steps per
-    call (given, or DEFAULT_STEPS; else 120 in calls of 10)."""
+    """`model`/`variant` at the command line's batch, data, test limit and optimizer (none given: the model's own,
+    as `runner` trains it: gpt's adamw, dlrm's adagrad, else adam), for its steps and steps per call (given, or
+    DEFAULT_STEPS; else 120 in calls of 10)."""
     steps, per_call = DEFAULT_STEPS.get((model, variant), (120, 10))
-    return Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch, args.data,
-                   args.test_limit, args.optimizer, extra)
+    setting = Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch, args.data,
+                      args.test_limit, args.optimizer, extra)
+    if setting.optimizer is None:
+        from runner.config import compose
+
+        setting = dataclasses.replace(setting, optimizer=str(compose(setting.overrides()).train.optimizer))
+    return setting
 
 
 def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
