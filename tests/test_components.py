@@ -217,3 +217,30 @@ def test_a_user_resnet_with_batch_norm_trains_and_is_counted_by_tensorflow(tf_de
     assert row["status"] == "FINISHED" and row["tags.model"] == "resnet"
     assert row["tags.flops.source"] == "TensorFlow's graph statistics"
     assert row["metrics.flops_per_example"] > 0 and row["metrics.achieved_gflops"] > 0
+
+
+CONTRACT_ONLY = {"model": "ContractModel", "data": "ContractData", "pipeline": "ContractPipeline",
+                 "strategy": "ContractStrategy"}
+
+
+def test_components_giving_only_their_written_contracts_validate_train_and_are_predicted(tf_devices, tmp_path, store):
+    """A user's model, data, pipeline and strategy that give the runner their Protocol's members and nothing else
+    (tests/user_models.py: each member a built-in's, any other attribute an AttributeError) pass validation, train
+    in-process and are priced from a spec sheet: every member the runner reads is in the written contract (was:
+    Dataset lacked train_examples, describe and in_memory_bytes; Pipeline its tf.data options; StrategyOptions
+    its roles and jit_refusal)."""
+    from runner.experiment import run
+    from runner.predict.grid import predict_all
+
+    for group, cls in CONTRACT_ONLY.items():
+        (tmp_path / "conf" / group).mkdir(parents=True)
+        (tmp_path / "conf" / group / "contract.yaml").write_text(f"_target_: user_models.{cls}\n")
+    chosen = [f"hydra.searchpath=[file://{tmp_path / 'conf'}]", *(f"{g}=contract" for g in CONTRACT_ONLY), "gpus=2"]
+    run(compose(*chosen, "train.global_batch_size=64", "train.steps=60", "train.steps_per_call=10",
+                "train.predict=false", "train.jit_compile=false", "mlflow.experiment=contract",
+                f"mlflow.tracking_uri={store}"))  # debug=smoke's keys: options these components do not have
+    row = runs(store, "contract").iloc[0]
+    assert row["status"] == "FINISHED" and row["tags.strategy"] == "contract_strategy", row.to_dict()
+    assert row["metrics.test_accuracy"] > 0.5  # it learned (MNIST's 10 classes; debug=smoke's MLP: about 0.8)
+    (outcome,) = predict_all([[*chosen, "hardware=dgx1_p100"]])
+    assert outcome.error is None and outcome.prediction.rate > 0, outcome.error

@@ -1,7 +1,9 @@
 """Models as a user would write them, outside the package, for the tests: plain functions taking keras.applications'
-`input_shape` and `classes`."""
+`input_shape` and `classes`; and components that give the runner their written contract (a Protocol) alone."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 def resnet(input_shape=(28, 28, 1), classes: int = 10, filters: int = 8):
@@ -112,3 +114,53 @@ def two_widths_recommender(vocabulary_sizes: list[int], num_dense_features: int)
     joined = keras.layers.Concatenate(name="joined")([dense, *rows])  # (b, 13 + 4 + 8 + ...)
     return keras.Model({"dense": dense, "categorical": ids}, keras.layers.Dense(1, name="logit")(joined),
                        name="two_widths")
+
+
+
+def _members(contract: type) -> set[str]:
+    """What a typing.Protocol declares: its attributes and its methods."""
+    return {n for n in vars(contract) if not n.startswith("_")} | set(getattr(contract, "__annotations__", {}))
+
+
+class _ContractOnly:
+    """A user's component that gives the runner its contract and nothing else: `WRAPS` = (module, Protocol, registry,
+    built-in, options); each of the Protocol's members is that built-in's, reading any other raises AttributeError.
+    Its one option is `name`."""
+
+    def __post_init__(self) -> None:
+        import importlib
+
+        module, contract, registry, built_in, options = self.WRAPS
+        module = importlib.import_module(module)
+        inner = getattr(module, registry).get(built_in)(**options)
+        object.__setattr__(self, "_given", (_members(getattr(module, contract)), inner, contract))
+
+    def __getattr__(self, attr: str):
+        members, inner, contract = self.__dict__.get("_given", (set(), None, "component's"))
+        if attr not in members:
+            raise AttributeError(f"{attr!r} is not in the {contract} contract")
+        return getattr(inner, attr)
+
+
+@dataclass
+class ContractModel(_ContractOnly):
+    name: str = "contract_model"
+    WRAPS = ("runner.models", "Model", "MODELS", "mlp", {"variant": "tiny"})
+
+
+@dataclass
+class ContractData(_ContractOnly):
+    name: str = "contract_data"
+    WRAPS = ("runner.data_pipelines", "Dataset", "DATASETS", "mnist", {"train_limit": 4096, "test_limit": 1024})
+
+
+@dataclass
+class ContractPipeline(_ContractOnly):
+    name: str = "contract_pipeline"
+    WRAPS = ("runner.data_pipelines", "Pipeline", "PIPELINES", "split", {})
+
+
+@dataclass
+class ContractStrategy(_ContractOnly):
+    name: str = "contract_strategy"
+    WRAPS = ("runner.strategies", "StrategyOptions", "STRATEGIES", "replicated", {})

@@ -97,7 +97,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     for overrides in combos:
         cfg, plan, error = _plan(overrides, refusals_raise)
         outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error,
-                          given=_given(cfg))
+                          given=_given(plan.cfg if plan else cfg))
         outcomes.append(outcome)
         if error is None and not plan.hardware.measured:
             _from_spec_sheet(plan, outcome, layers)
@@ -225,11 +225,13 @@ def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
 
 
 def _given(cfg: Any) -> dict[str, Any]:
-    """The strategy, pipeline, gpus and nodes of a composed combination (its defaults where it names none)."""
+    """The strategy, pipeline, gpus and nodes of a combination: a plan's resolved config (every option filled in),
+    else the composed one (a refused combination: the names it gives, a user's YAML perhaps only its `_target_`)."""
     gpus = int(cfg.gpus) if isinstance(cfg.gpus, int) else cfg.gpus
     per_node = cfg.hardware.get("devices_per_node") if isinstance(gpus, int) else None
     nodes = -(-max(gpus, 1) // per_node) if per_node else 1
-    return {"strategy": cfg.strategy.name, "pipeline": cfg.pipeline.name, "gpus": gpus, "nodes": nodes}
+    named = {group: cfg[group].get("name") or cfg[group].get("_target_") for group in ("strategy", "pipeline")}
+    return {**named, "gpus": gpus, "nodes": nodes}
 
 
 def fastest_line(outcomes: list[Outcome]) -> str:
