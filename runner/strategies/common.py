@@ -10,7 +10,7 @@ import numpy as np
 from runner.errors import ConfigError
 from runner.lazy import keras, tf
 from runner.models import check_lookups, spec_arguments
-from runner.strategies import loss_scale
+from runner.strategies import Strategy, loss_scale
 from runner.tasks import AUC, auc
 
 if TYPE_CHECKING:
@@ -254,9 +254,10 @@ def make_evaluate(model: keras.Model, device: str, spec: Spec):
     return evaluate
 
 
-class Built:
+class Built(Strategy):
     """What every built strategy shares: its `Training`, the step's loss scale and evaluation (`_share`), its towers'
-    feed and the compiled loops around its `step`: a strategy writes how one step runs on its devices, nothing else."""
+    feed and the compiled loops around its `step`, and the `Strategy` contract's defaults (`check_same_start`): a
+    strategy writes how one step runs on its devices, nothing else."""
 
     training: Any  # runner.strategies.Training
     tower_devices: list[str]  # a batch a step for each, tower i's on tower_devices[i]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Literal
 from runner.runtime.devices import nvidia_gpu_count
 from runner.errors import ConfigError
 from runner.lazy import tf
-from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
+from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training,
                                loss_scale, ring)
 from runner.strategies.common import (
     Built, clip, moving_state, steps_loop, synchronize_batch_norm, tables, touch, tower_step,
@@ -115,7 +115,7 @@ def per_replica_feed(strategy: tf.distribute.Strategy, towers: Any) -> Iterator[
             lambda ctx, k=k: pairs[ctx.replica_id_in_sync_group][k]) for k in (0, 1))
 
 
-class Replicas(Built, Strategy):
+class Replicas(Built):
     """One model replica per device of a tf.distribute `strategy` (Mirrored, or MultiWorkerMirrored), variables
     mirrored, gradients all-reduced; fed through tf.distribute's input API when `input_api`, batch norm's statistics
     over all replicas when `sync_batch_norm` (else each replica's, the moving ones averaged after every step)."""

@@ -31,7 +31,7 @@ import numpy as np
 
 from runner.errors import ConfigError
 from runner.lazy import keras, tf
-from runner.strategies import STRATEGIES, Strategy, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
 from runner.strategies.common import Built, copies_of_moving_state, tables, update
 
 if TYPE_CHECKING:
@@ -369,7 +369,7 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
     update(scale, [d_vars for _, d_vars in updates], clip_norm, apply)
 
 
-class SplitModel(Built, Strategy):
+class SplitModel(Built):
     """The model cut into cells placed on the devices (see the module docstring); one batch per step."""
 
     def __init__(self, split: str, devices: Devices, training: Training):

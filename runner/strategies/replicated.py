@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import tf
-from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training,
+from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training,
                                loss_scale, ring, rows_to_every_copy, rows_to_owners)
 from runner.strategies.common import (
     Built, average_moving_state, copies_of_moving_state, deal, placed_copies, share, stateless_passes, tables,
@@ -117,7 +117,7 @@ class ParameterServer(TowersOptions):
                        ops=3 * variables) + rows_to_owners(n, rows, spread=self.tables == "spread")
 
 
-class Towers(Built, Strategy):
+class Towers(Built):
     """N in-graph towers, tower i on devices[i]; a model copy with its optimizer on every device (tower i uses its
     own), or one copy on `ps_device` that every tower reads. `spread_tables`: each embedding table once, on one of
     the devices (dealt by size), in place of every copy's own; with a copy per device (hybrid) only the table's

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import tf
-from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Strategy, StrategyBase, Traffic, Training
+from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training
 from runner.strategies import common
 from runner.strategies.common import Built, copies_of_moving_state, tables
 
@@ -40,7 +40,7 @@ class Single(StrategyBase):
         return Traffic(update_copies=1, ops=variables + 2 * rows.tables, rows_applied=rows.tower_bytes)
 
 
-class SingleDevice(Built, Strategy):
+class SingleDevice(Built):
     """Model, optimizer and every op on one device."""
 
     def __init__(self, device: str, training: Training):
