@@ -244,3 +244,15 @@ def test_components_giving_only_their_written_contracts_validate_train_and_are_p
     assert row["metrics.test_accuracy"] > 0.5  # it learned (MNIST's 10 classes; debug=smoke's MLP: about 0.8)
     (outcome,) = predict_all([[*chosen, "hardware=dgx1_p100"]])
     assert outcome.error is None and outcome.prediction.rate > 0, outcome.error
+
+
+def test_a_built_strategy_on_common_built_alone_has_the_contracts_defaults():
+    """docs/architecture.md: `build` returns a `common.Built`; one that subclasses it alone answers what the run asks
+    of every built strategy with a default (was: AttributeError at the first checkpoint, check_same_start)."""
+    from runner.strategies import Strategy
+    from runner.strategies.common import Built
+
+    class Mine(Built):
+        pass
+
+    assert isinstance(Mine(), Strategy) and Mine().check_same_start(5) is None
