@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from runner import checkpoints, tracking, train
 from runner.config import ROWS_ONLY, ConfigError, Plan, table_optimizer, validate
+from runner.data_pipelines import DataError
 from runner.errors import UserError, one_line
 from runner.lazy import keras, tf
 from runner.measure import floor, flops, hooks, profile
@@ -124,7 +125,10 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
     """Data, devices, precision and strategy for `plan`: the one way a run's objects are made. Data first (a bad
     path fails before the slow TensorFlow import); the strategy right after the devices (MultiWorkerMirroredStrategy
     must exist before TensorFlow's runtime starts). `log_placement`: TensorFlow logs every op's device."""
-    data = plan.data.load(plan.train.seed)
+    try:
+        data = plan.data.load(plan.train.seed)
+    except OSError as e:  # a file the data names cannot be read (a user's dataset: missing, unreadable, a folder)
+        raise DataError(f"data={plan.data.name} cannot load its examples: {e}") from e
     # The devices (the process's first TensorFlow import) and the precision; the run tagged with what it is on.
     devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)

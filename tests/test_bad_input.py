@@ -75,6 +75,11 @@ def _deleted_experiment(folder: Path, name: str) -> None:
     client.delete_experiment(client.create_experiment(name))
 
 
+def _npz_config(tmp: Path) -> None:
+    (tmp / "conf" / "data").mkdir(parents=True)
+    (tmp / "conf" / "data" / "npz.yaml").write_text("_target_: user_models.NpzData\npath: data.npz\n")
+
+
 def _file_as_dir(tmp: Path) -> None:
     (tmp / "afile").write_text("a regular file, so nothing can be created under it\n")
 
@@ -151,6 +156,10 @@ ROWS = {
         run_opened=True,
         before_tensorflow=True,
     ),
+    # a user's dataset (tests/user_models.py) whose file cannot be read: its OSError said in one line
+    "user-data-file-missing": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=npz", "data.path={tmp}/missing.npz"],
+                                  ["data=npz cannot load its examples", "No such file", "{tmp}/missing.npz"],
+                                  setup=_npz_config, run_opened=True, before_tensorflow=True),
     # the tracking store cannot be written
     "store-under-a-file": Bad(
         ["mlflow.tracking_uri=sqlite:///{tmp}/afile/mlflow.db"],

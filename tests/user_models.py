@@ -117,6 +117,38 @@ def two_widths_recommender(vocabulary_sizes: list[int], num_dense_features: int)
 
 
 
+@dataclass
+class NpzData:
+    """A user's dataset: MNIST-shaped images and labels in one .npz file (x_train, y_train, x_test, y_test)."""
+
+    name: str = "npz"
+    path: str = "data.npz"
+    train_limit: int | None = None
+    test_limit: int | None = None
+
+    def spec(self):
+        from runner.data_pipelines import MNIST
+
+        return MNIST
+
+    def load(self, seed: int):
+        import numpy as np
+
+        from runner.data_pipelines.common import Arrays
+
+        d = np.load(self.path)
+        return Arrays(d["x_train"], d["y_train"], d["x_test"], d["y_test"], synthetic=False)
+
+    def train_examples(self) -> int | None:
+        return self.train_limit
+
+    def describe(self) -> str:
+        return f"data={self.name} ({self.path})"
+
+    def in_memory_bytes(self) -> int:
+        return 0
+
+
 def _members(contract: type) -> set[str]:
     """What a typing.Protocol declares: its attributes and its methods."""
     return {n for n in vars(contract) if not n.startswith("_")} | set(getattr(contract, "__annotations__", {}))
