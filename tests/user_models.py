@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from runner.data_pipelines import DatasetOptions
+
 
 def resnet(input_shape=(28, 28, 1), classes: int = 10, filters: int = 8):
     """A small ResNet: a stem convolution, one residual block (two 3x3 convolutions with batch normalization, added to
@@ -118,13 +120,11 @@ def two_widths_recommender(vocabulary_sizes: list[int], num_dense_features: int)
 
 
 @dataclass
-class NpzData:
+class NpzData(DatasetOptions):
     """A user's dataset: MNIST-shaped images and labels in one .npz file (x_train, y_train, x_test, y_test)."""
 
     name: str = "npz"
     path: str = "data.npz"
-    train_limit: int | None = None
-    test_limit: int | None = None
 
     def spec(self):
         from runner.data_pipelines import MNIST
@@ -138,15 +138,6 @@ class NpzData:
 
         d = np.load(self.path)
         return Arrays(d["x_train"], d["y_train"], d["x_test"], d["y_test"], synthetic=False)
-
-    def train_examples(self) -> int | None:
-        return self.train_limit
-
-    def describe(self) -> str:
-        return f"data={self.name} ({self.path})"
-
-    def in_memory_bytes(self) -> int:
-        return 0
 
 
 def _members(contract: type) -> set[str]:
