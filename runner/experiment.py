@@ -121,14 +121,26 @@ class Built:
     xla: Any  # train.jit_compile resolved (runner.measure.xla.Decision: on, and why)
 
 
+def loaded(plan: Plan) -> Data:
+    """The plan's examples (`Dataset.load`), or one DataError line where a user's dataset gives none: a file it cannot
+    read (an OSError: missing, unreadable, a folder), or something else than a `Data` (keras.datasets' tuples)."""
+    try:
+        data = plan.data.load(plan.train.seed)
+    except OSError as e:
+        raise DataError(f"data={plan.data.name} cannot load its examples: {e}") from e
+    if not all(callable(getattr(type(data), method, None)) for method in ("train", "test", "digest")):
+        raise DataError(f"data={plan.data.name}: load returned a {type(data).__name__}, not the examples' Data (train(), "
+                        "test(), digest(): runner.data_pipelines.common.Data); for numpy arrays return "
+                        "runner.data_pipelines.common.Arrays(x_train, y_train, x_test, y_test, synthetic=False, "
+                        "spec=self.spec())")
+    return data
+
+
 def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Built:
     """Data, devices, precision and strategy for `plan`: the one way a run's objects are made. Data first (a bad
     path fails before the slow TensorFlow import); the strategy right after the devices (MultiWorkerMirroredStrategy
     must exist before TensorFlow's runtime starts). `log_placement`: TensorFlow logs every op's device."""
-    try:
-        data = plan.data.load(plan.train.seed)
-    except OSError as e:  # a file the data names cannot be read (a user's dataset: missing, unreadable, a folder)
-        raise DataError(f"data={plan.data.name} cannot load its examples: {e}") from e
+    data = loaded(plan)
     # The devices (the process's first TensorFlow import) and the precision; the run tagged with what it is on.
     devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)

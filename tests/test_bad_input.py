@@ -78,6 +78,7 @@ def _deleted_experiment(folder: Path, name: str) -> None:
 def _npz_config(tmp: Path) -> None:
     (tmp / "conf" / "data").mkdir(parents=True)
     (tmp / "conf" / "data" / "npz.yaml").write_text("_target_: user_models.NpzData\npath: data.npz\n")
+    (tmp / "conf" / "data" / "keras_style.yaml").write_text("_target_: user_models.KerasStyleData\n")
 
 
 def _file_as_dir(tmp: Path) -> None:
@@ -160,6 +161,9 @@ ROWS = {
     "user-data-file-missing": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=npz", "data.path={tmp}/missing.npz"],
                                   ["data=npz cannot load its examples", "No such file", "{tmp}/missing.npz"],
                                   setup=_npz_config, run_opened=True, before_tensorflow=True),
+    "user-data-not-data": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=keras_style"],
+                              ["data=keras_style: load returned a tuple", "common.Arrays(x_train, y_train"],
+                              setup=_npz_config, run_opened=True, before_tensorflow=True),
     # the tracking store cannot be written
     "store-under-a-file": Bad(
         ["mlflow.tracking_uri=sqlite:///{tmp}/afile/mlflow.db"],

@@ -140,6 +140,19 @@ class NpzData(DatasetOptions):
         return Arrays(d["x_train"], d["y_train"], d["x_test"], d["y_test"], synthetic=False)
 
 
+@dataclass
+class KerasStyleData(NpzData):
+    """A user's dataset whose load returns keras.datasets' ((x_train, y_train), (x_test, y_test)), not a Data."""
+
+    name: str = "keras_style"
+
+    def load(self, seed: int):
+        import numpy as np
+
+        x, y = np.zeros((8, 28, 28), "uint8"), np.zeros(8, "int64")
+        return (x, y), (x, y)
+
+
 def _members(contract: type) -> set[str]:
     """What a typing.Protocol declares: its attributes and its methods."""
     return {n for n in vars(contract) if not n.startswith("_")} | set(getattr(contract, "__annotations__", {}))
