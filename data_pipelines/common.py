@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from runner.data_pipelines import MNIST, PipelineOptions, Spec
+from runner.data_pipelines import MNIST, DataError, PipelineOptions, Spec
 
 EVAL_BATCH = 1000  # evaluation batch; the last partial batch is kept, so every test example counts
 # An in-memory test set's float batches are kept after the first evaluation up to this size; larger ones (which the
@@ -73,6 +73,10 @@ class Arrays:
     synthetic: bool
     spec: Spec = MNIST
 
+    def __post_init__(self) -> None:
+        for split in ("train", "test"):
+            check_split(self.spec, split, getattr(self, f"x_{split}"), getattr(self, f"y_{split}"))
+
     @property
     def train_size(self) -> int:
         return count_examples(self.x_train)
@@ -102,6 +106,24 @@ class Table(Arrays):
 
     def test(self, limit: int | None = None) -> Any:
         return eval_dataset({k: v[:limit] for k, v in self.x_test.items()}, self.y_test[:limit], self.spec)
+
+
+def check_split(spec: Spec, split: str, x: Any, y: np.ndarray) -> None:
+    """Refuse, in one line, examples and labels that do not match each other or `spec` (a user's `load` builds
+    `Arrays` of them: a mismatch would surface as a shape error of the model's loss, or a label out of range as
+    TensorFlow's op error); the image spec (h, w, 1) takes (n, h, w) images too (MNIST's)."""
+    n, shape = count_examples(x), tuple(spec.shape)
+    if n != len(y):
+        raise DataError(f"Arrays: x_{split} has {n} examples and y_{split} {len(y)} labels; give one label each")
+    takes = [shape, shape[:-1]] if len(shape) == 3 and shape[-1] == 1 else [shape]
+    if not isinstance(x, dict) and tuple(x.shape[1:]) not in takes:
+        raise DataError(f"Arrays: x_{split} {tuple(x.shape)} holds examples of shape {tuple(x.shape[1:])}; its spec "
+                        f"({spec}) takes {shape}: make the dataset's spec() say what load gives")
+    if spec.target == "class" and n:
+        low, high = int(np.min(y)), int(np.max(y))
+        if low < 0 or high >= spec.classes:
+            raise DataError(f"Arrays: y_{split} has labels {low} to {high}; its spec's {spec.classes} classes "
+                            f"(Spec.classes) take 0 to {spec.classes - 1}")
 
 
 def count_examples(x: Any) -> int:

@@ -105,6 +105,9 @@ class SequenceFiles(Arrays):
     """A user's token sequences (n, length + 1) without labels (`y_train`, `y_test` None), as a language model trains
     on them: every row is an example, each of its positions labelled with the next id."""
 
+    def __post_init__(self) -> None:
+        """Rows of length + 1 ids, unlabelled: data=files checked them as it read them (`Files._vocabulary`)."""
+
     def _examples(self, x: np.ndarray) -> Windows:
         return Windows(x, None, range(len(x)), self.spec)
 

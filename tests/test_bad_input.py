@@ -79,6 +79,7 @@ def _npz_config(tmp: Path) -> None:
     (tmp / "conf" / "data").mkdir(parents=True)
     (tmp / "conf" / "data" / "npz.yaml").write_text("_target_: user_models.NpzData\npath: data.npz\n")
     (tmp / "conf" / "data" / "keras_style.yaml").write_text("_target_: user_models.KerasStyleData\n")
+    (tmp / "conf" / "data" / "own_arrays.yaml").write_text("_target_: user_models.OwnArrays\nwidth: 8\ntop_label: 2\n")
 
 
 def _file_as_dir(tmp: Path) -> None:
@@ -164,6 +165,12 @@ ROWS = {
     "user-data-not-data": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=keras_style"],
                               ["data=keras_style: load returned a tuple", "common.Arrays(x_train, y_train"],
                               setup=_npz_config, run_opened=True, before_tensorflow=True),
+    "user-arrays-not-the-spec": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=own_arrays", "data.width=10"],
+                                    ["Arrays: x_train (64, 10) holds examples of shape (10,)", "takes (8,)"],
+                                    setup=_npz_config, run_opened=True, before_tensorflow=True),
+    "user-arrays-label-out-of-range": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=own_arrays",
+                                           "data.top_label=6"], ["y_train has labels 0 to 6", "take 0 to 2"],
+                                          setup=_npz_config, run_opened=True, before_tensorflow=True),
     # the tracking store cannot be written
     "store-under-a-file": Bad(
         ["mlflow.tracking_uri=sqlite:///{tmp}/afile/mlflow.db"],

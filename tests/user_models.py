@@ -153,6 +153,29 @@ class KerasStyleData(NpzData):
         return (x, y), (x, y)
 
 
+@dataclass
+class OwnArrays(DatasetOptions):
+    """A user's dataset of 8 float features and 3 classes whose load builds `Arrays` of `width` features and labels
+    up to `top_label` (the defaults match its spec)."""
+
+    name: str = "own_arrays"
+    width: int = 8
+    top_label: int = 2
+
+    def spec(self):
+        from runner.data_pipelines import Spec
+
+        return Spec((8,), 3, "float32")
+
+    def load(self, seed: int):
+        import numpy as np
+
+        from runner.data_pipelines.common import Arrays
+
+        x, y = np.zeros((64, self.width), "float32"), np.arange(64) % (self.top_label + 1)
+        return Arrays(x, y, x, y, synthetic=False, spec=self.spec())
+
+
 def _members(contract: type) -> set[str]:
     """What a typing.Protocol declares: its attributes and its methods."""
     return {n for n in vars(contract) if not n.startswith("_")} | set(getattr(contract, "__annotations__", {}))
