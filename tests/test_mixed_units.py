@@ -65,7 +65,7 @@ def _report(client, parent, out, monkeypatch) -> tuple[object, dict]:
     from runner.report.table import Selection, report
 
     drawn = {}
-    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.update({path.name: fig}))
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: (drawn.update({path.name: fig}), plt.close(fig)))
     experiment = client.get_run(parent).info.experiment_id
     return report(client, Selection("mixed", experiment, None, ""), "", out), drawn
 
