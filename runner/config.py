@@ -350,6 +350,9 @@ def validate(cfg: DictConfig) -> Plan:
         spec = parts["data"].spec()
     except DataError as e:  # a missing path, an unprepared dataset
         raise ConfigError(str(e)) from None
+    if not isinstance(spec, Spec):  # a user's dataset: every later check and the model's build read a Spec
+        raise ConfigError(f"data={parts['data'].name}: spec() returned a {type(spec).__name__}, not a "
+                          "runner.data_pipelines.Spec (e.g. Spec(shape=(28, 28, 1), classes=10))")
     parts["pipeline"].check(towers, parts["data"].train_examples())
     parts["model"].check(spec)
     strategy.check_task(spec)

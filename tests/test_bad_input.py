@@ -75,10 +75,12 @@ def _deleted_experiment(folder: Path, name: str) -> None:
     client.delete_experiment(client.create_experiment(name))
 
 
-def _npz_config(tmp: Path) -> None:
+def _user_data_configs(tmp: Path) -> None:
+    """conf/data/ YAMLs of the users' datasets in tests/user_models.py."""
     (tmp / "conf" / "data").mkdir(parents=True)
     (tmp / "conf" / "data" / "npz.yaml").write_text("_target_: user_models.NpzData\npath: data.npz\n")
     (tmp / "conf" / "data" / "keras_style.yaml").write_text("_target_: user_models.KerasStyleData\n")
+    (tmp / "conf" / "data" / "tuple_spec.yaml").write_text("_target_: user_models.TupleSpecData\n")
     (tmp / "conf" / "data" / "own_arrays.yaml").write_text("_target_: user_models.OwnArrays\nwidth: 8\ntop_label: 2\n")
 
 
@@ -161,16 +163,19 @@ ROWS = {
     # a user's dataset (tests/user_models.py) whose file cannot be read: its OSError said in one line
     "user-data-file-missing": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=npz", "data.path={tmp}/missing.npz"],
                                   ["data=npz cannot load its examples", "No such file", "{tmp}/missing.npz"],
-                                  setup=_npz_config, run_opened=True, before_tensorflow=True),
+                                  setup=_user_data_configs, run_opened=True, before_tensorflow=True),
     "user-data-not-data": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=keras_style"],
                               ["data=keras_style: load returned a tuple", "common.Arrays(x_train, y_train"],
-                              setup=_npz_config, run_opened=True, before_tensorflow=True),
+                              setup=_user_data_configs, run_opened=True, before_tensorflow=True),
+    "user-spec-not-a-spec": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=tuple_spec"],
+                                ["data=tuple_spec: spec() returned a tuple", "not a runner.data_pipelines.Spec"],
+                                setup=_user_data_configs, before_tensorflow=True),
     "user-arrays-not-the-spec": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=own_arrays", "data.width=10"],
                                     ["Arrays: x_train (64, 10) holds examples of shape (10,)", "takes (8,)"],
-                                    setup=_npz_config, run_opened=True, before_tensorflow=True),
+                                    setup=_user_data_configs, run_opened=True, before_tensorflow=True),
     "user-arrays-label-out-of-range": Bad(["hydra.searchpath=[file://{tmp}/conf]", "data=own_arrays",
                                            "data.top_label=6"], ["y_train has labels 0 to 6", "take 0 to 2"],
-                                          setup=_npz_config, run_opened=True, before_tensorflow=True),
+                                          setup=_user_data_configs, run_opened=True, before_tensorflow=True),
     # the tracking store cannot be written
     "store-under-a-file": Bad(
         ["mlflow.tracking_uri=sqlite:///{tmp}/afile/mlflow.db"],

@@ -176,6 +176,16 @@ class OwnArrays(DatasetOptions):
         return Arrays(x, y, x, y, synthetic=False, spec=self.spec())
 
 
+@dataclass
+class TupleSpecData(NpzData):
+    """A user's dataset whose spec() returns a (shape, classes) tuple, not a Spec."""
+
+    name: str = "tuple_spec"
+
+    def spec(self):
+        return (28, 28, 1), 10
+
+
 def _members(contract: type) -> set[str]:
     """What a typing.Protocol declares: its attributes and its methods."""
     return {n for n in vars(contract) if not n.startswith("_")} | set(getattr(contract, "__annotations__", {}))
