@@ -72,8 +72,10 @@ class Spec:
         what = self.task.said.format(classes=self.classes)
         if self.features:
             return f"examples of {', '.join(map(str, self.features))}, {what}"
-        if not self.token_ids:
+        if self.images:
             return f"{'x'.join(map(str, self.shape))} {self.dtype} images, {what}"
+        if not self.token_ids:  # a user's array of values that is not an image: (n,) features, (t, c) series
+            return f"{'x'.join(map(str, self.shape))} {self.dtype} values an example, {what}"
         return f"sequences of {self.shape[0]} token ids below {self.vocabulary}, {what}"
 
     @property
@@ -86,12 +88,18 @@ class Spec:
         return self.dtype == "int32"
 
     @property
+    def images(self) -> bool:
+        """Whether an example is an image: (height, width, channels) values (not token ids, named features, or a
+        user's array of another rank)."""
+        return not self.token_ids and not self.features and len(self.shape) == 3
+
+    @property
     def unit(self) -> str:
-        """What a run's throughput counts (one of UNITS): tokens where every position is labelled, else images or
+        """What a run's throughput counts (one of UNITS): tokens where every position is labelled, images, else
         examples."""
         if self.task.per_position:
             return "tokens"
-        return "examples" if self.token_ids or self.features else "images"
+        return "images" if self.images else "examples"
 
     @property
     def rate_key(self) -> str:

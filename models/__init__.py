@@ -88,15 +88,20 @@ class ModelOptions:
         return None
 
     def images_only(self, spec: Spec) -> None:
-        """Refuse a task whose examples are not images (token ids)."""
-        if spec.unit != "images":
+        """Refuse examples that are not arrays of values (token ids, named features); the built-in image models take
+        any such array (the MLP flattens it), a convolutional one refuses what is too small (`too_small`)."""
+        if spec.token_ids or spec.features:
             raise ConfigError(f"model={self.name} takes images, the data gives {spec}; for token ids use model=gpt "
                               "(a language model), for click logs model=dlrm, or your own model (model._target_)")
 
     def too_small(self, spec: Spec, smallest: int) -> None:
-        """Refuse images whose height or width is below `smallest` (what the model's layers need)."""
+        """Refuse examples that are not images, and images whose height or width is below `smallest` (what the
+        model's layers need)."""
         self.images_only(spec)
-        if min(spec.shape[:2]) < smallest:
+        if not spec.images:
+            raise ConfigError(f"model={self.name} takes images (height, width, channels), the data gives {spec}; use "
+                              "model=mlp, which takes any array of values, or your own model (model._target_)")
+        if spec.images and min(spec.shape[:2]) < smallest:
             raise ConfigError(
                 f"model={self.name} takes images of at least {smallest}x{smallest}, the data gives {spec}; "
                 "use larger images (data.shape) or model=mlp, which takes any size"
@@ -197,9 +202,11 @@ class SequentialModel(ModelOptions):
 
     def check(self, spec: Spec) -> None:
         """Refuse images too small for the layers: the least square side whose every output keeps a side of 1 (a
-        model of layers the walk does not follow: any size; Keras says what it cannot build)."""
+        model of layers the walk does not follow: any size; Keras says what it cannot build); examples that are not
+        images where a layer has a spatial extent (an MLP takes any array of values)."""
         self.images_only(spec)
-        if self._walk(spec) is None:
+        walked = self._walk(spec, () if spec.images else (1, 1))  # not images: walked as 1x1 ones
+        if walked is None or not (spec.images or any(len(s) == 3 for s in walked[1])):
             return
 
         def fits(side: int) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import markdown_rows, new_store
+from conftest import compose, markdown_rows, new_store
 
 from runner.report.verdict import Run, decide
 
@@ -214,3 +214,20 @@ def test_only_top_keeps_the_predicted_fastest_of_each_unit():
     keep, units = top_of_each_unit(order, 1)
     assert units == ["images", "tokens"]
     assert keep == {"data.unit=images strategy=single", "data.unit=tokens strategy=sharded_update"}
+
+
+def test_a_users_arrays_that_are_not_images_are_counted_in_examples(tf_devices, store, tmp_path, monkeypatch):
+    """A user's dataset of 8 float values an example (tests/user_models.py: OwnArrays) is not images: its spec says
+    so, the MLP trains on it and the run counts examples/s (was: images/s, and a convolutional model's walk an
+    IndexError)."""
+    from runner.data_pipelines import Spec
+    from runner.experiment import run
+    from user_models import OwnArrays
+
+    assert OwnArrays().spec().unit == "examples" and str(OwnArrays().spec()).startswith("8 float32 values an example")
+    assert Spec((28, 28, 1), 10).unit == "images" and Spec((32, 32, 3), 10, "float32").images
+    (tmp_path / "conf" / "data").mkdir(parents=True)
+    (tmp_path / "conf" / "data" / "own_arrays.yaml").write_text("_target_: user_models.OwnArrays\n")
+    result = run(compose(f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "data=own_arrays", "debug=smoke",
+                         f"mlflow.tracking_uri={store}"))
+    assert result["examples_per_sec"] > 0 and "images_per_sec" not in result
