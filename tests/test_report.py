@@ -217,12 +217,12 @@ def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store, capsys
 
 
 @pytest.mark.parametrize("args, said", [
-    (["--parent", "0123456789abcdef"], "error: Run with id=0123456789abcdef not found"),
-    (["--experiment", "alpha", "--filter", "bogus"], "error: "),
+    (["--parent", "0123456789abcdef"], "error: --parent 0123456789abcdef: no run with that id in sqlite:"),
+    (["--experiment", "alpha", "--filter", "bogus"], "error: --filter 'bogus': "),  # was: MLflow's words alone
 ])
 def test_a_parent_or_filter_the_store_refuses_is_one_line(tmp_path, store, capsys, args, said):
-    """The store's own refusal (an MlflowException) becomes one line at the command's edge (runner.cli.main), which
-    the cases above, calling report's main, do not pass through."""
+    """The store's refusal of a parent id or a filter is one line naming the option (through the command's edge,
+    runner.cli.main, which the cases above, calling report's main, do not pass)."""
     uri, _ = store
     code, _, err = subcommand(capsys, "report", "--tracking-uri", uri, "--out", str(tmp_path / "out"), *args)
     assert code == 2 and err.strip().splitlines() == [err.strip()] and err.startswith(said), err

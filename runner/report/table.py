@@ -91,7 +91,14 @@ def select(client: Any, experiment: str | None, parent: str | None, latest_sweep
     if not pool:
         raise ReportError(f"no experiments in {client.tracking_uri}: run `python -m runner` first")
     if parent:
-        run = client.get_run(parent)
+        from mlflow.exceptions import MlflowException
+
+        try:
+            run = client.get_run(parent)
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":  # the store itself: said as any other store error
+                raise
+            raise ReportError(f"--parent {parent}: no run with that id in {client.tracking_uri}") from None
         return Selection(_name(pool, run.info.experiment_id), run.info.experiment_id, parent,
                          f"report: sweep parent run {parent}")
     sweeps = client.search_runs([e.experiment_id for e in pool], "tags.sweep = 'parent'",
@@ -119,10 +126,17 @@ def fetch(client: Any, selection: Selection, filter_string: str,
     """The runs of a selection (a sweep parent's children, or the experiment's runs but parents), with their speedups
     and whether each learns the same as one device within `tolerance`; one whose process is gone from this host is
     closed KILLED and shown DEAD (`_dead`)."""
+    from mlflow.exceptions import MlflowException
+
     clauses = [filter_string] if filter_string else []
     if selection.parent:
         clauses.append(f"tags.mlflow.parentRunId = '{selection.parent}'")
-    runs = client.search_runs([selection.experiment_id], " and ".join(clauses), max_results=5000)
+    try:
+        runs = client.search_runs([selection.experiment_id], " and ".join(clauses), max_results=5000)
+    except MlflowException as e:
+        if e.error_code != "INVALID_PARAMETER_VALUE":
+            raise
+        raise ReportError(f"--filter {filter_string!r}: {e.message} (MLflow's search syntax)") from None
     return add_speedups([row_of(r, _dead(client, r)) for r in runs if r.data.tags.get("sweep") != "parent"], tolerance)
 
 
