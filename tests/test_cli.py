@@ -73,3 +73,10 @@ def test_a_spec_sheet_prediction_shows_its_table_without_tensorflows_start_up_li
     assert "predicted fastest: mlp/default mirrored/split x8" in proc.stdout
     assert not [line for line in proc.stdout.splitlines()
                 if "oneDNN" in line or "cuda" in line.lower() or "absl::InitializeLog" in line], proc.stdout
+
+
+def test_a_misspelled_subcommand_is_one_line_naming_the_subcommands(tmp_path):
+    """`runner predikt ...` (was Hydra's "Error parsing override 'predikt' missing EQUAL at '<EOF>'")."""
+    proc = run_cli("predikt", "hardware=dgx1_p100", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: 'predikt' is not a subcommand (report, check, predict, replay) or a config override KEY=VALUE")

@@ -141,6 +141,8 @@ def cli() -> None:
     tracking.bound_http_retries()
     if sys.argv[1:2] and sys.argv[1] in SUBCOMMANDS:
         _exit_now(subcommand(sys.argv[1], sys.argv[2:]))
+    if sys.argv[1:2] and "=" not in sys.argv[1] and not sys.argv[1].startswith(("-", "~", "+")):  # `runner predikt`
+        _fail(f"{sys.argv[1]!r} is not a subcommand ({', '.join(SUBCOMMANDS)}) or a config override KEY=VALUE")
     sys.argv[1:], error = preflight(sys.argv[1:])
     if error:
         _fail(error)
