@@ -102,10 +102,13 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     (["hardware=dgx1_p100", "hardware.accelerator.memory_bandwidth=null"],
      ["hardware.accelerator.memory_bandwidth", "None", "float"]),
     (["hardware=dgx1_p100", "predict.format=xml"], ["predict.format='xml'", "table, json"]),
+    # one combination no cost model covers (was a one-row 'not predicted' table, exit 1)
+    (["strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no cost model", "mirrored"]),
+    (["hardware=dgx1_p100", "strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no spec-sheet"]),
 ])
 def test_bad_hardware_input_is_one_line(capsys, argv, wanted):
-    """One combination (not a sweep): what the runner refuses is the command's one `error:` line and exit 2, as for
-    a run, not a table row of what was not predicted."""
+    """One combination (not a sweep): what the runner refuses, or what no cost model covers, is the command's one
+    `error:` line and exit 2, as for a run, not a table row of what was not predicted."""
     code, out, err = subcommand(capsys, "predict", "experiment=tf_cnn_resnet50", *argv)
     assert code == 2 and out == "" and err.strip().splitlines() == [err.strip()], out + err
     assert err.startswith("error: ") and all(w in err for w in wanted), err

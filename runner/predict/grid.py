@@ -63,6 +63,8 @@ def _plan(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, Any,
     try:  # ConfigError where the strategy has no cost model (traffic), or no spec-sheet one (exchange)
         plan.strategy.traffic(plan.local_towers, 0, 0) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
     except UserError as e:
+        if refusals_raise:
+            raise
         return cfg, plan, one_line(e)
     return cfg, plan, None
 
@@ -92,7 +94,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
                 refusals_raise: bool = False) -> list[Outcome]:
     """A prediction (or the reason there is none) for every combination: on a named hardware from its spec sheet,
     on this machine from calibrations (measuring what the cache lacks). `refusals_raise`: a config the runner
-    refuses is raised (`runner predict` of one combination), not its row."""
+    refuses, or one no cost model covers, is raised (`runner predict` of one combination), not its row."""
     outcomes, groups, layers = [], {}, {}
     for overrides in combos:
         cfg, plan, error = _plan(overrides, refusals_raise)
