@@ -136,10 +136,15 @@ def _built(cls: type, values: dict[str, Any]) -> Any:
 
 
 def locate(path: str, kind: str) -> Any:
-    """The object at dotted `path` (`package.module.name`), or a ConfigError saying why it cannot be imported."""
+    """The object at dotted `path` (`package.module.name`), or a ConfigError saying why it cannot be imported; the
+    start-up lines of TensorFlow where the user's module imports it, filtered as a run's are."""
+    from runner.runtime.quiet import filtered_stderr
+
     module_name, _, attr = path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module_name), attr)
+        with filtered_stderr():
+            module = importlib.import_module(module_name)
+        return getattr(module, attr)
     except (ImportError, AttributeError, ValueError) as e:
         raise ConfigError(
             f"{kind}.{TARGET}={path!r} cannot be imported ({type(e).__name__}: {e}); put its package on PYTHONPATH "

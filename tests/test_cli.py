@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlflow
+import pytest
 from conftest import run_cli, runs
 
 from runner.runtime.devices import onednn
@@ -64,13 +65,24 @@ def test_hydra_cfg_job_prints_the_composed_config(tmp_path):
     assert "name: cnn" in proc.stdout and "global_batch_size: 128" in proc.stdout
 
 
-def test_a_spec_sheet_prediction_shows_its_table_without_tensorflows_start_up_lines(tmp_path):
-    """`runner predict hardware=...` builds the model with Keras to read its layers: TensorFlow's C++ start-up lines
-    (oneDNN, CUDA drivers, cuInit) are filtered there as in a run, with TensorFlow's own log level untouched."""
-    proc = run_cli("predict", "hardware=dgx1_p100", "gpus=8", "strategy=mirrored", "model=mlp", cwd=tmp_path,
-                   env={"TF_CPP_MIN_LOG_LEVEL": None}, merged=True)
+TF_AT_THE_TOP = """import tensorflow as tf  # a user's module importing TensorFlow first, as many do
+
+
+def net(input_shape, classes):
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(), tf.keras.layers.Dense(classes)])
+"""
+
+
+@pytest.mark.parametrize("model", [["model=mlp"], ["+model._target_=tf_at_the_top.net", "model.name=net"]])
+def test_a_spec_sheet_prediction_shows_its_table_without_tensorflows_start_up_lines(tmp_path, model):
+    """`runner predict hardware=...` builds the model with Keras to read its layers, and a user's model module may
+    import TensorFlow as validation finds it: TensorFlow's C++ start-up lines (oneDNN, CUDA drivers, cuInit) are
+    filtered there as in a run, with TensorFlow's own log level untouched (the user's module: were printed)."""
+    (tmp_path / "tf_at_the_top.py").write_text(TF_AT_THE_TOP)
+    proc = run_cli("predict", "hardware=dgx1_p100", "gpus=8", "strategy=mirrored", *model, cwd=tmp_path,
+                   env={"TF_CPP_MIN_LOG_LEVEL": None, "PYTHONPATH": str(tmp_path)}, merged=True)
     assert proc.returncode == 0, proc.stdout[-2000:]
-    assert "predicted fastest: mlp/default mirrored/split x8" in proc.stdout
+    assert "predicted fastest: " in proc.stdout and " mirrored/split x8" in proc.stdout
     assert not [line for line in proc.stdout.splitlines()
                 if "oneDNN" in line or "cuda" in line.lower() or "absl::InitializeLog" in line], proc.stdout
 

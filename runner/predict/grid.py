@@ -18,6 +18,7 @@ from runner.paths import read_cache, write_cache
 from runner.predict import calibrate, spec_sheet
 from runner.predict.costs import Prediction, combination, predict
 from runner.report.table import markdown, markdown_row
+from runner.runtime.quiet import filtered_stderr
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,12 @@ def _calibrate(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
     return {"error": f"calibration failed: {result['error']}"} if "error" in result else result
 
 
+@filtered_stderr()
 def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: Path | None = None,
                 refusals_raise: bool = False) -> list[Outcome]:
     """A prediction (or the reason there is none) for every combination: on a named hardware from its spec sheet,
-    on this machine from calibrations (measuring what the cache lacks). `refusals_raise`: a config the runner
+    on this machine from calibrations (measuring what the cache lacks); TensorFlow's start-up lines, wherever a
+    model's build, an XLA key or a user's module imports it, filtered as a run's are. `refusals_raise`: a config the runner
     refuses, or one no cost model covers, is raised (`runner predict` of one combination), not its row."""
     outcomes, groups, layers = [], {}, {}
     for overrides in combos:
@@ -138,15 +141,13 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
     from omegaconf import OmegaConf
 
     from runner.runtime.devices import import_tensorflow
-    from runner.runtime.quiet import filtered_stderr
 
     model = OmegaConf.to_container(plan.cfg.model, resolve=True)
     key = (json.dumps(model, sort_keys=True), tuple(plan.spec.shape), plan.spec.classes)
     try:
         if key not in layers:
-            with filtered_stderr():  # TensorFlow's start-up lines as Keras builds the model, filtered as a run's are
-                import_tensorflow()
-                layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
+            import_tensorflow()
+            layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
         terms, one_device = spec_sheet.price(plan, layers[key])
     except UserError as e:
         outcome.error = one_line(e)
