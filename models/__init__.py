@@ -89,7 +89,8 @@ class ModelOptions:
 
     def images_only(self, spec: Spec) -> None:
         """Refuse examples that are not arrays of values (token ids, named features); the built-in image models take
-        any such array (the MLP flattens it); a convolutional one refuses what is not an image or too small (`too_small`)."""
+        any such array (the MLP flattens it); a convolutional one refuses what is not an image or too small
+        (`too_small`)."""
         if spec.token_ids or spec.features:
             raise ConfigError(f"model={self.name} takes images, the data gives {spec}; for token ids use model=gpt "
                               "(a language model), for click logs model=dlrm, or your own model (model._target_)")

@@ -129,8 +129,8 @@ def loaded(plan: Plan) -> Data:
     except OSError as e:
         raise DataError(f"data={plan.data.name} cannot load its examples: {e}") from e
     if not all(callable(getattr(type(data), method, None)) for method in ("train", "test", "digest")):
-        raise DataError(f"data={plan.data.name}: load returned a {type(data).__name__}, not the examples' Data (train(), "
-                        "test(), digest(): runner.data_pipelines.common.Data); for numpy arrays return "
+        raise DataError(f"data={plan.data.name}: load returned a {type(data).__name__}, not the examples' Data "
+                        "(train(), test(), digest(): runner.data_pipelines.common.Data); for numpy arrays return "
                         "runner.data_pipelines.common.Arrays(x_train, y_train, x_test, y_test, synthetic=False, "
                         "spec=self.spec())")
     return data

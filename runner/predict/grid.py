@@ -96,8 +96,8 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
                 refusals_raise: bool = False) -> list[Outcome]:
     """A prediction (or the reason there is none) for every combination: on a named hardware from its spec sheet,
     on this machine from calibrations (measuring what the cache lacks); TensorFlow's start-up lines, wherever a
-    model's build, an XLA key or a user's module imports it, filtered as a run's are. `refusals_raise`: a config the runner
-    refuses, or one no cost model covers, is raised (`runner predict` of one combination), not its row."""
+    model's build, an XLA key or a user's module imports it, filtered as a run's are. `refusals_raise`: a config the
+    runner refuses, or one no cost model covers, is raised (`runner predict` of one combination), not its row."""
     outcomes, groups, layers = [], {}, {}
     for overrides in combos:
         cfg, plan, error = _plan(overrides, refusals_raise)
