@@ -159,6 +159,19 @@ def test_a_bad_override_of_runner_check_is_one_line(capsys, args, said):
     assert code == 2 and err.strip().splitlines() == [err.strip()] and err.startswith(said), err
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--tolerance", "-1"], "argument --tolerance: -1 is not a finite number >= 0"),
+    (["--tolerance", "nan"], "argument --tolerance: nan is not a finite number >= 0"),
+    (["--steps", "0"], "argument --steps: 0 is not a positive count"),
+    (["--timed", "-5"], "argument --timed: -5 is not a positive count"),
+])
+def test_a_tolerance_or_count_runner_check_cannot_use_is_refused_before_anything_runs(capsys, args, said):
+    """Was: every combination ran (about a minute), then all failed (a negative or NaN tolerance, no steps), or a
+    negative timed call passed silently."""
+    code, out, err = subcommand(capsys, "check", *args)
+    assert code == 2 and out == "" and err.strip().splitlines()[-1].endswith(said), err
+
+
 PLACED = "I0000 placer.cc:162] {node}: ({op}): /job:localhost/replica:0/task:0/device:{device}\n"
 
 

@@ -18,6 +18,7 @@ from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
 from runner.bench.published import published
 from runner.bench.settings import SPEED_SETTINGS, settings_steps, speed_settings
+from runner.cli.arguments import positive
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
 from runner.runtime import signals
@@ -28,13 +29,6 @@ def _ints(text: str) -> list[int]:
     return [int(v) for v in text.split(",")]
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text} is not a positive count")
-    return value
-
-
 def _names(text: str) -> list[str]:
     return [v for v in text.split(",") if v]
 
@@ -42,10 +36,10 @@ def _names(text: str) -> list[str]:
 def _setting_options(parser: argparse.ArgumentParser, models: list[str], test_limit: int | None) -> None:
     """The options of `grid`, `strategies` and `floors` that make each model's jobs.Setting (jobs.setting_for)."""
     parser.add_argument("--models", "--model", dest="models", type=_names, default=models)
-    parser.add_argument("--steps", type=_positive, default=None, help="steps per job (default: per model/variant)")
-    parser.add_argument("--steps-per-call", type=_positive, default=None,
+    parser.add_argument("--steps", type=positive, default=None, help="steps per job (default: per model/variant)")
+    parser.add_argument("--steps-per-call", type=positive, default=None,
                         help="steps per compiled call (default: per model)")
-    parser.add_argument("--test-limit", type=_positive, default=test_limit,
+    parser.add_argument("--test-limit", type=positive, default=test_limit,
                         help="evaluate runner jobs on the first N test images")
     parser.add_argument("--optimizer", default=None, choices=typing.get_args(OptimizerName),
                         help="for runner jobs and Keras fit alike (default: each model's own, as `runner` trains it)")
@@ -61,7 +55,7 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
                    default=["tiny", "default"] if full else ["default"])
     g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])
     g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, baseline()] if full else list(DATA_PARALLEL))
-    g.add_argument("--repeats", type=_positive, default=1,
+    g.add_argument("--repeats", type=positive, default=1,
                    help="run every job this many times, in rounds; rows show the median and the range")
     g.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                    help="a config override for every job, runner and Keras fit alike (repeatable): your model "
@@ -97,20 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", type=_names, default=replicated)
     p.add_argument("--model", default="mlp")
     p.add_argument("--variant", default="default")
-    p.add_argument("--steps", type=_positive, default=400)
-    p.add_argument("--steps-per-call", type=_positive, default=50)
+    p.add_argument("--steps", type=positive, default=400)
+    p.add_argument("--steps-per-call", type=positive, default=50)
     grids = (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False))
     for parsed in grids:
         parsed.add_argument("--pipelines", type=_names, default=PIPELINES.names())
     fl = sub.add_parser("floors", help="each built-in model's step vs its floor at 1, 2, 4 devices, MFU and Keras fit, "
                                        "in rounds")
     _setting_options(fl, built_in(), 1000)
-    fl.add_argument("--rounds", type=_positive, default=3, help="rounds over every model's runner and Keras jobs")
+    fl.add_argument("--rounds", type=positive, default=3, help="rounds over every model's runner and Keras jobs")
     fl.add_argument("--gpus", type=_ints, default=[1, 2, 4],
                     help="device counts (above 1: the data-parallel extremes, all-reduced and on the host, on "
                          "simulated devices)")
     for parsed in (*grids, fl):
-        parsed.add_argument("--batch", type=_positive, default=128)
+        parsed.add_argument("--batch", type=positive, default=128)
         parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
     pr = sub.add_parser("predicted", help="the cost model's predictions beside an experiment's measured runs")
     pr.add_argument("--experiment", default="bench_strategies", help="whose finished runner runs to predict")
@@ -121,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                                       "against nanoGPT, in rounds")
     pe.add_argument("--peer", default=None, help="a checkout of github.com/tensorflow/benchmarks (without --gpt)")
     pe.add_argument("--towers", type=_ints, default=[1, 2])
-    pe.add_argument("--rounds", type=_positive, default=None, help="default 3; with --gpt 2")
-    pe.add_argument("--batch", type=_positive, default=64, help="images per tower")
-    pe.add_argument("--steps", type=_positive, default=200,
+    pe.add_argument("--rounds", type=positive, default=None, help="default 3; with --gpt 2")
+    pe.add_argument("--batch", type=positive, default=64, help="images per tower")
+    pe.add_argument("--steps", type=positive, default=200,
                     help="steps of each job (the peer times them all after its warm-up; the runner, all but its "
                          "first call)")
     pe.add_argument("--gpt", action="store_true", help="the runner's GPT against nanoGPT on the runner's text")
@@ -137,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --gpt: a config override of the runner's jobs; nanoGPT follows the recipe's keys")
     st = sub.add_parser("settings", help="each speed setting's values side by side, as ratios to the default")
     st.add_argument("--groups", type=_names, default=list(SPEED_SETTINGS), help=f"of {','.join(SPEED_SETTINGS)}")
-    st.add_argument("--steps", type=_positive, default=None, help="steps per job (default: the group's)")
-    st.add_argument("--test-limit", type=_positive, default=1000, help="evaluate on the first N test images")
+    st.add_argument("--steps", type=positive, default=None, help="steps per job (default: the group's)")
+    st.add_argument("--test-limit", type=positive, default=1000, help="evaluate on the first N test images")
     for parsed in (*grids, fl, pr, pe, st):
         parsed.add_argument("--tracking-uri", default=None)
     for parsed in (*grids[1:], fl, pr, pu, pe, st):

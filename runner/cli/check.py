@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
+from runner.cli.arguments import positive, tolerance
 from runner.errors import UserError
 
 STEPS = 10  # compiled one-step calls whose losses are compared
@@ -303,9 +304,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="runner check", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="config overrides: gpus=N, strategy=a,b, pipeline=..., train.*")
     p.add_argument("--config-dir", "-cd", action="append", default=[], help="a folder of your own component YAMLs")
-    p.add_argument("--steps", type=int, default=STEPS, help="one-step calls whose losses are compared")
-    p.add_argument("--timed", type=int, default=TIMED_STEPS, help="steps of the timed call")
-    p.add_argument("--tolerance", type=float, default=TOLERANCE, help="largest relative loss difference allowed")
+    p.add_argument("--steps", type=positive, default=STEPS, help="one-step calls whose losses are compared")
+    p.add_argument("--timed", type=positive, default=TIMED_STEPS, help="steps of the timed call")
+    p.add_argument("--tolerance", type=tolerance, default=TOLERANCE, help="largest relative loss difference allowed")
     p.add_argument("--reprobe", action="store_true",
                    help="measure this machine's matmul peak again (stop other jobs first), print it and exit")
     p.add_argument("--each", action="store_true", help=argparse.SUPPRESS)  # internal: the child, combinations on stdin

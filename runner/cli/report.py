@@ -4,23 +4,12 @@ three plots (what they show: runner/report/table.py)."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
+from runner.cli.arguments import tolerance
 from runner.report import verdict
 from runner.report.table import ReportError, report, select
-
-
-def _tolerance(text: str) -> float:
-    """A tolerance: a finite number >= 0 (a negative one would call every pair of runs different)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan  # refused below, in the same words
-    if not 0 <= value < math.inf:
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number >= 0")
-    return value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -35,9 +24,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tracking-uri", default=None, help="the store (default: $MLFLOW_TRACKING_URI, else "
                    "sqlite:///mlflow.db in this folder)")
     p.add_argument("--out", default="report", help="folder for report.md and the PNG plots (default: report)")
-    p.add_argument("--accuracy-tolerance", type=_tolerance, default=verdict.Tolerance.accuracy,
+    p.add_argument("--accuracy-tolerance", type=tolerance, default=verdict.Tolerance.accuracy,
                    help="'learns the same': the largest |Δ test accuracy| to the 1-device run (default: %(default)s)")
-    p.add_argument("--loss-tolerance", type=_tolerance, default=verdict.Tolerance.loss,
+    p.add_argument("--loss-tolerance", type=tolerance, default=verdict.Tolerance.loss,
                    help="'learns the same': the largest relative |Δ test loss| (default: %(default)s)")
     return p
 
