@@ -79,6 +79,12 @@ class Selection:
     parent: str | None
     said: str
 
+    @property
+    def where(self) -> str:
+        """Where its runs are, in a few words: a sweep's parent run in its experiment, or the experiment."""
+        return f"sweep parent run {self.parent} in experiment {self.experiment!r}" if self.parent else \
+            f"experiment {self.experiment!r}"
+
 
 def select(client: Any, experiment: str | None, parent: str | None, latest_sweep: bool) -> Selection:
     """The runs a report covers: as asked, or (nothing asked) the newest sweep in the store, else the newest
@@ -276,9 +282,8 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     """Build the table, the verdict lines and the plots; log them to the parent run if there is one."""
     rows = fetch(client, selection, filter_string, tolerance)
     if not rows:
-        where = selection.said.removeprefix("report: ").removeprefix("all runs of ")
         raise ReportError(f"no runs {f'matching --filter {filter_string!r} ' if filter_string else ''}to report in "
-                          f"{where}")
+                          f"{selection.where}")
     text, lines = _by_kind(rows, table), [v.line() for v in verdict.decide(rows, tolerance)]
     lines += prediction_lines(rows)
     out.mkdir(parents=True, exist_ok=True)
