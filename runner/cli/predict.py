@@ -8,8 +8,8 @@ takes the same overrides as a sweep. On this machine (`hardware=this`, the defau
 set calibrates it (seconds, in a fresh process; cached), later ones read the cache; on a named hardware
 (conf/hardware/, or yours in `--config-dir`) it prices the model's layers from the spec sheet and runs nothing.
 `predict.format=json` prints one JSON object per combination instead of the tables. Exit status 2 for a bad override
-(one `error:` line; so is a lone combination the runner refuses, where a sweep's refused ones are rows), 1 when no
-combination could be predicted.
+(one `error:` line; so is a lone combination the runner refuses or no cost model covers, where a sweep's are rows),
+1 when no combination could be predicted.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     combos = [[*searchpath(dirs), *c] for c in expand(overrides)]
-    # a bad override raises (runner's dispatcher says it), and so does a lone combination's refusal, as a run's
+    # a bad override raises (runner's dispatcher says it), and so does a lone combination's refusal or missing cost
+    # model, as a run's refusal would
     outcomes = predict_all(combos, args.recalibrate, refusals_raise=len(combos) == 1)
     if shape == "json":
         print("\n".join(json.dumps(r) for r in records(outcomes)))
