@@ -326,14 +326,19 @@ def compose(overrides: list[str]) -> DictConfig:
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
-def validate(cfg: DictConfig) -> Plan:
+def validate(cfg: DictConfig, priced: bool = False) -> Plan:
     """Check a composed config and return its plan (the resolved, read-only config, the component objects and the
-    derived facts); a ConfigError names the first bad key, its value and what is allowed."""
+    derived facts); a ConfigError names the first bad key, its value and what is allowed. A plan to train is on this
+    machine: a spec sheet's hardware only with `priced` (runner predict)."""
     container = OmegaConf.to_container(cfg, resolve=True)  # gpus, train, mlflow and sweep typed and checked
     values = {**typed_values(Config, {k: v for k, v in container.items() if k not in COMPONENTS}, ""),
               **{k: container.get(k) for k in COMPONENTS}}  # the component nodes as they were composed
     parts = {kind: registry.options(values[kind] or {}) for kind, registry in COMPONENTS.items()}
     strategy, gpus, hardware = parts["strategy"], values["gpus"], parts["hardware"]
+    if not (priced or hardware.measured):  # else a CPU run would be recorded as on the spec sheet's devices
+        raise ConfigError(f"hardware={hardware.name} is a spec sheet that `runner predict` prices; a run trains on this "
+                          f"machine: drop hardware={hardware.name}, or predict with `runner predict "
+                          f"hardware={hardware.name} ...`")
     hardware.check_devices(gpus, strategy.multi_process)
     strategy.check(gpus, parts["model"], values["train"]["jit_compile"])
     # float16 trains only where the strategy's step scales the loss (small gradients would round to zero)

@@ -153,6 +153,9 @@ def test_judge_names_idle_devices_stray_compute_and_loss_drift():
     (["train.stepz=5"], "error: "),
     (["strategy=single", "gpus=2"],  # was: the reference ran, then 'check: 0 of 0 combinations OK', exit 1
      "error: nothing to check with gpus=2: single (every pipeline checked): strategy=single needs gpus from 0 to 1"),
+    # was: 'nothing to check', then the same refusal once per strategy (nine times)
+    (["train.precision=float8"], "error: train.precision='float8' is not allowed; choose one of: float32,"),
+    (["hardware=dgx1_p100"], "error: hardware=dgx1_p100 is a spec sheet that `runner predict` prices; a run trains"),
 ])
 def test_a_bad_override_of_runner_check_is_one_line(capsys, args, said):
     code, _, err = subcommand(capsys, "check", *args)

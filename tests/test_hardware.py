@@ -143,8 +143,12 @@ def test_a_batch_that_fits_no_device_is_refused_with_what_would():
 
 def test_a_run_trains_on_this_machine_and_hardware_changes_no_config_hash():
     plain = validate(compose("strategy=mirrored", "gpus=2"))
-    named = validate(compose("strategy=mirrored", "gpus=2", "hardware=dgx1_p100"))
+    named = validate(compose("strategy=mirrored", "gpus=2", "hardware=dgx1_p100"), priced=True)
     assert plain.config_hash == named.config_hash and plain.hardware.measured and not named.hardware.measured
+    # A run with a spec sheet would train here and be recorded as on its GPUs: refused, naming the command that prices
+    with pytest.raises(ConfigError, match=r"^hardware=dgx1_p100 is a spec sheet that `runner predict` prices; a run "
+                       r"trains on this machine: drop hardware=dgx1_p100, or predict with `runner predict "):
+        validate(compose("strategy=mirrored", "gpus=2", "hardware=dgx1_p100"))
     with pytest.raises(ConfigError, match="gpus=17 is not allowed; expected an integer from 0 to 16"):
         validate(compose("strategy=mirrored", "gpus=17"))
 

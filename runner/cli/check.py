@@ -352,6 +352,7 @@ def _device_count(value: str) -> int:
 def check(args: argparse.Namespace) -> int:
     """Run the reference and every combination, print the table and the verdict line; 0 if all are OK."""
     from runner.cli.overrides import searchpath
+    from runner.config import compose, validate
     from runner.runtime.devices import nvidia_gpu_count
     from runner.strategies import baseline
 
@@ -361,6 +362,8 @@ def check(args: argparse.Namespace) -> int:
     # gpus=N from the command line, else the GPUs this machine has, else 2 simulated CPU devices
     named = [o.split("=", 1)[1] for o in args.overrides if o.startswith("gpus=")]
     gpus = _device_count(named[-1]) if named else (nvidia_gpu_count() or 2)
+    # The overrides every combination shares, refused once as they are (not once per combination)
+    validate(compose([*common, *one_device()]))
     found, skipped = combinations([*search, *args.overrides], gpus, dirs)
     if not found:  # e.g. strategy=single at gpus=2: nothing to compare, said before the reference runs
         raise UserError(f"nothing to check with gpus={gpus}: " + "; ".join(_merge(skipped)))

@@ -56,7 +56,7 @@ def _plan(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, Any,
 
     cfg = compose(overrides)
     try:
-        plan = validate(cfg)
+        plan = validate(cfg, priced=True)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         if refusals_raise and isinstance(e, UserError):
             raise
