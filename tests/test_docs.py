@@ -31,8 +31,8 @@ def _candidates(lines: list[str]) -> list[tuple[int, str]]:
     return out
 
 
-def commands() -> list[tuple[str, str, bool]]:
-    """(page, command, expected to be refused) for every runner run the pages show."""
+def commands() -> list[tuple[str, str, bool, bool]]:
+    """(page, command, expected to be refused, a prediction) for every runner run and prediction the pages show."""
     found = []
     for page in PAGES:
         lines = page.read_text().splitlines()
@@ -41,13 +41,14 @@ def commands() -> list[tuple[str, str, bool]]:
             if not match or "<" in text or "--config-dir" in text or text.endswith("\\"):
                 continue
             args = shlex.split(match.group(1))
-            if args[:1] == ["predict"]:  # runner predict takes a sweep's overrides: they must compose too
+            priced = args[:1] == ["predict"]
+            if priced:  # runner predict takes a sweep's overrides: they must compose too
                 args = [a for a in args[1:] if a != "--recalibrate" and not a.startswith("predict.format=")]
             command = shlex.join(args)
             if not args or args[0] in NOT_RUNS or args[0].startswith("."):
                 continue
             refused = i + 1 < len(lines) and lines[i + 1].strip().startswith("error:")
-            found.append((page.name, command, refused))
+            found.append((page.name, command, refused, priced))
     return found
 
 
@@ -78,17 +79,17 @@ COMMANDS = commands()
 
 
 def test_the_pages_show_commands():
-    assert len(COMMANDS) >= 12 and {page for page, _, _ in COMMANDS} >= {"README.md", "devices-and-clusters.md"}
+    assert len(COMMANDS) >= 12 and {page for page, *_ in COMMANDS} >= {"README.md", "devices-and-clusters.md"}
 
 
-@pytest.mark.parametrize("page,command,refused", COMMANDS, ids=[f"{p}: {c}" for p, c, _ in COMMANDS])
-def test_every_command_in_the_docs_composes_and_validates(page, command, refused):
+@pytest.mark.parametrize("page,command,refused,priced", COMMANDS, ids=[f"{p}: {c}" for p, c, *_ in COMMANDS])
+def test_every_command_in_the_docs_composes_and_validates(page, command, refused, priced):
     for config in overrides(command):
         if refused:
             with pytest.raises(ConfigError):
-                validate(compose(*config))
+                validate(compose(*config), priced)
         else:
-            validate(compose(*config))
+            validate(compose(*config), priced)
 
 
 def test_the_configuration_page_is_what_the_schema_writes():
