@@ -281,16 +281,19 @@ def allowed(key: str) -> str | None:
     return f"one of: {', '.join(map(str, choices))}" if choices and all(isinstance(c, str) for c in choices) else None
 
 
+# What changes nothing a run computes: where it is logged, swept and predicted, where and how often it saves
+UNCOMPUTED = ("mlflow.", "sweep.", "hardware.", "train.checkpoint_every", "train.checkpoint_dir")
+
+
 def config_hash(cfg: DictConfig) -> str:
-    """A stable hash of what a run computes: the resolved config without tracking, sweep and checkpoint settings."""
+    """A stable hash of what a run computes: the resolved config without what is `UNCOMPUTED`."""
     data = OmegaConf.to_container(cfg, resolve=True)
     repeat = data.get("sweep", {}).get("round", 0)
-    for key in ("mlflow", "sweep", "hardware"):  # what it is predicted on changes nothing it computes
-        data.pop(key, None)
+    for key in UNCOMPUTED:
+        group, _, name = key.rstrip(".").partition(".")
+        data.get(group, {}).pop(name, None) if name else data.pop(group, None)
     if repeat:  # a repeat is a run of its own (checkpoints, resume), round 0 the same config as a single run
         data["round"] = repeat
-    for key in ("checkpoint_every", "checkpoint_dir"):  # where and how often to save changes nothing computed
-        data.get("train", {}).pop(key, None)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -336,8 +339,8 @@ def validate(cfg: DictConfig, priced: bool = False) -> Plan:
     parts = {kind: registry.options(values[kind] or {}) for kind, registry in COMPONENTS.items()}
     strategy, gpus, hardware = parts["strategy"], values["gpus"], parts["hardware"]
     if not (priced or hardware.measured):  # else a CPU run would be recorded as on the spec sheet's devices
-        raise ConfigError(f"hardware={hardware.name} is a spec sheet that `runner predict` prices; a run trains on this "
-                          f"machine: drop hardware={hardware.name}, or predict with `runner predict "
+        raise ConfigError(f"hardware={hardware.name} is a spec sheet that `runner predict` prices; a run trains on "
+                          f"this machine: drop hardware={hardware.name}, or predict with `runner predict "
                           f"hardware={hardware.name} ...`")
     hardware.check_devices(gpus, strategy.multi_process)
     strategy.check(gpus, parts["model"], values["train"]["jit_compile"])

@@ -82,6 +82,16 @@ def test_a_spec_sheet_prediction_prints_its_table_and_efficiency(capsys):
     assert "predicted fastest:" in out
 
 
+def test_rows_of_two_hardware_or_two_precisions_name_what_differs(capsys):
+    """Was: `hardware=dgx1_p100,gce_k80x8` printed two rows named `mlp/default mirrored/split x8`."""
+    code, out, err = subcommand(capsys, "predict", "-m", "hardware=dgx1_p100,gce_k80x8", "gpus=8", "strategy=mirrored",
+                                "train.precision=float32,mixed_float16")
+    assert code == 0, err
+    assert sorted(r["combination"] for r in markdown_rows(out)) == [
+        f"mlp/default mirrored/split x8 hardware={h} train.precision={p}"
+        for h in ("dgx1_p100", "gce_k80x8") for p in ("float32", "mixed_float16")]
+
+
 def test_the_json_form_has_one_object_per_combination(capsys):
     code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=2,4", "strategy=mirrored",
                                 "predict.format=json")

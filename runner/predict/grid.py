@@ -48,6 +48,16 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return [list(c) for c in BasicSweeper.split_arguments(parsed, None)[0]] if parsed else [[]]
 
 
+def settings(combos: list[list[str]]) -> list[str]:
+    """Each combination's overrides that vary across the sweep besides what its label names (model, strategy,
+    pipeline, gpus): `hardware=gce_k80x8`, `train.precision=mixed_float16`, else ''. Without them two hardware's or
+    two precisions' rows had one name."""
+    values = [dict(o.lstrip("+~").split("=", 1) for o in c if "=" in o) for c in combos]
+    named = ("model", "model.variant", "strategy", "pipeline", "gpus")
+    varied = sorted({k for v in values for k in v if k not in named and len({w.get(k) for w in values}) > 1})
+    return [" ".join(f"{k}={v[k]}" for k in varied if k in v) for v in values]
+
+
 def _plan(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, Any, str | None]:
     """A combination's composed config, its plan (None if refused) and why it cannot be predicted (refused, or no
     cost model). An override Hydra cannot compose (`gpus=abc`) is raised: the command's error, not a row; so is a
@@ -99,10 +109,10 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     model's build, an XLA key or a user's module imports it, filtered as a run's are. `refusals_raise`: a config the
     runner refuses, or one no cost model covers, is raised (`runner predict` of one combination), not its row."""
     outcomes, groups, layers = [], {}, {}
-    for overrides in combos:
+    for overrides, setting in zip(combos, settings(combos)):
         cfg, plan, error = _plan(overrides, refusals_raise)
-        outcome = Outcome(overrides, combination(plan) if plan else " ".join(overrides), error=error,
-                          given=_given(plan.cfg if plan else cfg))
+        outcome = Outcome(overrides, f"{combination(plan)} {setting}".rstrip() if plan else " ".join(overrides),
+                          error=error, given=_given(plan.cfg if plan else cfg))
         outcomes.append(outcome)
         if error is None and not plan.hardware.measured:
             _from_spec_sheet(plan, outcome, layers)

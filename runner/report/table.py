@@ -143,7 +143,32 @@ def fetch(client: Any, selection: Selection, filter_string: str,
         if e.error_code != "INVALID_PARAMETER_VALUE":
             raise
         raise ReportError(f"--filter {filter_string!r}: {e.message} (MLflow's search syntax)") from None
-    return add_speedups([row_of(r, _dead(client, r)) for r in runs if r.data.tags.get("sweep") != "parent"], tolerance)
+    runs = [r for r in runs if r.data.tags.get("sweep") != "parent"]
+    rows = [row_of(r, _dead(client, r)) for r in runs]
+    for row, setting in zip(rows, settings([r.data.params for r in runs], rows)):
+        row.model += f" {setting}" if setting else ""  # another setting is other work: its own verdict and speedups
+    return add_speedups(rows, tolerance)
+
+
+def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
+    """Each run's setting, where runs of one model differ in more than their combination: the config keys (logged
+    params) that take several values among runs of the same model and combination, with this run's values
+    (`train.precision=mixed_bfloat16`); '' where they do not. Left out: what makes a repeat (the seed), what changes
+    nothing computed (`config.UNCOMPUTED`), and what follows from the rest (the batch the scaling derives, the
+    learning rate after its batch rule). Without this, runs of two precisions were one combination's repeats."""
+    from runner.config import UNCOMPUTED
+
+    work: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    for row, given in zip(rows, params):
+        work.setdefault((row.model, row.combination, row.scaling), []).append(given)
+    varied: dict[str, set[str]] = {}
+    for (model, _, scaling), group in work.items():
+        derived = "train.global_batch_size" if scaling == "weak" else "train.per_device_batch_size"
+        keys = {k for given in group for k in given if len({g.get(k) for g in group}) > 1}
+        varied.setdefault(model, set()).update(k for k in keys if not k.startswith(UNCOMPUTED) and k not in (
+            "train.seed", "train.effective_learning_rate", derived))
+    return [" ".join(f"{k}={given[k]}" for k in sorted(varied.get(row.model, ())) if k in given)
+            for row, given in zip(rows, params)]
 
 
 def _dead(client: Any, run: Any) -> str | None:
