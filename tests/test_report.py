@@ -294,7 +294,8 @@ def test_runs_of_another_setting_are_other_work_and_seeds_are_repeats(tmp_path, 
                 "devices.kind": "CPU"}
         rid = client.create_run(experiment, tags=tags).info.run_id
         for key, value in {"train.precision": precision, "train.seed": seed, "train.global_batch_size": 128,
-                           "train.per_device_batch_size": 128 // devices, "mlflow.final_wait": seed}.items():
+                           "train.per_device_batch_size": 128 // devices, "mlflow.final_wait": seed,
+                           **({"train.later": 1} if seed else {})}.items():  # a key an older runner did not log
             client.log_param(rid, key, value)
         for key, value in {"images_per_sec": ips, "test_accuracy": 0.9, "test_loss": 0.3}.items():
             client.log_metric(rid, key, value)

@@ -164,7 +164,9 @@ def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
     varied: dict[str, set[str]] = {}
     for (model, _, scaling), group in work.items():
         derived = "train.global_batch_size" if scaling == "weak" else "train.per_device_batch_size"
-        keys = {k for given in group for k in given if len({g.get(k) for g in group}) > 1}
+        logged = [g for g in group if g]  # a config refused before its run started logs none
+        common = set.intersection(*map(set, logged)) if logged else set()  # a later runner may log one key more
+        keys = {k for k in common if len({g[k] for g in logged}) > 1}
         varied.setdefault(model, set()).update(k for k in keys if not k.startswith(UNCOMPUTED) and k not in (
             "train.seed", "train.effective_learning_rate", derived))
     return [" ".join(f"{k}={given[k]}" for k in sorted(varied.get(row.model, ())) if k in given)
