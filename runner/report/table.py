@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -153,9 +154,11 @@ def fetch(client: Any, selection: Selection, filter_string: str,
 def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
     """Each run's setting, where runs of one model differ in more than their combination: the config keys (logged
     params) that take several values among runs of the same model and combination, with this run's values
-    (`train.precision=mixed_bfloat16`); '' where they do not. Left out: what makes a repeat (the seed), what changes
-    nothing computed (`config.UNCOMPUTED`), and what follows from the rest (the batch the scaling derives, the
-    learning rate after its batch rule). Without this, runs of two precisions were one combination's repeats."""
+    (`train.precision=mixed_bfloat16`), else ''. A key one value holds for most of the model's runs is said only where
+    a run's differs (one odd run beside a sweep), a key split evenly on every run (a sweep over it). Left out: what
+    makes a repeat (the seed), what changes nothing computed (`config.UNCOMPUTED`), what follows from the rest (the
+    batch the scaling derives, the learning rate after its batch rule), and a key some runs never logged. Without
+    this, runs of two precisions were one combination's repeats."""
     from runner.config import UNCOMPUTED
 
     work: dict[tuple[str, str, str], list[dict[str, str]]] = {}
@@ -166,11 +169,17 @@ def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
         derived = "train.global_batch_size" if scaling == "weak" else "train.per_device_batch_size"
         logged = [g for g in group if g]  # a config refused before its run started logs none
         common = set.intersection(*map(set, logged)) if logged else set()  # a later runner may log one key more
-        keys = {k for k in common if len({g[k] for g in logged}) > 1}
-        varied.setdefault(model, set()).update(k for k in keys if not k.startswith(UNCOMPUTED) and k not in (
-            "train.seed", "train.effective_learning_rate", derived))
-    return [" ".join(f"{k}={given[k]}" for k in sorted(varied.get(row.model, ())) if k in given)
-            for row, given in zip(rows, params)]
+        varied.setdefault(model, set()).update(k for k in common if len({g[k] for g in logged}) > 1 and not (
+            k.startswith(UNCOMPUTED) or k in ("train.seed", "train.effective_learning_rate", derived)))
+    counts = {(m, k): Counter(g[k] for r, g in zip(rows, params) if r.model == m and k in g)
+              for m, keys in varied.items() for k in keys}
+
+    def said(model: str, key: str, value: str) -> bool:
+        (top, n), = counts[model, key].most_common(1)
+        return value != top or 2 * n <= counts[model, key].total()
+
+    return [" ".join(f"{k}={given[k]}" for k in sorted(varied.get(row.model, ())) if k in given
+                     and said(row.model, k, given[k])) for row, given in zip(rows, params)]
 
 
 def _dead(client: Any, run: Any) -> str | None:
