@@ -208,3 +208,14 @@ def test_an_experiment_with_the_old_view_gets_a_runs_own_columns_and_keeps_its_o
     experiment = mlflow.MlflowClient(store).create_experiment("old", tags={ui.VIEW_TAG: ui.view_tag_value(old)})
     assert ensure_experiment(store, "old", ui.figures("tokens", "accuracy", None)) == experiment
     assert _view(store, "old") == [*old, "metrics.`tokens_per_sec`", *TAGS]
+
+
+def test_a_sweeps_view_shows_the_keys_it_varies_besides_its_combinations(store, tmp_path):
+    """Two jobs of one combination differing in train.precision had nothing to tell them apart in the view; the
+    parent adds a column per such key (not for strategy or gpus, which the tags show, nor for a group's choice)."""
+    from runner import sweep
+
+    sweep.open_parent(store, "swept", ["debug=smoke", "strategy=mirrored,replicated", "gpus=2", "data=mnist,synthetic",
+                                       "train.precision=float32,mixed_bfloat16", "train.steps=20"], tmp_path / "sweep")
+    sweep.close_open_parent("FINISHED")
+    assert _view(store, "swept") == ["params.`train.precision`", *TAGS]

@@ -1,7 +1,7 @@
 """The MLflow UI as a user opens it after a sweep, in a real browser (Debian's chromium and chromium-driver, driven by
 selenium; `.ci/run` installs them): the link the runner prints opens the runs table (not MLflow 3's GenAI overview),
-the sweep's parent with its children, images/s and test accuracy for each child, and a language model's run beside
-them with its tokens/s and time to its loss target, without configuring anything.
+the sweep's parent with its children, images/s, test accuracy and the key the sweep varied for each child, and a
+language model's run beside them with its tokens/s and time to its loss target, without configuring anything.
 The screenshot is kept as a test artifact (`RUNNER_UI_SCREENSHOT=path` chooses where)."""
 
 from __future__ import annotations
@@ -62,7 +62,9 @@ def test_the_printed_link_opens_the_sweep_with_its_figures_in_a_real_browser(tmp
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    sweep = run_cli("-m", "debug=smoke", "train.steps=20", "strategy=mirrored,replicated", "gpus=2", cwd=tmp_path)
+    # two jobs of one combination told apart by the key the sweep varies (its column in the view)
+    sweep = run_cli("-m", "debug=smoke", "train.steps=20", "strategy=mirrored", "gpus=2",
+                    "train.precision=float32,mixed_bfloat16", cwd=tmp_path)
     assert sweep.returncode == 0, sweep.stderr[-2000:]
     (printed,) = re.findall(r"then open (\S+)", sweep.stdout + sweep.stderr)
     port = request.getfixturevalue("ui_server")
@@ -84,7 +86,7 @@ def test_the_printed_link_opens_the_sweep_with_its_figures_in_a_real_browser(tmp
     assert "/runs" in browser.current_url and "overview" not in browser.current_url  # the runs table, not GenAI
     headers = [h.get_attribute("col-id") for h in browser.find_elements(By.CSS_SELECTOR, ".ag-header-cell")]
     for column in ("metrics.`images_per_sec`", "metrics.`test_accuracy`", "metrics.`tokens_per_sec`",
-                   "metrics.`time_to_loss_seconds`", "tags.`strategy`"):
+                   "metrics.`time_to_loss_seconds`", "tags.`strategy`", "params.`train.precision`"):
         assert column in headers, headers
     gpt = browser.find_element(By.CSS_SELECTOR, f"{rows}[row-id='{language}']")
     for column, value in (("tokens_per_sec", 12345.0), ("time_to_loss_seconds", 6.5)):  # its own unit and target
@@ -102,6 +104,8 @@ def test_the_printed_link_opens_the_sweep_with_its_figures_in_a_real_browser(tmp
                                                                          rel=1e-3)
         assert float(cell("metrics.`test_accuracy`")) == pytest.approx(child.data.metrics["test_accuracy"], rel=1e-3)
         assert cell("tags.`strategy`") == child.data.tags["strategy"]
+        assert cell("params.`train.precision`") == child.data.params["train.precision"]
+    assert {c.data.params["train.precision"] for c in children} == {"float32", "mixed_bfloat16"}
     time.sleep(1)  # cells settle before the picture
     shot = Path(os.environ.get("RUNNER_UI_SCREENSHOT", tmp_path / "runs_view.png"))
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

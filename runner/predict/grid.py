@@ -49,13 +49,22 @@ def expand(overrides: list[str]) -> list[list[str]]:
 
 
 def settings(combos: list[list[str]]) -> list[str]:
-    """Each combination's overrides that vary across the sweep besides what its label names (model, strategy,
-    pipeline, gpus): `hardware=gce_k80x8`, `train.precision=mixed_float16`, else ''. Without them two hardware's or
-    two precisions' rows had one name."""
-    values = [dict(o.lstrip("+~").split("=", 1) for o in c if "=" in o) for c in combos]
-    named = ("model", "model.variant", "strategy", "pipeline", "gpus")
-    varied = sorted({k for v in values for k in v if k not in named and len({w.get(k) for w in values}) > 1})
+    """Each combination's overrides that vary across the sweep besides what its label names (`swept`):
+    `hardware=gce_k80x8`, `train.precision=mixed_float16`, else ''. Without them two hardware's or two precisions'
+    rows had one name."""
+    values, varied = _values(combos), swept(combos)
     return [" ".join(f"{k}={v[k]}" for k in varied if k in v) for v in values]
+
+
+def swept(combos: list[list[str]]) -> list[str]:
+    """The keys whose values vary across a sweep's combinations, besides what a combination's label names (model,
+    strategy, pipeline, gpus)."""
+    values, named = _values(combos), ("model", "model.variant", "strategy", "pipeline", "gpus")
+    return sorted({k for v in values for k in v if k not in named and len({w.get(k) for w in values}) > 1})
+
+
+def _values(combos: list[list[str]]) -> list[dict[str, str]]:
+    return [dict(o.lstrip("+~").split("=", 1) for o in c if "=" in o) for c in combos]
 
 
 def _plan(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, Any, str | None]:

@@ -4,8 +4,9 @@
   kind (`mlflow.experimentKind`, which MLflow UIs before 3.17 read to choose the page).
 - A saved runs-table view, `runner` (the experiment tag `mlflow.sharedViewState.runner`, in the format the UI's
   "share view" writes), shows each kind of run's own figures (`figures`: its rate in its unit, its test score, what
-  it is timed to and its time to that target), then model, pipeline, strategy and devices, sorted by start time so
-  that sweep children nest under their parent. A run adds its kind's columns to the view when it starts (`set_up`),
+  it is timed to and its time to that target), the config keys a sweep varied besides its combinations' own
+  (`params.train.precision`), then model, pipeline, strategy and devices, sorted by start time so that sweep children
+  nest under their parent. A run adds its kind's columns to the view when it starts (`set_up`),
   so an experiment shows the figures of the kinds it holds and no others.
 - `where_to_look` names the URL of that view, with `workflowType=machine_learning`: MLflow 3.17 chooses between its
   GenAI overview and the runs table from that URL parameter (else the browser's last choice), not the experiment.
@@ -42,7 +43,8 @@ def figures(unit: str, score: str, target: str | None) -> tuple[str, ...]:
 
 def view_tag_value(columns: tuple[str, ...] = ()) -> str:
     """The tag's value: the envelope the UI reads ({name, createdAt, updatedAt, state}), its state (as plain JSON)
-    the runs-table view: the figures' `columns`, then the tags, newest first (sweep children under their parent)."""
+    the runs-table view: the figures' and swept keys' `columns`, then the tags (the UI shows them grouped: metrics,
+    parameters, tags), newest first (sweep children under their parent)."""
     now = int(time.time() * 1000)
     state = {"searchFilter": "", "orderByKey": "attributes.start_time", "orderByAsc": False,
              "selectedColumns": list(dict.fromkeys([*columns, *TAG_COLUMNS])), "groupBy": None}
