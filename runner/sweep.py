@@ -219,6 +219,7 @@ class SweepCallback(Callback):
             redact_files(Path(config.hydra.sweep.dir))
             uri, sweep_dir = tracking.resolve_uri(config.mlflow.tracking_uri), Path(config.hydra.sweep.dir)
             parent = open_parent(uri, config.mlflow.experiment, list(config.hydra.overrides.task), sweep_dir)
+            show_swept(uri, parent, list(config.hydra.overrides.task))
             os.environ[tracking.ENV_PARENT] = parent
             failures.clear()
             log.info("sweep parent run %s in %s", parent, uri)
@@ -255,26 +256,27 @@ def open_parent(uri: str, experiment: str, overrides: list[str], sweep_dir: Path
             "sweep.overrides": redact(" ".join(overrides)), "sweep.dir": str(sweep_dir.resolve()),
             "mlflow.runName": "sweep " + "/".join(sweep_dir.parts[-2:]),
             **tracking.process_tags()}
-    client = MlflowClient(uri)
     with tracking.whole_write():  # registered for closing before a Ctrl-C held back meanwhile is raised
-        parent = client.create_run(experiment_id, tags=tags).info.run_id
+        parent = MlflowClient(uri).create_run(experiment_id, tags=tags).info.run_id
         _open_parent.update(uri=uri, run_id=parent)
-    _show_swept(client, experiment_id, overrides)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / PARENT_FILE).write_text(parent)
     return parent
 
 
-def _show_swept(client: Any, experiment_id: str, overrides: list[str]) -> None:
-    """The runs view gets a column for each config key the sweep varies besides its combinations' own
-    (`train.precision=float32,mixed_bfloat16`: params.train.precision), so that its jobs are told apart there."""
+def show_swept(uri: str, parent: str, overrides: list[str]) -> None:
+    """The runs view of a sweep's experiment gets a column for each config key the sweep's `overrides` vary besides
+    its combinations' own (`train.precision=float32,mixed_bfloat16`: params.train.precision): its jobs told apart."""
+    from mlflow.tracking import MlflowClient
+
     from runner.predict.grid import expand, swept
     from runner.tracking import ui
 
     keys = [k for k in swept(expand(overrides)) if "." in k and not k.startswith("hydra.")]  # a group is no param
     if keys:
-        existing = client.get_experiment(experiment_id).tags
-        ui.set_up(client, experiment_id, existing, tuple(f"params.`{k}`" for k in keys))
+        client = MlflowClient(uri)
+        experiment = client.get_run(parent).info.experiment_id
+        ui.set_up(client, experiment, client.get_experiment(experiment).tags, tuple(f"params.`{k}`" for k in keys))
 
 
 def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> None:

@@ -215,7 +215,9 @@ def test_a_sweeps_view_shows_the_keys_it_varies_besides_its_combinations(store, 
     parent adds a column per such key (not for strategy or gpus, which the tags show, nor for a group's choice)."""
     from runner import sweep
 
-    sweep.open_parent(store, "swept", ["debug=smoke", "strategy=mirrored,replicated", "gpus=2", "data=mnist,synthetic",
-                                       "train.precision=float32,mixed_bfloat16", "train.steps=20"], tmp_path / "sweep")
+    overrides = ["debug=smoke", "strategy=mirrored,replicated", "gpus=2", "data=mnist,synthetic",
+                 "train.precision=float32,mixed_bfloat16", "train.steps=20"]
+    parent = sweep.open_parent(store, "swept", overrides, tmp_path / "sweep")
     sweep.close_open_parent("FINISHED")
+    sweep.show_swept(store, parent, overrides)
     assert _view(store, "swept") == ["params.`train.precision`", *TAGS]
