@@ -281,7 +281,8 @@ def allowed(key: str) -> str | None:
     return f"one of: {', '.join(map(str, choices))}" if choices and all(isinstance(c, str) for c in choices) else None
 
 
-# What changes nothing a run computes: where it is logged, swept and predicted, where and how often it saves
+# What changes nothing a run computes: where it is logged, swept and predicted, where and how often it saves; as
+# prefixes of dotted keys (a group's, with its dot: every key in it), one or two levels deep
 UNCOMPUTED = ("mlflow.", "sweep.", "hardware.", "train.checkpoint_every", "train.checkpoint_dir")
 
 
@@ -291,7 +292,10 @@ def config_hash(cfg: DictConfig) -> str:
     repeat = data.get("sweep", {}).get("round", 0)
     for key in UNCOMPUTED:
         group, _, name = key.rstrip(".").partition(".")
-        data.get(group, {}).pop(name, None) if name else data.pop(group, None)
+        if name:
+            data.get(group, {}).pop(name, None)
+        else:
+            data.pop(group, None)
     if repeat:  # a repeat is a run of its own (checkpoints, resume), round 0 the same config as a single run
         data["round"] = repeat
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]

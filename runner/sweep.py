@@ -266,17 +266,23 @@ def open_parent(uri: str, experiment: str, overrides: list[str], sweep_dir: Path
 
 def show_swept(uri: str, parent: str, overrides: list[str]) -> None:
     """The runs view of a sweep's experiment gets a column for each config key the sweep's `overrides` vary besides
-    its combinations' own (`train.precision=float32,mixed_bfloat16`: params.train.precision): its jobs told apart."""
+    its combinations' own (`train.precision=float32,mixed_bfloat16`: params.train.precision; `data=a,b`: data.name),
+    so that its jobs are told apart there; one that cannot be added is a warning (the sweep runs as well without)."""
     from mlflow.tracking import MlflowClient
 
+    from runner.config import COMPONENTS
     from runner.predict.grid import expand, swept
     from runner.tracking import ui
 
-    keys = [k for k in swept(expand(overrides)) if "." in k and not k.startswith("hydra.")]  # a group is no param
-    if keys:
-        client = MlflowClient(uri)
-        experiment = client.get_run(parent).info.experiment_id
-        ui.set_up(client, experiment, client.get_experiment(experiment).tags, tuple(f"params.`{k}`" for k in keys))
+    try:
+        keys = [k if "." in k else f"{k}.name" for k in swept(expand(overrides)) if "." in k or k in COMPONENTS]
+        if keys:
+            client = MlflowClient(uri)
+            experiment = client.get_run(parent).info.experiment_id
+            ui.set_up(client, experiment, client.get_experiment(experiment).tags,
+                      tuple(f"params.`{k}`" for k in keys))
+    except Exception as e:  # noqa: BLE001 - a column of the UI's view
+        log.warning("the runs view shows no column for the keys the sweep varies: %s", one_line(e))
 
 
 def close_parent(uri: str, parent: str, lines: list[str], failed: bool) -> None:

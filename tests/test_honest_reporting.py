@@ -212,7 +212,7 @@ def test_an_experiment_with_the_old_view_gets_a_runs_own_columns_and_keeps_its_o
 
 def test_a_sweeps_view_shows_the_keys_it_varies_besides_its_combinations(store, tmp_path):
     """Two jobs of one combination differing in train.precision had nothing to tell them apart in the view; the
-    parent adds a column per such key (not for strategy or gpus, which the tags show, nor for a group's choice)."""
+    parent adds a column per such key (a group's choice by its name; not strategy or gpus, which the tags show)."""
     from runner import sweep
 
     overrides = ["debug=smoke", "strategy=mirrored,replicated", "gpus=2", "data=mnist,synthetic",
@@ -220,4 +220,4 @@ def test_a_sweeps_view_shows_the_keys_it_varies_besides_its_combinations(store, 
     parent = sweep.open_parent(store, "swept", overrides, tmp_path / "sweep")
     sweep.close_open_parent("FINISHED")
     sweep.show_swept(store, parent, overrides)
-    assert _view(store, "swept") == ["params.`train.precision`", *TAGS]
+    assert _view(store, "swept") == ["params.`data.name`", "params.`train.precision`", *TAGS]

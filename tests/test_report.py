@@ -316,3 +316,25 @@ def test_runs_of_another_setting_are_other_work_and_seeds_are_repeats(tmp_path, 
     code, out, err = _report(tmp_path, uri, capsys, "--experiment", "precision")
     assert [line.split(": fastest")[0] for line in out.splitlines() if line.startswith("verdict:")] == [
         "verdict: mlp train.precision=float32", "verdict: mlp train.precision=mixed_bfloat16"]
+
+
+def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():
+    """The batch a scaling derives (a strong run's per-device batch) names no setting, even where a weak-scaling sweep
+    varies that key; a refused run (no params) has none; a key an older run did not log still tells the others apart."""
+    from runner.report.table import Row, settings
+
+    def row(devices: int, scaling: str = "strong") -> Row:
+        return Row(run_id="", kind="CPU", simulated=False, wall_seconds=1.0, model="mlp", pipeline="split",
+                   strategy="mirrored", devices=devices, scaling=scaling)
+
+    runs = [(row(1), {"train.per_device_batch_size": "128", "train.global_batch_size": "128"}),
+            (row(2), {"train.per_device_batch_size": "64", "train.global_batch_size": "128"}),
+            (row(4), {"train.per_device_batch_size": "32", "train.global_batch_size": "128"}),
+            *[(row(d, "weak"), {"train.per_device_batch_size": str(b), "train.global_batch_size": str(b * d)})
+              for d in (1, 2) for b in (32, 64)],
+            (row(2), {}),  # refused before it started
+            (row(2), {"train.per_device_batch_size": "64", "train.global_batch_size": "128", "train.later": "a"}),
+            (row(2), {"train.per_device_batch_size": "64", "train.global_batch_size": "128", "train.later": "b"})]
+    assert settings([p for _, p in runs], [r for r, _ in runs]) == [
+        "", "", "", *[f"train.per_device_batch_size={b}" for _ in (1, 2) for b in (32, 64)], "",
+        "train.later=a", "train.later=b"]

@@ -59,9 +59,9 @@ def predicted(args: argparse.Namespace) -> int:
     runs = []
     for command, rate in measured:
         if (o := outcomes[command]).prediction is not None:
-            head, devices = o.label.rsplit(" x", 1)
+            head, devices = o.label.removesuffix(f" {o.setting}").rsplit(" x", 1)
             model, combo = head.split(" ", 1)
-            runs.append((f"{model} x{devices}", combo, o.prediction.rate, rate))
+            runs.append((f"{model} x{devices}", f"{combo} {o.setting}".rstrip(), o.prediction.rate, rate))
     groups = dict(sorted(grouped(runs).items()))
     out: list[str] = []
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",

@@ -30,10 +30,11 @@ class Outcome:
     """One combination: its overrides, its name, and its prediction or why there is none."""
 
     overrides: list[str]
-    label: str
+    label: str  # the combination, then its `setting`
     prediction: Prediction | None = None
     error: str | None = None
     given: dict[str, Any] = field(default_factory=dict)  # strategy, pipeline, gpus, nodes, as composed
+    setting: str = ""  # the overrides the sweep varies besides the combination's own (`varied_overrides`)
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -48,19 +49,22 @@ def expand(overrides: list[str]) -> list[list[str]]:
     return [list(c) for c in BasicSweeper.split_arguments(parsed, None)[0]] if parsed else [[]]
 
 
-def settings(combos: list[list[str]]) -> list[str]:
-    """Each combination's overrides that vary across the sweep besides what its label names (`swept`):
-    `hardware=gce_k80x8`, `train.precision=mixed_float16`, else ''. Without them two hardware's or two precisions'
-    rows had one name."""
+def varied_overrides(combos: list[list[str]]) -> list[str]:
+    """Each combination's overrides of the keys the sweep varies (`swept`): `hardware=gce_k80x8`,
+    `train.precision=mixed_float16`, else ''. Without them two hardware's or two precisions' rows had one name."""
     values, varied = _values(combos), swept(combos)
     return [" ".join(f"{k}={v[k]}" for k in varied if k in v) for v in values]
 
 
 def swept(combos: list[list[str]]) -> list[str]:
-    """The keys whose values vary across a sweep's combinations, besides what a combination's label names (model,
-    strategy, pipeline, gpus)."""
-    values, named = _values(combos), ("model", "model.variant", "strategy", "pipeline", "gpus")
-    return sorted({k for v in values for k in v if k not in named and len({w.get(k) for w in values}) > 1})
+    """The keys whose values vary across a sweep's combinations and change what it computes or is predicted on:
+    not what a combination's label names (model, strategy, pipeline, gpus), not its seed or round, not where it is
+    logged or saved (`config.UNCOMPUTED`, but for the hardware a prediction is for)."""
+    from runner.config import UNCOMPUTED
+
+    values, named = _values(combos), ("model", "model.variant", "strategy", "pipeline", "gpus", "train.seed")
+    return sorted({k for v in values for k in v if len({w.get(k) for w in values}) > 1 and k not in named
+                   and not (k.startswith(UNCOMPUTED) and not k.startswith("hardware."))})
 
 
 def _values(combos: list[list[str]]) -> list[dict[str, str]]:
@@ -118,10 +122,10 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     model's build, an XLA key or a user's module imports it, filtered as a run's are. `refusals_raise`: a config the
     runner refuses, or one no cost model covers, is raised (`runner predict` of one combination), not its row."""
     outcomes, groups, layers = [], {}, {}
-    for overrides, setting in zip(combos, settings(combos)):
+    for overrides, setting in zip(combos, varied_overrides(combos)):
         cfg, plan, error = _plan(overrides, refusals_raise)
         outcome = Outcome(overrides, f"{combination(plan)} {setting}".rstrip() if plan else " ".join(overrides),
-                          error=error, given=_given(plan.cfg if plan else cfg))
+                          error=error, given=_given(plan.cfg if plan else cfg), setting=setting)
         outcomes.append(outcome)
         if error is None and not plan.hardware.measured:
             _from_spec_sheet(plan, outcome, layers)

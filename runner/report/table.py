@@ -2,8 +2,8 @@
 
 The table has one row per run: its combination, its rate (images/s, tokens/s or examples/s: what the data counts)
 ± standard error, speedup and efficiency against the matching 1-device run, time to the target, the test score,
-whether it learns the same as the 1-device run, wall time and status; then one `verdict:` line per model
-(runner/report/verdict.py) and the plots (runner/report/plots.py), logged to the sweep's parent run if there is one.
+whether it learns the same as the 1-device run, wall time and status; then one `verdict:` line per model (a model's
+runs of another setting, `settings`, are named as another model) (runner/report/verdict.py) and the plots (runner/report/plots.py), logged to the sweep's parent run if there is one.
 Runs of different units or metrics (runner/report/kinds.py) get one table and one set of plots per kind. A run whose
 process is gone from this host without ending it shows as `DEAD (last wrote 3 min ago)` and is closed KILLED.
 How to call it and what it chooses: docs/scaling-and-time-to-accuracy.md.
@@ -155,31 +155,38 @@ def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
     """Each run's setting, where runs of one model differ in more than their combination: the config keys (logged
     params) that take several values among runs of the same model and combination, with this run's values
     (`train.precision=mixed_bfloat16`), else ''. A key one value holds for most of the model's runs is said only where
-    a run's differs (one odd run beside a sweep), a key split evenly on every run (a sweep over it). Left out: what
-    makes a repeat (the seed), what changes nothing computed (`config.UNCOMPUTED`), what follows from the rest (the
-    batch the scaling derives, the learning rate after its batch rule), and a key some runs never logged. Without
-    this, runs of two precisions were one combination's repeats."""
+    a run's differs (one odd run beside a sweep), a key split evenly on every run (a sweep over it); a run that did not
+    log a key (an older runner) is compared on the others. Left out: what makes a repeat (the seed, the cluster's
+    addresses), what changes nothing computed (`config.UNCOMPUTED`) and what follows from the rest (`_derived`).
+    Without this, runs of two precisions were one combination's repeats."""
     from runner.config import UNCOMPUTED
 
-    work: dict[tuple[str, str, str], list[dict[str, str]]] = {}
+    work: dict[tuple[str, str], list[tuple[Row, dict[str, str]]]] = {}
     for row, given in zip(rows, params):
-        work.setdefault((row.model, row.combination, row.scaling), []).append(given)
+        work.setdefault((row.model, row.combination), []).append((row, given))
     varied: dict[str, set[str]] = {}
-    for (model, _, scaling), group in work.items():
-        derived = "train.global_batch_size" if scaling == "weak" else "train.per_device_batch_size"
-        logged = [g for g in group if g]  # a config refused before its run started logs none
-        common = set.intersection(*map(set, logged)) if logged else set()  # a later runner may log one key more
-        varied.setdefault(model, set()).update(k for k in common if len({g[k] for g in logged}) > 1 and not (
-            k.startswith(UNCOMPUTED) or k in ("train.seed", "train.effective_learning_rate", derived)))
-    counts = {(m, k): Counter(g[k] for r, g in zip(rows, params) if r.model == m and k in g)
+    for (model, _), group in work.items():
+        for key in {k for _, given in group for k in given if not k.startswith(UNCOMPUTED)}:
+            values = {given[key] for row, given in group if key in given and key not in _derived(row)}
+            if len(values) > 1:
+                varied.setdefault(model, set()).add(key)
+    counts = {(m, k): Counter(g[k] for r, g in zip(rows, params) if r.model == m and k in g and k not in _derived(r))
               for m, keys in varied.items() for k in keys}
 
-    def said(model: str, key: str, value: str) -> bool:
-        (top, n), = counts[model, key].most_common(1)
-        return value != top or 2 * n <= counts[model, key].total()
+    def said(row: Row, key: str, value: str) -> bool:
+        (top, n), = counts[row.model, key].most_common(1)
+        return key not in _derived(row) and (value != top or 2 * n <= counts[row.model, key].total())
 
     return [" ".join(f"{k}={given[k]}" for k in sorted(varied.get(row.model, ())) if k in given
-                     and said(row.model, k, given[k])) for row, given in zip(rows, params)]
+                     and said(row, k, given[k])) for row, given in zip(rows, params)]
+
+
+def _derived(row: Row) -> tuple[str, ...]:
+    """The params of `row` that are not a setting: its seed and its place in a cluster (a repeat's may differ), the
+    batch its scaling derives from the other and the learning rates after the batch rule."""
+    return ("train.seed", "strategy.workers", "strategy.task_index", "train.effective_learning_rate",
+            "train.effective_table_learning_rate",
+            "train.global_batch_size" if row.scaling == "weak" else "train.per_device_batch_size")
 
 
 def _dead(client: Any, run: Any) -> str | None:

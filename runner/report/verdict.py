@@ -1,5 +1,6 @@
 """The answer to "which pipeline and strategy is fastest on my devices, and does it still learn the same?", from a
-table of runs, as one `verdict:` line per model and kind of run (runner/report/kinds.py).
+table of runs, as one `verdict:` line per model (with its setting: runner.report.table.settings) and kind of run
+(runner/report/kinds.py).
 
 Fastest means: lowest time to the target (training seconds) among the combinations that reached it; where none
 did, highest throughput, and the line says so. Repeats of a combination (pipeline, strategy, device count) are
