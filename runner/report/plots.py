@@ -60,7 +60,7 @@ def scaling(rows: list[Any], path: Path) -> None:
     for ax in (left, right):
         ax.set_xticks(counts)
         ax.grid(alpha=0.3)
-    left.legend(loc="best")
+    _legend_below(left)
     _save(plt, fig, path)
 
 
@@ -102,7 +102,7 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
            title="Time to accuracy" if metric.name == "accuracy" else f"Time to a {named}")
     ax.grid(alpha=0.3)
     if ax.lines:
-        ax.legend(loc="lower right" if metric.higher else "best")  # falling curves end at the lower right
+        _legend_below(ax)
     _save(plt, fig, path)
 
 
@@ -125,7 +125,12 @@ def accuracy(rows: list[Any], path: Path) -> None:
     _save(plt, fig, path)
 
 
+def _legend_below(ax: Any) -> None:
+    """The legend under the axes, where it hides no curve or point (a label naming a model's setting is long)."""
+    ax.legend(loc="upper left", bbox_to_anchor=(0, -0.16), frameon=False)  # below the x label
+
+
 def _save(plt: Any, fig: Any, path: Path) -> None:
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend below the axes too
     plt.close(fig)
