@@ -284,6 +284,8 @@ def allowed(key: str) -> str | None:
 # What changes nothing a run computes: where it is logged, swept and predicted, where and how often it saves; as
 # prefixes of dotted keys (a group's, with its dot: every key in it), one or two levels deep
 UNCOMPUTED = ("mlflow.", "sweep.", "hardware.", "train.checkpoint_every", "train.checkpoint_dir")
+# What repeats of the same work may differ in: the seed, a worker's place in its cluster
+REPEATS = ("train.seed", "strategy.workers", "strategy.task_index")
 
 
 def config_hash(cfg: DictConfig) -> str:

@@ -60,9 +60,9 @@ def swept(combos: list[list[str]]) -> list[str]:
     """The keys whose values vary across a sweep's combinations and change what it computes or is predicted on:
     not what a combination's label names (model, strategy, pipeline, gpus), not its seed or round, not where it is
     logged or saved (`config.UNCOMPUTED`, but for the hardware a prediction is for)."""
-    from runner.config import UNCOMPUTED
+    from runner.config import REPEATS, UNCOMPUTED
 
-    values, named = _values(combos), ("model", "model.variant", "strategy", "pipeline", "gpus", "train.seed")
+    values, named = _values(combos), ("model", "model.variant", "strategy", "pipeline", "gpus", *REPEATS)
     return sorted({k for v in values for k in v if len({w.get(k) for w in values}) > 1 and k not in named
                    and not (k.startswith(UNCOMPUTED) and not k.startswith("hardware."))})
 

@@ -2,8 +2,9 @@
 
 The table has one row per run: its combination, its rate (images/s, tokens/s or examples/s: what the data counts)
 ± standard error, speedup and efficiency against the matching 1-device run, time to the target, the test score,
-whether it learns the same as the 1-device run, wall time and status; then one `verdict:` line per model (a model's
-runs of another setting, `settings`, are named as another model) (runner/report/verdict.py) and the plots (runner/report/plots.py), logged to the sweep's parent run if there is one.
+whether it learns the same as the 1-device run, wall time and status; then one `verdict:` line per model, a model's
+runs of another setting (`settings`) named as another model (runner/report/verdict.py), and the plots
+(runner/report/plots.py), logged to the sweep's parent run if there is one.
 Runs of different units or metrics (runner/report/kinds.py) get one table and one set of plots per kind. A run whose
 process is gone from this host without ending it shows as `DEAD (last wrote 3 min ago)` and is closed KILLED.
 How to call it and what it chooses: docs/scaling-and-time-to-accuracy.md.
@@ -157,7 +158,8 @@ def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
     (`train.precision=mixed_bfloat16`), else ''. A key one value holds for most of the model's runs is said only where
     a run's differs (one odd run beside a sweep), a key split evenly on every run (a sweep over it); a run that did not
     log a key (an older runner) is compared on the others. Left out: what makes a repeat (the seed, the cluster's
-    addresses), what changes nothing computed (`config.UNCOMPUTED`) and what follows from the rest (`_derived`).
+    addresses: `config.REPEATS`), what changes nothing computed (`config.UNCOMPUTED`) and what follows from the rest
+    (`_derived`).
     Without this, runs of two precisions were one combination's repeats."""
     from runner.config import UNCOMPUTED
 
@@ -182,10 +184,11 @@ def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
 
 
 def _derived(row: Row) -> tuple[str, ...]:
-    """The params of `row` that are not a setting: its seed and its place in a cluster (a repeat's may differ), the
-    batch its scaling derives from the other and the learning rates after the batch rule."""
-    return ("train.seed", "strategy.workers", "strategy.task_index", "train.effective_learning_rate",
-            "train.effective_table_learning_rate",
+    """The params of `row` that are not a setting: what a repeat's may differ in, the batch its scaling derives from
+    the other and the learning rates after the batch rule."""
+    from runner.config import REPEATS
+
+    return (*REPEATS, "train.effective_learning_rate", "train.effective_table_learning_rate",
             "train.global_batch_size" if row.scaling == "weak" else "train.per_device_batch_size")
 
 
