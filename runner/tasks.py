@@ -30,6 +30,11 @@ class Metric:
         """Its name in a table's header."""
         return "acc." if self.name == "accuracy" else self.said
 
+    def level(self, value: float) -> str:
+        """A level of this figure as a line says it: an accuracy in percent to the digit it was given (0.995 is
+        99.5%, not 100%), any other to 4 significant digits."""
+        return f"{100 * value:.4g}%" if self.name == "accuracy" else f"{value:.4g}"
+
     def met(self, value: float, target: float) -> bool:
         """Whether `value` reaches `target` in this metric's direction."""
         return value >= target if self.higher else value <= target

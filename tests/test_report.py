@@ -25,6 +25,12 @@ def test_the_fastest_to_the_target_wins_even_with_fewer_images_per_second():
     assert v.line().startswith("verdict: mlp: fastest replicated/split x2 (10.0 s to 90% test accuracy)")
 
 
+def test_a_target_accuracy_is_said_to_the_digit_it_was_given():
+    """0.995 is 99.5%, not "100% test accuracy" (a target no run can beat, said of one it reached)."""
+    (v,) = decide([Run("mlp", "split", "single", 1, 1000.0, 10.0, 0.996, 0.1, 12.0, 0.995)])
+    assert "(12.0 s to 99.5% test accuracy)" in v.line()
+
+
 def test_runs_that_never_reached_the_target_are_not_ranked_on_time():
     runs = [run("single", 1, ips=1000, tta=20.0), run("mirrored", 2, ips=5000)]  # mirrored: never reached
     (v,) = decide(runs)

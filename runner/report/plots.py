@@ -96,8 +96,7 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
     named = f"test {metric.said}"
     targets = {r.target for r in rows if not math.isnan(r.target)}
     for target in targets:
-        ax.axhline(target, color="k", linestyle="--", alpha=0.6,
-                   label=f"target {target:.0%}" if metric.name == "accuracy" else f"target {target:.4g}")
+        ax.axhline(target, color="k", linestyle="--", alpha=0.6, label=f"target {metric.level(target)}")
     ax.set(xlabel="training seconds (evaluation excluded)", ylabel=named,
            title="Time to accuracy" if metric.name == "accuracy" else f"Time to a {named}")
     ax.grid(alpha=0.3)

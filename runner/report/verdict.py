@@ -166,8 +166,8 @@ class Verdict:
         key = "time_to_target" if self.basis == "time to target" else "rate"
         value = self.best.median(key)
         metric = self.best.runs[0].target_metric
-        target = f"{self.target:.0%} test accuracy" if metric == "accuracy" else \
-            f"test {METRICS[metric].said} {self.target:.4g}"
+        level = METRICS[metric].level(self.target)
+        target = f"{level} test accuracy" if metric == "accuracy" else f"test {METRICS[metric].said} {level}"
         figure = f"{value:.1f} s to {target}" if key == "time_to_target" else \
             f"{value:,.0f} {self.best.runs[0].unit}/s"
         parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
