@@ -121,7 +121,17 @@ def test_a_run_resumed_from_a_checkpoint_without_its_training_time_says_it_canno
     assert tags["target.reached"] == "true" and "holds no training time" in tags["target.untimed"]
     assert "time to test accuracy 0.5 not measured: checkpoint" in caplog.text
     last = result_line({**resumed, "unit": "images", "run_id": "r", "wall_seconds": 1.0})
-    assert "target 0.50 reached in 70 steps (time not known)" in last
+    assert "target 50% reached in 70 steps (time not known)" in last
+
+
+def test_a_run_says_its_target_to_the_digit_it_was_given():
+    """train.target_accuracy=0.995 read "target 0.99 reached": not the level the run was timed to."""
+    from runner.cli.main import result_line
+
+    last = result_line({"unit": "images", "images_per_sec": 900.0, "target_accuracy": 0.995, "test_accuracy": 0.9952,
+                        "time_to_accuracy_seconds": 3.0, "steps_to_accuracy": 40, "test_loss": 0.02, "steps": 50,
+                        "wall_seconds": 4.0, "run_id": "r"})
+    assert "test accuracy 0.9952" in last and "target 99.5% reached in 3.0 s (40 steps)" in last
 
 
 def _first_part_until_checkpoint_after_target(folder, args) -> None:

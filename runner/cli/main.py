@@ -60,10 +60,11 @@ def result_line(result: dict) -> str:
     model's loss per token, a click model's AUC), its rate, its target and its MLflow run."""
     unit = result["unit"]
     rate = f"{result[f'{unit}_per_sec']:,.0f} {unit}/s" if f"{unit}_per_sec" in result else f"{unit}/s not measured"
-    for metric, said in ((m.name, "" if m.name == "accuracy" else f"{m.said} ") for m in METRICS.values()):
-        seconds, steps, target = f"time_to_{metric}_seconds", f"steps_to_{metric}", f"target_{metric}"
+    for metric in METRICS.values():
+        seconds, steps, target = f"time_to_{metric.name}_seconds", f"steps_to_{metric.name}", f"target_{metric.name}"
         if {seconds, steps, target} & result.keys():  # steps without seconds: resumed without the earlier part's time
-            rate += f"  target {said}{result[target]:.2f} " + (
+            said = "" if metric.name == "accuracy" else f"{metric.said} "
+            rate += f"  target {said}{metric.level(result[target])} " + (
                 f"reached in {result[seconds]:.1f} s ({result[steps]:.0f} steps)" if seconds in result else
                 f"reached in {result[steps]:.0f} steps (time not known)" if steps in result else "not reached")
     task = TASKS[result.get("task", "class")]  # its test figures (`test_<metric>`) as its task says them
