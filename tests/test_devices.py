@@ -68,3 +68,16 @@ def test_tensorflow_imports_without_the_packages_keras_would_load_for_unused_fea
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120,
                           cwd=REPO)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+def test_more_threads_per_op_than_cores_is_said(tf_devices, caplog):
+    """train.intra_op_threads=99 on 2 cores ran mlp/tiny at a quarter of its rate, and nothing said why."""
+    import os
+
+    from runner.runtime import devices
+
+    devices.setup(1, intra=(os.cpu_count() or 1) + 1)
+    assert f"train.intra_op_threads={(os.cpu_count() or 1) + 1} is more threads per op than" in caplog.text
+    caplog.clear()
+    devices.setup(1, intra=os.cpu_count() or 1)
+    assert "more threads per op" not in caplog.text

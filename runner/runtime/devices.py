@@ -242,6 +242,9 @@ def setup(gpus: int, intra: int = -1, inter: int = 0) -> Devices:
     if intra == -1:  # auto: on N simulated CPU devices cores / N (their towers run at once on the same cores, and N
         # ops of 2 threads each on 2 cores only fight); otherwise TensorFlow's default (0)
         intra = max(1, (os.cpu_count() or 1) // devices.count) if devices.simulated and devices.kind == "CPU" else 0
+    if intra > (cores := os.cpu_count() or 1):
+        log.warning("train.intra_op_threads=%d is more threads per op than this machine's %d cores: they take turns "
+                    "on them, and the rate measures the wait; -1 (auto) or at most %d", intra, cores, cores)
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)
