@@ -128,6 +128,10 @@ def test_two_workers_train_the_gpt_with_its_recipe_to_the_same_weights(tmp_path)
         ('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 2}}', "task index 2 is out of range"),
         ('{"cluster": {"worker": ["a"]}, "task": {"type": "worker", "index": 0}}', "host:port"),
         ('{"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}', "task type 'ps' is not in the cluster"),
+        ('{"cluster": {"worker": ["a:1", "a:1"]}, "task": {"type": "worker", "index": 0}}', "a:1 is listed more than"),
+        ('{"cluster": {"chief": ["a:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}', "a:1 is listed"),
+        ('{"cluster": {"worker": ["a:x", "b:2"]}, "task": {"type": "worker", "index": 0}}', "'a:x' has no port from 1"),
+        ('{"cluster": {"worker": ["a:1", "b:70000"]}, "task": {"type": "worker", "index": 0}}', "'b:70000' has no port"),
     ],
 )
 def test_malformed_tf_config_is_a_one_line_config_error(monkeypatch, tf_config, message):
@@ -135,6 +139,14 @@ def test_malformed_tf_config_is_a_one_line_config_error(monkeypatch, tf_config, 
     with pytest.raises(ConfigError, match=re.escape(message)) as error:
         validate(compose("strategy=multi_worker", "debug=smoke"))
     assert "\n" not in str(error.value)
+
+
+def test_one_address_for_two_workers_is_refused_before_the_wait(monkeypatch):
+    """strategy.workers=[localhost:1,localhost:1] waited strategy.peer_timeout (300 s) for a server that could never
+    start."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError, match=re.escape("strategy.workers/strategy.task_index: localhost:1 is listed")):
+        validate(compose("strategy=multi_worker", "debug=smoke", "strategy.workers=[localhost:1,localhost:1]"))
 
 
 def test_multi_worker_without_a_cluster_says_how_to_give_one(monkeypatch):

@@ -66,6 +66,7 @@ def parse(text: str, source: str = ENV) -> Cluster:
     for addresses in tasks.values():
         if not isinstance(addresses, list) or not all(isinstance(a, str) and ":" in a for a in addresses):
             raise ConfigError(f"{source}: cluster addresses must be a list of host:port strings, got {addresses!r}")
+    _check_addresses([a for addresses in tasks.values() for a in addresses], source)
     task_type, index = spec["task"].get("type"), spec["task"].get("index")
     if task_type not in tasks:
         raise ConfigError(f"{source}: task type {task_type!r} is not in the cluster; choose one of: "
@@ -74,6 +75,19 @@ def parse(text: str, source: str = ENV) -> Cluster:
         raise ConfigError(f"{source}: task index {index!r} is out of range; {task_type} has "
                           f"{len(tasks[task_type])} tasks")
     return Cluster(tasks, task_type, index)
+
+
+def _check_addresses(addresses: list[str], source: str) -> None:
+    """Each task's own server: a port from 1 to 65535, no address twice (the second server could never start, and
+    the first would wait for it until strategy.peer_timeout)."""
+    for address in addresses:
+        port = address.rsplit(":", 1)[1]
+        if not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigError(f"{source}: {address!r} has no port from 1 to 65535; give every task as host:port")
+    twice = sorted({a for a in addresses if addresses.count(a) > 1})
+    if twice:
+        raise ConfigError(f"{source}: {', '.join(twice)} is listed more than once; every task needs its own "
+                          "host:port (on one machine, a port each)")
 
 
 def from_options(workers: list[str], task_index: int, strategy: str) -> Cluster:
