@@ -141,7 +141,7 @@ ROWS = {
     ),
     "single-on-2": Bad(["strategy=single", "gpus=2"], ["strategy=single", "gpus=2", "from 0 to 1", "mirrored"]),
     "model-parallel-on-1": Bad(
-        ["strategy=model_parallel", "gpus=1"], ["strategy=model_parallel", "gpus=1", "from 2", "single"]
+        ["strategy=model_parallel", "gpus=1"], ["strategy=model_parallel", "gpus=1", "needs gpus 2 or more", "single"]
     ),
     # data: found after the run opened, so the run must end FAILED
     "data-path-missing": Bad(["data.path=/does/not/exist"], ["/does/not/exist", "not a directory"], run_opened=True,

@@ -301,9 +301,9 @@ class StrategyBase:
     def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
         if not self.takes(gpus):
             valid = [s for s in STRATEGIES.names() if STRATEGIES.get(s).takes(gpus)]
-            shown = self.max_gpus if self.max_gpus is not None else "any"
+            shown = f"from {self.min_gpus} to {self.max_gpus}" if self.max_gpus is not None else f"{self.min_gpus} or more"
             raise ConfigError(
-                f"strategy={self.name} needs gpus from {self.min_gpus} to {shown}, got gpus={gpus}; "
+                f"strategy={self.name} needs gpus {shown}, got gpus={gpus}; "
                 f"strategies valid with gpus={gpus}: {', '.join(valid)}"
             )
         if jit_compile is True and self.jit_refusal():
