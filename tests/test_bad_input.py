@@ -125,6 +125,8 @@ ROWS = {
     "group-in-sweep": Bad(["-m", "model=mlp,resnet"], ["model=resnet", _choices("model")]),
     # wrong types, unknown keys and choices
     "gpus-not-int": Bad(["gpus=abc"], ["gpus", "'abc'", "Integer"]),
+    "list-not-list": Bad(["strategy=multi_worker", "strategy.workers=h0:1"],
+                         ["strategy.workers=h0:1", "takes a list: strategy.workers=[a,b]"]),
     "epochs-not-number": Bad(["train.epochs=many"], ["train.epochs", "'many'", "Float"]),
     "unknown-key": Bad(["train.foo=1"], ["train.foo", "+train.foo=1"]),
     "unknown-optimizer": Bad(["train.optimizer=lion"], ["train.optimizer='lion'", "adam, adamw, sgd, momentum, rmsprop"]),

@@ -118,10 +118,12 @@ def explain(e: BaseException) -> str:
         return _unknown_key(text.split("'")[1]) or text
     cause = e.__cause__ or e.__context__
     if text.startswith("Error merging override") and cause is not None and str(cause).strip():
-        text += f": {str(cause).strip().splitlines()[0]}"
+        text += f": {str(cause).strip().splitlines()[0].rstrip('.')}"
         key = text.removeprefix("Error merging override ").split("=", 1)[0]
         if allowed(key):
             text += f"; {key} must be {allowed(key).removeprefix('expected ')}"
+        elif "is not a ListConfig" in text:
+            text += f"; {key} takes a list: {key}=[a,b]"
     return text
 
 
