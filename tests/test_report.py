@@ -237,6 +237,7 @@ def test_a_parent_or_filter_the_store_refuses_is_one_line(tmp_path, store, capsy
 @pytest.mark.parametrize("args, said", [
     (["--accuracy-tolerance", "-1"], "argument --accuracy-tolerance: -1 is not a finite number >= 0"),
     (["--loss-tolerance", "nan"], "argument --loss-tolerance: nan is not a finite number >= 0"),
+    (["--bogus"], "error: unrecognized arguments: --bogus; `runner report --help` lists them"),  # was argparse's usage
     (["--out", "/proc/report"], "error: --out /proc/report cannot hold the report: No such file or directory"),
     (["--out", "{file}"], "error: --out {file} cannot hold the report: {file} is a file, not a directory"),
     (["--filter", "tags.model = 'none'"],
@@ -245,15 +246,16 @@ def test_a_parent_or_filter_the_store_refuses_is_one_line(tmp_path, store, capsy
 def test_a_tolerance_folder_or_filter_that_cannot_serve_is_one_line_and_writes_nothing(tmp_path, store, capsys,
                                                                                     args, said):
     """A negative or non-finite tolerance (was taken: every pair of runs then differs), a folder the report cannot
-    be written to (was a traceback after reading the store), a filter nothing matches."""
+    be written to (was a traceback after reading the store), a filter nothing matches, an option it lacks: one line
+    (argparse's refusals came after its usage, four lines)."""
     uri, _ = store
     file = tmp_path / "file"
     file.write_text("")
     args, said = [a.replace("{file}", str(file)) for a in args], said.replace("{file}", str(file))
     out = ["--out", str(tmp_path / "out")] if "--out" not in args else []
     code, stdout, err = subcommand(capsys, "report", "--tracking-uri", uri, "--experiment", "alpha", *out, *args)
-    assert code == 2 and stdout == "" and said in err.strip().splitlines()[-1], err
-    assert not (tmp_path / "out").exists()
+    assert code == 2 and stdout == "" and err.strip().splitlines() == [err.strip()] and err.startswith("error: ")
+    assert said in err and not (tmp_path / "out").exists(), err
 
 
 def test_every_option_has_help():

@@ -18,7 +18,7 @@ from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
 from runner.bench.published import published
 from runner.bench.settings import SPEED_SETTINGS, settings_steps, speed_settings
-from runner.cli.arguments import positive
+from runner.cli.arguments import Parser, positive
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
 from runner.runtime import signals
@@ -82,7 +82,7 @@ def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, first
 
 def main(argv: list[str] | None = None) -> int:
     """Command line of the benchmarks."""
-    parser = argparse.ArgumentParser(prog="python -m runner.bench", description=runner.bench.__doc__.splitlines()[0])
+    parser = Parser(prog="python -m runner.bench", description=runner.bench.__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pipelines", help="input pipeline alone vs training step, per pipeline x strategy x N")
     p.add_argument("--gpus", type=_ints, default=[1, 2, 4])

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import NoReturn
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser refusing in the house's one line, `error: <what>`, exit 2 (argparse prints its usage first:
+    three to six lines); an unknown or missing argument points at `--help`."""
+
+    def error(self, message: str) -> NoReturn:
+        lost = message.startswith(("unrecognized arguments", "the following arguments are required"))
+        self.exit(2, f"error: {message}" + (f"; `{self.prog} --help` lists them" if lost else "") + "\n")
 
 
 def positive(text: str) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
-from runner.cli.arguments import positive, tolerance
+from runner.cli.arguments import Parser, positive, tolerance
 from runner.errors import UserError
 
 STEPS = 10  # compiled one-step calls whose losses are compared
@@ -301,7 +301,7 @@ def _record(outcomes: list[Outcome], reference: Outcome, text: str, args: argpar
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runner check", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="runner check", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="config overrides: gpus=N, strategy=a,b, pipeline=..., train.*")
     p.add_argument("--config-dir", "-cd", action="append", default=[], help="a folder of your own component YAMLs")
     p.add_argument("--steps", type=positive, default=STEPS, help="one-step calls whose losses are compared")

@@ -14,16 +14,17 @@ set calibrates it (seconds, in a fresh process; cached), later ones read the cac
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from runner.cli.arguments import Parser
+
 FORMAT = "predict.format"  # this command's own key: table (default) or json, one object per combination
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runner predict", description=__doc__.splitlines()[0])
+def parser() -> Parser:
+    p = Parser(prog="runner predict", description=__doc__.splitlines()[0])
     p.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
     p.add_argument("--config-dir", "-cd", action="append", default=[],
                    help="a folder of your own component YAMLs (model, data, hardware, ...)")

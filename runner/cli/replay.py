@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from runner.cli.arguments import Parser
 from runner.errors import one_line
 from runner.tracking.journal import NAME, replay
 
 
 def main(argv: list[str]) -> int:
     """`runner replay JOURNAL [--tracking-uri URI]`: send what a run could not write to its store."""
-    parser = argparse.ArgumentParser(prog="runner replay", description=main.__doc__)
+    parser = Parser(prog="runner replay", description=main.__doc__)
     parser.add_argument("journal", type=Path, help=f"a run's {NAME} (in its output folder)")
     parser.add_argument("--tracking-uri", default=None, help="the store to send to (default: the run's own)")
     args = parser.parse_args(argv)

@@ -3,17 +3,16 @@ three plots (what they show: runner/report/table.py)."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from runner.cli.arguments import tolerance
+from runner.cli.arguments import Parser, tolerance
 from runner.report import verdict
 from runner.report.table import ReportError, report, select
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="runner report", description="Compare runs from MLflow: a table, one verdict "
+def parser() -> Parser:
+    p = Parser(prog="runner report", description="Compare runs from MLflow: a table, one verdict "
                                 "line per model, and plots. With no arguments: the newest sweep in the store.")
     p.add_argument("--experiment", default=None, help="the experiment to report (default: the one of the newest "
                    "sweep, else the newest experiment)")
