@@ -187,7 +187,9 @@ def _read_parent(sweep_dir: str) -> str | None:
 def summary_lines(outcomes: list[dict]) -> list[str]:
     """Counts per status, then one line per failed combination with its error."""
     counts = {s: sum(o["status"] == s for o in outcomes) for s in ("FINISHED", "FAILED", "SKIPPED")}
-    lines = [f"sweep: {len(outcomes)} jobs: " + ", ".join(f"{n} {s.lower()}" for s, n in counts.items())]
+    reused = sum(o["status"] == "SKIPPED" and "run_id" in o for o in outcomes)
+    lines = [f"sweep: {len(outcomes)} jobs: " + ", ".join(f"{n} {s.lower()}" for s, n in counts.items())
+             + (f" ({reused} FINISHED before, sweep.resume: their runs in the table)" if reused else "")]
     lines += [redact(f"  FAILED {o['overrides']}: {o['error']}") for o in outcomes if o["status"] == "FAILED"]
     lines += [redact(f"  SKIPPED {o['overrides']}: {o['reason']}") for o in outcomes if o.get("reason")]
     return lines
@@ -239,10 +241,28 @@ class SweepCallback(Callback):
             results = sorted(Path(config.hydra.sweep.dir).glob(f"*/{RESULT_FILE}"))
             outcomes = [json.loads(p.read_text()) for p in results]
             failures[:] = [o for o in outcomes if o["status"] == "FAILED"]
-            close_parent(tracking.resolve_uri(config.mlflow.tracking_uri), _read_parent(config.hydra.sweep.dir),
-                         summary_lines(outcomes), failed=bool(failures))
+            uri, parent = tracking.resolve_uri(config.mlflow.tracking_uri), _read_parent(config.hydra.sweep.dir)
+            _reuse(uri, parent, outcomes)
+            close_parent(uri, parent, summary_lines(outcomes), failed=bool(failures))
         except Exception as e:
             raise SweepAborted(e) from e
+
+
+def _reuse(uri: str, parent: str, outcomes: list[dict]) -> None:
+    """Tag the parent with the earlier runs its resumed jobs were skipped for (`report.table.REUSED`), which its table,
+    verdict and `runner report --parent` then include."""
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
+    from runner.report.table import REUSED
+
+    tags = [RunTag(REUSED + o["run_id"], redact(o["overrides"])) for o in outcomes
+            if o["status"] == "SKIPPED" and o.get("run_id")]
+    try:
+        for start in range(0, len(tags), 100):  # MLflow takes 100 tags a batch
+            MlflowClient(uri).log_batch(parent, tags=tags[start:start + 100])
+    except Exception as e:  # noqa: BLE001 - the table then shows this sweep's own runs; the parent is closed as ever
+        log.warning("the runs of the resumed jobs could not be named on the sweep's parent: %s", one_line(e))
 
 
 def open_parent(uri: str, experiment: str, overrides: list[str], sweep_dir: Path) -> str:
@@ -312,10 +332,9 @@ def _summarise_on_parent(client: Any, parent: str) -> None:
     and the models, pipelines, strategies and device counts they covered."""
     from mlflow.entities import Metric, RunTag
 
-    from runner.report.table import row_of
+    from runner.report.table import jobs as of_sweep, row_of
 
-    experiment = client.get_run(parent).info.experiment_id
-    jobs = [r for r in client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}'")
+    jobs = [r for r in of_sweep(client, client.get_run(parent).info.experiment_id, parent)
             if r.info.status == "FINISHED"]
     now = int(time.time() * 1000)
     metrics = [Metric(key, value, now, 0) for key, value in parent_figures([row_of(r) for r in jobs]).items()]

@@ -96,8 +96,15 @@ def test_resume_runs_only_the_combination_that_did_not_finish(swept):
     # Resumed under Hydra's basic launcher: a sweep is its jobs' overrides, not its launcher's settings (the parent's
     # tag above), and joblib's workers would start (7 CPU-seconds) for jobs that are all skipped or invalid.
     proc = run_cli("-m", *JOBS, "sweep.resume=true", cwd=cwd)
-    assert "sweep: 4 jobs: 0 finished, 1 failed, 3 skipped" in proc.stderr
-    assert len(_children(runs(uri, "smoke"))) == before + 1
+    assert "sweep: 4 jobs: 0 finished, 1 failed, 3 skipped (3 FINISHED before, sweep.resume: their runs in the " \
+           "table)" in proc.stderr
+    df = runs(uri, "smoke")
+    assert len(_children(df)) == before + 1
+    # The answer covers every job: the resumed sweep's table and verdict (was: an empty table, no verdict) read the
+    # runs its jobs were skipped for, which its parent names
+    assert proc.stderr.count("| FINISHED |") == 3 and "verdict: mlp/tiny: fastest " in proc.stderr, proc.stderr[-3000:]
+    parent = df[df["tags.sweep"] == "parent"].sort_values("start_time").iloc[-1]
+    assert sum(k.startswith("tags.sweep.reused.") and isinstance(v, str) for k, v in parent.items()) == 3
 
 
 # Three times in a row, each on a fresh sqlite store: jobs running at once must never race to create it (only the

@@ -30,6 +30,9 @@ from runner.tasks import METRICS
 log = logging.getLogger(__name__)
 
 
+REUSED = "sweep.reused."  # a sweep parent's tag per job sweep.resume skipped: `sweep.reused.<run id>` = its overrides
+
+
 class ReportError(Exception):
     """Nothing to report, or not what was asked for; the message is one line naming what exists."""
 
@@ -136,11 +139,9 @@ def fetch(client: Any, selection: Selection, filter_string: str,
     closed KILLED and shown DEAD (`_dead`)."""
     from mlflow.exceptions import MlflowException
 
-    clauses = [filter_string] if filter_string else []
-    if selection.parent:
-        clauses.append(f"tags.mlflow.parentRunId = '{selection.parent}'")
     try:
-        runs = client.search_runs([selection.experiment_id], " and ".join(clauses), max_results=5000)
+        runs = jobs(client, selection.experiment_id, selection.parent, filter_string) if selection.parent else \
+            client.search_runs([selection.experiment_id], filter_string, max_results=5000)
     except MlflowException as e:
         if e.error_code != "INVALID_PARAMETER_VALUE":
             raise
@@ -150,6 +151,21 @@ def fetch(client: Any, selection: Selection, filter_string: str,
     for row, setting in zip(rows, settings([r.data.params for r in runs], rows)):
         row.model += f" {setting}" if setting else ""  # another setting is other work: its own verdict and speedups
     return add_speedups(rows, tolerance)
+
+
+def jobs(client: Any, experiment_id: str, parent: str, filter_string: str = "") -> list[Any]:
+    """A sweep's jobs' runs (matching `filter_string`): its parent's children, and the FINISHED runs of earlier
+    sweeps that its jobs were skipped for (sweep.resume: the parent's `REUSED` tags), so that a resumed sweep's
+    table and verdict cover all of its jobs."""
+    where = [filter_string] if filter_string else []
+    runs = client.search_runs([experiment_id], " and ".join([*where, f"tags.mlflow.parentRunId = '{parent}'"]),
+                              max_results=5000)
+    reused = [key.removeprefix(REUSED) for key in client.get_run(parent).data.tags if key.startswith(REUSED)]
+    if reused:
+        ids = ", ".join(f"'{run_id}'" for run_id in reused)
+        runs += client.search_runs([experiment_id], " and ".join([*where, f"attributes.run_id IN ({ids})"]),
+                                   max_results=5000)
+    return runs
 
 
 def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
