@@ -194,6 +194,9 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         steps, plan.train.global_batch_size, plan.train.per_device_batch_size,
         plan.train.batch_scaling, " on SYNTHETIC data" if data.synthetic else "",
     )
+    if plan.train.lr_warmup_steps >= steps:  # a warning: model=gpt's recipe warms up 100 steps, debug=smoke runs 60
+        log.warning("train.lr_warmup_steps=%d is not shorter than the run's %d steps: the learning rate never reaches "
+                    "train.learning_rate", plan.train.lr_warmup_steps, steps)
     _warn_dense_tables(plan)
     checkpointer, start = _resume(plan, strategy, run)
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,

@@ -71,13 +71,16 @@ def test_warm_up_ramps_to_the_effective_rate(tf_devices):
     np.testing.assert_allclose(rates, [0.0005, 0.001, 0.0015, 0.002, 0.002, 0.002], rtol=1e-6)
 
 
-def test_effective_rate_and_scaling_are_logged(tf_devices, store):
+def test_effective_rate_and_scaling_are_logged(tf_devices, store, caplog):
     from conftest import runs
 
     from runner.experiment import run
 
     run(compose("debug=smoke", "strategy=replicated", "gpus=2", *MODES["weak"], "train.lr_scaling=linear",
-                "train.lr_reference_batch=32", f"mlflow.tracking_uri={store}", "train.steps=20"))
+                "train.lr_reference_batch=32", f"mlflow.tracking_uri={store}", "train.steps=20",
+                "train.lr_warmup_steps=20"))
+    # a warm-up as long as the run: was silent (model=gpt's 100 steps in a 60-step run learned at a fraction of its rate)
+    assert "train.lr_warmup_steps=20 is not shorter than the run's 20 steps" in caplog.text
     row = runs(store, "smoke").iloc[0]
     assert float(row["params.train.effective_learning_rate"]) == pytest.approx(2e-3)
     assert (row["params.train.global_batch_size"], row["params.train.per_device_batch_size"]) == ("64", "32")
