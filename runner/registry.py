@@ -201,6 +201,8 @@ class Registry:
         if TARGET not in node:
             return typed(self.get(str(node.get("name"))), node, self.kind)
         target = locate(str(node[TARGET]), self.kind)
+        if node.get("name") in self._classes:  # the default choice's name (model=mlp's `mlp`), not the user's own
+            node = {k: v for k, v in node.items() if k != "name"}  # the target's: its dataclass default, its function
         if inspect.isclass(target) and dataclasses.is_dataclass(target):
             return typed(target, node, self.kind)
         if callable(target) and self.from_function is not None:

@@ -124,6 +124,16 @@ def test_user_model_pipeline_and_strategy_train_under_every_strategy_that_applie
     assert (children["metrics.test_accuracy"] > 0.1).all()  # above chance after 20 steps
 
 
+def test_a_users_model_is_named_by_its_function_not_by_the_default_models_name():
+    """`+model._target_=pkg.text_classifier` (docs/your-model-your-data.md's command) was tagged and reported as
+    `mlp` (model=mlp's name, from the defaults): two users' models, or one beside the MLP, became one model's rows."""
+    from runner.tracking.tags import base_tags
+
+    plan = validate(compose("+model._target_=user_models.resnet"))
+    assert plan.model.name == "resnet" and base_tags(plan.cfg)["model"] == "resnet"
+    assert validate(compose("+model._target_=user_models.resnet", "model.name=mine")).model.name == "mine"
+
+
 def test_a_user_component_with_a_bad_option_or_path_is_one_line(user_folder, monkeypatch):
     monkeypatch.syspath_prepend(str(user_folder / "code"))
     conf = str(user_folder / "conf")
