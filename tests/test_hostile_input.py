@@ -25,6 +25,14 @@ def not_a_model(input_shape, classes):
     return {"input_shape": input_shape, "classes": classes}
 
 
+def frozen(input_shape, classes):
+    """A user's model whose every weight is frozen (a `_target_` for the tests): nothing to train."""
+    import keras
+
+    layer = keras.layers.Dense(classes, trainable=False)
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), layer])
+
+
 def statuses(store: str) -> list[str]:
     """The status of every run of the smoke experiment in the store (none: [])."""
     table = runs(store, "smoke")
@@ -167,6 +175,20 @@ def test_a_target_returning_something_else_than_a_model_ends_the_run_failed_in_o
     one_line_naming(err.value, f"_target_ {__name__}.not_a_model returned {{'classes': 10, ", "(a dict)",
                     "not a keras.Model")
     assert statuses(store) == ["FAILED"]
+
+
+def test_a_model_without_trainable_weights_is_one_line_in_a_run_and_in_a_spec_sheets_prediction(tf_devices, store,
+                                                                                                  tmp_path):
+    """Was a traceback from each strategy's update ("not enough values to unpack", an AttributeError), and a
+    prediction (2,296,892 images/s) of a model no run trains."""
+    with pytest.raises(ConfigError) as err:
+        run(compose(*SHORT, f"+model._target_={__name__}.frozen", f"mlflow.tracking_uri={store}"))
+    one_line_naming(err.value, f"model=frozen: _target_ {__name__}.frozen returned a model without trainable weights",
+                    "(2 weights, none trainable)")
+    assert statuses(store) == ["FAILED"]
+    proc = run_cli("predict", "hardware=dgx1_p100", "gpus=8", "strategy=mirrored", f"+model._target_={__name__}.frozen",
+                   cwd=tmp_path, env={"PYTHONPATH": os.path.dirname(__file__)})
+    assert "| frozen mirrored/split x8 | model=frozen: " in proc.stdout and "images/s" not in proc.stdout, proc.stdout
 
 
 # ---- overrides ------------------------------------------------------------------------------------------------------

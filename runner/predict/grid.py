@@ -170,7 +170,9 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
     try:
         if key not in layers:
             import_tensorflow()
-            layers[key] = spec_sheet.layers(plan.model.build(plan.spec))
+            from runner.strategies.common import build_model  # the run's checks of what the model function gave
+
+            layers[key] = spec_sheet.layers(build_model(plan.model, plan.spec, plan.train.seed))
         terms, one_device = spec_sheet.price(plan, layers[key])
     except UserError as e:
         outcome.error = one_line(e)

@@ -24,8 +24,9 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
     normalization on the fused kernel unless `fused_batch_norm` is false (train.fused_batch_norm).
 
     Raises:
-        ConfigError: the build gave no Keras model, or one that does not map the data's inputs to its outputs, or
-            one with an embedding smaller than the data's ids (`runner.models.check_lookups`).
+        ConfigError: the build gave no Keras model, or one without trainable weights, or one that does not map the
+            data's inputs to its outputs, or one with an embedding smaller than the data's ids
+            (`runner.models.check_lookups`).
     """
     keras.utils.set_random_seed(seed)
     try:
@@ -40,6 +41,9 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
         raise ConfigError(f"model={model.name}: {_builder(model)} returned a {type(built).__name__} without a "
                           f"keras.Input; build it from keras.Input{'s named as the features' if spec.features else ''} "
                           f"of the data ({spec}), as a functional or Sequential model")
+    if not built.trainable_weights:  # every strategy's update would fail on an empty list of gradients
+        raise ConfigError(f"model={model.name}: {_builder(model)} returned a model without trainable weights "
+                          f"({len(built.weights)} weights, none trainable): there is nothing to train")
     if spec.features:
         _check_features(model.name, built, spec)
         check_lookups(model.name, built, spec)
