@@ -151,10 +151,22 @@ class Files(DatasetOptions):
                             f"{', '.join(a + '.npy' for a in ARRAYS)}") from None
         except ValueError as e:
             raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
-        if x.ndim and not len(x):
+        if not x.ndim or not len(x):  # a 0-d array: one value, not examples
             raise DataError(f"{path} holds no examples ({x.dtype} {x.shape}); every file of data=files needs at "
                             "least one")
         return x
+
+    def _finite(self, x: np.ndarray, name: str) -> None:
+        """DataError where float `x` holds a NaN or an infinity: a NaN pixel comes out of a ReLU as 0 and the run
+        trains on, a NaN label makes every score NaN (checked in slices of rows: no copy of a large array)."""
+        if x.dtype.kind != "f":
+            return
+        for start in range(0, len(x), rows := max(1, 2**24 // max(1, x[0].size))):
+            finite = np.isfinite(x[start:start + rows])
+            if not finite.all():
+                where = np.unravel_index(int(np.argmin(finite)), finite.shape)
+                raise DataError(f"{self.path}/{name}.npy holds {x[start:start + rows][where]} at index "
+                                f"{(start + int(where[0]), *map(int, where[1:]))}; data=files takes finite values")
 
     def _layout(self) -> Literal["labelled", "sequences", "stream"]:
         """What the npy files hold: examples with labels (y_train.npy and y_test.npy), or, without labels, a
@@ -229,8 +241,19 @@ class Files(DatasetOptions):
                                   if not t.per_position and t.labels_dtype != "int32")
                 raise DataError(f"{self.path}/y_{split}.npy holds {y.dtype} labels; data=files takes integer class "
                                 f"labels 0 to classes - 1{', or ' + takes if takes else ''}")
+            alike = x.dtype.kind in "iu" if tokens else x.dtype == x_train.dtype  # uint8 is scaled, float32 is not
+            if not alike or y.dtype.kind != y_train.dtype.kind:
+                raise DataError(f"{self.path}: x_test.npy {x_test.dtype} and y_test.npy {y_test.dtype}, x_train.npy "
+                                f"{x_train.dtype} and y_train.npy {y_train.dtype}: store both splits alike "
+                                f"({'token ids are integers' if tokens else 'uint8 images are scaled to [0, 1], float32 ones read as they are'})")
             self._by_rows(x, split)
+            self._finite(x, f"x_{split}")
+            self._finite(y, f"y_{split}")
         task = from_labels(y_train.dtype.name)  # integers: classes; else the task of labels of that dtype
+        if task != "class" and self.classes is not None:
+            raise DataError(f"data.classes={self.classes} counts a classifier's classes, and {self.path}/y_train.npy "
+                            f"holds {y_train.dtype} values, a {task}: store class labels as integers "
+                            "(y.astype(np.int64)), or leave data.classes out")
         classes = self._classes(y_train, y_test) if task == "class" else 1  # one output otherwise
         if tokens:
             return Spec((int(shape[0]),), classes, "int32", task, self._vocabulary(x_train, x_test))

@@ -28,6 +28,20 @@ def write_npy(folder, shape=(20, 24, 3), dtype=np.uint8, classes=7, sizes=(600, 
     return folder
 
 
+def _replace(folder, **arrays):
+    """`folder` with some of its .npy files replaced by `arrays` (name: array)."""
+    for name, x in arrays.items():
+        np.save(folder / f"{name}.npy", x)
+    return folder
+
+
+def _with_nan():
+    """Float training images with one NaN pixel."""
+    x = np.zeros((600, 20, 24, 3), np.float32)
+    x[3, 0, 0, 0] = np.nan
+    return x
+
+
 def write_shards(tf, folder, files=4, per_file=24, size=(36, 30, 3), test_label=None):
     """TFRecord shards train-0000k-of-0000N and validation-*: PNG images of `size`, every record of file k
     labelled k + 1 (ImageNet's convention counts from 1), so a batch's labels say which files it came from; or every
@@ -173,6 +187,18 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
     (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "y_train.npy", np.full(600, 1.5 + 1j)) or t / "ds"),
      [], ["y_train.npy holds complex128 labels", "integer class labels", "or float32 (a value)"]),  # float: a regression
     (lambda t: write_npy(t / "ds"), ["data.shape=[32,32,3]"], ["data.shape=[32, 32, 3] resizes TFRecord images"]),
+    # found before TensorFlow starts; each was trained on, or a traceback (a NaN pixel is a ReLU's 0: a run at chance
+    # with a score; float test images beside uint8 training ones went in unscaled; float labels with data.classes a
+    # regression; a 0-d y a TypeError)
+    (lambda t: _replace(write_npy(t / "ds", dtype=np.float32), x_train=_with_nan()), [],
+     ["x_train.npy holds nan at index (3, 0, 0, 0)", "finite values"]),
+    (lambda t: _replace(write_npy(t / "ds"), y_train=np.zeros(600, np.float32), y_test=np.full(100, np.inf)), [],
+     ["y_test.npy holds inf at index (0,)"]),
+    (lambda t: _replace(write_npy(t / "ds", dtype=np.float32), x_test=np.zeros((100, 20, 24, 3), np.uint8)), [],
+     ["x_test.npy uint8", "x_train.npy float32", "store both splits alike", "uint8 images are scaled"]),
+    (lambda t: _replace(write_npy(t / "ds"), y_train=np.zeros(600), y_test=np.zeros(100)), ["data.classes=7"],
+     ["data.classes=7 counts a classifier's classes", "y_train.npy holds float64 values, a regression"]),
+    (lambda t: _replace(write_npy(t / "ds"), y_train=np.array(1)), [], ["y_train.npy holds no examples (int64 ())"]),
     (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "x_train.npy", np.asfortranarray(
         np.zeros((600, 20, 24, 3), np.uint8))) or t / "ds"), [], ["x_train.npy is stored in Fortran order"]),
 ])
