@@ -112,6 +112,12 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     (["hardware=dgx1_p100", "hardware.accelerator.memory_bandwidth=null"],
      ["hardware.accelerator.memory_bandwidth", "None", "float"]),
     (["hardware=dgx1_p100", "predict.format=xml"], ["predict.format='xml'", "table, json"]),
+    # figures in GB/s, TFLOPS, GHz: were priced (0 images/s, exit 0)
+    (["hardware=dgx1_p100", "hardware.accelerator.memory_bandwidth=732"],
+     ["hardware.accelerator.memory_bandwidth=732", "bytes/s, at least 1e+09 (900e9 for 900 GB/s)"]),
+    (["hardware=dgx1_p100", "hardware.accelerator.peak_flops=10.6"], ["peak_flops=10.6", "FLOP/s, at least"]),
+    (["hardware=dgx1_p100", "hardware.accelerator.clock_hz=1.48"], ["clock_hz=1.48", "Hz, at least 1e+06", "or null"]),
+    (["hardware=dgx1_p100", "hardware.link.bandwidth=20"], ["hardware.link.bandwidth=20", "bytes/s, at least"]),
     # one combination no cost model covers (was a one-row 'not predicted' table, exit 1)
     (["strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no cost model", "mirrored"]),
     (["hardware=dgx1_p100", "strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no spec-sheet"]),

@@ -21,8 +21,13 @@ from runner.strategies import MAX_DEVICES  # this machine's most devices: real G
 
 # The accelerator's architecture sets what fraction of its peak kernels reach (runner/predict/spec_sheet.py).
 Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper"]
-POSITIVE: Rule = (lambda v: v is not None and 0 < v < math.inf, "a positive number")
-POSITIVE_OR_NULL: Rule = (lambda v: v is None or 0 < v < math.inf, "a positive number or null")
+
+
+def at_least(floor: float, unit: str, example: str, null: bool = False) -> Rule:
+    """A figure in base units (bytes, bytes/s, FLOP/s, Hz) from `floor` up: one written in GB/s, TFLOPS or GHz
+    (900 for 900 GB/s) is refused, not priced (it predicted 0 images/s)."""
+    said = f"{unit}, at least {floor:g} ({example}){' or null' if null else ''}"
+    return (lambda v: (null and v is None) or (v is not None and floor <= v < math.inf)), said
 
 
 @dataclass
@@ -37,8 +42,12 @@ class Accelerator:
     memory_bytes: float = "???"  # device memory
     memory_bandwidth: float = "???"  # device memory, bytes/s
 
-    RULES: ClassVar[dict[str, Rule]] = {"peak_flops": POSITIVE, "memory_bytes": POSITIVE, "memory_bandwidth": POSITIVE,
-                                        "clock_hz": POSITIVE_OR_NULL, "tensor_flops": POSITIVE_OR_NULL}
+    RULES: ClassVar[dict[str, Rule]] = {
+        "peak_flops": at_least(1e9, "FLOP/s", "15.7e12 for 15.7 TFLOPS"),
+        "tensor_flops": at_least(1e9, "FLOP/s", "125e12 for 125 TFLOPS", null=True),
+        "memory_bytes": at_least(1e8, "bytes", "16e9 for 16 GB"),
+        "memory_bandwidth": at_least(1e9, "bytes/s", "900e9 for 900 GB/s"),
+        "clock_hz": at_least(1e6, "Hz", "1.53e9 for 1.53 GHz", null=True)}
 
 
 @dataclass
@@ -48,7 +57,7 @@ class Link:
     kind: Literal["nvlink", "pcie"] = "???"
     bandwidth: float = "???"  # bytes/s per direction, device to device (an all-reduce's ring runs at it)
 
-    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": POSITIVE}
+    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": at_least(1e8, "bytes/s", "25e9 for 25 GB/s")}
 
 
 @dataclass
@@ -59,7 +68,8 @@ class Host:
     shared_by: int = 1  # devices behind one host link (a PCIe switch, a K80 board): they share its bandwidth
     memory_bandwidth: float = "???"  # host memory, bytes/s (a parameter server's update runs at it)
 
-    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": POSITIVE, "memory_bandwidth": POSITIVE,
+    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": at_least(1e8, "bytes/s", "15.75e9 for 15.75 GB/s"),
+                                        "memory_bandwidth": at_least(1e9, "bytes/s", "76.8e9 for 76.8 GB/s"),
                                         "shared_by": (positive, "a positive number of devices")}
 
 
@@ -70,7 +80,7 @@ class Network:
     bandwidth: float = "???"  # bytes/s per node, per direction
     latency: float = "???"  # seconds per message
 
-    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": POSITIVE,
+    RULES: ClassVar[dict[str, Rule]] = {"bandwidth": at_least(1e6, "bytes/s", "12.5e9 for 100 Gb/s"),
                                         "latency": (lambda v: v is not None and 0 <= v < 1, "seconds, from 0 to 1")}
 
 
