@@ -41,6 +41,8 @@ OVERLAP = 0.0  # fraction of the backward pass that communication of gradients c
 SYNC = 0.02  # a synchronous step over several devices: the towers' passes wait for the slowest, this much longer
 # Bytes of a layer's backward pass per byte of its forward pass (a compute layer's count only when memory-bound).
 BACKWARD_BYTES = {"norm": 5 / 3, "elementwise": 1.5, "compute": 2.0, "lookup": 1.0}
+# NVIDIA's architectures with bfloat16 arithmetic (an accelerator of no named architecture is priced as the newest)
+BFLOAT16 = ("ampere", "ada", "hopper")
 
 
 @dataclass(frozen=True)
@@ -138,11 +140,29 @@ class Passes:
     backward: float
 
 
+def sixteen_bits(accelerator: Any, precision: str) -> bool:
+    """Whether mixed precision is faster than float32 on `accelerator`: only with tensor cores (Keras warns that a
+    GPU below compute capability 7.0 may run it slower; a P100's 2x float16 is not counted)."""
+    return precision != "float32" and bool(accelerator.tensor_flops)
+
+
+def check_precision(hardware: Any, precision: str) -> None:
+    """ConfigError for bfloat16 on an accelerator without bfloat16 arithmetic (before Ampere: V100, 2080 Ti, P100,
+    K80), which a prediction would otherwise price at its float16 tensor cores' rate."""
+    accelerator = hardware.accelerator
+    if precision == "mixed_bfloat16" and accelerator.architecture not in (None, *BFLOAT16):
+        instead = "mixed_float16 (its tensor cores)" if accelerator.tensor_flops else "float32"
+        raise ConfigError(f"train.precision=mixed_bfloat16: hardware={hardware.name}'s {accelerator.name} "
+                          f"({accelerator.architecture}) has no bfloat16 arithmetic ({', '.join(BFLOAT16)} have); "
+                          f"use train.precision={instead}")
+
+
 def flop_rates(accelerator: Any, precision: str) -> dict[str, float]:
     """FLOP/s of each algorithm on `accelerator`; mixed precision runs every convolution and matmul on the tensor
-    cores where there are any (cuDNN's implicit GEMM there: no Winograd or FFT saving), at the GEMM fraction."""
+    cores where there are any (cuDNN's implicit GEMM there: no Winograd or FFT saving), at the GEMM fraction;
+    without tensor cores it is priced as float32 (`sixteen_bits`)."""
     scale = ARCHITECTURE.get(accelerator.architecture or FITTED, ARCHITECTURE[FITTED])
-    if precision != "float32" and accelerator.tensor_flops:
+    if sixteen_bits(accelerator, precision):
         return dict.fromkeys(ALGORITHMS, accelerator.tensor_flops * ALGORITHMS["gemm"] * scale)
     return {name: accelerator.peak_flops * fraction * scale for name, fraction in ALGORITHMS.items()}
 
@@ -151,7 +171,7 @@ def passes(model_layers: list[Layer], batch: int, accelerator: Any, precision: s
     """The per-tower forward and backward pass of `batch` examples on `accelerator` (a spec sheet's)."""
     rates = flop_rates(accelerator, precision)
     byte_rate = accelerator.memory_bandwidth * MEMORY
-    scale = 1.0 if precision == "float32" else 0.5  # activations in 16 bits
+    scale = 0.5 if sixteen_bits(accelerator, precision) else 1.0  # activations in 16 bits
     kernel = KERNEL_CYCLES / (accelerator.clock_hz or DEFAULT_CLOCK)
     forward = backward = 0.0
     for layer in model_layers:
@@ -179,6 +199,7 @@ def price(plan: Any, model_layers: list[Layer]) -> tuple[dict[str, float], float
     nodes = math.ceil(max(plan.gpus, 1) / hw.devices_per_node)  # the devices fill one node after another
     local = plan.strategy.towers(plan.gpus) // nodes if plan.strategy.data_parallel else 1
     batch = int(train.per_device_batch_size)
+    check_precision(hw, str(train.precision))
     _check_fits(plan, model_layers, batch)
     weight_bytes = sum(layer.weight_bytes for layer in model_layers)
     exchange = plan.strategy.exchange(max(local, 1), nodes, weight_bytes)
