@@ -173,6 +173,17 @@ def test_sixteen_bits_are_priced_where_the_accelerator_has_them():
         assert f"; use train.precision={instead}" in refused.error
 
 
+def test_a_model_with_embedding_tables_is_not_priced_on_a_spec_sheet_and_its_row_says_so():
+    """Was: dlrm's tables priced as nothing (no memory, update or rows moved): 188,519 examples/s with 0.54 GB tables
+    and the same with 3.3 GB ones, which no 2080 Ti holds with Adam's state. The GPT's tied table is priced (its
+    gradient is dense, a layer's weights)."""
+    dlrm, gpt = predict_all([["model=dlrm", "data=clicks", "data.tables=tiny", "hardware=pcie_8x_2080ti", "gpus=4",
+                              "strategy=hybrid"],
+                             ["model=gpt", "data=shakespeare", "hardware=pcie_8x_2080ti", "gpus=4", "strategy=mirrored"]])
+    assert dlrm.prediction is None and "embedding tables (" in dlrm.error and "not priced on spec sheets" in dlrm.error
+    assert gpt.prediction is not None and gpt.prediction.unit == "tokens"
+
+
 def test_a_run_trains_on_this_machine_and_hardware_changes_no_config_hash():
     plain = validate(compose("strategy=mirrored", "gpus=2"))
     named = validate(compose("strategy=mirrored", "gpus=2", "hardware=dgx1_p100"), priced=True)

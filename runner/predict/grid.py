@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -170,15 +171,29 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
     try:
         if key not in layers:
             import_tensorflow()
-            from runner.strategies.common import build_model  # the run's checks of what the model function gave
+            from runner.strategies.common import build_model, tables  # the run's checks of the model function's
 
-            layers[key] = spec_sheet.layers(build_model(plan.model, plan.spec, plan.train.seed))
+            built = build_model(plan.model, plan.spec, plan.train.seed)
+            layers[key] = _unpriced(plan, tables(built)) or spec_sheet.layers(built)
+        if isinstance(layers[key], str):
+            raise UserError(layers[key])
         terms, one_device = spec_sheet.price(plan, layers[key])
     except UserError as e:
         outcome.error = one_line(e)
         return
     outcome.prediction = Prediction(combination(plan), plan.train.global_batch_size, terms, plan.spec.unit,
                                     plan.spec.units_per_example, one_device, max(plan.gpus, 1))
+
+
+def _unpriced(plan: Any, held: list) -> str:
+    """Why a model with embedding tables (`strategies.common.tables`) has no spec-sheet prediction: their memory, the
+    rows each strategy moves and applies are priced on this machine's calibrations alone ('': none)."""
+    if not held:
+        return ""
+    size = sum(4 * math.prod(t.shape) for t in held)
+    return (f"model={plan.model.name}'s {len(held)} embedding tables ({size / 1e9:,.2f} GB) are not priced on spec "
+            "sheets (their memory, and the rows each strategy moves and applies); runner predict without hardware= "
+            "prices them on this machine")
 
 
 def keys(plan: Any) -> set[str]:
