@@ -97,10 +97,10 @@ def test_the_json_form_has_one_object_per_combination(capsys):
                                 "predict.format=json")
     assert code == 0, err
     records = [json.loads(line) for line in out.splitlines()]
-    assert [r["gpus"] for r in records] == [2, 4]
+    assert [r["gpus"] for r in records] == [2, 4] and "fits" not in records[0]  # was "fits": false for no cost model
     for r in records:
-        assert {"strategy", "pipeline", "gpus", "nodes", "rate", "unit", "step_seconds", "fits"} <= set(r)
-        assert r["strategy"] == "mirrored" and r["unit"] == "images" and r["fits"] and r["nodes"] == 1
+        assert {"strategy", "pipeline", "gpus", "nodes", "rate", "unit", "step_seconds", "predicted"} <= set(r)
+        assert r["strategy"] == "mirrored" and r["unit"] == "images" and r["predicted"] and r["nodes"] == 1
         assert r["rate"] == pytest.approx(2 * 64 * (r["gpus"] // 2) / r["step_seconds"])
 
 

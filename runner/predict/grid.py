@@ -262,7 +262,7 @@ def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
 
 def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     """One JSON-ready record per combination (`predict.format=json`): what scripts read."""
-    return [{"combination": o.label, "overrides": o.overrides, **o.given, "fits": (p := o.prediction) is not None,
+    return [{"combination": o.label, "overrides": o.overrides, **o.given, "predicted": (p := o.prediction) is not None,
              "rate": p and p.rate, "unit": p and p.unit, "step_seconds": p and p.step_seconds,
              "efficiency": p and p.efficiency, "terms": p and p.terms, "error": o.error} for o in outcomes]
 
