@@ -301,7 +301,8 @@ class StrategyBase:
     def check(self, gpus: int, model: Model, jit_compile: bool) -> None:
         if not self.takes(gpus):
             valid = [s for s in STRATEGIES.names() if STRATEGIES.get(s).takes(gpus)]
-            shown = f"from {self.min_gpus} to {self.max_gpus}" if self.max_gpus is not None else f"{self.min_gpus} or more"
+            most = self.max_gpus
+            shown = f"from {self.min_gpus} to {most}" if most is not None else f"{self.min_gpus} or more"
             raise ConfigError(
                 f"strategy={self.name} needs gpus {shown}, got gpus={gpus}; "
                 f"strategies valid with gpus={gpus}: {', '.join(valid)}"
