@@ -405,6 +405,37 @@ def _training(folder) -> bool:
     return bool(logs) and " - step " in logs[0].read_text()
 
 
+def test_predicted_keeps_each_groups_rates_in_its_own_unit(monkeypatch, capsys):
+    """Was one column 'measured /s (images, tokens or examples)' for an MLP's images/s beside a GPT's tokens/s, and a
+    group of one combination 'predicted and confirmed'."""
+    import argparse
+
+    from runner.bench import predicted
+    from runner.predict import grid
+    from runner.predict.costs import Prediction
+
+    runs = [("python -m runner model=mlp strategy=mirrored gpus=2", 900.0),
+            ("python -m runner model=mlp strategy=replicated gpus=2", 1000.0),
+            ("python -m runner model=gpt data=shakespeare strategy=mirrored gpus=2", 5000.0)]
+    monkeypatch.setattr(predicted, "_runs", lambda uri, experiment: runs)
+
+    def predict_all(combos, recalibrate=False):
+        def outcome(c):
+            gpt = "model=gpt" in c
+            name = f"{'gpt' if gpt else 'mlp'}/default {c[-2].split('=')[1]}/split x2"
+            rate = Prediction(name, 64, {"towers": 0.01}, "tokens" if gpt else "images", 64 if gpt else 1)
+            return grid.Outcome(c, name, rate)
+        return [outcome(c) for c in combos]
+
+    monkeypatch.setattr(grid, "predict_all", predict_all)
+    predicted.predicted(argparse.Namespace(tracking_uri=None, experiment="e", recalibrate=False, out=None))
+    out = capsys.readouterr().out
+    assert "| gpt/default x2, tokens/s | mirrored/split | 409,600 | 5,000 |" in out
+    assert "| mlp/default x2, images/s | replicated/split | 6,400 | 1,000 |" in out
+    assert "\n- prediction: gpt/default x2, tokens/s: 1 combination, error 8092%\n" in out
+    assert "- prediction: mlp/default x2, images/s: 2 combinations" in out
+
+
 def test_predicted_reads_a_runs_overrides_from_its_command_line():
     from runner.bench.predicted import _overrides
 

@@ -303,7 +303,11 @@ def test_the_accuracy_of_a_groups_predictions_in_figures_and_words():
     assert wrong.spread is None and wrong.retest is None and wrong.pairs == 3 and wrong.pairs_ordered == 2 and not wrong.confirmed
     assert line("cnn x4", wrong).endswith("predicted fastest b measured only 0.70x the fastest (a): the model was "
                                          "wrong by 30%")
-    assert "noise unknown: every pair counts" in line("cnn x4", wrong)
+    # no repeats: no pair is "beyond the noise" (was said of single runs beside "noise unknown")
+    assert "2 of 3 pairs ordered right (single runs: noise unknown, every pair counts)" in line("cnn x4", wrong)
+    close = judge(combine([("a", 90.0, 100.0), ("b", 120.0, 95.0)]))
+    assert line("cnn x2", close).endswith("measured 0.95x the fastest (a): within 10%, confirmed")
+    assert line("lenet x1", judge(combine([("a", 90.0, 100.0)]))) == "prediction: lenet x1: 1 combination, error 10%"
     tie = judge(combine([("a", 100.0, 100.0), ("b", 101.0, 98.0), ("a", 100.0, 90.0), ("b", 101.0, 97.0)]))
     assert tie.pairs == 0 and "every combination within the noise of the others (a tie)" in line("nin x2", tie)
     assert tie.confirmed  # b is predicted fastest; it measured within the noise of a

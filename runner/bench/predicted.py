@@ -34,11 +34,16 @@ def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
 
     from runner.data_pipelines import rate_unit
 
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        from runner.errors import UserError
+    from mlflow.exceptions import MlflowException
 
+    from runner.errors import UserError, one_line
+
+    client = MlflowClient(uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+    except MlflowException as e:  # a store that does not answer: was a traceback
+        raise UserError(f"--tracking-uri {uri} cannot be read: {one_line(e)}") from None
+    if exp is None:
         names = sorted(e.name for e in client.search_experiments())
         raise UserError(f"--experiment {experiment}: no such experiment in {uri}; it has: {', '.join(names) or 'none'}")
     found = client.search_runs([exp.experiment_id], "attributes.status = 'FINISHED'", max_results=5000)
@@ -61,14 +66,14 @@ def predicted(args: argparse.Namespace) -> int:
         if (o := outcomes[command]).prediction is not None:
             head, devices = o.label.removesuffix(f" {o.setting}").rsplit(" x", 1)
             model, combo = head.split(" ", 1)
-            runs.append((f"{model} x{devices}", f"{combo} {o.setting}".rstrip(), o.prediction.rate, rate))
+            group = f"{model} x{devices}, {o.prediction.unit}/s"  # a group's rates in one unit
+            runs.append((group, f"{combo} {o.setting}".rstrip(), o.prediction.rate, rate))
     groups = dict(sorted(grouped(runs).items()))
     out: list[str] = []
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
                f"{len(measured)} runs, {len(commands)} combinations, predicted in {time.perf_counter() - t0:.0f} s "
                "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
-               *markdown(["model, devices", "combination", "predicted /s", "measured /s (images, tokens or examples)",
-                          "error"])])
+               *markdown(["model, devices, unit", "combination", "predicted", "measured", "error"])])
     for group, combos in groups.items():
         for c in sorted(combos, key=lambda c: -c.rate):
             rng = f" ({min(c.rates):,.0f}-{max(c.rates):,.0f})" if len(c.rates) > 1 else ""

@@ -98,17 +98,21 @@ def judge(combos: list[Measured]) -> Judgement:
 
 def line(group: str, j: Judgement) -> str:
     """One line in words: errors, order, and the fastest predicted and confirmed, or how far off."""
-    noise = f"run-to-run spread {j.spread:.0%}" if j.spread is not None else "noise unknown: every pair counts"
+    if j.combos == 1:  # nothing to order or to be fastest among
+        return f"prediction: {group}: 1 combination, error {j.median_error:.0%}"
+    known = j.spread is not None
+    noise = f"run-to-run spread {j.spread:.0%}" if known else "single runs: noise unknown, every pair counts"
     rho = f"Spearman {j.spearman:.2f}" if j.spearman is not None else "Spearman -"
     if j.retest is not None:
         rho += f" (the repeats against each other {j.retest:.2f})"
-    order = (f"{j.pairs_ordered} of {j.pairs} pairs apart beyond the noise ordered right" if j.pairs
-             else "every combination within the noise of the others (a tie)")
+    order = (f"{j.pairs_ordered} of {j.pairs} pairs {'apart beyond the noise ' if known else ''}ordered right"
+             if j.pairs else "every combination within the noise of the others (a tie)")
+    within = f"within the noise ({j.spread:.0%})" if known and j.spread > CLOSE else f"within {CLOSE:.0%}"
     if j.predicted_fastest == j.measured_fastest:
         fastest = f"predicted fastest {j.predicted_fastest}: predicted and confirmed"
     elif j.confirmed:
         fastest = (f"predicted fastest {j.predicted_fastest} measured {j.fastest_ratio:.2f}x the fastest "
-                   f"({j.measured_fastest}): within the noise, confirmed")
+                   f"({j.measured_fastest}): {within}, confirmed")
     else:
         fastest = (f"predicted fastest {j.predicted_fastest} measured only {j.fastest_ratio:.2f}x the fastest "
                    f"({j.measured_fastest}): the model was wrong by {1 - j.fastest_ratio:.0%}")
