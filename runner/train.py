@@ -85,14 +85,14 @@ class Timer:
 
     def summary(self, per_step: int, unit: str = "images") -> dict[str, float]:
         """`unit`/s (mean and standard error over timed calls; `per_step` units a step) and step time, or {} if
-        nothing was timed."""
+        nothing was timed. One timed call has no standard error (not 0: nothing measured its spread)."""
         if not self.seconds:
             return {}
         rates = np.array(self.steps) * per_step / np.array(self.seconds)  # units/s per call
-        stderr = rates.std(ddof=1) / math.sqrt(len(rates)) if len(rates) > 1 else 0.0
+        stderr = {f"{unit}_per_sec_stderr": float(rates.std(ddof=1) / math.sqrt(len(rates)))} if len(rates) > 1 else {}
         return {
             f"{unit}_per_sec": float(sum(self.steps) * per_step / sum(self.seconds)),
-            f"{unit}_per_sec_stderr": float(stderr),
+            **stderr,
             "step_time_ms": float(1000 * sum(self.seconds) / sum(self.steps)),
             "timed_steps": float(sum(self.steps)),
         }

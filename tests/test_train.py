@@ -50,6 +50,19 @@ def test_calls_are_one_step_first_then_end_on_multiples_of_steps_per_call():
     assert [call_size(d, 1) for d in (0, 1, 2)] == [1, 1, 1]
 
 
+def test_one_timed_call_has_no_standard_error():
+    """Was "± stderr 0" in runner report for a run of one timed call: nothing measured its spread."""
+    from runner.train import Timer
+
+    timer = Timer(warmup_calls=1, steps_per_call=10)
+    for seconds in (5.0, 0.1):
+        timer.add(10, seconds)
+    one = timer.summary(per_step=64)
+    assert one["images_per_sec"] == pytest.approx(6400) and "images_per_sec_stderr" not in one
+    timer.add(10, 0.2)
+    assert timer.summary(per_step=64)["images_per_sec_stderr"] == pytest.approx(1600)
+
+
 @pytest.mark.parametrize("model", ["cnn", "nin"])
 def test_conv_models_learn_in_the_smoke_preset(tf_devices, store, model):
     result = _smoke(store, f"model={model}")
