@@ -215,7 +215,7 @@ class Config:
     gpus: int = 1
 
     RULES: ClassVar[dict[str, Rule]] = {  # the most: the hardware's (this machine: MAX_DEVICES)
-        "gpus": (lambda v: v is not None and v >= 0, f"an integer from 0 to {MAX_DEVICES}"),
+        "gpus": (lambda v: v is not None, f"an integer from 0 to {MAX_DEVICES}"),  # the range: hardware.check_devices
     }
 
 

@@ -107,6 +107,7 @@ def test_the_json_form_has_one_object_per_combination(capsys):
 @pytest.mark.parametrize("argv, wanted", [
     (["hardware=dgx9"], ["hardware=dgx9", "dgx1_p100", "ec2_p2_8xlarge", "this"]),
     (["hardware=dgx1_p100", "gpus=9", "strategy=mirrored"], ["gpus=9", "1 to 8", "strategy=multi_worker"]),
+    (["hardware=dgx1_p100", "gpus=-1", "strategy=mirrored"], ["gpus=-1", "1 to 8"]),  # was this machine's 0 to 16
     (["hardware=ec2_p2_8xlarge", "hardware.nodes=2", "gpus=17", "strategy=multi_worker"],
      ["gpus=17", "1 to 16", "hardware.nodes=2"]),
     (["hardware=dgx1_p100", "hardware.accelerator.memory_bandwidth=null"],

@@ -222,6 +222,18 @@ def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store, capsys
     assert err.strip() == f"error: no experiment 'gamma' in {uri}; experiments: alpha, beta, text"
 
 
+def test_a_store_that_is_not_there_is_one_line_and_not_made(tmp_path, capsys):
+    """A mistyped path (or `runner report` in a folder without runs) made the folders and a 1 MB store, then said
+    'no experiments'; a server that does not answer was '[Errno 111] Connection refused' without the store."""
+    from runner.cli.report import main
+
+    missing = tmp_path / "typo" / "mlflow.db"
+    assert main(["--tracking-uri", f"sqlite:///{missing}", "--out", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip() == (f"error: no store at sqlite:///{missing}: nothing to report; give the "
+                                               "store your runs wrote (--tracking-uri, or run from their folder)")
+    assert not (tmp_path / "typo").exists()
+
+
 @pytest.mark.parametrize("args, said", [
     (["--parent", "0123456789abcdef"], "error: --parent 0123456789abcdef: no run with that id in sqlite:"),
     (["--experiment", "alpha", "--filter", "bogus"], "error: --filter 'bogus': "),  # was: MLflow's words alone

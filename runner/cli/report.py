@@ -32,8 +32,10 @@ def parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     """Command line of the report; one `error:` line and status 2 when there is nothing to report."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
+    from runner.errors import one_line
     from runner.paths import unwritable
     from runner.tracking import resolve_uri
     from runner.tracking.redact import redact
@@ -42,13 +44,21 @@ def main(argv: list[str] | None = None) -> int:
     if problem := unwritable(Path(args.out)):  # said before the store is read, not as a traceback after it
         print(f"error: --out {args.out} cannot hold the report: {problem}; choose a writable folder", file=sys.stderr)
         return 2
-    client = MlflowClient(resolve_uri(args.tracking_uri))
+    uri = resolve_uri(args.tracking_uri)
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():  # MLflow would make one
+        print(f"error: no store at {redact(uri)}: nothing to report; give the store your runs wrote "
+              "(--tracking-uri, or run from their folder)", file=sys.stderr)
+        return 2
+    client = MlflowClient(uri)
     try:
         selection = select(client, args.experiment, args.parent, args.latest_sweep)
         made = report(client, selection, args.filter, Path(args.out),
                       verdict.Tolerance(args.accuracy_tolerance, args.loss_tolerance))
     except ReportError as e:
         print(f"error: {redact(str(e))}", file=sys.stderr)  # it names the store
+        return 2
+    except MlflowException as e:  # a server that does not answer, a database that refuses
+        print(f"error: the store {redact(uri)} cannot be read: {redact(one_line(e))}", file=sys.stderr)
         return 2
     except OSError as e:  # the folder, made or written (e.g. under /proc, a full disk)
         print(f"error: --out {args.out} cannot hold the report: {e.strerror or e}; choose a writable folder",

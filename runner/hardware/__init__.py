@@ -140,4 +140,4 @@ class This:
     measured: ClassVar[bool] = True
 
     def check_devices(self, gpus: int, multi_process: bool) -> None:
-        check("gpus", gpus, (lambda v: v <= MAX_DEVICES, f"an integer from 0 to {MAX_DEVICES}"))
+        check("gpus", gpus, (lambda v: 0 <= v <= MAX_DEVICES, f"an integer from 0 to {MAX_DEVICES}"))
