@@ -31,6 +31,16 @@ def test_a_target_accuracy_is_said_to_the_digit_it_was_given():
     assert "(12.0 s to 99.5% test accuracy)" in v.line()
 
 
+def test_a_lone_one_device_run_and_a_run_without_a_target_are_said_as_they_are():
+    """Was 'learns the same: no 1-device run to compare with' of the 1-device run itself, and a language model without
+    a target 'no target accuracy was set' (its target would be train.target_loss)."""
+    (v,) = decide([Run("gpt", "split", "single", 1, 5000.0, 10.0, 0.4, 1.9, unit="tokens")])
+    assert "by throughput: no target was set" in v.line()
+    assert v.line().endswith("learns the same: no other run to compare with the 1-device run (single/split x1)")
+    (two,) = decide([run("mirrored", 2, ips=1500)])
+    assert two.line().endswith("learns the same: no 1-device run to compare with")
+
+
 def test_runs_that_never_reached_the_target_are_not_ranked_on_time():
     runs = [run("single", 1, ips=1000, tta=20.0), run("mirrored", 2, ips=5000)]  # mirrored: never reached
     (v,) = decide(runs)

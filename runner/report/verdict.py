@@ -160,6 +160,7 @@ class Verdict:
     reached: int  # combinations that reached the target
     same: tuple[int, int]  # (combinations that learn the same, combinations compared)
     tolerance: Tolerance
+    reference: str | None = None  # the 1-device run's combination the others are compared with (None: no such run)
 
     def line(self) -> str:
         """The `verdict:` line."""
@@ -173,7 +174,7 @@ class Verdict:
         parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
         if self.basis == "throughput":
             parts[0] += ", by throughput: " + (f"no run reached {target}" if not math.isnan(self.target) else
-                                                f"no target {metric} was set")
+                                                "no target was set")
         if self.runner_up is not None and self.over_runner_up is not None:
             parts.append(f"{self.over_runner_up:.2f}x {self.runner_up.name}")
             noise = {True: "beyond the noise", False: "within the noise",
@@ -184,7 +185,8 @@ class Verdict:
         agree, compared = self.same
         said = self.tolerance.said(self.best.runs[0].score_metric)
         parts.append(f"learns the same as 1 device: {agree} of {compared} ({said})" if compared else
-                     "learns the same: no 1-device run to compare with")
+                     f"learns the same: no other run to compare with the 1-device run ({self.reference})"
+                     if self.reference else "learns the same: no 1-device run to compare with")
         return "; ".join(parts)
 
 
@@ -227,4 +229,5 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
         _speed(best, basis) / _speed(runner_up, basis) if runner_up is not None else None,
         over_base, _beyond_noise(best, runner_up, key, spread) if runner_up is not None else None, spread,
         targets[0] if targets else math.nan, reached, (sum(judged), len(judged)), tolerance,
+        base.combination if base is not None else None,
     )
