@@ -92,6 +92,14 @@ def test_rows_of_two_hardware_or_two_precisions_name_what_differs(capsys):
         for h in ("dgx1_p100", "gce_k80x8") for p in ("float32", "mixed_float16")]
 
 
+def test_each_model_has_its_own_predicted_fastest(capsys):
+    """Was one 'predicted fastest: mlp/default ...' over an MLP's and a CNN's images/s: two models ranked as one."""
+    code, out, err = subcommand(capsys, "predict", "-m", "hardware=dgx1_v100", "model=mlp,lenet", "gpus=8",
+                                "strategy=mirrored,replicated")
+    fastest = [line for line in out.splitlines() if line.startswith("predicted fastest: ")]
+    assert code == 0 and [line.split()[2] for line in fastest] == ["mlp/default", "lenet/default"], out + err
+
+
 def test_the_json_form_has_one_object_per_combination(capsys):
     code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=2,4", "strategy=mirrored",
                                 "predict.format=json")

@@ -257,7 +257,10 @@ def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
         efficiency = [f"{p.efficiency:.0%}" if p.efficiency is not None else "-"] if scaled else []
         lines.append(markdown_row([o.label, f"{p.rate:,.0f}", f"{1e3 * p.step_seconds:.2f}", *efficiency, p.dominant,
                                    *(f"{1e3 * p.terms[t]:.2f}" for t in TERMS)]))
-    return lines + ["", fastest_line(outcomes), ""]
+    work: dict[tuple[str, str], list[Outcome]] = {}  # a model's own fastest, in each setting: never across models
+    for o in outcomes:
+        work.setdefault((o.label.split(" ", 1)[0], o.setting), []).append(o)
+    return lines + ["", *(fastest_line(group) for group in work.values()), ""]
 
 
 def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
