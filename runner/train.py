@@ -397,6 +397,11 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
         # In one line when the cause is the user's to fix, which reaches Python as TensorFlow's error: an example
         # that cannot be used (`_bad_data`) or a model op XLA cannot compile (`_not_compilable`).
         raise _not_compilable(e) or _bad_data(e, source) or e
+    except UnicodeDecodeError:  # TensorFlow's message naming a record it could not parse was not text itself
+        from runner.data_pipelines import DataError
+
+        raise DataError(f"a record of {source} cannot be parsed as a tf.train.Example (random or foreign bytes); fix "
+                        "the files") from None
     return {
         "train_loss": done.loss,
         **final,

@@ -153,6 +153,22 @@ def test_a_tfrecord_label_outside_the_classes_stops_training_in_one_line(tf_devi
                     f"mlflow.tracking_uri={store}"))  # labels 1..4 without the offset
 
 
+def test_records_that_are_not_examples_stop_training_in_one_line(tf_devices, tmp_path, store):
+    """TFRecord files of random bytes: TensorFlow's error naming the record was not text, and the run ended in a
+    UnicodeDecodeError's traceback."""
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split in ("train", "validation"):
+        with tf_devices.io.TFRecordWriter(str(folder / f"{split}-00000-of-00001")) as writer:
+            for _ in range(16):
+                writer.write(rng.integers(0, 256, 64, dtype=np.uint8).tobytes())
+    with pytest.raises(DataError, match=r"a record of .* cannot be parsed as a tf.train.Example"):
+        run(compose(*SHORT, "data=files", f"data.path={folder}", "data.format=tfrecord", "data.shape=[8,8,3]",
+                    "data.classes=3", f"mlflow.tracking_uri={store}"))
+    assert mlflow.MlflowClient(store).search_runs(["1"])[0].info.status == "FAILED"
+
+
 def test_a_test_label_outside_the_classes_stops_evaluation_in_one_line(tf_devices, tmp_path, store):
     folder = write_shards(tf_devices, tmp_path / "ds", test_label=9)
     with pytest.raises(DataError, match="label 8 after data.label_offset, outside 0 to data.classes - 1"):
