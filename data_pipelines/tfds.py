@@ -80,7 +80,16 @@ class TFDS(DatasetOptions):
 
     def spec(self) -> Spec:
         """The image feature's shape and the label's number of classes, from the dataset's description; each split's
-        record files checked to be there and framed as TFRecord files are (records.check_framing)."""
+        record files checked to be there, framed as TFRecord files are and holding a record (records.check_framing);
+        a description lacking a field TFDS writes is a DataError naming it."""
+        try:
+            return self._spec()
+        except (KeyError, TypeError, IndexError) as e:  # a field missing, or not what TFDS writes
+            raise DataError(f"data.dataset={self.dataset}'s description in {self._folder()} (dataset_info.json, "
+                            f"features.json) lacks or garbles {e}; "
+                            + PREPARE.format(name=self.dataset.partition(":")[0])) from None
+
+    def _spec(self) -> Spec:
         from runner.data_pipelines.records import check_framing
 
         info, features = self._description()
@@ -90,7 +99,9 @@ class TFDS(DatasetOptions):
                 raise DataError(f"data.dataset={self.dataset} lacks {len(missing)} of the {len(files)} record files of "
                                 f"its {split!r} split ({missing[0]} is not there); copy the whole prepared folder, or "
                                 + PREPARE.format(name=self.dataset.partition(":")[0]))
-            check_framing(files)
+            if not check_framing(files):  # an empty split ends training, or the final evaluation, in an error
+                raise DataError(f"data.dataset={self.dataset}'s {split!r} split holds no records; each split needs "
+                                "at least one")
         image, label = features.get(self.image_key, {}), features.get(self.label_key, {})
         if "image" not in image or "classLabel" not in label:
             raise DataError(f"data.dataset={self.dataset} has no image feature {self.image_key!r} and class label "

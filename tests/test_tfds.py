@@ -17,9 +17,12 @@ SHORT = ["debug=smoke", "train.steps=4", "train.steps_per_call=2", "train.warmup
 
 def describe_prepared(root) -> str:
     """Only the description a prepared tiny_images leaves in its data_dir (dataset_info.json, features.json), as TFDS
-    writes it, and its record files, empty: what validation reads (the records' first headers), without TensorFlow.
-    Returns the data_dir."""
+    writes it, and its record files, each one empty record: what validation reads (the records' first headers),
+    without TensorFlow. Returns the data_dir."""
     import json
+    import struct
+
+    from runner.data_pipelines.records import masked_crc32c
 
     folder = root / "tiny_images" / "1.0.0"
     folder.mkdir(parents=True)
@@ -30,8 +33,10 @@ def describe_prepared(root) -> str:
     image = {"image": {"dtype": "uint8", "shape": {"dimensions": ["20", "24", "3"]}}}
     label = {"classLabel": {"numClasses": "5"}}
     (folder / "features.json").write_text(json.dumps({"featuresDict": {"features": {"image": image, "label": label}}}))
+    length = struct.pack("<Q", 0)  # a record of no bytes, framed as TFRecord files frame one
+    record = length + struct.pack("<I", masked_crc32c(length)) + struct.pack("<I", masked_crc32c(b""))
     for split in ("train", "test"):
-        (folder / f"tiny_images-{split}.tfrecord-00000-of-00001").write_bytes(b"")  # a TFRecord file of no records
+        (folder / f"tiny_images-{split}.tfrecord-00000-of-00001").write_bytes(record)
     return str(root)
 
 
@@ -83,3 +88,29 @@ def test_what_cannot_be_read_is_one_line(data_dir, overrides, words):
         validate(compose("data=tfds", f"data.data_dir={data_dir}", *overrides))
     for word in words:
         assert word in str(err.value)
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda folder: _edit(folder / "dataset_info.json", lambda d: d["splits"][0].pop("shardLengths")),
+     ["description in", "lacks or garbles 'shardLengths'", "tfds build tiny_images"]),
+    (lambda folder: _edit(folder / "features.json", lambda d: d["featuresDict"]["features"]["label"]["classLabel"].pop(
+        "numClasses")), ["lacks or garbles 'numClasses'"]),
+    (lambda folder: (folder / "tiny_images-test.tfrecord-00000-of-00001").write_bytes(b""),
+     ["data.dataset=tiny_images's 'test' split holds no records"]),
+])
+def test_a_damaged_description_or_an_empty_split_is_one_line(tmp_path, damage, words):
+    """Was a KeyError's traceback, and a run on an empty test split that ended FINISHED with no test scores."""
+    data_dir = describe_prepared(tmp_path)
+    damage(tmp_path / "tiny_images" / "1.0.0")
+    with pytest.raises(ConfigError) as err:
+        validate(compose("data=tfds", f"data.data_dir={data_dir}", "data.dataset=tiny_images"))
+    assert "\n" not in str(err.value) and all(word in str(err.value) for word in words), err.value
+
+
+def _edit(path, change):
+    """Change the JSON file at `path` in place."""
+    import json
+
+    found = json.loads(path.read_text())
+    change(found)
+    path.write_text(json.dumps(found))
