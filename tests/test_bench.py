@@ -211,6 +211,7 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys, tmp_path
     from runner.bench import grid, jobs
     from runner.bench.__main__ import main
 
+    (tmp_path / "afile").write_text("")
     with pytest.raises(SystemExit) as exit_:
         main(["grid", "--steps", "60", "--steps-per-call", "25"])  # 2 calls, 1 timed: 25 steps in 1 call
     assert exit_.value.code == 2
@@ -235,7 +236,9 @@ def test_grid_refuses_fewer_than_20_timed_steps_and_counts_jobs(capsys, tmp_path
                        (["published", "--hardware", "nope"], "error: --hardware nope is not one of dgx1_p100"),
                        (["settings", "--groups", "xla,nope"], "error: --groups nope is not one of calls, "),
                        (["predicted", "--experiment", "nope", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"],
-                        "error: --experiment nope: no such experiment in sqlite:")]:  # was: exit 1
+                        "error: --experiment nope: no such experiment in sqlite:"),  # was: exit 1
+                       (["published", "--out", f"{tmp_path}/afile/x.md"],  # was a traceback after the benchmark
+                        f"error: --out {tmp_path}/afile/x.md cannot hold the tables: {tmp_path}/afile is a file")]:
         with pytest.raises(SystemExit) as exit_:  # before any job, in one line (was: ignored, a traceback, jobs)
             main(args)
         assert exit_.value.code == 2 and said in capsys.readouterr().err.strip().splitlines()[-1]

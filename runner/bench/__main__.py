@@ -6,6 +6,7 @@ import argparse
 import signal
 import sys
 import typing
+from pathlib import Path
 
 import runner.bench
 from runner.data_pipelines import DATASETS, PIPELINES
@@ -21,6 +22,7 @@ from runner.bench.settings import SPEED_SETTINGS, settings_steps, speed_settings
 from runner.cli.arguments import Parser, positive
 from runner.config import OptimizerName
 from runner.errors import UserError, one_line
+from runner.paths import unwritable
 from runner.runtime import signals
 from runner.strategies import baseline, doing, name_of
 
@@ -169,6 +171,8 @@ def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The chosen benchmark, after its checks."""
     _check_names(parser, args)
+    if getattr(args, "out", None) and (problem := unwritable(Path(args.out), "file")):  # before, not after, the jobs
+        parser.error(f"--out {args.out} cannot hold the tables: {problem}")
     if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
         return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
     if args.command == "settings":

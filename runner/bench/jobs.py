@@ -293,6 +293,7 @@ def emit(out: list[str], lines: list[str]) -> None:
 def save(out: list[str], path: str | None) -> None:
     """With --out: the printed lines in that file too."""
     if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text("\n".join(out) + "\n")
 
 
