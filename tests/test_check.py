@@ -10,9 +10,10 @@ from pathlib import Path
 
 import mlflow
 import pytest
-from conftest import REPO, markdown_rows, run_cli, subcommand
+from conftest import REPO, compose, markdown_rows, run_cli, subcommand
 
 from runner.cli.check import Outcome, judge
+from runner.config import validate
 
 # A test-only strategy with the classic data-parallel bug: every copy applies its own tower's gradient, never the
 # average over towers. It runs, it learns, and it does not learn what one device learns. And one that takes its
@@ -144,6 +145,28 @@ def test_judge_names_idle_devices_stray_compute_and_loss_drift():
     drifted = Outcome("c", losses=[2.0, 1.1], devices=["GPU:0"], compute={"GPU:0": 8}, variables=["GPU:0"])
     judge(drifted, reference, 1e-4)
     assert drifted.problems == ["loss differs from one device by 1.0e-01 (tolerance 0.0001)"]
+
+
+def test_a_model_computing_per_tower_is_checked_on_placement_and_rate_and_says_why():
+    """A user's model with Dropout (or batch normalization) failed every row, 'loss differs from one device', which
+    the README calls a bug to report: its towers draw their own masks and batch statistics."""
+    reference = Outcome("one", losses=[2.0, 1.0], per_tower=["Dropout"])
+    noisy = Outcome("a", losses=[2.0, 1.2], devices=["GPU:0", "GPU:1"], compute={"GPU:0": 8, "GPU:1": 8},
+                    variables=["GPU:0", "GPU:1"], per_tower=["Dropout"])
+    judge(noisy, reference, 1e-4)
+    assert noisy.ok and noisy.note == ("losses not compared: the model's Dropout computes per tower (dropout masks, "
+                                       "batch statistics)")
+    idle = Outcome("b", losses=[2.0, 1.2], devices=["GPU:0", "GPU:1"], compute={"GPU:0": 8}, per_tower=["Dropout"])
+    judge(idle, reference, 1e-4)
+    assert idle.problems == ["no compute on GPU:1"]  # placement is still checked
+
+
+def test_the_layers_computing_per_tower_are_found_in_a_users_model(tf_devices):
+    from runner.cli.check import per_tower_layers
+
+    plan = validate(compose("debug=smoke", "+model._target_=user_models.dropout_mlp"))
+    assert per_tower_layers(plan) == ["Dropout"]
+    assert per_tower_layers(validate(compose("debug=smoke"))) == []
 
 
 @pytest.mark.parametrize("args, said", [

@@ -22,6 +22,14 @@ def resnet(input_shape=(28, 28, 1), classes: int = 10, filters: int = 8):
     return keras.Model(inputs, layers.Dense(classes)(x), name="resnet")  # (b, classes) logits
 
 
+def dropout_mlp(input_shape=(28, 28, 1), classes: int = 10):
+    """An MLP with dropout: each tower draws its own masks, so no strategy's losses equal one device's."""
+    import keras
+
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(32, "relu"),
+                             keras.layers.Dropout(0.5), keras.layers.Dense(classes)])
+
+
 def text_classifier(vocabulary_size: int, sequence_length: int, classes: int, channels: int = 16):
     """A user's text classifier as keras_hub names its arguments: token ids (b, length) -> (b, classes) logits,
     through an embedding, mean pooling over the positions and a Dense layer."""
