@@ -10,6 +10,7 @@ here imports TensorFlow, so validation runs before TensorFlow starts.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import importlib
 import inspect
@@ -144,12 +145,19 @@ def locate(path: str, kind: str) -> Any:
     try:
         with filtered_stderr():
             module = importlib.import_module(module_name)
-        return getattr(module, attr)
     except (ImportError, AttributeError, ValueError) as e:
         raise ConfigError(
             f"{kind}.{TARGET}={path!r} cannot be imported ({type(e).__name__}: {e}); put its package on PYTHONPATH "
             "or install it"
         ) from None
+    if not hasattr(module, attr):  # the module is there: PYTHONPATH is not the fix
+        names = [n for n, v in vars(module).items()  # its own functions and classes, not what it imported
+                 if callable(v) and getattr(v, "__module__", None) == module_name and not n.startswith("_")]
+        close = difflib.get_close_matches(attr, names, n=3)
+        raise ConfigError(f"{kind}.{TARGET}={path!r}: module {module_name} ({module.__file__}) has no {attr!r}; "
+                          + (f"did you mean {' or '.join(close)}?" if close else
+                             f"it has {', '.join(sorted(names)[:12]) or 'nothing callable'}"))
+    return getattr(module, attr)
 
 
 class Registry:

@@ -141,6 +141,10 @@ def test_a_user_component_with_a_bad_option_or_path_is_one_line(user_folder, mon
         validate(_compose_with(conf, "model=small_convnet", "+model.width=3"))
     with pytest.raises(ConfigError, match=r"strategy._target_='nowhere.Thing' cannot be imported"):
         validate(_compose_with(conf, "strategy=every_device", "strategy._target_=nowhere.Thing"))
+    # the module is found, the name is not (was "cannot be imported ...; put its package on PYTHONPATH")
+    with pytest.raises(ConfigError, match=r"model._target_='user_models.resnt': module user_models \(.*user_models.py\) "
+                                          r"has no 'resnt'; did you mean resnet\?"):
+        validate(_compose_with(conf, "+model._target_=user_models.resnt"))
     with pytest.raises(ConfigError, match=r"pipeline.repeat_each: Value 'x' .* Integer"):
         validate(_compose_with(conf, "pipeline=tower_batches", "pipeline.repeat_each=x"))
 
