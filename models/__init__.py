@@ -308,8 +308,10 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
     try:
         supplied = {**spec_arguments(fn, MNIST), **{k: None for k in SPEC_ARGUMENTS[2:] if k in parameters}}
         inspect.signature(fn).bind(**supplied, **kwargs)  # whatever the data, its arguments are supplied
-    except TypeError as e:
-        raise ConfigError(f"model._target_={target!r} does not take these options: {e}") from None
+    except TypeError as e:  # a parameter the runner does not fill: say what it passes
+        raise ConfigError(f"model._target_={target!r} does not take these options: {e} (a model function gets the "
+                          "data's input_shape and classes by name, for token ids vocabulary_size and sequence_length, "
+                          "and the model.* keys: docs/your-model-your-data.md)") from None
     return FunctionModel(name=str(rest.get("name") or fn.__name__), target=target, kwargs=kwargs)
 
 

@@ -139,6 +139,9 @@ def test_a_user_component_with_a_bad_option_or_path_is_one_line(user_folder, mon
     conf = str(user_folder / "conf")
     with pytest.raises(ConfigError, match=r"model._target_='user_components.small_convnet' does not take .*width"):
         validate(_compose_with(conf, "model=small_convnet", "+model.width=3"))
+    with pytest.raises(ConfigError, match=r"missing a required argument: 'shape' \(a model function gets the data's "
+                                          r"input_shape and classes by name"):  # was the TypeError's words alone
+        validate(_compose_with(conf, "+model._target_=user_models.odd_arguments"))
     with pytest.raises(ConfigError, match=r"strategy._target_='nowhere.Thing' cannot be imported"):
         validate(_compose_with(conf, "strategy=every_device", "strategy._target_=nowhere.Thing"))
     # the module is found, the name is not (was "cannot be imported ...; put its package on PYTHONPATH")
