@@ -279,6 +279,9 @@ class Files(DatasetOptions):
     def _classes(self, y_train: np.ndarray, y_test: np.ndarray) -> int:
         """data.classes, checked against both splits' labels; else the largest training label + 1."""
         classes = self.classes or int(y_train.max()) + 1
+        if classes > ID_LIMIT:  # ids, hashes: an output layer of that many logits (was refused as a batch too large)
+            raise DataError(f"{self.path}/y_train.npy has labels up to {classes - 1:,}: {classes:,} classes; class "
+                            "labels number the classes 0 to n - 1 (np.unique(y, return_inverse=True))")
         for y, split in ((y_train, "train"), (y_test, "test")):
             low, high = (int(y.min()), int(y.max())) if len(y) else (0, 0)
             if low < 0 or high >= classes:

@@ -215,6 +215,8 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
     (lambda t: _replace(write_npy(t / "ds"), y_train=np.zeros(600), y_test=np.zeros(100)), ["data.classes=7"],
      ["data.classes=7 counts a classifier's classes", "y_train.npy holds float64 values, a regression"]),
     (lambda t: _replace(write_npy(t / "ds"), y_train=np.array(1)), [], ["y_train.npy holds no examples (int64 ())"]),
+    (lambda t: _replace(write_npy(t / "ds"), y_train=np.full(600, 2**33)), [],  # was "global_batch_size=... GiB"
+     ["y_train.npy has labels up to 8,589,934,592: 8,589,934,593 classes", "0 to n - 1"]),
     (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "x_train.npy", np.asfortranarray(
         np.zeros((600, 20, 24, 3), np.uint8))) or t / "ds"), [], ["x_train.npy is stored in Fortran order"]),
 ])
