@@ -225,6 +225,14 @@ def test_an_experiment_without_a_sweep_reports_its_runs_and_latest_sweep_there_i
     assert err.strip().splitlines() == [err.strip()] and "no sweep in experiment 'alpha'" in err
 
 
+def test_a_parent_of_another_experiment_than_the_one_given_is_one_line(tmp_path, store, capsys):
+    """Was the parent's sweep, reported as if --experiment had not been given."""
+    uri, parent = store
+    code, _, err = _report(tmp_path, uri, capsys, "--experiment", "alpha", "--parent", parent)
+    assert code == 2 and err.strip() == f"error: --parent {parent} is a run of experiment 'beta', not 'alpha'; give " \
+                                        "either"
+
+
 def test_an_unknown_experiment_names_the_ones_that_exist(tmp_path, store, capsys):
     uri, _ = store
     code, _, err = _report(tmp_path, uri, capsys, "--experiment", "gamma")

@@ -110,6 +110,9 @@ def select(client: Any, experiment: str | None, parent: str | None, latest_sweep
             if e.error_code != "RESOURCE_DOES_NOT_EXIST":  # the store itself: said as any other store error
                 raise
             raise ReportError(f"--parent {parent}: no run with that id in {client.tracking_uri}") from None
+        if experiment is not None and run.info.experiment_id not in {e.experiment_id for e in pool}:
+            raise ReportError(f"--parent {parent} is a run of experiment "
+                              f"{_name(experiments, run.info.experiment_id)!r}, not {experiment!r}; give either")
         return Selection(_name(pool, run.info.experiment_id), run.info.experiment_id, parent,
                          f"report: sweep parent run {parent}")
     sweeps = client.search_runs([e.experiment_id for e in pool], "tags.sweep = 'parent'",
