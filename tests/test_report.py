@@ -225,6 +225,20 @@ def test_an_experiment_without_a_sweep_reports_its_runs_and_latest_sweep_there_i
     assert err.strip().splitlines() == [err.strip()] and "no sweep in experiment 'alpha'" in err
 
 
+def test_failed_runs_alone_are_tabled_without_empty_plots(tmp_path, capsys):
+    """Was three PNGs of empty axes (0 to 1, no data) and nothing said."""
+    from mlflow import MlflowClient
+
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    failed = client.create_run(client.create_experiment("fails"), tags={"model": "mlp", "strategy": "mirrored",
+                                                                        "devices.count": "2"}).info.run_id
+    client.set_terminated(failed, "FAILED")
+    code, out, _ = _report(tmp_path, uri, capsys, "--experiment", "fails")
+    assert code == 0 and "| FAILED |" in out and "plots: none (no run measured a rate or a test score)" in out
+    assert not list((tmp_path / "out").glob("*.png"))
+
+
 def test_a_parent_of_another_experiment_than_the_one_given_is_one_line(tmp_path, store, capsys):
     """Was the parent's sweep, reported as if --experiment had not been given."""
     uri, parent = store

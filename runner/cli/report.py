@@ -67,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     print(selection.said)
     print(made.text)
     print("\n".join(["", *made.lines]))
-    print(f"\nplots: {', '.join(str(p) for p in made.paths)}{made.logged}")
+    plotted = ", ".join(str(p) for p in made.paths) or "none (no run measured a rate or a test score)"
+    print(f"\nplots: {plotted}{made.logged}")
     return 0
 
 
