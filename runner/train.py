@@ -156,8 +156,10 @@ def _bad_data(e: Exception, source: str) -> Exception | None:
         return DataError(f"{source} has id {found.group(2)} in categorical column {column + 1}, outside its table "
                          f"(data.vocabulary_sizes[{column}]); fix the files or the table sizes")
     if FROM_INPUT in str(e):
-        return DataError(f"an example of {source} cannot be read: {one_line(e).rstrip('.')}; fix the files, or leave "
-                         "out the one holding it")
+        # a fixed-length feature of another length: the config's length, not the files, may be what is wrong
+        length = " (are its input_ids data.sequence_length ids long?)" if "Key: input_ids" in str(e) else ""
+        return DataError(f"an example of {source} cannot be read: {one_line(e).rstrip('.')}{length}; fix the files, "
+                         "or leave out the one holding it")
     return None
 
 

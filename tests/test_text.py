@@ -283,6 +283,18 @@ def _token_records(folder, rows: np.ndarray, labels: np.ndarray | None = None, f
     return folder
 
 
+def test_token_records_of_another_length_than_the_config_says_name_the_key(tf_devices, tmp_path, store):
+    """Records of 12 ids read as data.sequence_length=16: the line named only the files ("fix the files")."""
+    from runner.experiment import run
+
+    short = _token_records(tmp_path / "short", np.arange(64 * 12).reshape(64, 12) % 40, files=1)
+    with pytest.raises(DataError, match=r"Can't parse serialized Example.*\(are its input_ids data.sequence_length "
+                                        r"ids long\?\)"):
+        run(compose("debug=smoke", "data=files", "data.format=tfrecord", "data.vocabulary_size=40",
+                    "data.sequence_length=16", f"data.path={short}", "model=gpt", "model.variant=tiny",
+                    "train.steps=4", f"mlflow.tracking_uri={store}"))
+
+
 @pytest.mark.long
 def test_tfrecord_token_shards_train_a_language_model_and_a_classifier_by_file(tf_devices, tmp_path, store):
     """Records of `input_ids` without labels: a language model on them (counting rows, as above); with `label`: a
