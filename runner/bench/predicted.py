@@ -30,12 +30,10 @@ def _overrides(command: str) -> list[str]:
 def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
     """(command line, measured rate: images/s, tokens/s or examples/s) of every finished run of `experiment` that
     timed its steps."""
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     from runner.data_pipelines import rate_unit
-
-    from mlflow.exceptions import MlflowException
-
     from runner.errors import UserError, one_line
 
     client = MlflowClient(uri)
