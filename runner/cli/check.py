@@ -326,9 +326,11 @@ def parser() -> argparse.ArgumentParser:
     p = Parser(prog="runner check", description=__doc__.split("\n\n")[0])
     p.add_argument("overrides", nargs="*", help="config overrides: gpus=N, strategy=a,b, pipeline=..., train.*")
     p.add_argument("--config-dir", "-cd", action="append", default=[], help="a folder of your own component YAMLs")
-    p.add_argument("--steps", type=positive, default=STEPS, help="one-step calls whose losses are compared")
-    p.add_argument("--timed", type=positive, default=TIMED_STEPS, help="steps of the timed call")
-    p.add_argument("--tolerance", type=tolerance, default=TOLERANCE, help="largest relative loss difference allowed")
+    p.add_argument("--steps", type=positive, default=STEPS,
+                   help="one-step calls whose losses are compared (default: %(default)s)")
+    p.add_argument("--timed", type=positive, default=TIMED_STEPS, help="steps of the timed call (default: %(default)s)")
+    p.add_argument("--tolerance", type=tolerance, default=TOLERANCE,
+                   help="largest relative loss difference allowed (default: %(default)s)")
     p.add_argument("--reprobe", action="store_true",
                    help="measure this machine's matmul peak again (stop other jobs first), print it and exit")
     p.add_argument("--each", action="store_true", help=argparse.SUPPRESS)  # internal: the child, combinations on stdin

@@ -46,8 +46,11 @@ distribute`) or in a YAML of `conf/`; `python -m runner --cfg job` prints the co
 The config is validated before TensorFlow is imported: a wrong type, an unknown key, an unknown option or an
 out-of-range value fails within about a second with one `error:` line naming the key, the value and what is
 allowed, and exit status 2 (`RUNNER_TRACEBACK=1` shows the traceback instead). The groups (choose with
-`group=option`) are `model`, `pipeline`, `strategy` and `data`, one YAML per component in `conf/<group>/`, and the
-presets `experiment` and `debug`.
+`group=option`) are `model`, `pipeline`, `strategy`, `data` and `hardware`, one YAML per component in
+`conf/<group>/`, and the presets `experiment` and `debug`. The hardware YAMLs besides `this` are spec sheets for
+`runner predict` (`runner.hardware.SpecSheet`; their fields: docs/cost-model.md). The defaults below are the
+schema's: `model=gpt` and `model=dlrm` bring their own `train.*` recipe (conf/model/gpt.yaml, dlrm.yaml), which
+`python -m runner --cfg job model=gpt data=shakespeare` shows.
 """
 
 

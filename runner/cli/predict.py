@@ -24,7 +24,7 @@ FORMAT = "predict.format"  # this command's own key: table (default) or json, on
 
 
 def parser() -> Parser:
-    p = Parser(prog="runner predict", description=__doc__.splitlines()[0])
+    p = Parser(prog="runner predict", description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
     p.add_argument("--config-dir", "-cd", action="append", default=[],
                    help="a folder of your own component YAMLs (model, data, hardware, ...)")

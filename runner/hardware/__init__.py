@@ -133,7 +133,7 @@ HARDWARE = Registry("hardware", __name__)
 @HARDWARE.register
 @dataclass
 class This:
-    """The machine the command runs on: real GPUs, or up to MAX_DEVICES simulated devices; calibrated."""
+    """The machine the command runs on: real GPUs, or up to 16 simulated devices (`MAX_DEVICES`); calibrated."""
 
     name: str = "this"
 
