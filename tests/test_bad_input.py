@@ -128,7 +128,10 @@ ROWS = {
     "list-not-list": Bad(["strategy=multi_worker", "strategy.workers=h0:1"],
                          ["strategy.workers=h0:1", "takes a list: strategy.workers=[a,b]"]),
     "epochs-not-number": Bad(["train.epochs=many"], ["train.epochs", "'many'", "Float"]),
-    "unknown-key": Bad(["train.foo=1"], ["train.foo", "+train.foo=1"]),
+    # an unknown key: were Hydra's "To append to your config use +train.step=100", which then failed validation
+    "unknown-key": Bad(["train.foo=1"], ["train.foo is not a key of train; its keys: ", "train.steps"]),
+    "misspelled-key": Bad(["train.step=100"], ["train.step is not a key of train; did you mean train.steps?"]),
+    "unknown-section": Bad(["foo.bar=1"], ["foo.bar: the config has no 'foo'; its sections: ", "train, mlflow"]),
     "unknown-optimizer": Bad(["train.optimizer=lion"], ["train.optimizer='lion'", "adam, adamw, sgd, momentum, rmsprop"]),
     # zero or negative sizes
     "batch-zero": Bad(["train.global_batch_size=0"], ["train.global_batch_size=0", "a positive integer"]),

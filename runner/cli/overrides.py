@@ -4,6 +4,7 @@ lacks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import typing
 from pathlib import Path
@@ -134,6 +135,8 @@ def _unknown_key(key: str) -> str | None:
     from runner.registry import fields
 
     group, _, name = key.partition(".")
+    if group not in COMPONENTS and name and "." not in name:  # train.step: a key of the top-level schema's sections
+        return _unknown_top_level(group, name)
     if group not in COMPONENTS or not name or "." in name:
         return None
     registry = COMPONENTS[group]
@@ -145,3 +148,24 @@ def _unknown_key(key: str) -> str | None:
     return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"
 
 
+
+
+def _unknown_top_level(section: str, name: str) -> str | None:
+    """For a key `section.name` the top-level schema's section (train, mlflow, sweep) lacks: the keys it has that are
+    spelled alike, instead of Hydra's hint to append it (which then fails validation)."""
+    import difflib
+
+    from runner.config import Config
+    from runner.registry import fields
+
+    kind = fields(Config).get(section)
+    if section not in fields(Config):
+        return (f"{section}.{name}: the config has no {section!r}; its sections: {', '.join(fields(Config))} "
+                "(python -m runner --cfg job shows them)")
+    if not dataclasses.is_dataclass(kind):
+        return None
+    keys = list(fields(kind))
+    close = difflib.get_close_matches(name, keys, n=3)
+    hint = f"did you mean {' or '.join(f'{section}.{k}' for k in close)}?" if close else \
+        f"its keys: {', '.join(f'{section}.{k}' for k in keys)}"
+    return f"{section}.{name} is not a key of {section}; {hint} (docs/configuration.md)"
