@@ -130,6 +130,8 @@ ROWS = {
     "epochs-not-number": Bad(["train.epochs=many"], ["train.epochs", "'many'", "Float"]),
     # an unknown key: were Hydra's "To append to your config use +train.step=100", which then failed validation
     "unknown-key": Bad(["train.foo=1"], ["train.foo is not a key of train; its keys: ", "train.steps"]),
+    "preset-key-the-model-lacks": Bad(["model=conv2d"], [  # debug=smoke's model.variant; was Hydra's words alone
+        "debug=smoke sets model.variant, which model=conv2d does not have", "conf/debug/smoke.yaml"]),
     "misspelled-key": Bad(["train.step=100"], ["train.step is not a key of train; did you mean train.steps?"]),
     "unknown-section": Bad(["foo.bar=1"], ["foo.bar: the config has no 'foo'; its sections: ", "train, mlflow"]),
     "unknown-optimizer": Bad(["train.optimizer=lion"], ["train.optimizer='lion'", "adam, adamw, sgd, momentum, rmsprop"]),

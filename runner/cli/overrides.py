@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from pathlib import Path
 
@@ -117,6 +118,9 @@ def explain(e: BaseException) -> str:
     text = one_line(e)
     if text.startswith("Could not override '"):
         return _unknown_key(text.split("'")[1]) or text
+    if preset := re.match(r"In '(\w+)/(\w+)': ConfigKeyError raised while composing config: Key '(\w+)' not in '(\w+)'",
+                          text):
+        return _preset_key(*preset.groups()) or text
     cause = e.__cause__ or e.__context__
     if text.startswith("Error merging override") and cause is not None and str(cause).strip():
         text += f": {str(cause).strip().splitlines()[0].rstrip('.')}"
@@ -169,3 +173,17 @@ def _unknown_top_level(section: str, name: str) -> str | None:
     hint = f"did you mean {' or '.join(f'{section}.{k}' for k in close)}?" if close else \
         f"its keys: {', '.join(f'{section}.{k}' for k in keys)}"
     return f"{section}.{name} is not a key of {section}; {hint} (docs/configuration.md)"
+
+
+def _preset_key(group: str, option: str, key: str, cls: str) -> str | None:
+    """A preset (`debug=smoke`) setting a key the chosen component lacks (`model.variant` of model=conv2d): which
+    component and which key, instead of Hydra's "Key 'variant' not in 'Conv2D'"."""
+    from runner.config import COMPONENTS
+
+    for kind, registry in COMPONENTS.items():
+        names = [n for n in registry.names() if registry.get(n).__name__ == cls]
+        if names:
+            return (f"{group}={option} sets {kind}.{key}, which {kind}={names[0]} does not have; leave {group}="
+                    f"{option} out and set what it would (conf/{group}/{option}.yaml) yourself, or choose a {kind} "
+                    f"with {key}")
+    return None
