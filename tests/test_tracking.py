@@ -179,6 +179,20 @@ def test_a_run_written_by_a_writer_process_ends_as_a_run_written_here_does(store
     assert bad.info.status == "FAILED" and bad.data.tags["error"] == "ValueError: bad data"
 
 
+@pytest.mark.parametrize("writer", [False, True])
+def test_resuming_a_run_this_store_does_not_hold_ends_the_run_finished(store, writer, caplog):
+    """A checkpoint left by a run of another store (mlflow.tracking_uri is not in the config hash): copying its
+    history raised in the writer process, which died; the run stayed RUNNING and its result was lost."""
+    cfg = validate(compose("debug=smoke", f"mlflow.tracking_uri={store}"))
+    with tracking.tracked(store, cfg, writer=writer) as run:
+        run.copy_history("0123456789abcdef0123456789abcdef", 440)
+        run.metrics({"train_loss": 0.5}, 441)
+    record = MlflowClient(store).get_run(run.run_id)
+    assert record.info.status == "FINISHED" and record.data.metrics["train_loss"] == 0.5
+    if not writer:  # the writer process logs it to its own stderr
+        assert "which this store does not hold" in caplog.text
+
+
 def test_a_store_that_cannot_be_opened_is_the_same_one_line_from_a_writer_process(tmp_path):
     (tmp_path / "afile").write_text("")
     uri = f"sqlite:///{tmp_path / 'afile' / 'mlflow.db'}"

@@ -153,8 +153,20 @@ class Run(Recorder):
         self._record("dataset", name=name, digest=digest, source=source, profile=profile, context=context)
 
     def copy_history(self, source_run_id: str, until_step: int) -> None:
-        """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history)."""
-        old = self.client.get_run(source_run_id).data.metrics
+        """Copy another run's metric points up to `until_step` (a resumed run continues its dead run's history); one
+        this store does not hold (the checkpoint's run logged to another store, or deleted) is a warning: the run
+        goes on from the checkpoint, its charts from the resumed step."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            old = self.client.get_run(source_run_id).data.metrics
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            log.warning("resumed from the checkpoint of run %s, which this store does not hold (another "
+                        "mlflow.tracking_uri, or deleted): its metrics before step %d are not copied", source_run_id,
+                        until_step)
+            return
         points = [
             [key, m.value, m.timestamp, m.step]
             for key in old
