@@ -193,6 +193,19 @@ def test_resuming_a_run_this_store_does_not_hold_ends_the_run_finished(store, wr
         assert "which this store does not hold" in caplog.text
 
 
+def test_replaying_a_journal_whose_run_the_store_lacks_says_retrying_cannot_help(store, tmp_path, capsys):
+    """A store deleted mid-run: the replay said "run the same command again once it works", which it never can."""
+    from runner.cli.replay import main
+    from runner.tracking.journal import Journal
+
+    journal = Journal(tmp_path / "mlflow_journal.jsonl", {"uri": store, "run_id": "0123456789abcdef0123456789abcdef"})
+    journal.append("tags", tags={"lost": "yes"})
+    assert main([str(tmp_path / "mlflow_journal.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the journal's run is not in its store (the store was deleted, or is another one)")
+    assert "once it works" not in err and err.count("\n") == 1
+
+
 def test_a_store_that_cannot_be_opened_is_the_same_one_line_from_a_writer_process(tmp_path):
     (tmp_path / "afile").write_text("")
     uri = f"sqlite:///{tmp_path / 'afile' / 'mlflow.db'}"

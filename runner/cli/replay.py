@@ -22,6 +22,11 @@ def main(argv: list[str]) -> int:
         print(f"error: {args.journal} is not a readable run journal ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - the store's failure, whatever it is, is the one line
+        if getattr(e, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":  # trying again would never help
+            print(f"error: the journal's run is not in {args.tracking_uri or 'its store'} (the store was deleted, "
+                  "or is another one): a journal adds writes to the run it was opened in, and has not the writes "
+                  "already sent; nothing was replayed", file=sys.stderr)
+            return 2
         print(f"error: the store refused the replay ({type(e).__name__}: {one_line(e)}); nothing acknowledged is sent "
               "twice, run the same command again once it works", file=sys.stderr)
         return 2
