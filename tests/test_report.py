@@ -41,6 +41,19 @@ def test_a_lone_one_device_run_and_a_run_without_a_target_are_said_as_they_are()
     assert two.line().endswith("learns the same: no 1-device run to compare with")
 
 
+def test_a_run_learns_the_same_as_the_one_device_run_of_its_own_seed():
+    """A sweep over train.seed=0,1,2 of one combination read "learns the same as 1 device: 0 of 2": the other seeds'
+    one-device runs judged against seed 0's."""
+    def seeded(strategy, devices, seed, acc):
+        return Run("mlp", "split", strategy, devices, 1000.0, 10.0, acc, 0.2, math.nan, 0.9, seed=str(seed))
+
+    (alone,) = decide([seeded("single", 1, 0, 0.95), seeded("single", 1, 1, 0.90), seeded("single", 1, 2, 0.85)])
+    assert alone.same == (0, 0) and "learns the same: no other run to compare with" in alone.line()
+    (both,) = decide([seeded("single", 1, 0, 0.95), seeded("single", 1, 1, 0.90),
+                      seeded("mirrored", 2, 0, 0.951), seeded("mirrored", 2, 1, 0.899)])
+    assert both.same == (2, 2)  # each mirrored run against the single run of its seed (was 1 of 3)
+
+
 def test_runs_that_never_reached_the_target_are_not_ranked_on_time():
     runs = [run("single", 1, ips=1000, tta=20.0), run("mirrored", 2, ips=5000)]  # mirrored: never reached
     (v,) = decide(runs)

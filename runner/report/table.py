@@ -72,6 +72,7 @@ def row_of(run: Any, status: str | None = None) -> Row:
         mfu=m.get("mfu", math.nan), loss=m.get("test_loss", math.nan),
         time_to_target=m.get(f"time_to_{metric}_seconds", math.nan), target=m.get(f"target_{metric}", math.nan),
         predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric, score_metric=score,
+        seed=run.data.params.get("train.seed", ""),
     )
 
 
@@ -257,7 +258,7 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
         if base is not None and row.status == "FINISHED" and row.devices:
             row.speedup = row.rate / base.rate
             row.efficiency = row.speedup / row.devices
-        reference = verdict.one_device(r for r in peers if r.model == row.model)
+        reference = verdict.reference_for(row, [r for r in peers if r.model == row.model])
         if reference is not None and row.status == "FINISHED":
             row.same = verdict.learns_same(row, reference, tolerance)
     return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices))

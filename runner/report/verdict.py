@@ -7,7 +7,8 @@ did, highest throughput, and the line says so. Repeats of a combination (pipelin
 combined by their median. The margin over the runner-up counts as real only when it exceeds how much a whole run
 moves from one start to the next: where both were repeated their ranges must not overlap; otherwise it must exceed
 the run-to-run spread of the same table (`run_to_run_spread`), and with none the verdict says "noise unknown".
-"Learns the same" compares each run's final test score and loss with the 1-device run of its model.
+"Learns the same" compares each run's final test score and loss with the 1-device run of its model and seed
+(`reference_for`).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ class Run:
     unit: str = "images"  # what `rate` counts: images, tokens or examples (data_pipelines.Spec.unit)
     target_metric: str = "accuracy"  # what `target` is (runner.tasks.METRICS: met at or over a score, under a loss)
     score_metric: str = "accuracy"  # what `score` is: its task's score (accuracy, a click model's AUC)
+    seed: str = ""  # train.seed: a run learns the same as the 1-device run of its own seed, where there is one
 
     @property
     def combination(self) -> str:
@@ -96,6 +98,13 @@ def one_device(runs: Iterable[Run]) -> Run | None:
     """The reference run of a model: on 1 device, `single` first (the strategy every other is compared with)."""
     candidates = [r for r in runs if r.devices == 1 and not r.host_only and r.status == "FINISHED"]
     return min(candidates, key=lambda r: (r.strategy != baseline(), r.pipeline != "split"), default=None)
+
+
+def reference_for(run: Run, runs: Iterable[Run]) -> Run | None:
+    """The 1-device run `run` is compared with: of its own seed where there is one (another seed learns otherwise
+    on any device), else the model's (`one_device`)."""
+    runs = list(runs)
+    return one_device(r for r in runs if r.seed == run.seed) or one_device(runs)
 
 
 def _combinations(runs: list[Run]) -> list[Combination]:
@@ -220,7 +229,7 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
     base_combo = next((c for c in combos if base is not None and c.name == base.combination), None)
     over_base = (_speed(best, basis) / _speed(base_combo, basis)
                  if base_combo is not None and base_combo is not best and base_combo in ranked else None)
-    verdicts = [learns_same(r, base, tolerance) for r in mine if r is not base]
+    verdicts = [learns_same(r, reference, tolerance) for r in mine if (reference := reference_for(r, mine)) is not r]
     judged = [v for v in verdicts if v is not None]
     targets = [r.target for r in mine if not math.isnan(r.target)]
     spread = run_to_run_spread(combos, key, [c for c in (best, runner_up) if c is not None])
