@@ -87,7 +87,8 @@ def test_report_after_a_sigkilled_sweep_shows_its_job_dead_and_closes_it_and_the
     from mlflow import MlflowClient
 
     logged = {Path(f.path).name for f in MlflowClient(uri).list_artifacts(parent, "report")}
-    assert {"report.md", "scaling.png"} <= logged
+    # its one job died before it measured anything: the report and no plots of empty axes (runner/report/table.py)
+    assert logged == {"report.md"} and "plots: none (no run measured a rate or a test score)" in stdout
 
 
 @pytest.mark.alone  # a real probe: beside another test it disturbs it (and is disturbed)
