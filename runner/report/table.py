@@ -365,8 +365,7 @@ def _plots(client: Any, rows: list[Row], out: Path, name: str) -> list[Path]:
     """The three plots of rows of one kind, named `scaling.png`, ... (`scaling_<name>.png` where a report has
     several kinds), none where no run measured a rate or a score; returns their paths."""
     suffix = f"_{name}" if name else ""
-    measured = [r for r in rows if not (math.isnan(r.rate) and math.isnan(r.score))]
-    if not measured:  # failed runs alone: three empty axes said nothing
+    if all(math.isnan(r.rate) and math.isnan(r.score) for r in rows):  # failed runs alone: three empty axes
         return []
     paths = [out / f"{plot}{suffix}.png" for plot in ("scaling", "time_to_accuracy", "accuracy")]
     plots.scaling(rows, paths[0])
