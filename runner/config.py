@@ -54,12 +54,12 @@ OptimizerName = Literal["adam", "adamw", "sgd", "momentum", "rmsprop", "adagrad"
 SLOTS = {"adam": 2, "adamw": 2, "momentum": 1, "rmsprop": 1, "adagrad": 1, "sgd": 0}
 TOUCHED = {name: 3 + 2 * slots for name, slots in SLOTS.items()}
 ROWS_ONLY = ("adagrad", "sgd")  # those whose update of an embedding table changes only its looked-up rows
+MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 
 
 def table_optimizer(train: Any) -> str:
     """The optimizer that updates the embedding tables: train.table_optimizer, else train.optimizer."""
     return train["table_optimizer"] or train["optimizer"]
-MODEL_TARGET = -1.0  # train.target_accuracy: the model's own target accuracy
 
 
 @dataclass
