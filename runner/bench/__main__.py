@@ -10,9 +10,8 @@ from pathlib import Path
 
 import runner.bench
 from runner.data_pipelines import DATASETS, PIPELINES
-from runner.models import MODELS
 from runner.bench.floors import built_in, floor_settings, floors, multi_jobs
-from runner.bench.grid import DATA_PARALLEL, grid, settings
+from runner.bench.grid import DATA_PARALLEL, GRID_MODELS, grid, settings
 from runner.bench.jobs import Setting, too_few_timed
 from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
@@ -52,7 +51,7 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
     helps = {"grid": "every model/variant x strategy x pipeline x N vs single device and Keras fit, with targets",
              "strategies": "data-parallel strategies x pipelines vs single device and Keras fit, one model"}
     g = sub.add_parser(name, help=helps[name])
-    _setting_options(g, MODELS.names() if full else ["mlp"], None)
+    _setting_options(g, list(GRID_MODELS) if full else ["mlp"], None)
     g.add_argument("--variants", "--variant", dest="variants", type=_names,
                    default=["tiny", "default"] if full else ["default"])
     g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])

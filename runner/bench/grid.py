@@ -14,6 +14,9 @@ from runner.models import variants
 from runner.report.table import markdown
 from runner.strategies import baseline, data_parallel, sharding
 
+# The default grid's models (`grid --models`): the built-in MNIST examples the issue asks about; any registered
+# model can be named (every one, `--models` with MODELS.names(), is several times the jobs).
+GRID_MODELS = ("mlp", "cnn", "nin")
 # The strategies of one process that train a model replica per device, from the registry's roles.
 DATA_PARALLEL = tuple(data_parallel())
 

@@ -1,0 +1,35 @@
+"""The benchmark commands' defaults, plans and refusals, without running a job: what each command would run (its
+planning functions on the parsed defaults) against what docs/benchmarks.md says, and bad input as one `error:` line
+before any job."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+
+DOCS = (REPO / "docs" / "benchmarks.md").read_text()
+
+
+def _parsed(monkeypatch, *argv: str):
+    """The command line's arguments as the bench parses them, its command not run."""
+    from runner.bench import __main__ as bench
+
+    seen = []
+    monkeypatch.setattr(bench, "_run", lambda parser, args: seen.append(args) or 0)
+    assert bench.main(list(argv)) == 0
+    return seen[0]
+
+
+def test_the_default_grid_is_the_documented_one(monkeypatch):
+    """`grid` planned 1,190 jobs of every registered model (alexnet, gpt, dlrm ...) where the docs name mlp, cnn,
+    nin and a fraction of that."""
+    from runner.bench import grid
+
+    args = _parsed(monkeypatch, "grid")
+    assert args.models == ["mlp", "cnn", "nin"] and f"(`--models {','.join(args.models)}`)" in DOCS
+    assert f"(`--variants {','.join(args.variants)}`)" in DOCS and f"(`--gpus {','.join(map(str, args.gpus))}`)" in DOCS
+    assert f"(`--strategies {','.join(args.strategies)}`;" in DOCS
+    per_table, tables = len(grid.plan(args.strategies, args.pipelines, args.gpus)), len(grid.settings(args))
+    assert f"is {per_table * tables} jobs, {per_table} per model/variant" in DOCS
+    assert re.search(rf"runner.bench grid +# .*\({per_table * tables} jobs", DOCS)
