@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import REPO
 
 DOCS = (REPO / "docs" / "benchmarks.md").read_text()
@@ -33,3 +35,19 @@ def test_the_default_grid_is_the_documented_one(monkeypatch):
     per_table, tables = len(grid.plan(args.strategies, args.pipelines, args.gpus)), len(grid.settings(args))
     assert f"is {per_table * tables} jobs, {per_table} per model/variant" in DOCS
     assert re.search(rf"runner.bench grid +# .*\({per_table * tables} jobs", DOCS)
+
+
+def test_a_variant_none_of_the_models_has_is_one_error_line(monkeypatch, capsys):
+    """`grid --variants huge` ran the models without variants (all of them, then) and said nothing."""
+    from runner.bench import __main__ as bench
+
+    monkeypatch.setattr(bench, "grid", lambda args: pytest.fail("the grid ran"))
+
+    for argv, said in [(["grid", "--variants", "huge"],
+                        "error: --variants huge: not a variant of mlp, cnn, nin; choose from tiny, default, chainer, "
+                        "paper"),
+                       (["strategies", "--models", "mlp,conv2d", "--variants", "default,paper"],
+                        "error: --variants paper: not a variant of mlp, conv2d; choose from tiny, default, chainer")]:
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(argv)
+        assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [said]

@@ -9,6 +9,7 @@ from typing import Callable
 
 from runner.bench.jobs import MIN_TIMED_STEPS, Job, Progress, Setting, Table, cell, emit, machine, measure, save
 from runner.bench.jobs import setting_for, sweep
+from runner.errors import UserError
 from runner.measure.hooks import INPUT_BOUND_RATIO
 from runner.models import variants
 from runner.report.table import markdown
@@ -204,7 +205,13 @@ def targets(tables: list[Table]) -> list[str]:
 
 
 def settings(args: argparse.Namespace) -> list[Setting]:
-    """One setting per model x variant, with its steps (given, or DEFAULT_STEPS)."""
+    """One setting per model x variant, with its steps (given, or DEFAULT_STEPS). A variant none of the models has
+    is refused (UserError), naming theirs: it chose nothing, and the models without variants ran alone."""
+    known = list(dict.fromkeys(v for model in args.models for v in variants(model) if v is not None))
+    unknown = [v for v in args.variants if v not in known]
+    if known and unknown:  # models without variants alone take any --variants (the command's default among them)
+        raise UserError(f"--variants {','.join(unknown)}: not a variant of {', '.join(args.models)}; choose from "
+                        f"{', '.join(known)}")
     return [setting_for(args, model, variant, tuple(args.override))
             for model in args.models for variant in variants(model) if variant is None or variant in args.variants]
 
