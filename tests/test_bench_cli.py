@@ -51,3 +51,18 @@ def test_a_variant_none_of_the_models_has_is_one_error_line(monkeypatch, capsys)
         with pytest.raises(SystemExit) as exit_:
             bench.main(argv)
         assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [said]
+
+
+def test_an_override_hydra_refuses_is_the_runners_one_error_line(monkeypatch, capsys):
+    """`--override foo` ended in Hydra's OverrideParseException, `--override model.nosuch=1` in a 26-frame
+    ConfigCompositionException; the runner's own command line says each in one line, and so does the bench."""
+    from runner.bench import __main__ as bench
+
+    monkeypatch.setattr(bench, "grid", lambda args: pytest.fail("the grid ran"))
+    for override, said in [("foo", "error: Error parsing override 'foo' missing EQUAL at '<EOF>'"),
+                           ("model.nosuch=1", "error: model.nosuch is not an option of any model; "),
+                           ("gpus=abc", "error: Error merging override gpus=abc: Value 'abc' ")]:
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(["strategies", f"--override={override}"])
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert exit_.value.code == 2 and line.startswith(said)

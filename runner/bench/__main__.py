@@ -8,6 +8,9 @@ import sys
 import typing
 from pathlib import Path
 
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
 import runner.bench
 from runner.data_pipelines import DATASETS, PIPELINES
 from runner.bench.floors import built_in, floor_settings, floors, multi_jobs
@@ -19,8 +22,9 @@ from runner.bench.predicted import predicted
 from runner.bench.published import published
 from runner.bench.settings import SPEED_SETTINGS, settings_steps, speed_settings
 from runner.cli.arguments import Parser, positive
+from runner.cli.overrides import explain
 from runner.config import OptimizerName
-from runner.errors import UserError, one_line
+from runner.errors import UserError
 from runner.paths import unwritable
 from runner.runtime import signals
 from runner.strategies import baseline, doing, name_of
@@ -142,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     signals.install()  # SIGTERM as `Terminated`: the running job is stopped and the sweep's parent closed KILLED
     try:
         return _run(parser, args)
-    except UserError as e:  # a model, variant or override the runner refuses
-        parser.error(one_line(e))
+    except (UserError, HydraException, OmegaConfBaseException) as e:  # a model, variant or override refused
+        parser.error(explain(e))  # in the runner's own words (`python -m runner model.nosuch=1`)
     except (KeyboardInterrupt, signals.Terminated) as e:
         print(f"python -m runner.bench: stopped ({e or 'Ctrl-C'})", file=sys.stderr)
         return signals.EXIT_CODES[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM]
