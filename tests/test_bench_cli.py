@@ -66,3 +66,22 @@ def test_an_override_hydra_refuses_is_the_runners_one_error_line(monkeypatch, ca
             bench.main(["strategies", f"--override={override}"])
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert exit_.value.code == 2 and line.startswith(said)
+
+
+def test_an_out_file_the_kernel_refuses_is_one_error_line_before_the_work(monkeypatch, capsys, tmp_path):
+    """`published --out /proc/nope/x.md` as root (where the permission bits pass) printed the tables, then a
+    FileNotFoundError's traceback: now the file is opened before the work; a write that fails after it is one line."""
+    from runner.bench import __main__ as bench
+    from runner.bench.jobs import save
+    from runner.errors import UserError
+
+    monkeypatch.setattr(bench, "published", lambda args: pytest.fail("the work ran"))
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["published", "--out", "/proc/nope/x.md"])
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and line.startswith("error: --out /proc/nope/x.md cannot hold the tables: ")
+    with pytest.raises(UserError, match="^--out /proc/nope/x.md cannot hold the tables: "):
+        save(["| a |"], "/proc/nope/x.md")
+    monkeypatch.setattr(bench, "published", lambda args: 0)
+    assert bench.main(["published", "--out", str(tmp_path / "new" / "x.md")]) == 0
+    assert not (tmp_path / "new" / "x.md").exists()  # tried, not left behind empty

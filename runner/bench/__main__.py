@@ -6,7 +6,6 @@ import argparse
 import signal
 import sys
 import typing
-from pathlib import Path
 
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
@@ -15,7 +14,7 @@ import runner.bench
 from runner.data_pipelines import DATASETS, PIPELINES
 from runner.bench.floors import built_in, floor_settings, floors, multi_jobs
 from runner.bench.grid import DATA_PARALLEL, GRID_MODELS, grid, settings
-from runner.bench.jobs import Setting, too_few_timed
+from runner.bench.jobs import Setting, out_problem, too_few_timed
 from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
@@ -25,7 +24,6 @@ from runner.cli.arguments import Parser, positive
 from runner.cli.overrides import explain
 from runner.config import OptimizerName
 from runner.errors import UserError
-from runner.paths import unwritable
 from runner.runtime import signals
 from runner.strategies import baseline, doing, name_of
 
@@ -174,8 +172,8 @@ def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """The chosen benchmark, after its checks."""
     _check_names(parser, args)
-    if getattr(args, "out", None) and (problem := unwritable(Path(args.out), "file")):  # before, not after, the jobs
-        parser.error(f"--out {args.out} cannot hold the tables: {problem}")
+    if getattr(args, "out", None) and (problem := out_problem(args.out)):  # before, not after, the jobs
+        parser.error(f"--out {args.out} cannot hold the tables: {problem}; choose a writable file")
     if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
         return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
     if args.command == "settings":

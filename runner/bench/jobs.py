@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from runner.data_pipelines import rate_unit
-from runner.errors import last_line
+from runner.errors import UserError, last_line
 
 MIN_TIMED_STEPS = 20
 NO_TIMED_STEPS = "no timed steps: raise --steps to a few times --steps-per-call"  # a finished job's row without a rate
@@ -290,11 +290,34 @@ def emit(out: list[str], lines: list[str]) -> None:
     out += lines
 
 
-def save(out: list[str], path: str | None) -> None:
-    """With --out: the printed lines in that file too."""
-    if path:
+def out_problem(path: str) -> str | None:
+    """Why --out `path` cannot hold the tables, or None: `paths.unwritable`'s checks, then the file opened for writing
+    (and its folder made) before the work, as a check by permission bits alone passes where the kernel refuses
+    (root under /proc); a file made only to try it is removed."""
+    from runner.paths import unwritable
+
+    if problem := unwritable(Path(path), "file"):
+        return problem
+    existed = Path(path).exists()
+    try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text("\n".join(out) + "\n")
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    if not existed:
+        Path(path).unlink(missing_ok=True)
+    return None
+
+
+def save(out: list[str], path: str | None) -> None:
+    """With --out: the printed lines in that file too; a file that cannot be written (a full disk) is a UserError."""
+    if path:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text("\n".join(out) + "\n")
+        except OSError as e:
+            raise UserError(f"--out {path} cannot hold the tables: {e.strerror or e}") from None
 
 
 def failed(errors: list[str], width: int) -> str:
