@@ -375,7 +375,7 @@ def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, star
                 log.warning("stopping at step %d of %d on request", done.step, steps)
                 for hook in hooks:
                     hook.stopped(done.step)
-                signals.stop()
+                signals.raise_noted()
     done.train_seconds = time.perf_counter() - t0 - evals.seconds
     return done
 

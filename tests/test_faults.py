@@ -321,6 +321,19 @@ def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resum
     assert resumed[0].data.tags["resumed_from_step"] == str(step)
 
 
+def test_sighup_of_a_closed_terminal_ends_the_run_killed_with_its_checkpoint(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = start_cli(*LONG, "train.steps=60000", "train.checkpoint_every=100000", cwd=tmp_path)
+    wait_for("the first points", lambda: points(uri) >= 5)
+    run.send_signal(signal.SIGHUP)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 129, err[-3000:]  # the shell's code: 128 + SIGHUP
+    assert errors(err) == [] and "terminated (stopped by SIGHUP)" in err
+    killed = only_run(uri)
+    assert killed.info.status == "KILLED" and "SIGHUP" in killed.data.tags["error"]
+    assert list((tmp_path / "checkpoints").glob("*/ckpt-*.index"))  # the step reached, for a start again
+
+
 @pytest.mark.slow  # ~16 s; resuming from a checkpoint is in the default suite's SIGTERM and SIGKILL tests
 def test_a_truncated_newest_checkpoint_is_named_and_the_older_one_resumes(tmp_path):
     args = [*LONG, "train.steps=4000", "train.checkpoint_every=1000"]

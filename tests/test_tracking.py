@@ -217,3 +217,55 @@ def test_a_store_that_cannot_be_opened_is_the_same_one_line_from_a_writer_proces
                 run.tags({"never": "written"})
         said.append(str(error.value))
     assert said[0] == said[1] and "is a file, not a directory" in said[0]
+
+
+@pytest.fixture
+def runner_signals():
+    """The runner's handlers (runtime.signals.install) for this test, the process's own restored after it."""
+    from runner.runtime import signals
+
+    before = {s: signal.getsignal(s) for s in signals.HANDLED}
+    signals.install()
+    yield signals
+    signals.acted()
+    for s, handler in before.items():
+        signal.signal(s, handler)
+
+
+class _FreedWhileStopped:
+    """An object whose `__del__` gets a SIGTERM (TensorFlow frees functions in `__del__`): Python prints what the
+    handler raises there and drops it."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs here, inside __del__
+
+
+def test_a_signal_whose_exception_a_del_drops_still_ends_the_run_killed(store, runner_signals):
+    cfg = validate(compose("debug=smoke", f"mlflow.tracking_uri={store}"))
+    with pytest.raises(runner_signals.Terminated, match="SIGTERM"):
+        with tracking.tracked(store, cfg) as run:
+            _FreedWhileStopped()  # freed at once: its Terminated is dropped, and the block goes on to its end
+    info = MlflowClient(store).get_run(run.run_id)
+    assert info.info.status == "KILLED" and "SIGTERM" in info.data.tags["error"]
+    assert runner_signals.requested() is None  # acted on, not raised again by a later run of this process
+
+
+def test_a_dropped_signal_stops_the_training_loop_at_its_next_call_boundary(runner_signals):
+    with runner_signals.at_call_boundaries():
+        _FreedWhileStopped()
+        assert runner_signals.requested() == signal.SIGTERM  # what the loop reads after each call (train._run_calls)
+        with pytest.raises(runner_signals.Terminated):
+            runner_signals.raise_noted()
+
+
+def test_sighup_is_handled_unless_it_was_ignored_as_nohup_does(runner_signals):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    runner_signals.install()
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    runner_signals.install()
+    with pytest.raises(runner_signals.Terminated, match="SIGHUP") as stop:
+        os.kill(os.getpid(), signal.SIGHUP)
+        sum(range(1000))
+    assert runner_signals.exit_code(stop.value) == 129

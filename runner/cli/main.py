@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from typing import Any, NoReturn
 
@@ -115,7 +114,7 @@ def subcommand(name: str, argv: list[str]) -> int:
         return importlib.import_module(f"runner.cli.{name}").main(argv)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return signals.EXIT_CODES[signal.SIGINT]
+        return signals.exit_code(KeyboardInterrupt())
     except (UserError, HydraException, OmegaConfBaseException, MlflowException) as e:
         _report(e)
 
@@ -157,7 +156,7 @@ def cli() -> None:
     except (KeyboardInterrupt, signals.Terminated) as e:
         sweep.close_open_parent("KILLED")
         print("interrupted" if isinstance(e, KeyboardInterrupt) else f"terminated ({e})", file=sys.stderr)
-        _exit_now(signals.EXIT_CODES[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM])
+        _exit_now(signals.exit_code(e))
     except Exception as e:
         sweep.close_open_parent("FAILED")
         if not isinstance(e, (UserError, HydraException, OmegaConfBaseException)):

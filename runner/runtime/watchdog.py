@@ -46,7 +46,7 @@ def watch(args: argparse.Namespace) -> int:
     try:
         ready, _, _ = select.select([sys.stdin], [], [], args.seconds)
     except (KeyboardInterrupt, signals.Terminated) as stop:
-        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+        name = "SIGINT" if isinstance(stop, KeyboardInterrupt) else signal.Signals(stop.signum).name
         error = f"interrupted ({name}) while waiting for {args.waiting_for}"
         _end_run(args.uri, args.run_id, "KILLED", error)
         print(error, file=sys.stderr, flush=True)

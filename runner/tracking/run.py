@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import one_line
+from runner.runtime import signals
 from runner.runtime.signals import Terminated
 from runner.tasks import target_of
 from runner.tracking import system, ui
@@ -246,12 +247,18 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
             opening.fill(run)
         yield run
     except (KeyboardInterrupt, Terminated) as e:
+        signals.acted()
         if run is not None:
             run.end("KILLED", f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")
         raise
     except BaseException as e:
         if run is not None:
             run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
+        raise
+    try:  # a signal whose exception a `__del__` swallowed (runtime.signals) still stops the run
+        signals.raise_noted()
+    except (KeyboardInterrupt, Terminated) as e:
+        run.end("KILLED", f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")
         raise
     run.end("FINISHED")
 

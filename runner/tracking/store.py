@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 
 from runner.errors import UserError, one_line
 from runner.paths import locked, unwritable
+from runner.runtime.signals import HANDLED
 from runner.tracking import ui
 from runner.tracking.redact import redact
 
@@ -93,14 +94,14 @@ _holding_interrupts = False
 
 @contextmanager
 def whole_write() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) and SIGTERM while a store write runs, and deliver the first as soon as the write is
+    """Hold back Ctrl-C (SIGINT), SIGTERM and SIGHUP while a store write runs, and deliver the first as soon as the write is
     done, to the handler that was installed: raised inside SQLAlchemy between sqlite's write and its commit, it would
     leave that connection holding the store's lock, and the run's closing writes would fail and leave it RUNNING.
     Nested uses hold the signals until the outermost write ends. Only the main thread can set signal handlers;
     elsewhere this does nothing, and a signal whose handler is not Python's is left alone.
     """
     global _holding_interrupts
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {s: signal.getsignal(s) for s in HANDLED}
     handlers = {s: h for s, h in handlers.items() if callable(h)}
     if _holding_interrupts or not handlers or threading.current_thread() is not threading.main_thread():
         yield
