@@ -439,6 +439,31 @@ def test_predicted_keeps_each_groups_rates_in_its_own_unit(monkeypatch, capsys):
     assert "- prediction: mlp/default x2, images/s: 2 combinations" in out
 
 
+def test_predicted_counts_a_combinations_repeats_as_runs_of_it(monkeypatch, capsys):
+    """4 combinations run twice each (sweep rounds, a folder per job) printed '8 runs, 8 combinations'."""
+    from runner.bench import predicted
+    from runner.predict import grid
+    from runner.predict.costs import Prediction
+
+    runs = [(f"python -m runner model=mlp strategy={s} pipeline={p} gpus=2 hydra.run.dir=multirun/x/{i}"
+             + (" sweep.round=1" if i >= 4 else ""), 1000.0 + i)
+            for i, (s, p) in enumerate([("mirrored", "split"), ("mirrored", "sharded"), ("replicated", "split"),
+                                        ("replicated", "sharded")] * 2)]
+    monkeypatch.setattr(predicted, "_runs", lambda uri, experiment: runs)
+
+    def predict_all(combos, recalibrate=False):
+        named = [(c[1].split("=")[1], c[2].split("=")[1]) for c in combos]
+        return [grid.Outcome(c, f"mlp/default {s}/{p} x2", Prediction(f"mlp/default {s}/{p} x2", 64,
+                                                                      {"towers": 0.01}, "images", 1))
+                for c, (s, p) in zip(combos, named)]
+
+    monkeypatch.setattr(grid, "predict_all", predict_all)
+    predicted.predicted(argparse.Namespace(tracking_uri=None, experiment="e", recalibrate=False, out=None))
+    out = capsys.readouterr().out
+    assert "\n8 runs of 4 combinations, predicted in " in out
+    assert "- prediction: mlp/default x2, images/s: 4 combinations" in out
+
+
 def test_predicted_reads_a_runs_overrides_from_its_command_line():
     from runner.bench.predicted import _overrides
 
@@ -477,7 +502,9 @@ def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
     table = Table(Setting("mlp", "default", 600, 50, 128, "mnist"), "now", rows, repeats=2)
     (line,) = grid.prediction_lines(table)
     assert line.startswith("- prediction: mlp/default x2: 2 combinations, median error 10%")
-    assert "1 of 1 pairs apart beyond the noise ordered right" in line and "predicted and confirmed" in line
+    assert "1 of 1 pairs apart beyond the noise ordered right" in line
+    assert line.endswith("predicted fastest replicated/split: measured the fastest, 1.50x the next "
+                         "(parameter_server/split), beyond the noise: confirmed")
     cells = markdown_rows("\n".join(grid.format_table(table)))
     assert [c["predicted images/s"] for c in cells] == ["-", "110", "90"]
 

@@ -295,19 +295,43 @@ def test_the_accuracy_of_a_groups_predictions_in_figures_and_words():
     assert j.median_error == pytest.approx(0.10) and j.spearman == pytest.approx(1.0)
     # The retest: first runs order c < b < a, second runs c < a < b: one swap of three, 1 - 6 * 2 / 24.
     assert j.retest == pytest.approx(0.5)
-    assert j.predicted_fastest == "a" == j.measured_fastest and j.confirmed
+    # a measured the fastest, but only 1.00x b, within the 10% spread: not confirmed (was "predicted and confirmed")
+    assert j.predicted_fastest == "a" == j.measured_fastest and j.verdict == "not refuted" and not j.confirmed
     assert line("mlp x2", j) == ("prediction: mlp x2: 3 combinations, median error 10%, Spearman 1.00 (the repeats "
                                  "against each other 0.50), 2 of 2 pairs apart beyond the noise ordered right "
-                                 "(run-to-run spread 10%); predicted fastest a: predicted and confirmed")
+                                 "(run-to-run spread 10%); predicted fastest a (a tie: b predicted within 10% of it): "
+                                 "measured the fastest, 1.00x the next (b): not refuted (within the noise)")
     wrong = judge(combine([("a", 90.0, 100.0), ("b", 120.0, 70.0), ("c", 50.0, 50.0)]))  # single runs
-    assert wrong.spread is None and wrong.retest is None and wrong.pairs == 3 and wrong.pairs_ordered == 2 and not wrong.confirmed
-    assert line("cnn x4", wrong).endswith("predicted fastest b measured only 0.70x the fastest (a): the model was "
-                                         "wrong by 30%")
+    assert wrong.spread is None and wrong.retest is None and wrong.pairs == 3 and wrong.pairs_ordered == 2
+    assert wrong.verdict == "undecided"  # one run each: no noise to call 0.70x wrong (or a fastest right) by
+    assert line("cnn x4", wrong).endswith("predicted fastest b: measured 0.70x the fastest (a): undecided (single "
+                                          "runs)")
     # no repeats: no pair is "beyond the noise" (was said of single runs beside "noise unknown")
     assert "2 of 3 pairs ordered right (single runs: noise unknown, every pair counts)" in line("cnn x4", wrong)
-    close = judge(combine([("a", 90.0, 100.0), ("b", 120.0, 95.0)]))
-    assert line("cnn x2", close).endswith("measured 0.95x the fastest (a): within 10%, confirmed")
+    alone = judge(combine([("a", 120.0, 100.0), ("b", 90.0, 50.0)]))  # the fastest, twice the next, in single runs
+    assert line("cnn x2", alone).endswith("predicted fastest a: measured the fastest, 2.00x the next (b): undecided "
+                                          "(single runs)")  # was "predicted and confirmed"
     assert line("lenet x1", judge(combine([("a", 90.0, 100.0)]))) == "prediction: lenet x1: 1 combination, error 10%"
     tie = judge(combine([("a", 100.0, 100.0), ("b", 101.0, 98.0), ("a", 100.0, 90.0), ("b", 101.0, 97.0)]))
     assert tie.pairs == 0 and "every combination within the noise of the others (a tie)" in line("nin x2", tie)
-    assert tie.confirmed  # b is predicted fastest; it measured within the noise of a
+    assert tie.verdict == "not refuted"  # b is predicted fastest; it measured within the noise of a
+
+
+def test_a_predicted_fastest_is_confirmed_only_by_repeats_measuring_it_fastest_beyond_the_noise():
+    """The tester's group: the predicted fastest (a predicted tie) measured 0.77x the fastest, within a 30% spread,
+    was called 'confirmed'; it is not refuted. Repeats that measure it the fastest beyond the spread confirm it; ones
+    that measure another faster beyond the spread refute it."""
+    from runner.report.prediction import combine, judge, line
+
+    loose = judge(combine([("ps/split", 105.0, 77.0), ("ps/per_tower", 100.0, 120.0),
+                           ("ps/split", 105.0, 77.0), ("ps/per_tower", 100.0, 80.0)]))
+    assert loose.spread == pytest.approx(0.4) and loose.verdict == "not refuted" and not loose.confirmed
+    assert line("dlrm x4", loose).endswith("predicted fastest ps/split (a tie: ps/per_tower predicted within 10% of "
+                                           "it): measured 0.77x the fastest (ps/per_tower): not refuted (within "
+                                           "the noise)")
+    sure = judge(combine([("a", 110.0, 100.0), ("b", 80.0, 80.0), ("a", 110.0, 102.0), ("b", 80.0, 81.0)]))
+    assert sure.verdict == "confirmed" and line("x2", sure).endswith(
+        "predicted fastest a: measured the fastest, 1.25x the next (b), beyond the noise: confirmed")
+    refuted = judge(combine([("a", 110.0, 80.0), ("b", 80.0, 100.0), ("a", 110.0, 81.0), ("b", 80.0, 102.0)]))
+    assert refuted.verdict == "refuted" and line("x2", refuted).endswith(
+        "predicted fastest a: measured 0.80x the fastest (b), beyond the noise: refuted (the model was wrong by 20%)")

@@ -67,9 +67,11 @@ def predicted(args: argparse.Namespace) -> int:
             group = f"{model} x{devices}, {o.prediction.unit}/s"  # a group's rates in one unit
             runs.append((group, f"{combo} {o.setting}".rstrip(), o.prediction.rate, rate))
     groups = dict(sorted(grouped(runs).items()))
+    unpredicted = sorted({f"{outcomes[c].label}: {outcomes[c].error}" for c in commands if outcomes[c].error})
+    combinations = sum(len(combos) for combos in groups.values()) + len(unpredicted)  # a repeat is no combination
     out: list[str] = []
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
-               f"{len(measured)} runs, {len(commands)} combinations, predicted in {time.perf_counter() - t0:.0f} s "
+               f"{len(measured)} runs of {combinations} combinations, predicted in {time.perf_counter() - t0:.0f} s "
                "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
                *markdown(["model, devices, unit", "combination", "predicted", "measured", "error"])])
     for group, combos in groups.items():
@@ -78,7 +80,6 @@ def predicted(args: argparse.Namespace) -> int:
             emit(out, [markdown_row([group, c.label, f"{c.predicted:,.0f}", f"{c.rate:,.0f}{rng}",
                                      f"{(c.predicted - c.rate) / c.rate:+.0%}"])])
     lines = group_lines(groups, least=1)
-    unpredicted = sorted({f"{outcomes[c].label}: {outcomes[c].error}" for c in commands if outcomes[c].error})
     emit(out, ["", *(f"- {text}" for text in lines), *(f"- not predicted: {u}" for u in unpredicted)])
     save(out, args.out)
     return 0 if lines else 1

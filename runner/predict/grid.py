@@ -18,12 +18,12 @@ from runner.measure.peak import BUSY, timed_with_others_share
 from runner.paths import read_cache, write_cache
 from runner.predict import calibrate, spec_sheet
 from runner.predict.costs import Prediction, combination, predict
+from runner.report.prediction import TIE  # predicted rates closer than it: a tie
 from runner.report.table import markdown, markdown_row
 from runner.runtime.quiet import filtered_stderr
 
 log = logging.getLogger(__name__)
 
-TIE = 0.10  # predicted rates closer than this are called a tie: the model is not finer than that
 
 
 @dataclass

@@ -2,9 +2,12 @@
 
 Per group of rows that compete (one model on one device count): the median relative error, the rank correlation
 (Spearman) of predicted and measured rates, how many of the pairs measured apart beyond the run-to-run spread the
-prediction ordered right, and whether the predicted fastest measured within the noise (or CLOSE) of the measured
-fastest. Repeats of a combination are combined by their median; their ranges give the spread, and their halves
-ranked against each other (the retest) say how well the measurement orders the group itself.
+prediction ordered right, and what the measurement says of the predicted fastest: confirmed only where repeats
+measured it the fastest beyond the run-to-run spread; not refuted where it measured within the spread of the fastest
+(or the fastest, but within the spread of the next); refuted where another measured faster beyond the spread;
+undecided on single runs (no spread to judge by). Repeats of a combination are combined by their median; their
+ranges give the spread, and their halves ranked against each other (the retest) say how well the measurement orders
+the group itself.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable
 
-CLOSE = 0.10  # the predicted fastest counts as confirmed within this share of the measured fastest (or the noise)
+TIE = 0.10  # predicted rates closer than this are called a tie: the model is not finer than that
 
 
 @dataclass
@@ -73,10 +76,28 @@ class Judgement:
     predicted_fastest: str
     measured_fastest: str
     fastest_ratio: float  # the predicted fastest's measured rate / the measured fastest's
+    margin: float | None = None  # the measured fastest's rate / the next one's; None: one combination
+    runner_up: str = ""  # the next one measured
+    predicted_ties: list[str] = field(default_factory=list)  # predicted within TIE of the predicted fastest
+
+    def beyond_noise(self, ratio: float) -> bool:
+        """Whether two rates `ratio` apart (>= 1) differ by more than the run-to-run spread (as the pairs counted)."""
+        return ratio - 1 > (self.spread or 0.0)
+
+    @property
+    def verdict(self) -> str:
+        """What the measurement says of the predicted fastest: confirmed (measured the fastest, beyond the noise, in
+        repeats), not refuted (within the noise), refuted (another measured faster beyond it), or undecided (single
+        runs: no noise to judge by)."""
+        if self.spread is None:
+            return "undecided"
+        if self.predicted_fastest != self.measured_fastest:
+            return "refuted" if self.beyond_noise(1 / self.fastest_ratio) else "not refuted"
+        return "confirmed" if self.margin is not None and self.beyond_noise(self.margin) else "not refuted"
 
     @property
     def confirmed(self) -> bool:
-        return self.fastest_ratio >= 1 - max(self.spread or 0.0, CLOSE)
+        return self.verdict == "confirmed"
 
 
 def judge(combos: list[Measured]) -> Judgement:
@@ -89,15 +110,17 @@ def judge(combos: list[Measured]) -> Judgement:
     halves = [c.halves() for c in combos]
     retest = spearman([h[0] for h in halves], [h[1] for h in halves]) if all(halves) else None
     best_predicted = max(combos, key=lambda c: c.predicted)
-    best_measured = max(combos, key=lambda c: c.rate)
+    best_measured, *others = sorted(combos, key=lambda c: -c.rate)
     return Judgement(
         len(combos), statistics.median(abs(c.predicted - c.rate) / c.rate for c in combos),
         spearman([c.predicted for c in combos], [c.rate for c in combos]), retest, spread, ordered, len(apart),
-        best_predicted.label, best_measured.label, best_predicted.rate / best_measured.rate)
+        best_predicted.label, best_measured.label, best_predicted.rate / best_measured.rate,
+        best_measured.rate / others[0].rate if others else None, others[0].label if others else "",
+        [c.label for c in combos if c is not best_predicted and c.predicted >= (1 - TIE) * best_predicted.predicted])
 
 
 def line(group: str, j: Judgement) -> str:
-    """One line in words: errors, order, and the fastest predicted and confirmed, or how far off."""
+    """One line in words: errors, order, and what the measurement says of the predicted fastest (`verdict`)."""
     if j.combos == 1:  # nothing to order or to be fastest among
         return f"prediction: {group}: 1 combination, error {j.median_error:.0%}"
     known = j.spread is not None
@@ -107,15 +130,17 @@ def line(group: str, j: Judgement) -> str:
         rho += f" (the repeats against each other {j.retest:.2f})"
     order = (f"{j.pairs_ordered} of {j.pairs} pairs {'apart beyond the noise ' if known else ''}ordered right"
              if j.pairs else "every combination within the noise of the others (a tie)")
-    within = f"within the noise ({j.spread:.0%})" if known and j.spread > CLOSE else f"within {CLOSE:.0%}"
+    fastest = f"predicted fastest {j.predicted_fastest}"
+    if j.predicted_ties:  # the model called it no faster than these
+        fastest += f" (a tie: {', '.join(j.predicted_ties)} predicted within {TIE:.0%} of it)"
     if j.predicted_fastest == j.measured_fastest:
-        fastest = f"predicted fastest {j.predicted_fastest}: predicted and confirmed"
-    elif j.confirmed:
-        fastest = (f"predicted fastest {j.predicted_fastest} measured {j.fastest_ratio:.2f}x the fastest "
-                   f"({j.measured_fastest}): {within}, confirmed")
+        fastest += f": measured the fastest, {j.margin:.2f}x the next ({j.runner_up})"
     else:
-        fastest = (f"predicted fastest {j.predicted_fastest} measured only {j.fastest_ratio:.2f}x the fastest "
-                   f"({j.measured_fastest}): the model was wrong by {1 - j.fastest_ratio:.0%}")
+        fastest += f": measured {j.fastest_ratio:.2f}x the fastest ({j.measured_fastest})"
+    fastest += {"confirmed": ", beyond the noise: confirmed",
+                "not refuted": ": not refuted (within the noise)",
+                "refuted": f", beyond the noise: refuted (the model was wrong by {1 - j.fastest_ratio:.0%})",
+                "undecided": ": undecided (single runs)"}[j.verdict]
     return (f"prediction: {group}: {j.combos} combinations, median error {j.median_error:.0%}, {rho}, {order} "
             f"({noise}); {fastest}")
 
