@@ -383,6 +383,35 @@ def test_runs_of_another_setting_are_other_work_and_seeds_are_repeats(tmp_path, 
         "verdict: mlp train.precision=float32", "verdict: mlp train.precision=mixed_bfloat16"]
 
 
+def test_runs_of_one_model_on_other_data_are_other_work_and_a_regression_says_mae(tmp_path, capsys):
+    """An MNIST run (mirrored x2) and a regression on a user's files (single x1), both model=mlp: the MNIST row got
+    speedup 0.43, efficiency 0.21 and "learns same: no" against the regression; and the regression, timed to
+    nothing, showed a "time to acc." column. Keys outside a combination's own are compared across the model's runs."""
+    from mlflow import MlflowClient
+
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("mixed")
+
+    def job(data, strategy, devices, task, metrics):
+        tags = {"model": "mlp", "pipeline": "split", "strategy": strategy, "devices.count": str(devices),
+                "devices.kind": "CPU", "task": task}
+        rid = client.create_run(experiment, tags=tags).info.run_id
+        for key, value in {"data.name": data, "strategy.name": strategy, "gpus": devices}.items():
+            client.log_param(rid, key, value)
+        for key, value in metrics.items():
+            client.log_metric(rid, key, value)
+        client.set_terminated(rid)
+
+    job("mnist", "mirrored", 2, "class", {"images_per_sec": 1500, "test_accuracy": 0.97, "test_loss": 0.1})
+    job("files", "single", 1, "regression", {"images_per_sec": 3500, "test_mae": 0.12, "test_loss": 0.02})
+    code, out, err = _report(tmp_path, uri, capsys, "--experiment", "mixed")
+    assert code == 0, err
+    assert "| mlp data.name=mnist | split | mirrored | 2 CPU | strong | 1,500 | - | - | - | - |" in out
+    assert "| mlp data.name=files | split | single | 1 CPU | strong | 3,500 | - | - | 1.00 | 1.00 | - | 0.1200 |" in out
+    assert "time to MAE (s)" in out and "test MAE" in out
+
+
 def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():
     """The batch a scaling derives (a strong run's per-device batch) names no setting, even where a weak-scaling sweep
     varies that key; a refused run (no params) has none; a key an older run did not log still tells the others apart."""

@@ -47,6 +47,7 @@ def _kinds(rows: list[Any]) -> list[Kind | None]:
         own, model = _said(row), by_model[row.model]
         known = {key: own.get(key) or next((s[key] for s in model if key in s), None)
                  for key in ("unit", "score", "target")}
+        known["target"] = known["target"] or known["score"]  # timed to nothing: its time column names its score
         out.append(Kind(**{k: v for k, v in known.items() if v}) if any(known.values()) else None)
     return out
 

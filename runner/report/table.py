@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 
 REUSED = "sweep.reused."  # a sweep parent's tag per job sweep.resume skipped: `sweep.reused.<run id>` = its overrides
+COMBINATION = ("strategy.", "pipeline.", "gpus")  # the params that differ between a model's combinations
 
 
 class ReportError(Exception):
@@ -179,13 +180,17 @@ def settings(params: list[dict[str, str]], rows: list[Row]) -> list[str]:
     a run's differs (one odd run beside a sweep), a key split evenly on every run (a sweep over it); a run that did not
     log a key (an older runner) is compared on the others. Left out: what makes a repeat (the seed, the cluster's
     addresses: `config.REPEATS`), what changes nothing computed (`config.UNCOMPUTED`) and what follows from the rest
-    (`_derived`).
+    (`_derived`). Keys outside the combination's own (`COMBINATION`) are compared across all the model's runs, so that
+    runs on other data are never one model's baseline and speedups.
     Without this, runs of two precisions were one combination's repeats."""
     from runner.config import UNCOMPUTED
 
     work: dict[tuple[str, str], list[tuple[Row, dict[str, str]]]] = {}
     for row, given in zip(rows, params):
         work.setdefault((row.model, row.combination), []).append((row, given))
+        # and across the model's combinations, the keys that are not a combination's own (its data, its training)
+        work.setdefault((row.model, ""), []).append((row, {k: v for k, v in given.items() if not k.startswith(
+            COMBINATION)}))
     varied: dict[str, set[str]] = {}
     for (model, _), group in work.items():
         for key in {k for _, given in group for k in given if not k.startswith(UNCOMPUTED)}:
