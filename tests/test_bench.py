@@ -454,7 +454,8 @@ def test_predicted_counts_a_combinations_repeats_as_runs_of_it(monkeypatch, caps
     def predict_all(combos, recalibrate=False):
         named = [(c[1].split("=")[1], c[2].split("=")[1]) for c in combos]
         return [grid.Outcome(c, f"mlp/default {s}/{p} x2", Prediction(f"mlp/default {s}/{p} x2", 64,
-                                                                      {"towers": 0.01}, "images", 1))
+                                                                      {"towers": 0.01}, "images", 1),
+                             disturbed=0.6 if s == "replicated" else None)  # its calibration under others' load
                 for c, (s, p) in zip(combos, named)]
 
     monkeypatch.setattr(grid, "predict_all", predict_all)
@@ -462,6 +463,9 @@ def test_predicted_counts_a_combinations_repeats_as_runs_of_it(monkeypatch, caps
     out = capsys.readouterr().out
     assert "\n8 runs of 4 combinations, predicted in " in out
     assert "- prediction: mlp/default x2, images/s: 4 combinations" in out
+    marks = {r["combination"]: r["calibration"] for r in markdown_rows(out)}
+    assert marks == {"mirrored/split": "-", "mirrored/sharded": "-", "replicated/split": "disturbed (others used 60% "
+                     "of the CPUs)", "replicated/sharded": "disturbed (others used 60% of the CPUs)"}
 
 
 def test_predicted_reads_a_runs_overrides_from_its_command_line():
@@ -507,6 +511,9 @@ def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
                          "(parameter_server/split), beyond the noise: confirmed")
     cells = markdown_rows("\n".join(grid.format_table(table)))
     assert [c["predicted images/s"] for c in cells] == ["-", "110", "90"]
+    rows[2][1]["predicted_disturbed"] = 0.6  # its calibration measured while others used 60% of the CPUs
+    cells = markdown_rows("\n".join(grid.format_table(table)))
+    assert cells[2]["predicted images/s"] == "90 (calibration disturbed: others used 60% of the CPUs)"
 
 
 def test_the_peers_bench_refuses_a_folder_without_the_peer_and_its_runner_jobs_validate(tmp_path, capsys):

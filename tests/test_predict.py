@@ -198,6 +198,26 @@ def test_the_cache_keeps_calibrations_per_host_and_device_set(tmp_path, monkeypa
     assert read_cache(path) == {}
 
 
+def test_predictions_from_a_disturbed_calibration_are_marked_and_claim_no_direction(tmp_path, monkeypatch, caplog):
+    """Was 'calibration disturbed ... these predictions are too slow' where they came out above the measured rates,
+    and nothing in the table said which predictions rested on it."""
+    plan = validate(compose("model=mlp", "strategy=replicated", "gpus=2"))
+    entries = {calibrate.machine_key(plan): MACHINE, calibrate.towers_key(plan): TOWERS,
+               calibrate.input_key(plan): {"seconds": 0.0004}}
+    monkeypatch.setattr(grid, "_calibrate", lambda overrides, wanted: {k: {**entries[k], "others_cpu_share": 0.6}
+                                                                       for k in wanted})
+    outcomes = grid.predict_all([["model=mlp", "strategy=replicated", "gpus=2"]], cache_dir=tmp_path)
+    assert outcomes[0].disturbed == 0.6 and outcomes[0].prediction is not None
+    assert "calibration disturbed" in caplog.text and "too slow" not in caplog.text
+    assert "may be off either way" in caplog.text
+    (row,) = markdown_rows("\n".join(grid.table(outcomes)))
+    assert row["calibration"] == "disturbed (others used 60% of the CPUs)"
+    assert grid.records(outcomes)[0]["calibration_disturbed"] == 0.6
+    write_cache(calibrate.cache_path(tmp_path), entries)  # an undisturbed one: no column
+    clean = grid.predict_all([["model=mlp", "strategy=replicated", "gpus=2"]], cache_dir=tmp_path)
+    assert clean[0].disturbed is None and "calibration" not in markdown_rows("\n".join(grid.table(clean)))[0]
+
+
 def test_the_calibration_child_gets_one_combination_per_calibration_it_lacks(tmp_path, monkeypatch):
     grid_ = [["model=mlp", f"strategy={s}", f"pipeline={p}", "gpus=2"]
              for s in ("replicated", "parameter_server") for p in ("split", "sharded")]

@@ -59,7 +59,9 @@ def format_row(job: Job, m: dict, table: Table) -> list[str]:
     ips, steps, runs = m["rate"], int(m.get("timed_steps", 0)), m.get("rate_runs")
     spread = f"({min(runs):,.0f}-{max(runs):,.0f})" if runs else f"± {m['rate_stderr']:,.0f}"
     alone = "input_batches_per_sec" in m
-    return [job.label, str(job.gpus), f"{ips:,.0f} {spread}", cell(m, "predicted_rate", ",.0f"),
+    disturbed = f" (calibration disturbed: others used {m['predicted_disturbed']:.0%} of the CPUs)" \
+        if "predicted_disturbed" in m else ""
+    return [job.label, str(job.gpus), f"{ips:,.0f} {spread}", cell(m, "predicted_rate", ",.0f") + disturbed,
             f"{steps}" + (f" (under {MIN_TIMED_STEPS}!)" if steps < MIN_TIMED_STEPS else ""),
             _ratio(ips, table.rate("baseline")), _ratio(ips, table.rate("keras")),
             cell(m, "step_time_over_floor", ".2f"), cell(m, "mfu", ".1%"),
@@ -116,6 +118,8 @@ def predict_rows(table: Table) -> None:
     for (_, m), outcome in zip(rows, predict_all(combos)):
         if outcome.prediction is not None:
             m["predicted_rate"] = outcome.prediction.rate
+            if outcome.disturbed:  # its calibration measured under others' load: marked in the row
+                m["predicted_disturbed"] = outcome.disturbed
 
 
 def prediction_lines(table: Table) -> list[str]:

@@ -52,20 +52,22 @@ def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
 
 def predicted(args: argparse.Namespace) -> int:
     """Predict every measured run's combination and judge the predictions per model and device count."""
-    from runner.predict.grid import predict_all
+    from runner.predict.grid import calibration, predict_all
     from runner.tracking import resolve_uri
 
     t0 = time.perf_counter()
     measured = _runs(resolve_uri(args.tracking_uri), args.experiment)
     commands = sorted({c for c, _ in measured})
     outcomes = dict(zip(commands, predict_all([_overrides(c) for c in commands], args.recalibrate)))
-    runs = []
+    runs, calibrated = [], {}
     for command, rate in measured:
         if (o := outcomes[command]).prediction is not None:
             head, devices = o.label.removesuffix(f" {o.setting}").rsplit(" x", 1)
             model, combo = head.split(" ", 1)
             group = f"{model} x{devices}, {o.prediction.unit}/s"  # a group's rates in one unit
             runs.append((group, f"{combo} {o.setting}".rstrip(), o.prediction.rate, rate))
+            calibrated[runs[-1][:2]] = calibration(o)
+    marked = any(c != "-" for c in calibrated.values())  # a column only where some calibration was disturbed
     groups = dict(sorted(grouped(runs).items()))
     unpredicted = sorted({f"{outcomes[c].label}: {outcomes[c].error}" for c in commands if outcomes[c].error})
     combinations = sum(len(combos) for combos in groups.values()) + len(unpredicted)  # a repeat is no combination
@@ -73,12 +75,14 @@ def predicted(args: argparse.Namespace) -> int:
     emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
                f"{len(measured)} runs of {combinations} combinations, predicted in {time.perf_counter() - t0:.0f} s "
                "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
-               *markdown(["model, devices, unit", "combination", "predicted", "measured", "error"])])
+               *markdown(["model, devices, unit", "combination", "predicted", "measured", "error",
+                          *(["calibration"] if marked else [])])])
     for group, combos in groups.items():
         for c in sorted(combos, key=lambda c: -c.rate):
             rng = f" ({min(c.rates):,.0f}-{max(c.rates):,.0f})" if len(c.rates) > 1 else ""
             emit(out, [markdown_row([group, c.label, f"{c.predicted:,.0f}", f"{c.rate:,.0f}{rng}",
-                                     f"{(c.predicted - c.rate) / c.rate:+.0%}"])])
+                                     f"{(c.predicted - c.rate) / c.rate:+.0%}",
+                                     *([calibrated[group, c.label]] if marked else [])])])
     lines = group_lines(groups, least=1)
     emit(out, ["", *(f"- {text}" for text in lines), *(f"- not predicted: {u}" for u in unpredicted)])
     save(out, args.out)

@@ -36,6 +36,12 @@ class Outcome:
     error: str | None = None
     given: dict[str, Any] = field(default_factory=dict)  # strategy, pipeline, gpus, nodes, as composed
     setting: str = ""  # the overrides the sweep varies besides the combination's own (`varied_overrides`)
+    disturbed: float | None = None  # others' share of the CPUs while its calibration was measured, where over BUSY
+
+
+def calibration(o: Outcome) -> str:
+    """A prediction's calibration as a table cell: disturbed (other processes' share of the CPUs meanwhile), or '-'."""
+    return f"disturbed (others used {o.disturbed:.0%} of the CPUs)" if o.disturbed else "-"
 
 
 def expand(overrides: list[str]) -> list[list[str]]:
@@ -149,9 +155,12 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
                 outcome.error = measured["error"]
             continue
         disturbed = max((e.get("others_cpu_share", 0.0) for e in measured.values()), default=0.0)
-        if disturbed > BUSY:  # others' load slowed the figures: use them once, never cache them
-            log.warning("calibration disturbed: other processes used %.0f%% of the CPUs; not cached, and "
-                        "these predictions are too slow", 100 * disturbed)
+        if disturbed > BUSY:  # others' load moved the figures, by how much and which way unknown: used once, marked
+            log.warning("calibration disturbed: other processes used %.0f%% of the CPUs while it measured; not "
+                        "cached, and the predictions resting on it (marked in the table) may be off either way",
+                        100 * disturbed)
+            for plan, outcome in members:
+                outcome.disturbed = round(disturbed, 2) if keys(plan) & measured.keys() else None
         elif measured:
             write_cache(path, measured)
         entries = {**cached, **measured}
@@ -250,13 +259,14 @@ def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
     from runner.predict.costs import TERMS
 
     scaled = any(o.prediction.efficiency is not None for o in outcomes)
+    marked = any(o.disturbed for o in outcomes)  # a column only where some calibration was disturbed
     lines = markdown(["combination", f"predicted {unit}/s", "step ms", *(["efficiency"] if scaled else []),
-                      "dominant term", *(f"{t} ms" for t in TERMS)])
+                      "dominant term", *(f"{t} ms" for t in TERMS), *(["calibration"] if marked else [])])
     for o in ranked(outcomes):
         p = o.prediction
         efficiency = [f"{p.efficiency:.0%}" if p.efficiency is not None else "-"] if scaled else []
         lines.append(markdown_row([o.label, f"{p.rate:,.0f}", f"{1e3 * p.step_seconds:.2f}", *efficiency, p.dominant,
-                                   *(f"{1e3 * p.terms[t]:.2f}" for t in TERMS)]))
+                                   *(f"{1e3 * p.terms[t]:.2f}" for t in TERMS), *([calibration(o)] if marked else [])]))
     work: dict[tuple[str, str], list[Outcome]] = {}  # a model's own fastest, in each setting: never across models
     for o in outcomes:
         work.setdefault((o.label.split(" ", 1)[0], o.setting), []).append(o)
@@ -267,7 +277,8 @@ def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     """One JSON-ready record per combination (`predict.format=json`): what scripts read."""
     return [{"combination": o.label, "overrides": o.overrides, **o.given, "predicted": (p := o.prediction) is not None,
              "rate": p and p.rate, "unit": p and p.unit, "step_seconds": p and p.step_seconds,
-             "efficiency": p and p.efficiency, "terms": p and p.terms, "error": o.error} for o in outcomes]
+             "efficiency": p and p.efficiency, "terms": p and p.terms, "calibration_disturbed": o.disturbed,
+             "error": o.error} for o in outcomes]
 
 
 def _given(cfg: Any) -> dict[str, Any]:
