@@ -85,3 +85,13 @@ def test_an_out_file_the_kernel_refuses_is_one_error_line_before_the_work(monkey
     monkeypatch.setattr(bench, "published", lambda args: 0)
     assert bench.main(["published", "--out", str(tmp_path / "new" / "x.md")]) == 0
     assert not (tmp_path / "new" / "x.md").exists()  # tried, not left behind empty
+
+
+def test_the_settings_groups_and_jobs_are_the_documented_ones(monkeypatch):
+    """The docs listed 16 groups and '47 jobs' where `--help` lists 21 and the default runs 76."""
+    from runner.bench.settings import SPEED_SETTINGS
+
+    groups = _parsed(monkeypatch, "settings").groups
+    assert groups == list(SPEED_SETTINGS) and f"(`--groups {','.join(groups)}`;" in DOCS
+    jobs = sum(len(SPEED_SETTINGS[g][3]) + 1 for g in groups)  # each value, then the default again (settings._group)
+    assert f"All {len(groups)} groups are {jobs} jobs" in DOCS
