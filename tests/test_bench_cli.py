@@ -95,3 +95,36 @@ def test_the_settings_groups_and_jobs_are_the_documented_ones(monkeypatch):
     assert groups == list(SPEED_SETTINGS) and f"(`--groups {','.join(groups)}`;" in DOCS
     jobs = sum(len(SPEED_SETTINGS[g][3]) + 1 for g in groups)  # each value, then the default again (settings._group)
     assert f"All {len(groups)} groups are {jobs} jobs" in DOCS
+
+
+def test_the_commands_say_what_they_ran_in_plain_words(monkeypatch, capsys):
+    """`--gpus two` said argparse's 'invalid _ints value'; pipelines/grid/strategies options had no help; the
+    pipelines header left out the variant; floors printed '1 rounds' and judged 'MFU <= 100% in every run' on the
+    one-device runs alone."""
+    import contextlib
+
+    from runner.bench import __main__ as bench
+    from runner.bench import floors, pipelines
+
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["strategies", "--gpus", "two"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        "error: argument --gpus: two is not a list of counts separated by commas (e.g. 1,2,4)"]
+    seen = []
+    monkeypatch.setattr(bench, "_run", lambda parser, args: seen.append(parser) or 0)
+    bench.main(["grid"])
+    commands = seen[0]._subparsers._group_actions[0].choices
+    for name in ("pipelines", "grid", "strategies"):
+        assert [a.dest for a in commands[name]._actions if not a.help] == [], name
+    never = contextlib.nullcontext  # no store, no jobs: what the command prints around them
+    monkeypatch.setattr(pipelines, "sweep", lambda uri, experiment: never())
+    monkeypatch.setattr(pipelines, "run_job", lambda overrides, bench: {"error": "not run"})
+    args = _parsed(monkeypatch, "pipelines", "--variant", "tiny", "--gpus", "1", "--strategies", "single")
+    pipelines.pipelines(args)
+    assert capsys.readouterr().out.startswith("# pipeline benchmark: model=mlp variant=tiny steps=400 ")
+    monkeypatch.setattr(floors, "sweep", lambda uri, experiment: never())
+    monkeypatch.setattr(floors, "run_one", lambda setting, job, bench, progress, r: {"rate": 1.0, "mfu": 0.5})
+    floors.floors(_parsed(monkeypatch, "floors", "--models", "mlp", "--rounds", "1", "--gpus", "1,2"))
+    out = capsys.readouterr().out
+    assert "## Each model's step against its floor: 1 round, " in out
+    assert "- PASS MFU <= 100% in every one-device runner run: 1 of 1 hold" in out

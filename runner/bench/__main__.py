@@ -29,7 +29,11 @@ from runner.strategies import baseline, doing, name_of
 
 
 def _ints(text: str) -> list[int]:
-    return [int(v) for v in text.split(",")]
+    """Counts separated by commas (`1,2,4`); anything else refused in argparse's one line, naming the value."""
+    try:
+        return [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a list of counts separated by commas (e.g. 1,2,4)") from None
 
 
 def _names(text: str) -> list[str]:
@@ -38,7 +42,8 @@ def _names(text: str) -> list[str]:
 
 def _setting_options(parser: argparse.ArgumentParser, models: list[str], test_limit: int | None) -> None:
     """The options of `grid`, `strategies` and `floors` that make each model's jobs.Setting (jobs.setting_for)."""
-    parser.add_argument("--models", "--model", dest="models", type=_names, default=models)
+    parser.add_argument("--models", "--model", dest="models", type=_names, default=models,
+                        help=f"models (default: {','.join(models)})")
     parser.add_argument("--steps", type=positive, default=None, help="steps per job (default: per model/variant)")
     parser.add_argument("--steps-per-call", type=positive, default=None,
                         help="steps per compiled call (default: per model)")
@@ -54,10 +59,14 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
              "strategies": "data-parallel strategies x pipelines vs single device and Keras fit, one model"}
     g = sub.add_parser(name, help=helps[name])
     _setting_options(g, list(GRID_MODELS) if full else ["mlp"], None)
-    g.add_argument("--variants", "--variant", dest="variants", type=_names,
-                   default=["tiny", "default"] if full else ["default"])
-    g.add_argument("--gpus", type=_ints, default=[1, 2, 4, 8] if full else [2, 4])
-    g.add_argument("--strategies", type=_names, default=[*DATA_PARALLEL, baseline()] if full else list(DATA_PARALLEL))
+    variants, gpus = ["tiny", "default"] if full else ["default"], [1, 2, 4, 8] if full else [2, 4]
+    strategies = [*DATA_PARALLEL, baseline()] if full else list(DATA_PARALLEL)
+    g.add_argument("--variants", "--variant", dest="variants", type=_names, default=variants,
+                   help=f"each model's variants to run, where it has them (default: {','.join(variants)})")
+    g.add_argument("--gpus", type=_ints, default=gpus,
+                   help=f"device counts (simulated where the machine has fewer; default: {','.join(map(str, gpus))})")
+    g.add_argument("--strategies", type=_names, default=strategies,
+                   help=f"strategies ({baseline()} on 1 device only; default: {','.join(strategies)})")
     g.add_argument("--repeats", type=positive, default=1,
                    help="run every job this many times, in rounds; rows show the median and the range")
     g.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
@@ -88,17 +97,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="python -m runner.bench", description=runner.bench.__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("pipelines", help="input pipeline alone vs training step, per pipeline x strategy x N")
-    p.add_argument("--gpus", type=_ints, default=[1, 2, 4])
+    p.add_argument("--gpus", type=_ints, default=[1, 2, 4], help="device counts (default: 1,2,4)")
     # tf_cnn_benchmarks' replicated mode both ways: each variable summed on one device, and all-reduced
     replicated = [name_of(doing(f"--variable_update=replicated{n}")) for n in ("", " --all_reduce_spec=nccl")]
-    p.add_argument("--strategies", type=_names, default=replicated)
-    p.add_argument("--model", default="mlp")
-    p.add_argument("--variant", default="default")
-    p.add_argument("--steps", type=positive, default=400)
-    p.add_argument("--steps-per-call", type=positive, default=50)
+    p.add_argument("--strategies", type=_names, default=replicated,
+                   help=f"strategies (default: {','.join(replicated)})")
+    p.add_argument("--model", default="mlp", help="the model (default: %(default)s)")
+    p.add_argument("--variant", default="default", help="its variant (default: %(default)s)")
+    p.add_argument("--steps", type=positive, default=400, help="steps per job (default: %(default)s)")
+    p.add_argument("--steps-per-call", type=positive, default=50,
+                   help="steps per compiled call (default: %(default)s)")
     grids = (p, _grid_parser(sub, "grid", True), _grid_parser(sub, "strategies", False))
     for parsed in grids:
-        parsed.add_argument("--pipelines", type=_names, default=PIPELINES.names())
+        parsed.add_argument("--pipelines", type=_names, default=PIPELINES.names(),
+                            help=f"pipelines (default: {','.join(PIPELINES.names())})")
     fl = sub.add_parser("floors", help="each built-in model's step vs its floor at 1, 2, 4 devices, MFU and Keras fit, "
                                        "in rounds")
     _setting_options(fl, built_in(), 1000)
@@ -107,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="device counts (above 1: the data-parallel extremes, all-reduced and on the host, on "
                          "simulated devices)")
     for parsed in (*grids, fl):
-        parsed.add_argument("--batch", type=positive, default=128)
-        parsed.add_argument("--data", default="mnist", choices=DATASETS.names())
+        parsed.add_argument("--batch", type=positive, default=128, help="global batch (default: %(default)s)")
+        parsed.add_argument("--data", default="mnist", choices=DATASETS.names(), help="the data (default: %(default)s)")
     pr = sub.add_parser("predicted", help="the cost model's predictions beside an experiment's measured runs")
     pr.add_argument("--experiment", default="bench_strategies", help="whose finished runner runs to predict")
     pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
@@ -137,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     st.add_argument("--steps", type=positive, default=None, help="steps per job (default: the group's)")
     st.add_argument("--test-limit", type=positive, default=1000, help="evaluate on the first N test images")
     for parsed in (*grids, fl, pr, pe, st):
-        parsed.add_argument("--tracking-uri", default=None)
+        parsed.add_argument("--tracking-uri", default=None,
+                            help="the MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db here)")
     for parsed in (*grids[1:], fl, pr, pu, pe, st):
         parsed.add_argument("--out", default=None, help="also write the markdown to this file")
     args = parser.parse_args(argv)
