@@ -412,6 +412,41 @@ def test_runs_of_one_model_on_other_data_are_other_work_and_a_regression_says_ma
     assert "time to MAE (s)" in out and "test MAE" in out
 
 
+def test_repeats_are_compared_with_the_median_of_the_baselines_repeats_and_plotted_as_one_point_each(
+        tmp_path, capsys, monkeypatch):
+    """sweep.repeats=2: the table's speedups were over the first-listed 1-device repeat (mirrored x1 read 1.00 and
+    0.82) where the verdict takes medians; the scaling plot joined the repeats in a zigzag, the score plot drew them
+    on one label. Now the median of the baseline's repeats, one point per device count (their range as error bars)
+    and numbered repeats."""
+    from mlflow import MlflowClient
+
+    from runner.report import plots
+
+    drawn = {}
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path: drawn.setdefault(path.name, fig))
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("repeats")
+    for devices, round_, ips in [(1, 0, 1000), (1, 1, 1200), (2, 0, 1500), (2, 1, 1900)]:
+        tags = {"model": "mlp", "pipeline": "split", "strategy": "mirrored", "devices.count": str(devices),
+                "devices.kind": "CPU"}
+        rid = client.create_run(experiment, tags=tags).info.run_id
+        client.log_param(rid, "sweep.round", round_)
+        for key, value in {"images_per_sec": ips, "test_accuracy": 0.9, "test_loss": 0.3}.items():
+            client.log_metric(rid, key, value)
+        client.set_terminated(rid)
+    code, out, err = _report(tmp_path, uri, capsys, "--experiment", "repeats")
+    assert code == 0, err
+    speedups = [line.split(" | ")[8] for line in out.splitlines() if line.startswith("| mlp |")]
+    assert sorted(speedups) == ["0.91", "1.09", "1.36", "1.73"]  # over 1,100 images/s, the 1-device median
+    throughput = drawn["scaling.png"].axes[0]
+    (curve,) = [line for line in throughput.lines if line.get_label() == "mlp mirrored/split"]
+    assert list(curve.get_xdata()) == [1, 2] and list(curve.get_ydata()) == [1100, 1700]
+    assert throughput.get_title() == "Throughput (median, range of repeats)"
+    labels = [t.get_text() for t in drawn["accuracy.png"].axes[0].get_yticklabels()]
+    assert sorted(labels) == [f"mlp mirrored/split x{d} #{i}" for d in (1, 2) for i in (1, 2)]
+
+
 def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():
     """The batch a scaling derives (a strong run's per-device batch) names no setting, even where a weak-scaling sweep
     varies that key; a refused run (no params) has none; a key an older run did not log still tells the others apart."""

@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import math
+import statistics
+from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runner.report import kinds
 from runner.tasks import METRICS
@@ -33,8 +35,32 @@ def _label(row: Any) -> str:
     return f"{row.model} {row.strategy}/{row.pipeline}"
 
 
+def _labels(rows: list[Any]) -> list[str]:
+    """Each row's label with its device count; a combination's repeats numbered (#1, #2) so none hides another."""
+    plain = [f"{_label(r)} x{r.devices}" for r in rows]
+    seen: Counter[str] = Counter()
+    numbered = []
+    for label in plain:
+        seen[label] += 1
+        numbered.append(f"{label} #{seen[label]}" if plain.count(label) > 1 else label)
+    return numbered
+
+
+def _medians(rows: list[Any], figure: Callable[[Any], float]) -> tuple[list[int], list[float], list[list[float]]]:
+    """Per device count of `rows`: the median of `figure` over its repeats, and how far the lowest and the highest
+    lie below and above it (0 and 0 for a single run): one point and its range per count, not a zigzag."""
+    by: dict[int, list[float]] = {}
+    for r in rows:
+        if not math.isnan(figure(r)):
+            by.setdefault(r.devices, []).append(figure(r))
+    xs = sorted(by)
+    ys = [statistics.median(by[n]) for n in xs]
+    return xs, ys, [[y - min(by[n]) for n, y in zip(xs, ys)], [max(by[n]) - y for n, y in zip(xs, ys)]]
+
+
 def scaling(rows: list[Any], path: Path) -> None:
-    """Throughput and speedup against devices, or a bar chart when there is one device count."""
+    """Throughput and speedup against devices (the median of a combination's repeats, their range as error bars),
+    or a bar chart when there is one device count."""
     plt, unit = _pyplot(), kinds.one(rows).unit
     done = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.rate)]
     if len({r.devices for r in done}) < 2:
@@ -43,20 +69,19 @@ def scaling(rows: list[Any], path: Path) -> None:
     groups: dict[str, list[Any]] = {}
     for r in done:
         groups.setdefault(_label(r), []).append(r)
-    counts = sorted({r.devices for r in done})
+    counts, one = sorted({r.devices for r in done}), []
     for label, rs in sorted(groups.items()):
-        rs.sort(key=lambda r: r.devices)
-        xs, ys = [r.devices for r in rs], [r.rate for r in rs]
-        (line,) = left.plot(xs, ys, "o-", label=label)
-        speedups = [(r.devices, r.speedup) for r in rs if not math.isnan(r.speedup)]
-        if speedups:
-            right.plot(*zip(*speedups), "o-", color=line.get_color(), label=label)
-    one = [r.rate for r in done if r.devices == 1]
-    if one:  # ideal: the best 1-device rate times the devices
+        xs, ys, err = _medians(rs, lambda r: r.rate)
+        color = _curve(left, xs, ys, err, label)
+        one += [y for x, y in zip(xs, ys) if x == 1]
+        _curve(right, *_medians(rs, lambda r: r.speedup), label, color)
+    if one:  # ideal: the best 1-device median times the devices
         left.plot(counts, [max(one) * n for n in counts], "k--", alpha=0.6, label="ideal (linear)")
     right.plot(counts, counts, "k--", alpha=0.6, label="ideal (linear)")
-    left.set(xlabel="devices", ylabel=f"{unit}/s", title="Throughput")
-    right.set(xlabel="devices", ylabel="speedup over 1 device", title="Speedup")
+    repeats = " (median, range of repeats)" if len(done) > len({(_label(r), r.devices) for r in done}) else ""
+    shared = "; simulated devices share the host's cores" if any(getattr(r, "simulated", False) for r in done) else ""
+    left.set(xlabel="devices", ylabel=f"{unit}/s", title=f"Throughput{repeats}")
+    right.set(xlabel=f"devices{shared}", ylabel="speedup over 1 device", title=f"Speedup{repeats}")
     for ax in (left, right):
         ax.set_xticks(counts)
         ax.grid(alpha=0.3)
@@ -64,10 +89,20 @@ def scaling(rows: list[Any], path: Path) -> None:
     _save(plt, fig, path)
 
 
+def _curve(ax: Any, xs: list[int], ys: list[float], err: list[list[float]], label: str, color: Any = None) -> Any:
+    """A curve of medians on `ax`, with the range of the repeats as error bars where there are repeats; its colour."""
+    if not xs:
+        return color
+    (line,) = ax.plot(xs, ys, "o-", label=label, color=color)
+    if any(any(e) for e in err):
+        ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=line.get_color(), capsize=3)
+    return line.get_color()
+
+
 def _bars(plt: Any, done: list[Any], unit: str, path: Path) -> None:
     done = sorted(done, key=lambda r: r.rate)
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
-    labels = [f"{_label(r)} x{r.devices}" for r in done]
+    labels = _labels(done)
     bars = ax.barh(labels, [r.rate for r in done], color="tab:blue")
     ax.bar_label(bars, labels=[f"{r.rate:,.0f}" for r in done], padding=3)
     ax.set(xlabel=f"{unit}/s", title="Throughput (one device count: no scaling curve)")
@@ -81,10 +116,10 @@ def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     stars = 0
-    for r in rows:
+    for r, label in zip(rows, _labels(rows)):
         points = sorted(curves.get(r.run_id, []))
         if points:
-            (line,) = ax.plot(*zip(*points), "o-", markersize=3, label=f"{_label(r)} x{r.devices}")
+            (line,) = ax.plot(*zip(*points), "o-", markersize=3, label=label)
             if not math.isnan(r.time_to_target):  # a check on the slice touching the line is not a confirmation
                 ax.plot([r.time_to_target], [r.target], "*", markersize=15, color=line.get_color(),
                         markeredgecolor="k", label="_nolegend_")
@@ -110,7 +145,7 @@ def accuracy(rows: list[Any], path: Path) -> None:
     plt, score = _pyplot(), METRICS[kinds.one(rows).score]
     done = sorted([r for r in rows if r.status == "FINISHED" and not math.isnan(r.score)], key=lambda r: r.score)
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(done) + 1.2)))
-    labels = [f"{_label(r)} x{r.devices}" for r in done]
+    labels = _labels(done)
     values = [r.score for r in done]
     ax.plot(values, labels, "o", color="tab:green", markersize=8)
     for value, label in zip(values, labels):

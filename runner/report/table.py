@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -245,12 +246,14 @@ def _ago(seconds: float) -> str:
     return f"{whole // 3600} h" if whole < 2 * 86400 else f"{whole // 86400} days"
 
 
-def _baseline(row: Row, finished: list[Row]) -> Row | None:
+def _baseline(row: Row, finished: list[Row]) -> float:
+    """The rate `row`'s speedup is over: the median of its combination's 1-device runs (their repeats, as the
+    verdict takes them), else of the baseline strategy's; NaN where there are none."""
     key = (row.model, row.pipeline, row.strategy, row.scaling, 1)
-    same = [r for r in finished if (r.model, r.pipeline, r.strategy, r.scaling, r.devices) == key]
+    same = [r.rate for r in finished if (r.model, r.pipeline, r.strategy, r.scaling, r.devices) == key]
     reference = (row.model, baseline(), row.scaling, 1)  # the strategy every other is compared with
-    single = [r for r in finished if (r.model, r.strategy, r.scaling, r.devices) == reference]
-    return (same or single or [None])[0]
+    single = [r.rate for r in finished if (r.model, r.strategy, r.scaling, r.devices) == reference]
+    return statistics.median(same or single) if same or single else math.nan
 
 
 def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Tolerance()) -> list[Row]:
@@ -260,8 +263,8 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
     for row in rows:
         peers = [r for r in finished if r.unit == row.unit]  # a model's runs of another unit are other work
         base = _baseline(row, peers)
-        if base is not None and row.status == "FINISHED" and row.devices:
-            row.speedup = row.rate / base.rate
+        if not math.isnan(base) and row.status == "FINISHED" and row.devices:
+            row.speedup = row.rate / base
             row.efficiency = row.speedup / row.devices
         reference = verdict.reference_for(row, [r for r in peers if r.model == row.model])
         if reference is not None and row.status == "FINISHED":
