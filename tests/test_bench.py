@@ -378,7 +378,7 @@ def test_floors_benchmark_runs_each_model_and_keras_in_rounds(tmp_path):
     assert "every step >= its floor (median step / floor >= 1.0): " in out.read_text()  # the one-device job judged
     assert "- n/a floors at x2: not measured: on 2 simulated CPU devices" in out.read_text()
     assert float(row["runner / keras (per round)"]) > 0 and float(row["MFU"].rstrip("%")) > 0
-    assert "MFU <= 100% in every run: 1 of 1 hold" in out.read_text()
+    assert "MFU <= 100% in every one-device runner run: 1 of 1 hold" in out.read_text()
 
 
 @pytest.mark.slow  # a bench and its job, started and stopped (~40 s)
