@@ -358,8 +358,8 @@ def test_floors_rows_take_medians_over_rounds_and_judge_each_model():
     assert above_floor([("x1", [1.02, 0.97, 1.1])]).startswith("- PASS")
     del runs[1]["mfu"]  # left out by the run (above 1 even after a re-probe): not shown to hold
     _, figures = _row(setting, runs, fits)
-    assert targets([(setting, figures)])[-1] == "- FAIL MFU <= 100% in every one-device runner run: 2 of 3 hold; highest 52.0% " \
-        "(mlp/default); 1 failed"
+    assert targets([(setting, figures)])[-1] == ("- FAIL MFU <= 100% in every one-device runner run: 2 of 3 hold; "
+                                                 "highest 52.0% (mlp/default); 1 failed")
 
 
 @pytest.mark.long

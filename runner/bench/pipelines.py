@@ -22,8 +22,8 @@ def _cells(m: dict) -> list[str]:
 
 def pipelines(args: argparse.Namespace) -> int:
     """The pipeline table: input-alone vs training-step batches/s for every pipeline x strategy x N."""
-    print(f"# pipeline benchmark: model={args.model} variant={args.variant} steps={args.steps} global batch={args.batch}"
-          f", {time.ctime()}")
+    print(f"# pipeline benchmark: model={args.model} variant={args.variant} steps={args.steps} "
+          f"global batch={args.batch}, {time.ctime()}")
     print("\n".join(markdown(["pipeline", "strategy", "devices", "pipeline alone (batches/s)",
                               "training step (batches/s)", "ratio", "input-bound", "images/s"])))
     failed = 0
