@@ -210,14 +210,16 @@ def test_the_ui_view_shows_each_runs_own_rate_score_and_time_to_its_target(store
 
 def test_an_experiment_with_the_old_view_gets_a_runs_own_columns_and_keeps_its_own(store):
     """An experiment whose view an older runner saved (images/s, accuracy, time to accuracy) gains a language
-    model's columns when one of its runs starts; one without a target gets no time column."""
+    model's columns when one of its runs starts (its validation loss, which its last line leads with, even without
+    a target: was left out); one without a target gets no time column."""
+    from runner.tasks import TASKS
     from runner.tracking import ui
     from runner.tracking.store import ensure_experiment
 
     old = ("metrics.`images_per_sec`", "metrics.`test_accuracy`", "metrics.`time_to_accuracy_seconds`")
     experiment = mlflow.MlflowClient(store).create_experiment("old", tags={ui.VIEW_TAG: ui.view_tag_value(old)})
-    assert ensure_experiment(store, "old", ui.figures("tokens", "accuracy", None)) == experiment
-    assert _view(store, "old") == [*old, "metrics.`tokens_per_sec`", *TAGS]
+    assert ensure_experiment(store, "old", ui.figures("tokens", TASKS["next_token"], None)) == experiment
+    assert _view(store, "old") == [*old, "metrics.`tokens_per_sec`", "metrics.`test_loss`", *TAGS]
 
 
 def test_a_sweeps_view_shows_the_keys_it_varies_besides_its_combinations(store, tmp_path):

@@ -230,7 +230,7 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
     opening = Opening(
         uri, cfg.mlflow.experiment,
         # the runs view gets this run's own figures (its data's unit and score, the metric of its target)
-        list(ui.figures(plan.spec.unit, plan.spec.task.score.name, target.metric if target else None)),
+        list(ui.figures(plan.spec.unit, plan.spec.task, target.metric if target else None)),
         {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}, plan.config_hash, flatten(cfg),
         redact(OmegaConf.to_yaml(cfg, resolve=True)), str(folder.path) if folder else None,
         cfg.mlflow.system_metrics_interval, cfg.mlflow.final_wait)

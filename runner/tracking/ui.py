@@ -31,14 +31,15 @@ DESCRIPTION = (
 )
 
 
-def figures(unit: str, score: str, target: str | None) -> tuple[str, ...]:
-    """The view's columns for a run's own figures: its rate (`<unit>_per_sec`: images, tokens or examples), its test
-    score (its task's: `accuracy`, a click model's `auc`), the test figure it is timed to where that is another (a
-    language model's `loss`) and its time to that target (none without a target)."""
-    keys = [f"{unit}_per_sec", f"test_{score}"]
-    if target:
-        keys += [*([f"test_{target}"] if target != score else []), f"time_to_{target}_seconds"]
-    return tuple(f"metrics.`{key}`" for key in keys)
+def figures(unit: str, task: Any, target: str | None) -> tuple[str, ...]:
+    """The view's columns for a run's own figures: its rate (`<unit>_per_sec`: images, tokens or examples), its
+    task's score (`accuracy`, a click model's `auc`) and the test figure its last line leads with (`Task.headline`:
+    a language model's validation loss), the test figure it is timed to where that is another, and its time to
+    that target (none without a target)."""
+    led = [task.headline[0][0]] if task.headline else []
+    tests = [task.score.name, *led, *([target] if target else [])]
+    keys = [f"{unit}_per_sec", *dict.fromkeys(f"test_{name}" for name in tests)]
+    return tuple(f"metrics.`{key}`" for key in [*keys, *([f"time_to_{target}_seconds"] if target else [])])
 
 
 def view_tag_value(columns: tuple[str, ...] = ()) -> str:
