@@ -447,6 +447,25 @@ def test_repeats_are_compared_with_the_median_of_the_baselines_repeats_and_plott
     assert sorted(labels) == [f"mlp mirrored/split x{d} #{i}" for d in (1, 2) for i in (1, 2)]
 
 
+def test_a_setting_is_named_as_an_override_spells_it(tmp_path, capsys):
+    """MLflow holds Python's `False`; the report named the setting `train.reuse_freed_memory=False`, which the bench's
+    table and the config spell `false`."""
+    from mlflow import MlflowClient
+
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("spelling")
+    for value in (True, False, None):
+        rid = client.create_run(experiment, tags={"model": "mlp", "pipeline": "split", "strategy": "single",
+                                                  "devices.count": "1", "devices.kind": "CPU"}).info.run_id
+        client.log_param(rid, "train.reuse_freed_memory", value)
+        client.log_metric(rid, "images_per_sec", 1000)
+        client.set_terminated(rid)
+    code, out, err = _report(tmp_path, uri, capsys, "--experiment", "spelling")
+    assert code == 0 and "=False" not in out and "=None" not in out, out
+    assert {f"| mlp train.reuse_freed_memory={v} |" in out for v in ("true", "false", "null")} == {True}
+
+
 def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():
     """The batch a scaling derives (a strong run's per-device batch) names no setting, even where a weak-scaling sweep
     varies that key; a refused run (no params) has none; a key an older run did not log still tells the others apart."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import typing
 
@@ -161,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(explain(e))  # in the runner's own words (`python -m runner model.nosuch=1`)
     except (KeyboardInterrupt, signals.Terminated) as e:
         print(f"python -m runner.bench: stopped ({e or 'Ctrl-C'})", file=sys.stderr)
-        return signals.EXIT_CODES[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM]
+        return signals.exit_code(e)
 
 
 def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 REUSED = "sweep.reused."  # a sweep parent's tag per job sweep.resume skipped: `sweep.reused.<run id>` = its overrides
 COMBINATION = ("strategy.", "pipeline.", "gpus")  # the params that differ between a model's combinations
+CONFIG_SPELLING = {"True": "true", "False": "false", "None": "null"}  # a logged param as an override spells it
 
 
 class ReportError(Exception):
@@ -154,7 +155,8 @@ def fetch(client: Any, selection: Selection, filter_string: str,
         raise ReportError(f"--filter {filter_string!r}: {e.message} (MLflow's search syntax)") from None
     runs = [r for r in runs if r.data.tags.get("sweep") != "parent"]
     rows = [row_of(r, _dead(client, r)) for r in runs]
-    for row, setting in zip(rows, settings([r.data.params for r in runs], rows)):
+    params = [{k: CONFIG_SPELLING.get(v, v) for k, v in r.data.params.items()} for r in runs]
+    for row, setting in zip(rows, settings(params, rows)):
         row.model += f" {setting}" if setting else ""  # another setting is other work: its own verdict and speedups
     return add_speedups(rows, tolerance)
 

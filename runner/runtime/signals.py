@@ -20,7 +20,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-EXIT_CODES = {signum: 128 + signum for signum in HANDLED}  # the shell's: 130, 143, 129
 
 
 class Terminated(BaseException):
@@ -34,7 +33,7 @@ class Terminated(BaseException):
 
 def exit_code(stop: BaseException) -> int:
     """The shell's exit status for a process stopped by `stop` (KeyboardInterrupt or Terminated): 128 + signal."""
-    return EXIT_CODES[stop.signum if isinstance(stop, Terminated) else signal.SIGINT]
+    return 128 + (stop.signum if isinstance(stop, Terminated) else signal.SIGINT)
 
 
 _deferring = False  # inside the training loop: note the signal, stop at the call boundary
