@@ -30,7 +30,7 @@ from runner.train import Elapsed, Hook, crossed
 
 log = logging.getLogger(__name__)
 logging.getLogger("absl").setLevel(logging.WARNING)  # the checkpoint writer logs an INFO line per save
-RUN_FILE = "run.json"  # beside the checkpoints: which MLflow run wrote them, at which step
+RUN_FILE = "run.json"  # beside the checkpoints: which MLflow run wrote them, at which step, on which data
 WRITER_FILE = "writer.json"  # beside them: the MLflow run that writes the folder now and its process (`claim`)
 LOCK_FILE = ".claim.lock"  # held while a start reads and takes the folder, so two at once cannot both take it
 
@@ -96,11 +96,12 @@ class Checkpointer(Hook):
     """Saves and restores one run's training state (the strategy's `objects`) in `directory`; as a training-loop
     hook, every `every` steps but not after the last call. `run_id` is recorded beside the checkpoints (a resumed
     run links to it). On a multi-worker job only the chief is the `writer`; the others save to `scratch` and delete
-    it (saving mirrored variables is a collective step)."""
+    it (saving mirrored variables is a collective step). `data`: the digest of the training examples (the MLflow
+    dataset record's), saved beside them: a resume on other data is refused."""
 
     def __init__(self, directory: Path, every: int, objects: dict[str, Any], run_id: str | None, writer: bool = True,
-                 scratch: Path | None = None):
-        self.directory, self.every, self.run_id, self.writer = directory, every, run_id, writer
+                 scratch: Path | None = None, data: str = ""):
+        self.directory, self.every, self.run_id, self.writer, self.data = directory, every, run_id, writer, data
         self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="checkpoint_step")
         self.timing = {  # the run's `Elapsed` as of the step (`save`, `_restore`)
             "elapsed_seconds": tf.Variable(0.0, dtype=tf.float64, trainable=False, name="elapsed_seconds"),
@@ -119,6 +120,13 @@ class Checkpointer(Hook):
         is read whole first, so a damaged one is reported and skipped without touching the variables."""
         state = tf.train.get_checkpoint_state(str(self.directory))  # every worker reads the chief's folder
         candidates = list(reversed(state.all_model_checkpoint_paths)) if state else []
+        written_on = _read_json(self.directory / RUN_FILE).get("data", self.data)  # an older runner's: unknown
+        if candidates and written_on != self.data:
+            raise CheckpointError(
+                f"the checkpoints in {self.directory} were written training on other data (its digest {written_on}, "
+                f"this data's {self.data}): the data changed since they were saved; remove that folder to train from "
+                "step 0 on this data, or train on the data they were written with"
+            )
         for path in candidates:
             damage = unreadable(path)
             if damage:
@@ -177,7 +185,7 @@ class Checkpointer(Hook):
                 "space there or set train.checkpoint_dir elsewhere (train.checkpoint_every=0: no checkpoints)"
             ) from None
         if self.writer:
-            write_json(self.directory / RUN_FILE, {"run_id": self.run_id, "step": step})
+            write_json(self.directory / RUN_FILE, {"run_id": self.run_id, "step": step, "data": self.data})
             log.info("checkpoint at step %d: %s", step, path)
         else:
             shutil.rmtree(self.manager.directory, ignore_errors=True)

@@ -198,7 +198,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         log.warning("train.lr_warmup_steps=%d is not shorter than the run's %d steps: the learning rate never reaches "
                     "train.learning_rate", plan.train.lr_warmup_steps, steps)
     _warn_dense_tables(plan)
-    checkpointer, start = _resume(plan, strategy, run)
+    checkpointer, start = _resume(plan, strategy, data, run)
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
                               target_of(plan.train), plan.train.eval_every, train.check_cadence(plan.train, steps))
     around = _around(plan, checkpointer, strategy, run)
@@ -251,16 +251,16 @@ def _warn_dense_tables(plan: Plan) -> None:
                     "train.optimizer=adam train.table_optimizer=sgd", key, name, plan.model.name)
 
 
-def _resume(plan: Plan, strategy: Any, run: tracking.Recorder) -> tuple[Any, int]:
+def _resume(plan: Plan, strategy: Any, data: Data, run: tracking.Recorder) -> tuple[Any, int]:
     """The run's checkpointer (None: train.checkpoint_every=0) and the step to start from: > 0 when a killed run of
-    this config left checkpoints, whose metric history the new run continues."""
+    this config left checkpoints (on the same `data`), whose metric history the new run continues."""
     if not plan.train.checkpoint_every:
         return None, 0
     spec = plan.cluster
     folder = checkpoints.directory(plan.train.checkpoint_dir, plan.config_hash)
     scratch = folder.with_name(f"{folder.name}.{spec.name}") if spec else None
     checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
-                                            run.run_id, spec is None or spec.is_chief, scratch)
+                                            run.run_id, spec is None or spec.is_chief, scratch, data.digest("train"))
     start, previous = checkpointer.restore()
     strategy.check_same_start(start)
     if start:

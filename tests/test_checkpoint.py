@@ -186,3 +186,17 @@ def test_a_json_file_beside_the_checkpoints_is_never_seen_half_written(tmp_path)
     reader.join()
     assert len(seen) > 100 and all(json.loads(text)["step"] >= 0 for text in seen)
     assert json.loads(path.read_text())["step"] == 2999 and [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_checkpoints_of_other_training_data_are_refused_and_of_an_older_runner_resumed(tmp_path):
+    import tensorflow as tf
+
+    from runner.checkpoints import RUN_FILE, CheckpointError, Checkpointer
+
+    weights = tf.Variable(1.0)
+    Checkpointer(tmp_path, 10, {"w": weights}, "r1", data="aaaa").save(10)
+    with pytest.raises(CheckpointError, match="other data .its digest aaaa, this data's bbbb"):
+        Checkpointer(tmp_path, 10, {"w": weights}, "r2", data="bbbb").restore()
+    assert Checkpointer(tmp_path, 10, {"w": weights}, "r2", data="aaaa").restore() == (10, "r1")
+    (tmp_path / RUN_FILE).write_text('{"run_id": "r1", "step": 10}')  # an older runner's: the data unknown
+    assert Checkpointer(tmp_path, 10, {"w": weights}, "r2", data="bbbb").restore() == (10, "r1")
