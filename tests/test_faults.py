@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 
 import conftest
 import pytest
-from conftest import cli_env, run_cli
+from conftest import cli_env
 
 from runner.train import call_size
 
@@ -354,7 +354,7 @@ def test_a_resume_on_data_changed_since_the_checkpoint_is_one_line_and_keeps_it(
     assert run.communicate(timeout=120) and run.returncode == 143
     (saved,) = (tmp_path / "checkpoints").glob("*/ckpt-*.index")
     np.save(data / "y_train.npy", 3 * np.load(data / "y_train.npy") + 5)
-    again = run_cli(*args, cwd=tmp_path, store=False)
+    again = run_cli(*args, cwd=tmp_path)
     (line,) = errors(again.stderr)
     assert again.returncode == 2 and "were written training on other data" in line and "remove that folder" in line
     assert saved.exists()  # nothing lost: the data put back resumes from it
