@@ -281,9 +281,12 @@ def allowed(key: str) -> str | None:
     return f"one of: {', '.join(map(str, choices))}" if choices and all(isinstance(c, str) for c in choices) else None
 
 
-# What changes nothing a run computes: where it is logged, swept and predicted, where and how often it saves; as
-# prefixes of dotted keys (a group's, with its dot: every key in it), one or two levels deep
-UNCOMPUTED = ("mlflow.", "sweep.", "hardware.", "train.checkpoint_every", "train.checkpoint_dir")
+# What changes nothing a run computes: where it is logged, swept and predicted, where and how often it saves, which
+# worker of its cluster a process is and where the workers are (every worker of a job finds the chief's checkpoints,
+# and a requeued job on other nodes resumes); as prefixes of dotted keys (a group's, with its dot: every key in it),
+# one or two levels deep
+UNCOMPUTED = ("mlflow.", "sweep.", "hardware.", "train.checkpoint_every", "train.checkpoint_dir", "strategy.workers",
+              "strategy.task_index")
 # What repeats of the same work may differ in: the seed, a worker's place in its cluster
 REPEATS = ("train.seed", "strategy.workers", "strategy.task_index")
 

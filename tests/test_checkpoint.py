@@ -99,6 +99,11 @@ def test_checkpoint_settings_do_not_change_the_config_hash():
     base = compose("debug=smoke")
     assert config_hash(base) == config_hash(compose("debug=smoke", "train.checkpoint_every=7"))
     assert config_hash(base) != config_hash(compose("debug=smoke", "train.seed=1"))
+    # a multi-worker job's workers, and the job requeued on other nodes: one config, one checkpoint folder (worker 1
+    # looked for the chief's checkpoints in a folder of its own, and the job never resumed)
+    workers = [compose("debug=smoke", "strategy=multi_worker", f"strategy.workers=[{a}:2222,{b}:2223]",
+                       f"strategy.task_index={i}") for a, b in (("localhost", "localhost"), ("n7", "n8")) for i in (0, 1)]
+    assert len({config_hash(cfg) for cfg in workers}) == 1
 
 
 FLOAT16_OVERFLOWING = ("train.precision=mixed_float16", "train.loss_scale=1e9", "train.loss_scale_period=3")
