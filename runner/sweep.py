@@ -30,7 +30,6 @@ from omegaconf import DictConfig
 from runner import tracking
 from runner.errors import UserError, one_line
 from runner.report import kinds
-from runner.runtime import signals
 from runner.tasks import METRICS
 from runner.tracking.redact import redact
 
@@ -157,13 +156,14 @@ def _not_chosen(sweep_dir: str, overrides: list[str]) -> str | None:
 
 def _run_child(command: list[str], env: dict) -> tuple[int, str, str]:
     """Run a job process to the end: (exit status, stdout, stderr). On Ctrl-C the child, in the same process group,
-    got the interrupt too; SIGTERM (sent to this process alone) is passed on to it. Either way the child gets time to
-    save a checkpoint and close its MLflow run as KILLED (killed at once, it would leave the run RUNNING)."""
+    got the interrupt too; anything else that ends this process's wait (SIGTERM sent to it alone, the SystemExit of
+    submitit's timeout handler) is passed on to the child as SIGTERM. Either way the child gets time to save a
+    checkpoint and close its MLflow run as KILLED (killed at once, or left alone, it would leave the run RUNNING)."""
     with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as child:
         try:
             stdout, stderr = child.communicate()
-        except (KeyboardInterrupt, signals.Terminated) as e:
-            if isinstance(e, signals.Terminated):
+        except BaseException as e:
+            if not isinstance(e, KeyboardInterrupt):
                 child.terminate()
             try:
                 child.communicate(timeout=60)

@@ -321,16 +321,20 @@ def test_sigterm_ends_the_run_killed_with_a_checkpoint_that_the_next_start_resum
     assert resumed[0].data.tags["resumed_from_step"] == str(step)
 
 
-def test_sighup_of_a_closed_terminal_ends_the_run_killed_with_its_checkpoint(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR2], ids=["SIGHUP", "SIGUSR2"])
+def test_sighup_of_a_closed_terminal_or_slurms_usr2_ends_the_run_killed_with_its_checkpoint(tmp_path, signum):
+    """SIGHUP (a closed terminal) left the run RUNNING; SIGUSR2 (submitit's `--signal=USR2@120` before the time
+    limit) killed it outright: no checkpoint of the step reached, the run RUNNING."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = start_cli(*LONG, "train.steps=60000", "train.checkpoint_every=100000", cwd=tmp_path)
     wait_for("the first points", lambda: points(uri) >= 5)
-    run.send_signal(signal.SIGHUP)
+    run.send_signal(signum)
     out, err = run.communicate(timeout=120)
-    assert run.returncode == 129, err[-3000:]  # the shell's code: 128 + SIGHUP
-    assert errors(err) == [] and "terminated (stopped by SIGHUP)" in err
+    assert run.returncode == 128 + signum, err[-3000:]  # the shell's code
+    name = signal.Signals(signum).name
+    assert errors(err) == [] and f"terminated (stopped by {name})" in err
     killed = only_run(uri)
-    assert killed.info.status == "KILLED" and "SIGHUP" in killed.data.tags["error"]
+    assert killed.info.status == "KILLED" and name in killed.data.tags["error"]
     assert list((tmp_path / "checkpoints").glob("*/ckpt-*.index"))  # the step reached, for a start again
 
 

@@ -293,3 +293,25 @@ def test_only_top_runs_the_predicted_fastest_and_lists_the_rest(tmp_path):
     assert len(children) == 1 and children.iloc[0]["status"] == "FINISHED"
     assert children.iloc[0]["metrics.predicted_images_per_sec"] > 0
     assert "| predicted images/s |" in proc.stderr  # the sweep's table shows it beside the measured rate
+
+
+def test_a_job_function_stopped_by_anything_stops_its_child(tmp_path):
+    """submitit's timeout handler ends the job function with SystemExit: the `python -m runner` child was left
+    running on its own (its parent pid 1), its run RUNNING after the sweep ended. Whatever ends the wait, the child
+    gets SIGTERM (time to checkpoint and close its run KILLED)."""
+    from runner.sweep import _run_child
+
+    pid_file, ran_on = tmp_path / "pid", tmp_path / "ran on"
+    child = (f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(20); "
+             f"open({str(ran_on)!r}, 'w')")
+    before = signal.signal(signal.SIGALRM, lambda *_: sys.exit(1))  # as submitit's handler of SIGUSR2 does
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 3)
+        with pytest.raises(SystemExit):
+            _run_child([sys.executable, "-c", child], dict(os.environ))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(int(pid_file.read_text()), 0)
+    assert not ran_on.exists()  # stopped by the signal, not waited for to its end

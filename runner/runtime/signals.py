@@ -1,11 +1,12 @@
-"""Stopping a run on request: Ctrl-C (SIGINT), SIGTERM (what `timeout`, docker, Kubernetes and SLURM send) and
-SIGHUP (the terminal or SSH session closed; left alone when ignored, as under `nohup`).
+"""Stopping a run on request: Ctrl-C (SIGINT), SIGTERM (what `timeout`, docker, Kubernetes and SLURM send), SIGUSR2
+(what submitit asks SLURM to send before a job's time limit: `--signal=USR2@120`) and SIGHUP (the terminal or SSH
+session closed; left alone when ignored, as under `nohup`).
 
 Outside the training loop a signal stops the run at once: SIGINT as Python's KeyboardInterrupt, the others as
 `Terminated`. Inside it, the signal is noted and the loop stops at the end of the compiled call that is running
 (at most `train.steps_per_call` steps later), after its hooks have saved a checkpoint of the step reached, so a
 preempted job that is started again resumes from there. Either way the MLflow run ends KILLED; the process exits
-with 128 + the signal's number (130, 143, 129), the shell's codes.
+with 128 + the signal's number (130, 143, 140, 129), the shell's codes.
 
 Every signal stays noted until it is acted on (`acted`): raised inside a `__del__` (TensorFlow frees functions in
 them), Python prints the exception and drops it, and the run would go on; the loop's next call boundary and the
@@ -19,11 +20,11 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP)
 
 
 class Terminated(BaseException):
-    """The process got SIGTERM or SIGHUP. A BaseException, as KeyboardInterrupt: no `except Exception` handles it as
+    """The process got SIGTERM, SIGUSR2 or SIGHUP. A BaseException, as KeyboardInterrupt: no `except Exception` handles it as
     an error."""
 
     def __init__(self, signum: int = signal.SIGTERM):
