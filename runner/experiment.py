@@ -219,7 +219,8 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
         checkpointer.finished()
     result["wall_seconds"] = time.perf_counter() - started
     # may re-probe the peak: before `hardware` is logged
-    result.update(_utilisation(result, hardware, devices, plan.train.precision, run, plan.spec))
+    result.update(_utilisation(result, hardware, devices, plan.train.precision, run, plan.spec,
+                               plan.cluster.hosts if plan.cluster else 1))
     result.update(hardware)  # summary figures, logged once at the final step with the others
     digest = weights_digest(strategy.weights())
     log.info("final weights sha256 %s", digest)
@@ -422,8 +423,9 @@ def _mfu_basis(devices: Devices, precision: str) -> str:
 
 
 def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str, run: tracking.Recorder,
-                 spec: Spec) -> dict:
-    """Achieved GFLOP/s and MFU (simulated devices share one processor: against one peak). A run above the peak
+                 spec: Spec, hosts: int = 1) -> dict:
+    """Achieved GFLOP/s and MFU (simulated devices share one processor: against one peak; a cluster's workers on
+    `hosts` machines: against each machine's, the global rate being theirs together). A run above the peak
     probes it again (`hardware["peak_gflops"]` updated); still above, MFU is left out and the `mfu.missing` tag says
     why, rather than logging a ratio above 1."""
     if spec.rate_key not in result or "flops_per_example" not in hardware:
@@ -431,7 +433,7 @@ def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str,
     examples = result[spec.rate_key] / spec.units_per_example  # per second
     achieved = examples * hardware["flops_per_example"] / 1e9
     out = {"achieved_gflops": achieved}
-    physical = 1 if devices.simulated or devices.kind == "CPU" else devices.count
+    physical = (1 if devices.simulated or devices.kind == "CPU" else devices.count) * hosts
     if "peak_gflops" in hardware and achieved > hardware["peak_gflops"] * physical:
         log.warning("achieved %.0f GFLOP/s, above the peak of %.0f: the peak was measured low", achieved,
                     hardware["peak_gflops"] * physical)

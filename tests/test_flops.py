@@ -310,6 +310,25 @@ def test_a_run_that_beats_the_peak_has_it_probed_again(monkeypatch):
     assert "mfu" not in out and hardware["peak_gflops"] == 80.0 and "Winograd" in tags["mfu.missing"]
 
 
+def test_a_clusters_mfu_is_against_the_peaks_of_all_its_machines():
+    """A 2-worker job on two machines: the global rate over one machine's peak read an MFU twice too high; workers on
+    one host (localhost) share its peak."""
+    from runner import experiment
+    from runner.runtime.cluster import Cluster
+    from runner.runtime.devices import Devices
+
+    devices = Devices(("/device:GPU:0", "/device:GPU:1"), "GPU", False, "2 GPU")
+    recorder = type("R", (), {"tags": lambda self, t: None})()
+    result, hardware = {"images_per_sec": 10_000.0}, {"flops_per_example": 1e7, "peak_gflops": 100.0}  # 100 GFLOP/s
+    apart = Cluster({"worker": ["n7:2222", "n8:2222"]}, "worker", 0)
+    together = Cluster({"worker": ["localhost:2222", "localhost:2223"]}, "worker", 0)
+    assert (apart.hosts, together.hosts) == (2, 1)
+    out = experiment._utilisation(result, dict(hardware), devices, "float32", recorder, MNIST, apart.hosts)
+    assert out["mfu"] == pytest.approx(0.25)  # of 2 machines x 2 GPUs x 100 GFLOP/s
+    out = experiment._utilisation(result, dict(hardware), devices, "float32", recorder, MNIST, together.hosts)
+    assert out["mfu"] == pytest.approx(0.5)
+
+
 def test_a_mixed_precision_runs_peak_is_its_compute_dtypes_where_native(monkeypatch):
     """MFU of a bfloat16 run against the bfloat16 peak where the CPU has it natively, else against float32's."""
     from runner import experiment

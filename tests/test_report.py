@@ -466,6 +466,25 @@ def test_a_setting_is_named_as_an_override_spells_it(tmp_path, capsys):
     assert {f"| mlp train.reuse_freed_memory={v} |" in out for v in ("true", "false", "null")} == {True}
 
 
+def test_a_clusters_run_counts_every_workers_devices(tmp_path, capsys):
+    """A 2-worker job (one CPU each) read as `1 CPU`, speedup 1.00 and "the 1-device run" beside single x1."""
+    from mlflow import MlflowClient
+
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("cluster")
+    for strategy, workers, ips in (("single", "1", 1000), ("multi_worker", "2", 1600)):
+        rid = client.create_run(experiment, tags={"model": "mlp", "pipeline": "split", "strategy": strategy,
+                                                  "devices.count": "1", "devices.workers": workers,
+                                                  "devices.kind": "CPU"}).info.run_id
+        client.log_metric(rid, "images_per_sec", ips)
+        client.set_terminated(rid)
+    code, out, err = _report(tmp_path, uri, capsys, "--experiment", "cluster")
+    assert code == 0, err
+    assert "| mlp | split | multi_worker | 2 CPU | strong | 1,600 | - | - | 1.60 | 0.80 |" in out
+    assert "fastest multi_worker/split x2" in out
+
+
 def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():
     """The batch a scaling derives (a strong run's per-device batch) names no setting, even where a weak-scaling sweep
     varies that key; a refused run (no params) has none; a key an older run did not log still tells the others apart."""

@@ -67,7 +67,8 @@ def row_of(run: Any, status: str | None = None) -> Row:
     return Row(
         run_id=run.info.run_id, model=f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
         pipeline=tags.get("pipeline", "?"), strategy=tags.get("strategy", "?"),
-        devices=int(tags.get("devices.count", 0)), kind=tags.get("devices.kind", "?"),
+        devices=int(tags.get("devices.count", 0)) * int(tags.get("devices.workers", 1)),  # a cluster's: all of them
+        kind=tags.get("devices.kind", "?"),
         simulated=tags.get("devices.simulated") == "true", rate=m.get(f"{unit}_per_sec", math.nan),
         stderr=m.get(f"{unit}_per_sec_stderr", math.nan), score=m.get(f"test_{score}", math.nan),
         wall_seconds=m.get("wall_seconds", math.nan), status=status or run.info.status,

@@ -48,6 +48,11 @@ class Cluster:
     def name(self) -> str:
         return f"{self.task_type}{self.task_index}"
 
+    @property
+    def hosts(self) -> int:
+        """Machines its training tasks are on (their addresses' host parts): each with its own processors."""
+        return len({address.rsplit(":", 1)[0] for t in TASK_TYPES for address in self.tasks.get(t, [])})
+
     def tf_config(self) -> str:
         return json.dumps({"cluster": self.tasks, "task": {"type": self.task_type, "index": self.task_index}})
 
