@@ -195,6 +195,22 @@ def summary_lines(outcomes: list[dict]) -> list[str]:
     return lines
 
 
+def _close_dead_jobs(client: Any, parent: str, wait: float = 10.0) -> None:
+    """Close KILLED the parent's jobs left RUNNING by processes gone from this host: joblib's launcher, interrupted,
+    SIGKILLs its workers and their `python -m runner` children, which cannot close their runs. A job's process still
+    alive here (closing its own run after the same Ctrl-C) is given `wait` seconds; one of another host is left."""
+    experiment = client.get_run(parent).info.experiment_id
+    deadline = time.monotonic() + wait
+    while True:
+        running = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{parent}' and "
+                                                    "attributes.status = 'RUNNING'")
+        alive = [r for r in running if not tracking.close_dead(client, r, "the job's process", "its run")
+                 and tracking.process_alive(r.data.tags)]
+        if not alive or time.monotonic() > deadline:
+            return
+        time.sleep(0.5)
+
+
 class SweepAborted(BaseException):
     """The sweep's start or end failed. Not an Exception: Hydra turns a callback's Exception into a warning and goes
     on (jobs without their parent run, a parent left RUNNING); this reaches the command line, which closes the parent
@@ -372,14 +388,17 @@ def parent_figures(jobs: list[Any]) -> dict[str, float]:
 
 
 def close_open_parent(status: str) -> None:
-    """End a sweep's parent run that an interruption (Ctrl-C) or a crash left open, so it does not stay RUNNING; a
-    store that cannot be written then is said in a warning (the failure being reported matters more)."""
+    """End a sweep's parent run that an interruption (Ctrl-C) or a crash left open, so it does not stay RUNNING, and
+    its jobs' runs whose processes died (`_close_dead_jobs`); a store that cannot be written then is said in a
+    warning (the failure being reported matters more)."""
     if _open_parent:
         from mlflow.tracking import MlflowClient
 
         try:
             with tracking.whole_write():
-                MlflowClient(_open_parent["uri"]).set_terminated(_open_parent["run_id"], status)
+                client = MlflowClient(_open_parent["uri"])
+                _close_dead_jobs(client, _open_parent["run_id"])
+                client.set_terminated(_open_parent["run_id"], status)
         except Exception as e:  # noqa: BLE001 - called while another failure is being reported
             log.warning("the sweep's parent run %s could not be closed: %s", _open_parent["run_id"], redact(str(e)))
         _open_parent.clear()

@@ -315,3 +315,22 @@ def test_a_job_function_stopped_by_anything_stops_its_child(tmp_path):
     with pytest.raises(ProcessLookupError):  # stopped and reaped
         os.kill(int(pid_file.read_text()), 0)
     assert not ran_on.exists()  # stopped by the signal, not waited for to its end
+
+
+def test_ctrl_c_on_joblibs_launcher_leaves_no_job_running(tmp_path):
+    """joblib's launcher, interrupted, SIGKILLs its workers and their `python -m runner` children (loky's
+    kill_process_tree): the two training jobs' runs stayed RUNNING under a KILLED parent. The sweep now closes the
+    jobs whose processes are gone."""
+    proc = start_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "debug=smoke", "train.steps=100000",
+                     "train.seed=0,1,2", cwd=tmp_path, start_new_session=True,
+                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 180
+    while not _training_child(tmp_path):
+        assert proc.poll() is None and time.time() < deadline, "no job started training"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr[-2000:]
+    df = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")
+    assert "RUNNING" not in set(df["status"]), list(df["status"])
+    assert set(_children(df)["status"]) == {"KILLED"}
