@@ -200,19 +200,24 @@ def _training_child(cwd) -> bool:
     return "metrics.train_loss" in children and bool(children["metrics.train_loss"].notna().any())
 
 
-def test_ctrl_c_ends_the_sweep_and_its_running_job_killed(tmp_path):
-    # As a terminal's Ctrl-C: SIGINT to the whole process group. The sweep starts with SIGINT at its default
-    # disposition (this test may itself run under a shell that ignores SIGINT, which children would inherit).
-    proc = start_cli("-m", "debug=smoke", "train.steps=100000", "train.seed=0,1", cwd=tmp_path,
-                     start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    deadline = time.time() + 120
+def _ctrl_c_once_training(tmp_path, *args: str) -> None:
+    """Sweep `args` and press Ctrl-C once a job trains: SIGINT to the whole process group, as a terminal sends it. The
+    sweep starts with SIGINT at its default disposition (this test may itself run under a shell that ignores SIGINT,
+    which children would inherit); it must exit 130."""
+    proc = start_cli("-m", "debug=smoke", "train.steps=100000", *args, cwd=tmp_path, start_new_session=True,
+                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    deadline = time.time() + 180
     while not _training_child(tmp_path):
-        assert proc.poll() is None and time.time() < deadline, "the first job never started training"
+        assert proc.poll() is None and time.time() < deadline, "no job started training"
         time.sleep(0.5)
     os.killpg(proc.pid, signal.SIGINT)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 130, stderr[-2000:]
+
+
+def test_ctrl_c_ends_the_sweep_and_its_running_job_killed(tmp_path):
+    _ctrl_c_once_training(tmp_path, "train.seed=0,1")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     df = runs(uri, "smoke")
     parent = df[df["tags.sweep"] == "parent"].iloc[0]
     children = _children(df)
@@ -321,16 +326,7 @@ def test_ctrl_c_on_joblibs_launcher_leaves_no_job_running(tmp_path):
     """joblib's launcher, interrupted, SIGKILLs its workers and their `python -m runner` children (loky's
     kill_process_tree): the two training jobs' runs stayed RUNNING under a KILLED parent. The sweep now closes the
     jobs whose processes are gone."""
-    proc = start_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "debug=smoke", "train.steps=100000",
-                     "train.seed=0,1,2", cwd=tmp_path, start_new_session=True,
-                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.time() + 180
-    while not _training_child(tmp_path):
-        assert proc.poll() is None and time.time() < deadline, "no job started training"
-        time.sleep(0.5)
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr[-2000:]
+    _ctrl_c_once_training(tmp_path, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "train.seed=0,1,2")
     df = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")
     assert "RUNNING" not in set(df["status"]), list(df["status"])
     assert set(_children(df)["status"]) == {"KILLED"}
