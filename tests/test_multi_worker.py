@@ -132,6 +132,15 @@ def test_two_workers_train_the_gpt_with_its_recipe_to_the_same_weights(tmp_path)
         ('{"cluster": {"chief": ["a:1"], "worker": ["a:1"]}, "task": {"type": "chief", "index": 0}}', "a:1 is listed"),
         ('{"cluster": {"worker": ["a:x", "b:2"]}, "task": {"type": "worker", "index": 0}}', "'a:x' has no port from 1"),
         ('{"cluster": {"worker": ["a:1", "b:70000"]}, "task": {"type": "worker", "index": 0}}', "'b:70000' has no port"),
+        # an index that is not a number was "out of range" ("1"), or taken as worker 1 (true)
+        ('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": "1"}}',
+         'task index "1" is not an integer; give the task\'s place in the worker list as a number from 0 to 1'),
+        ('{"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": true}}',
+         "task index true is not an integer"),
+        ('{"cluster": {"worker": ["a:1", "b c:2"]}, "task": {"type": "worker", "index": 0}}',
+         "'b c:2' is not an address; give every task as host:port (a host name or IP address without spaces"),
+        ('{"cluster": {"worker": ["[::1]:1", "[::1:2"]}, "task": {"type": "worker", "index": 0}}',
+         "'[::1:2' is not an address"),
     ],
 )
 def test_malformed_tf_config_is_a_one_line_config_error(monkeypatch, tf_config, message):
@@ -147,6 +156,25 @@ def test_one_address_for_two_workers_is_refused_before_the_wait(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ConfigError, match=re.escape("strategy.workers/strategy.task_index: localhost:1 is listed")):
         validate(compose("strategy=multi_worker", "debug=smoke", "strategy.workers=[localhost:1,localhost:1]"))
+
+
+@pytest.mark.parametrize("address", [":2222", "host with space:2222", "localhost:2222:3333"])
+def test_an_address_without_a_usable_host_is_refused_before_the_wait(monkeypatch, address):
+    """Each was accepted, and every worker then waited strategy.peer_timeout (300 s) for a peer gRPC cannot reach."""
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with pytest.raises(ConfigError) as error:
+        validate(compose("strategy=multi_worker", "debug=smoke", f"strategy.workers=[{address},localhost:2223]"))
+    assert str(error.value) == (
+        f"strategy.workers/strategy.task_index: {address!r} is not an address; give every task as host:port (a host "
+        "name or IP address without spaces or ':', or an IPv6 address in brackets as [::1]:2222; a port from 1 to "
+        "65535)")
+
+
+@pytest.mark.parametrize("workers", ['["[::1]:2222", "[::1]:2223"]', '["node-0.job_a.svc:2222", "10.0.0.2:2222"]'])
+def test_ipv6_and_host_names_are_accepted(monkeypatch, workers):
+    monkeypatch.setenv("TF_CONFIG", f'{{"cluster": {{"worker": {workers}}}, "task": {{"type": "worker", "index": 1}}}}')
+    spec = validate(compose("strategy=multi_worker", "debug=smoke")).cluster
+    assert (spec.count, spec.name, spec.hosts) == (2, "worker1", 1 if "::1" in workers else 2)
 
 
 def test_multi_worker_without_a_cluster_says_how_to_give_one(monkeypatch):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,11 @@ from runner.errors import ConfigError
 
 ENV = "TF_CONFIG"
 TASK_TYPES = ("chief", "worker")
+# A task's address: a host name or IPv4 address (letters, digits, '.', '-', '_'), or an IPv6 address in brackets
+# ([::1]), then ':' and the port.
+ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+(%[\w.-]+)?\]):(?P<port>[0-9]+)")
+ADDRESS_FORM = ("host:port (a host name or IP address without spaces or ':', or an IPv6 address in brackets as "
+                "[::1]:2222; a port from 1 to 65535)")
 
 
 @dataclass(frozen=True)
@@ -76,19 +82,25 @@ def parse(text: str, source: str = ENV) -> Cluster:
     if task_type not in tasks:
         raise ConfigError(f"{source}: task type {task_type!r} is not in the cluster; choose one of: "
                           f"{', '.join(tasks)}")
-    if not isinstance(index, int) or not 0 <= index < len(tasks[task_type]):
+    if not isinstance(index, int) or isinstance(index, bool):
+        raise ConfigError(f"{source}: task index {json.dumps(index)} is not an integer; give the task's place in "
+                          f"the {task_type} list as a number from 0 to {len(tasks[task_type]) - 1}")
+    if not 0 <= index < len(tasks[task_type]):
         raise ConfigError(f"{source}: task index {index!r} is out of range; {task_type} has "
                           f"{len(tasks[task_type])} tasks")
     return Cluster(tasks, task_type, index)
 
 
 def _check_addresses(addresses: list[str], source: str) -> None:
-    """Each task's own server: a port from 1 to 65535, no address twice (the second server could never start, and
-    the first would wait for it until strategy.peer_timeout)."""
+    """Each task's own server: host:port with a host (ADDRESS) and a port from 1 to 65535, no address twice (the
+    second server could never start, and the first would wait for it until strategy.peer_timeout; so would every
+    task for a peer at an address gRPC cannot resolve, such as ':2222' or 'a b:2222')."""
     for address in addresses:
         port = address.rsplit(":", 1)[1]
-        if not (port.isdigit() and 0 < int(port) < 65536):
+        if not (port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             raise ConfigError(f"{source}: {address!r} has no port from 1 to 65535; give every task as host:port")
+        if not ADDRESS.fullmatch(address):
+            raise ConfigError(f"{source}: {address!r} is not an address; give every task as {ADDRESS_FORM}")
     twice = sorted({a for a in addresses if addresses.count(a) > 1})
     if twice:
         raise ConfigError(f"{source}: {', '.join(twice)} is listed more than once; every task needs its own "
