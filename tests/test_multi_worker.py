@@ -177,6 +177,29 @@ def test_ipv6_and_host_names_are_accepted(monkeypatch, workers):
     assert (spec.count, spec.name, spec.hosts) == (2, "worker1", 1 if "::1" in workers else 2)
 
 
+def test_this_workers_port_taken_on_this_machine_is_one_line_before_tensorflow(tmp_path, monkeypatch):
+    """Another process listening on this worker's own port: TensorFlow's server failed after the devices started, in a
+    44-frame traceback (`UnknownError: Could not start gRPC server`) naming no port. A peer's port is not checked
+    (it is another process's, maybe on this machine)."""
+    from conftest import run_cli
+
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port, other = taken.getsockname()[1], _free_port()
+        workers = f"strategy.workers=[localhost:{port},127.0.0.1:{other}]"
+        message = (f"worker0's address localhost:{port}: port {port} of this machine is in use by another process "
+                   "(TensorFlow's server binds it on every interface); stop that process, or give worker0 a free port")
+        with pytest.raises(ConfigError) as error:
+            validate(compose("strategy=multi_worker", "debug=smoke", workers))
+        assert str(error.value) == message
+        assert validate(compose("strategy=multi_worker", "debug=smoke", workers, "strategy.task_index=1")).cluster
+        done = run_cli("debug=smoke", "strategy=multi_worker", workers, cwd=tmp_path, env={"TF_CONFIG": ""})
+    assert done.returncode == 2 and done.stderr.strip() == f"error: {message}", done.stderr[-2000:]
+    assert not list(tmp_path.glob("mlflow.db")) or runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").empty
+
+
 def test_multi_worker_without_a_cluster_says_how_to_give_one(monkeypatch):
     monkeypatch.delenv("TF_CONFIG", raising=False)
     with pytest.raises(ConfigError, match=r"strategy.workers=\[host:port,...\].*TF_CONFIG"):

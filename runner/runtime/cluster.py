@@ -11,9 +11,11 @@ is the chief (unless the cluster names a separate `chief` task): only the chief 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,6 +107,31 @@ def _check_addresses(addresses: list[str], source: str) -> None:
     if twice:
         raise ConfigError(f"{source}: {', '.join(twice)} is listed more than once; every task needs its own "
                           "host:port (on one machine, a port each)")
+
+
+def check_own_port(spec: Cluster) -> None:
+    """A ConfigError when this task's port is taken on this machine: its TensorFlow server would fail to start (an
+    `UnknownError: Could not start gRPC server` traceback that names no port). The server binds the port on every
+    interface whatever host the cluster names (see multi_worker.exposure), so the port is tried the way gRPC binds
+    it: the wildcard address (IPv6's, which takes IPv4's too, where the machine has IPv6), SO_REUSEADDR (a port
+    whose last connections linger in TIME_WAIT is free), no SO_REUSEPORT (TensorFlow turns it off); closed at once."""
+    address = spec.tasks[spec.task_type][spec.task_index]
+    port = int(address.rsplit(":", 1)[1])
+    try:
+        probe, wildcard = socket.socket(socket.AF_INET6, socket.SOCK_STREAM), "::"
+        probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    except OSError:  # no IPv6 on this machine
+        probe, wildcard = socket.socket(socket.AF_INET, socket.SOCK_STREAM), "0.0.0.0"
+    with probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((wildcard, port))
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:  # anything else (a port below 1024 without root): TensorFlow's to say
+                return
+            raise ConfigError(f"{spec.name}'s address {address}: port {port} of this machine is in use by another "
+                              "process (TensorFlow's server binds it on every interface); stop that process, or give "
+                              f"{spec.name} a free port") from None
 
 
 def from_options(workers: list[str], task_index: int, strategy: str) -> Cluster:

@@ -50,8 +50,11 @@ class MultiWorker(SyncBatchNorm, StrategyBase):
     loss_scaling: ClassVar[bool] = True
 
     def cluster(self) -> cluster.Cluster:
-        """The cluster from `workers`/`task_index`, else from TF_CONFIG. Raises ConfigError if neither is usable."""
-        return cluster.from_options(self.workers, self.task_index, self.name)
+        """The cluster from `workers`/`task_index`, else from TF_CONFIG. Raises ConfigError if neither is usable, or
+        if this worker's port is taken on this machine (checked before TensorFlow starts its server)."""
+        spec = cluster.from_options(self.workers, self.task_index, self.name)
+        cluster.check_own_port(spec)
+        return spec
 
     def peer_wait(self) -> float:
         return self.peer_timeout
