@@ -209,7 +209,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     _check_moving_state(plan, strategy, run)
     run.tags(evals.tags())  # reached or not; untimed where an earlier part's training time is not known
     if plan.spec.rate_key not in result:
-        why = train.untimed(plan.train, steps, plan.spec.unit)
+        why = train.untimed(plan.train, steps, plan.spec.unit, start)
         log.warning(why)
         run.tags({f"{plan.spec.rate_key}.missing": why})
     result.update(_after_training(plan, strategy, examples, result, run, devices))

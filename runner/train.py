@@ -293,11 +293,16 @@ def steps_to_time(train: TrainConf) -> int:
     return max(3, train.warmup_calls + 1) * train.steps_per_call - train.steps_per_call
 
 
-def untimed(train: TrainConf, steps: int, unit: str = "images") -> str:
-    """Why a run of `steps` steps timed nothing, and what would."""
-    return (f"{unit}/s not measured: {steps} steps leave no full call after warm-up (train.warmup_calls="
-            f"{train.warmup_calls}, train.steps_per_call={train.steps_per_call}); timing needs train.steps >= "
-            f"{steps_to_time(train)}")
+def untimed(train: TrainConf, steps: int, unit: str = "images", start: int = 0) -> str:
+    """Why a run of `steps` steps, resumed at step `start`, timed nothing, and what would."""
+    if start == steps:
+        return f"{unit}/s not measured: resumed at step {start} of {steps}, no step was left to time"
+    calls = (f"leave no full call after warm-up (train.warmup_calls={train.warmup_calls}, train.steps_per_call="
+             f"{train.steps_per_call})")
+    if start:
+        return (f"{unit}/s not measured: resumed at step {start}, the {steps - start} steps left {calls}; a part "
+                f"of a run is timed with {steps_to_time(train)} steps or more left")
+    return f"{unit}/s not measured: {steps} steps {calls}; timing needs train.steps >= {steps_to_time(train)}"
 
 
 def call_size(done: int, steps_per_call: int) -> int:
@@ -371,7 +376,7 @@ def _run_calls(loop: Any, evals: Evaluations, train: TrainConf, steps: int, star
                              evaluate=not last and signals.requested() is None)
             for hook in hooks:
                 hook.after(done.step, n, seconds, last=last)
-            if signals.requested() is not None and not last:
+            if signals.requested() is not None:  # the last step's too: a start again has no step left to train
                 log.warning("stopping at step %d of %d on request", done.step, steps)
                 for hook in hooks:
                     hook.stopped(done.step)

@@ -364,6 +364,30 @@ def test_a_resume_on_data_changed_since_the_checkpoint_is_one_line_and_keeps_it(
     assert saved.exists()  # nothing lost: the data put back resumes from it
 
 
+@pytest.mark.long
+def test_a_signal_during_the_last_call_saves_the_last_step_and_a_start_again_trains_nothing(tmp_path):
+    """SIGINT during the last call ended the run KILLED with its checkpoint from 1000s of steps before (the last
+    call never saved): a start again trained them all over. Now the step reached is saved, whichever call it ends."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [*LONG, "train.steps_per_call=6000"]  # calls of 1 step, then the 5,999 others: the last
+    run = start_cli(*args, cwd=tmp_path)
+    wait_for("the first step", lambda: points(uri) >= 1)
+    run.send_signal(signal.SIGINT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 130 and "stopping at step 6000 of 6000" in out, err[-3000:]
+    assert [p.name for p in (tmp_path / "checkpoints").glob("*/ckpt-*.index")] == ["ckpt-6000.index"]
+    again = run_cli(*args, cwd=tmp_path)
+    assert again.returncode == 0 and "resuming from checkpoint" in again.stdout, again.stderr[-3000:]
+    assert "images/s not measured: resumed at step 6000 of 6000, no step was left to time" in again.stdout
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    finished, killed = client.search_runs([client.get_experiment_by_name("smoke").experiment_id],
+                                          order_by=["start_time DESC"])
+    assert (finished.info.status, killed.info.status) == ("FINISHED", "KILLED")
+    assert finished.data.tags["resumed_from_step"] == "6000" and "test_accuracy" in finished.data.metrics
+
+
 @pytest.mark.slow  # ~16 s; resuming from a checkpoint is in the default suite's SIGTERM and SIGKILL tests
 def test_a_truncated_newest_checkpoint_is_named_and_the_older_one_resumes(tmp_path):
     args = [*LONG, "train.steps=4000", "train.checkpoint_every=1000"]
