@@ -202,6 +202,9 @@ class Checkpointer(Hook):
         """The run completed: its checkpoints are no longer needed to resume it (nor is an empty parent folder)."""
         if self.writer:
             shutil.rmtree(self.directory, ignore_errors=True)
+            if self.directory.exists():  # a read-only or failing disk: a start again would take them as unfinished
+                log.warning("the finished run's checkpoints in %s could not be deleted: a start of this config would "
+                            "resume from them as from an unfinished run; delete that folder", self.directory)
             with contextlib.suppress(OSError):  # other configs' checkpoints still in it: keep it
                 self.directory.parent.rmdir()
 

@@ -205,3 +205,21 @@ def test_checkpoints_of_other_training_data_are_refused_and_of_an_older_runner_r
     assert Checkpointer(tmp_path, 10, {"w": weights}, "r2", data="aaaa").restore() == (10, "r1")
     (tmp_path / RUN_FILE).write_text('{"run_id": "r1", "step": 10}')  # an older runner's: the data unknown
     assert Checkpointer(tmp_path, 10, {"w": weights}, "r2", data="bbbb").restore() == (10, "r1")
+
+
+def test_checkpoints_a_finished_run_cannot_delete_are_named_in_a_warning(tmp_path, monkeypatch, caplog):
+    """On a disk remounted read-only the finished run's checkpoints stayed without a word, and a start of the same
+    config "resumed" the finished run: a second FINISHED run, a false repeat."""
+    import tensorflow as tf
+
+    from runner import checkpoints
+
+    saver = checkpoints.Checkpointer(tmp_path / "abc", 10, {"w": tf.Variable(1.0)}, "r1")
+    saver.save(10)
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", lambda path, ignore_errors: None)  # as a read-only disk does
+    saver.finished()
+    assert f"checkpoints in {tmp_path / 'abc'} could not be deleted" in caplog.text
+    monkeypatch.undo()
+    caplog.clear()
+    saver.finished()
+    assert not (tmp_path / "abc").exists() and "could not be deleted" not in caplog.text
