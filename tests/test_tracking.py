@@ -269,3 +269,22 @@ def test_sighup_is_handled_unless_it_was_ignored_as_nohup_does(runner_signals):
         os.kill(os.getpid(), signal.SIGHUP)
         sum(range(1000))
     assert runner_signals.exit_code(stop.value) == 129
+
+
+def test_a_dead_run_of_the_config_in_another_experiment_is_closed_as_its_config_starts(store):
+    """Resumed under another mlflow.experiment (the config hash leaves it out), the run's new start closed dead runs
+    of its own experiment only: the SIGKILLed one it continues stayed RUNNING."""
+    import socket
+
+    from runner.tracking.stale import close_dead_runs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid whose process is gone
+    client = MlflowClient(store)
+    tags = {"config_hash": "abc", "runner.host": socket.gethostname(), "runner.pid": str(gone.pid),
+            "runner.started": "1"}
+    dead = client.create_run(client.create_experiment("first"), tags=tags).info.run_id
+    other = client.create_run(client.create_experiment("second"), tags={**tags, "config_hash": "xyz"}).info.run_id
+    close_dead_runs(store, "abc")
+    assert client.get_run(dead).info.status == "KILLED" and "died" in client.get_run(dead).data.tags["error"]
+    assert client.get_run(other).info.status == "RUNNING"  # another config's: not this start's to close

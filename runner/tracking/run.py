@@ -207,7 +207,7 @@ class Opening:
 
     def check(self) -> None:
         open_store(self.uri, self.experiment, tuple(self.columns))
-        close_dead_runs(self.uri, self.experiment, self.config_hash)
+        close_dead_runs(self.uri, self.config_hash)
 
     def run(self, folder: Any) -> Run:
         return Run(self.uri, self.experiment, self.tags, folder, self.system_metrics, self.final_wait)

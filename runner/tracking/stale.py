@@ -70,15 +70,16 @@ def close_dead(client: Any, run: Any, whose: str = "the process", what: str = "t
     return True
 
 
-def close_dead_runs(uri: str, experiment: str, digest: str) -> None:
-    """End as KILLED the RUNNING runs of this config whose process died on this host (SIGKILL, power loss). Runs of
-    live processes, or of other hosts (which cannot be checked from here), are left alone."""
+def close_dead_runs(uri: str, digest: str) -> None:
+    """End as KILLED the RUNNING runs of this config whose process died on this host (SIGKILL, power loss), in any
+    experiment (a run resumed under another mlflow.experiment continues one of them). Runs of live processes, or of
+    other hosts (which cannot be checked from here), are left alone."""
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
+    experiments = [e.experiment_id for e in client.search_experiments()]
     query = f"tags.config_hash = '{digest}' and attributes.status = 'RUNNING'"
-    for found in client.search_runs([exp.experiment_id], query) if exp else []:
+    for found in client.search_runs(experiments, query) if experiments else []:
         if close_dead(client, found):
             log.warning("run %s of this config was left RUNNING by a dead process (pid %s): marked KILLED",
                         found.info.run_id, found.data.tags["runner.pid"])
