@@ -120,6 +120,65 @@ def test_two_workers_train_the_gpt_with_its_recipe_to_the_same_weights(tmp_path)
     assert row["metrics.tokens_per_sec"] > 0 and row["metrics.test_loss"] < math.log(84)
 
 
+def test_a_worker_killed_while_training_ends_the_chief_in_one_line_and_its_run_failed(tmp_path):
+    """SIGKILL to worker 1 alone: the chief ended FAILED after a 44-frame `UnavailableError: Graph execution error`
+    traceback, its `error` tag just "UnavailableError: Graph execution error:"."""
+    import os
+    import signal
+    import time
+
+    ports = [_free_port(), _free_port()]
+    workers = f"strategy.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]"
+    worker, chief = (start_cli("debug=smoke", "strategy=multi_worker", workers, f"strategy.task_index={i}",
+                               "train.steps=1000000", cwd=tmp_path) for i in (1, 0))
+    try:
+        deadline = time.monotonic() + 120
+        while not any("step 1/" in log.read_text() for log in tmp_path.glob("outputs/*/*-worker0/runner.log")):
+            assert time.monotonic() < deadline and chief.poll() is None, "the chief never trained"
+            time.sleep(0.2)
+        os.kill(worker.pid, signal.SIGKILL)
+        out, err = chief.communicate(timeout=120)
+    finally:
+        for proc in (worker, chief):
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert line.startswith(f"error: worker0 lost worker1 (127.0.0.1:{ports[1]}) of the cluster while training "
+                           "(TensorFlow"), line
+    assert line.endswith("start every worker of the job again, and it resumes from its last checkpoint")
+    assert chief.returncode == 2
+    row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
+    assert row["status"] == "FAILED" and row["tags.error"] == f"PeerLost: {line.removeprefix('error: ')}"
+
+
+@pytest.mark.parametrize("kind,message,lost", [
+    ("UnavailableError", "Collective ops is aborted by: The following tasks are unhealthy (stopped sending heartbeats):"
+     "\n/job:worker/replica:0/task:1\nThe tasks have crashed.", "worker1 (h1:2) of the cluster while training "
+     "(TensorFlow reports it unhealthy: it stopped sending heartbeats)"),
+    ("UnavailableError", "Graph execution error:\n\nCollective ops is aborted by: recvmsg:Connection reset by peer\n"
+     "Additional GRPC error information from remote target /job:worker/replica:0/task:2 while calling RecvBuf:\n"
+     "\t [[{{node while/CollectiveReduceV2_1}}]] [Op:__inference_loop_863]", "worker2 (h2:3) of the cluster while "
+     "training (TensorFlow's UnavailableError: Collective ops is aborted by: recvmsg:Connection reset by peer)"),
+    ("AbortedError", "on /job:worker/replica:0/task:0/device:CPU:0: peer gone", "a peer of the cluster while training "
+     "(TensorFlow's AbortedError: on /job:worker/replica:0/task:0/device:CPU:0: peer gone)"),
+    ("InvalidArgumentError", "Incompatible shapes: [32] vs. [64]", None),
+])
+def test_tensorflows_lost_peer_errors_name_the_task_and_what_to_do(kind, message, lost):
+    """The chief (worker0) of three workers: its own devices are not a lost peer; an error of another kind passes."""
+    import tensorflow as tf
+
+    from runner.runtime.cluster import Cluster
+    from runner.strategies.multi_worker import lost_peer
+
+    error = lost_peer(getattr(tf.errors, kind)(None, None, message), Cluster({"worker": ["h0:1", "h1:2", "h2:3"]},
+                                                                             "worker", 0))
+    assert (str(error) if error else None) == (lost and f"worker0 lost {lost}; a worker stopped, crashed or cannot be "
+                                               "reached: start every worker of the job again, and it resumes from "
+                                               "its last checkpoint")
+
+
 @pytest.mark.parametrize(
     "tf_config,message",
     [

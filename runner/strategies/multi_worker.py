@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.runtime import cluster
 from runner.runtime.devices import DeviceError, nvidia_gpu_count
-from runner.errors import ConfigError
+from runner.errors import ConfigError, UserError, one_line
 from runner.lazy import tf
 from runner.registry import Rule
 from runner.strategies import STRATEGIES, Exchange, StrategyBase, Training, ring
@@ -102,8 +103,64 @@ def exposure(spec: cluster.Cluster) -> str:
             "alone")
 
 
+class PeerLost(UserError):
+    """A task of the cluster stopped or cannot be reached while this one trains; one line naming it and what to do."""
+
+
+# A task as TensorFlow names it (`/job:worker/replica:0/task:1`), not one of its devices (`.../task:1/device:CPU:0`).
+TASK = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)(?![\d/])")
+UNHEALTHY = "tasks are unhealthy"  # the coordination service's heartbeat check: "The following tasks are unhealthy ..."
+# TensorFlow's errors when a peer's collective or server is gone; others only when their text says a collective
+# was aborted by one.
+LOST = ("UnavailableError", "AbortedError", "DeadlineExceededError")
+
+
+def lost_peer(e: BaseException, spec: cluster.Cluster) -> PeerLost | None:
+    """`e` (a TensorFlow error in a call of the training step) as one line naming the task(s) it reports lost, or None
+    for an error that is not a lost peer's."""
+    text = str(e)
+    if type(e).__name__ not in LOST and "Collective ops is aborted" not in text and UNHEALTHY not in text:
+        return None
+    me = (spec.task_type, spec.task_index)
+    named = dict.fromkeys(task for kind, index in TASK.findall(text) if (task := (kind, int(index))) != me)
+    who = " and ".join(_task(spec, *task) for task in named) or "a peer"
+    if UNHEALTHY in text:
+        how = "TensorFlow reports it unhealthy: it stopped sending heartbeats"
+    else:  # the op's own line ("Collective ops is aborted by: recvmsg:Connection reset by peer"), else the first
+        line = next((line.strip() for line in text.splitlines() if "aborted by" in line), None)
+        how = f"TensorFlow's {type(e).__name__}: {line or one_line(e, 150)}"
+    return PeerLost(f"{spec.name} lost {who} of the cluster while training ({how}); a worker stopped, crashed or cannot be "
+                    "reached: start every worker of the job again, and it resumes from its last checkpoint")
+
+
+def _task(spec: cluster.Cluster, kind: str, index: int) -> str:
+    """`worker1 (host:port)`: a task by the name the runner gives it, with its address when the cluster has it."""
+    address = spec.tasks.get(kind, [])[index:index + 1]
+    return f"{kind}{index} ({address[0]})" if address else f"{kind}{index}"
+
+
 class WorkerReplicas(Replicas):
-    """One replica per device on every worker."""
+    """One replica per device on every worker; a call of its loops that loses a peer raises PeerLost."""
+
+    def train_loop(self, batches: Any) -> Any:
+        return self._naming_lost_peers(super().train_loop(batches))
+
+    def input_loop(self, batches: Any) -> Any:
+        return self._naming_lost_peers(super().input_loop(batches))
+
+    def _naming_lost_peers(self, loop: Any) -> Any:
+        spec = self.training.cluster
+
+        def call(n: Any) -> Any:
+            try:
+                return loop(n)
+            except tf.errors.OpError as e:
+                lost = lost_peer(e, spec)
+                if lost is None:
+                    raise
+                raise lost from e
+
+        return call
 
     def check_same_start(self, step: int) -> None:
         """Every worker must resume from the same step (n * sum(s^2) == sum(s)^2 over their steps s: all equal), or
