@@ -10,6 +10,7 @@ apart; docs/your-model-your-data.md describes each):
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -23,6 +24,7 @@ from runner.data_pipelines.records import SHARDS
 from runner.registry import Rule, non_negative
 from runner.tasks import TASKS, from_labels
 
+log = logging.getLogger(__name__)
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
 UNLABELLED = "integer token ids, rows (n, length) or one stream (n,)"  # what the npy layout takes without labels
@@ -228,9 +230,11 @@ class Files(DatasetOptions):
         x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
         tokens = x_train.dtype.kind in "iu" and x_train.ndim == 2
         if not tokens and (x_train.dtype.name not in DTYPES or x_train.ndim not in (3, 4)):
+            rows = (" (rows of features: store them as (n, features, 1), x[..., None], a one-column image)"
+                    if x_train.dtype.kind == "f" and x_train.ndim == 2 else "")
             raise DataError(f"{self.path}/x_train.npy holds {x_train.dtype} {x_train.shape}; data=files takes uint8 "
                             "or float32 images (n, height, width, channels) or (n, height, width), or integer token "
-                            f"ids (n, length); without labels, {UNLABELLED}")
+                            f"ids (n, length){rows}; without labels, {UNLABELLED}")
         shape = x_train.shape[1:] if x_train.ndim in (2, 4) else (*x_train.shape[1:], 1)
         for x, y, split in ((x_train, y_train, "train"), (x_test, y_test, "test")):
             if len(x) != len(y) or x.shape[1:] != x_train.shape[1:] or y.shape[1:] not in ((), (1,)):
@@ -256,6 +260,11 @@ class Files(DatasetOptions):
                             f"holds {y_train.dtype} values, a {task}: store class labels as integers "
                             "(y.astype(np.int64)), or leave data.classes out")
         classes = self._classes(y_train, y_test) if task == "class" else 1  # one output otherwise
+        if task != "class" and len(y_train) and np.array_equal(y_train, np.round(y_train)) and \
+                len(np.unique(y_train)) <= 1000:
+            log.warning("%s/y_train.npy holds %s values that are all whole numbers (%g to %g): trained as a %s (one "
+                        "output); class labels are stored as integers (y.astype(np.int64))", self.path,
+                        y_train.dtype, y_train.min(), y_train.max(), task)
         if tokens:
             return Spec((int(shape[0]),), classes, "int32", task, self._vocabulary(x_train, x_test))
         return Spec(tuple(int(d) for d in shape), classes, x_train.dtype.name, task)
@@ -285,8 +294,10 @@ class Files(DatasetOptions):
         for y, split in ((y_train, "train"), (y_test, "test")):
             low, high = (int(y.min()), int(y.max())) if len(y) else (0, 0)
             if low < 0 or high >= classes:
-                raise DataError(f"{self.path}/y_{split}.npy has labels from {low} to {high}; data.classes={classes} "
-                                f"needs them from 0 to {classes - 1}")
+                needs = f"data.classes={classes} needs them from 0 to {classes - 1}" if self.classes or low >= 0 else (
+                    "integer labels are class ids from 0 (np.unique(y, return_inverse=True)); a value to regress is "
+                    "stored as floats (y.astype(np.float32))")
+                raise DataError(f"{self.path}/y_{split}.npy has labels from {low} to {high}; {needs}")
         return max(classes, 2)
 
     def _shards(self, split: str) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from runner.data_pipelines import DATASETS, PIPELINES, DataError, Spec
-from runner.tasks import METRICS
+from runner.tasks import METRICS, TASKS
 from runner.hardware import HARDWARE
 from runner.models import MODELS
 from runner.errors import ConfigError
@@ -391,9 +391,12 @@ def _resolve_target(train: dict, parts: dict, spec: Spec) -> None:
         raise ConfigError(f"train.{given[0]}={train[given[0]]} and train.{given[1]}={train[given[1]]} are two "
                           "targets; a run is timed to one: set the other to null")
     allowed = [f"train.target_{m.name}" for m in spec.task.targets]
-    if given and given[0].removeprefix("target_") not in [m.name for m in spec.task.targets]:
+    if given and (metric := given[0].removeprefix("target_")) not in [m.name for m in spec.task.targets]:
+        owners = [f"{t.labels_dtype} labels ({t.said.format(classes='N')})" for t in TASKS.values()
+                  if metric in [m.name for m in t.targets] and not t.per_position]
         raise ConfigError(f"train.{given[0]}={train[given[0]]}: data={parts['data'].name} gives {spec}, whose runs "
-                          f"are timed to {' or '.join(allowed)}")
+                          f"are timed to {' or '.join(allowed)}" + (f"; {metric} is timed on data with "
+                                                                    f"{' or '.join(owners)}" if owners else ""))
     if given:
         train["target_accuracy"] = train["target_accuracy"] if given[0] == "target_accuracy" else None
     elif train["target_accuracy"] == MODEL_TARGET:

@@ -72,13 +72,40 @@ def test_a_users_npy_folder_with_float_labels_is_a_regression(tf_devices, store,
      "train.target_accuracy=0.9: data=synthetic gives 28x28x1 uint8 images, a value, whose runs are timed to "
      "train.target_loss or train.target_mae"),
     (["train.target_mae=0.1"], "train.target_mae=0.1: data=mnist gives 28x28x1 uint8 images, 10 classes, whose runs "
-                               "are timed to train.target_loss or train.target_accuracy"),
+                               "are timed to train.target_loss or train.target_accuracy; mae is timed on data with "
+                               "float32 labels (a value)"),
     (["data=synthetic", "data.task=regression", "train.target_mae=-1"], "train.target_mae=-1"),
 ])
 def test_a_target_the_task_has_not_is_one_line_naming_those_it_has(overrides, said):
     with pytest.raises(ConfigError) as err:
         validate(compose(*overrides))
     assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def _npy(folder, x_train, y_train):
+    """A data=files folder of `x_train`, `y_train` and test arrays of their kind (the first 16 examples)."""
+    for name, array in (("x_train", x_train), ("y_train", y_train), ("x_test", x_train[:16]), ("y_test", y_train[:16])):
+        np.save(folder / f"{name}.npy", array)
+    return ["data=files", f"data.path={folder}", "model=mlp"]
+
+
+def test_labels_meant_as_values_or_as_classes_are_told_how_to_be_stored(tmp_path, caplog):
+    """Integer values to regress read "data.classes=13 needs them from 0 to 12" (no data.classes was set); class
+    labels saved as floats (0.0 to 9.0) trained as a regression without a word; rows of features (n, 16) were
+    refused without the layout that takes them."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (64, 8, 8, 1), dtype=np.uint8)
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*_npy(tmp_path, images, rng.integers(-13, 13, 64)), "train.target_mae=0.5"))
+    assert "labels from -13 to 12; integer labels are class ids from 0" in str(err.value)
+    assert "a value to regress is stored as floats (y.astype(np.float32))" in str(err.value)
+    assert "data.classes" not in str(err.value)
+    plan = validate(compose(*_npy(tmp_path, images, rng.integers(0, 10, 64).astype(np.float32))))
+    assert plan.spec.target == "regression"
+    assert "float32 values that are all whole numbers (0 to 9): trained as a regression" in caplog.text
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*_npy(tmp_path, rng.random((64, 16), np.float32), rng.random(64, np.float32))))
+    assert "rows of features: store them as (n, features, 1)" in str(err.value)
 
 
 def test_a_regression_is_predicted_on_a_spec_sheet(capsys):
