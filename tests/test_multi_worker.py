@@ -87,6 +87,9 @@ def test_two_workers_train_one_model_and_only_the_chief_logs(tmp_path, extra):
     logs = {p.parent.name.rsplit("-", 1)[1]: p.read_text() for p in tmp_path.glob("outputs/*/*/runner.log")}
     assert sorted(logs) == ["worker0", "worker1"]
     assert all("final weights sha256" in text for text in logs.values())
+    # Outside a sweep the wait is the log's, at INFO: whom it waits for, how long, that each must be started.
+    assert "INFO] - joining 2 workers as worker1: waiting up to 300 s (strategy.peer_timeout) for 127.0.0.1:" in logs[
+        "worker1"] and "must be started\n" in logs["worker1"] and "a sweep job" not in logs["worker1"]
 
 
 @pytest.mark.slow  # two fresh workers training a ResNet, ~40 s
@@ -177,6 +180,27 @@ def test_tensorflows_lost_peer_errors_name_the_task_and_what_to_do(kind, message
     assert (str(error) if error else None) == (lost and f"worker0 lost {lost}; a worker stopped, crashed or cannot be "
                                                "reached: start every worker of the job again, and it resumes from "
                                                "its last checkpoint")
+
+
+def test_a_sweep_job_waiting_for_its_peers_says_the_sweep_starts_none(tmp_path):
+    """`-m strategy=multi_worker ...`: each job waited out strategy.peer_timeout for workers nobody starts, told only to
+    start every worker; its wait line said neither how long nor for whom."""
+    from conftest import run_cli
+
+    ports = [_free_port(), _free_port()]
+    done = run_cli("-m", "debug=smoke", "strategy=multi_worker", "strategy.peer_timeout=3",
+                   f"strategy.workers=[127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}]", cwd=tmp_path)
+    assert done.returncode == 1 and "1 failed" in done.stderr, done.stderr[-3000:]
+    log = next(tmp_path.glob("multirun/*/*/0/runner.log")).read_text()
+    assert (f"WARNING] - joining 2 workers as worker0: waiting up to 3 s (strategy.peer_timeout) for 127.0.0.1:"
+            f"{ports[1]}; every worker of strategy.workers must be started; a sweep job is one worker and the sweep "
+            "starts no other") in log
+    job = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").dropna(subset=["tags.error"]).iloc[0]
+    assert job["status"] == "FAILED" and job["tags.error"] == (
+        f"worker0 waited 3 s for 127.0.0.1:{ports[1]} and gave up: start every worker of strategy.workers (or "
+        "TF_CONFIG), or raise strategy.peer_timeout; a sweep job is one worker and the sweep starts no other: start "
+        "the other workers of each job yourself (the same overrides, each its own strategy.task_index), or run "
+        "strategy=multi_worker outside a sweep")
 
 
 @pytest.mark.parametrize(

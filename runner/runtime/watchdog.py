@@ -24,6 +24,10 @@ from typing import Iterator
 from runner.runtime import signals
 
 URI_VARIABLE = "RUNNER_WATCHDOG_URI"  # the watched run's tracking store (kept off the command line: credentials)
+# What a job of a sweep (`-m strategy=multi_worker ...`) waiting for its peers is told: the sweep starts none of them.
+IN_A_SWEEP = ("; a sweep job is one worker and the sweep starts no other: start the other workers of each job "
+              "yourself (the same overrides, each its own strategy.task_index), or run strategy=multi_worker outside a "
+              "sweep")
 
 
 def _end_run(uri: str | None, run_id: str | None, status: str, error: str) -> None:
@@ -54,7 +58,7 @@ def watch(args: argparse.Namespace) -> int:
         return 0
     if not ready:  # the time is up
         error = (f"{args.name} waited {args.seconds:g} s for {args.waiting_for} and gave up: start every worker of "
-                 "strategy.workers (or TF_CONFIG), or raise strategy.peer_timeout")
+                 "strategy.workers (or TF_CONFIG), or raise strategy.peer_timeout") + (IN_A_SWEEP * args.in_sweep)
         print(f"error: {error}", file=sys.stderr, flush=True)
         _end_run(args.uri, args.run_id, "FAILED", error)
         os.kill(args.pid, signal.SIGKILL)
@@ -67,6 +71,10 @@ def bounded_wait(seconds: float, name: str, waiting_for: str, uri: str | None, r
     command = [sys.executable, "-m", "runner.runtime.watchdog", "--pid", str(os.getpid()), "--seconds", str(seconds),
                "--name", name, "--waiting-for", waiting_for]
     env = dict(os.environ)
+    from runner.tracking import is_sweep_child
+
+    if is_sweep_child():
+        command.append("--in-sweep")
     if uri and run_id:  # the store's URI (it may hold credentials) in the environment, not on a command line ps shows
         command += ["--run-id", run_id]
         env[URI_VARIABLE] = uri
@@ -85,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, required=True, help="how long the wait may last")
     parser.add_argument("--waiting-for", required=True, help="who is waited for (for the error line)")
     parser.add_argument("--name", default="this worker", help="who waits (for the error line)")
+    parser.add_argument("--in-sweep", action="store_true", help="the wait is a sweep job's (for the error line)")
     parser.add_argument("--run-id", default=None, help=f"the watched process's MLflow run (its store: ${URI_VARIABLE})")
     args = parser.parse_args(argv)
     args.uri = os.environ.get(URI_VARIABLE)

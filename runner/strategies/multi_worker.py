@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from runner.runtime import cluster
+from runner.runtime import cluster, watchdog
 from runner.runtime.devices import DeviceError, nvidia_gpu_count
 from runner.errors import ConfigError, UserError, one_line
 from runner.lazy import tf
@@ -83,13 +83,27 @@ class MultiWorker(SyncBatchNorm, StrategyBase):
         spec = training.cluster
         os.environ[cluster.ENV] = spec.tf_config()  # TensorFlow reads the cluster only from TF_CONFIG
         log.warning(exposure(spec))
-        log.info("joining %d workers as %s (waits for all of them)", spec.count, spec.name)
+        log.log(*waiting(spec, self.peer_timeout, "strategy.workers" if self.workers else cluster.ENV))
         implementation = getattr(tf.distribute.experimental.CommunicationImplementation, self.communication.upper())
         options = tf.distribute.experimental.CommunicationOptions(implementation=implementation)
         strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
         log.info("cluster up: %d replicas in sync", strategy.num_replicas_in_sync)
         # Only tf.distribute's input API gives each worker its share of the data.
         return WorkerReplicas(strategy, devices, training, input_api=True, sync_batch_norm=self.sync_batch_norm)
+
+
+def waiting(spec: cluster.Cluster, seconds: float, source: str) -> tuple[int, str]:
+    """The (level, line) logged as a worker starts waiting for its peers: whom, how long, that each must be started;
+    a warning in a sweep job, whose peers the sweep never starts."""
+    from runner.tracking import is_sweep_child
+
+    others = [a for kind, addresses in spec.tasks.items() for i, a in enumerate(addresses)
+              if (kind, i) != (spec.task_type, spec.task_index)]
+    line = (f"joining {spec.count} workers as {spec.name}: waiting up to {seconds:g} s (strategy.peer_timeout) for "
+            f"{', '.join(others)}; every worker of {source} must be started")
+    if is_sweep_child():
+        return logging.WARNING, line + watchdog.IN_A_SWEEP
+    return logging.INFO, line
 
 
 def exposure(spec: cluster.Cluster) -> str:
@@ -129,8 +143,8 @@ def lost_peer(e: BaseException, spec: cluster.Cluster) -> PeerLost | None:
     else:  # the op's own line ("Collective ops is aborted by: recvmsg:Connection reset by peer"), else the first
         line = next((line.strip() for line in text.splitlines() if "aborted by" in line), None)
         how = f"TensorFlow's {type(e).__name__}: {line or one_line(e, 150)}"
-    return PeerLost(f"{spec.name} lost {who} of the cluster while training ({how}); a worker stopped, crashed or cannot be "
-                    "reached: start every worker of the job again, and it resumes from its last checkpoint")
+    return PeerLost(f"{spec.name} lost {who} of the cluster while training ({how}); a worker stopped, crashed or "
+                    "cannot be reached: start every worker of the job again, and it resumes from its last checkpoint")
 
 
 def _task(spec: cluster.Cluster, kind: str, index: int) -> str:
