@@ -54,6 +54,15 @@ def test_a_run_learns_the_same_as_the_one_device_run_of_its_own_seed():
     assert both.same == (2, 2)  # each mirrored run against the single run of its seed (was 1 of 3)
 
 
+def test_a_fastest_run_on_one_device_names_the_run_it_is_faster_than_and_sub_second_times_keep_two_digits():
+    """The verdict read "fastest mirrored/split x1 (0.3 s ...); ...; 1.01x 1 device" of a 1-device run against another
+    1-device run, and 0.34 s and 0.31 s both as 0.3 s."""
+    runs = [run("single", 1, ips=1000, tta=0.34), run("mirrored", 1, ips=1010, tta=0.31)]
+    (v,) = decide(runs)
+    assert v.line().startswith("verdict: mlp: fastest mirrored/split x1 (0.31 s to 90% test accuracy)")
+    assert v.line().count("1.10x single/split x1") == 2 and "x 1 device" not in v.line()  # runner-up, 1 device
+
+
 def test_runs_that_never_reached_the_target_are_not_ranked_on_time():
     runs = [run("single", 1, ips=1000, tta=20.0), run("mirrored", 2, ips=5000)]  # mirrored: never reached
     (v,) = decide(runs)
@@ -483,6 +492,21 @@ def test_a_clusters_run_counts_every_workers_devices(tmp_path, capsys):
     assert code == 0, err
     assert "| mlp | split | multi_worker | 2 CPU | strong | 1,600 | - | - | 1.60 | 0.80 |" in out
     assert "fastest multi_worker/split x2" in out
+
+
+def test_mlflows_default_experiment_is_reported_when_asked_for_by_name(tmp_path, capsys):
+    """Runs logged without an experiment land in MLflow's 'Default': `--experiment Default` said "no experiment
+    'Default'" (it is left out only when the report chooses the newest experiment itself)."""
+    from mlflow import MlflowClient
+
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    rid = client.create_run("0", tags={"model": "mlp", "pipeline": "split", "strategy": "single",
+                                       "devices.count": "1", "devices.kind": "CPU"}).info.run_id
+    client.log_metric(rid, "images_per_sec", 1000)
+    client.set_terminated(rid)
+    code, out, err = _report(tmp_path, uri, capsys, "--experiment", "Default")
+    assert code == 0 and "| mlp | split | single | 1 CPU |" in out, err
 
 
 def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():

@@ -99,7 +99,8 @@ class Selection:
 def select(client: Any, experiment: str | None, parent: str | None, latest_sweep: bool) -> Selection:
     """The runs a report covers: as asked, or (nothing asked) the newest sweep in the store, else the newest
     experiment. Raises ReportError naming what exists when the ask cannot be met."""
-    experiments = [e for e in client.search_experiments() if e.name != "Default" or e.experiment_id != "0"]
+    experiments = [e for e in client.search_experiments()  # MLflow's own Default: only when asked for by name
+                   if e.name != "Default" or e.experiment_id != "0" or experiment == "Default"]
     names = ", ".join(sorted(e.name for e in experiments)) or "none"
     pool = [e for e in experiments if experiment is None or e.name == experiment]  # names are unique
     if experiment is not None and not pool:

@@ -178,7 +178,8 @@ class Verdict:
         metric = self.best.runs[0].target_metric
         level = METRICS[metric].level(self.target)
         target = f"{level} test accuracy" if metric == "accuracy" else f"test {METRICS[metric].said} {level}"
-        figure = f"{value:.1f} s to {target}" if key == "time_to_target" else \
+        seconds = f"{value:.1f}" if value >= 1 else f"{value:.2g}"  # 0.34 s and 0.31 s, not 0.3 s twice
+        figure = f"{seconds} s to {target}" if key == "time_to_target" else \
             f"{value:,.0f} {self.best.runs[0].unit}/s"
         parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
         if self.basis == "throughput":
@@ -189,8 +190,9 @@ class Verdict:
             noise = {True: "beyond the noise", False: "within the noise",
                      None: "noise unknown (single runs: repeat them, sweep.repeats=3, to know)"}[self.beyond_noise]
             parts.append(f"{noise} ({self.spread})" if self.beyond_noise is not None and self.spread else noise)
-        if self.over_one_device is not None:
-            parts.append(f"{self.over_one_device:.2f}x 1 device")
+        if self.over_one_device is not None:  # the fastest on 1 device itself: over which 1-device run
+            one = self.reference if all(r.devices == 1 for r in self.best.runs) else "1 device"
+            parts.append(f"{self.over_one_device:.2f}x {one}")
         agree, compared = self.same
         said = self.tolerance.said(self.best.runs[0].score_metric)
         parts.append(f"learns the same as 1 device: {agree} of {compared} ({said})" if compared else
