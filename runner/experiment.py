@@ -199,6 +199,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
                     "train.learning_rate", plan.train.lr_warmup_steps, steps)
     _warn_dense_tables(plan)
     checkpointer, start = _resume(plan, strategy, data, run)
+    strategy.check_same_start(start, plan.config_hash)
     evals = train.Evaluations(strategy, data.test(), data.test(plan.train.check_examples), run.metrics,
                               target_of(plan.train), plan.train.eval_every, train.check_cadence(plan.train, steps))
     around = _around(plan, checkpointer, strategy, run)
@@ -263,7 +264,6 @@ def _resume(plan: Plan, strategy: Any, data: Data, run: tracking.Recorder) -> tu
     checkpointer = checkpoints.Checkpointer(folder, plan.train.checkpoint_every, strategy.checkpoint_objects(),
                                             run.run_id, spec is None or spec.is_chief, scratch, data.digest("train"))
     start, previous = checkpointer.restore()
-    strategy.check_same_start(start)
     if start:
         run.tags({"resumed_from_step": str(start), **({"resumed_from": previous} if previous else {})})
         if previous:

@@ -88,8 +88,9 @@ class Strategy(Protocol):
     def moving_statistics(self) -> list[list[Any]]:
         """Each moving-state variable (batch normalization's) as one numpy array per copy of the model kept."""
 
-    def check_same_start(self, step: int) -> None:
-        """Raise unless every process of the job resumes from `step` (one process: nothing to do)."""
+    def check_same_start(self, step: int, config_hash: str = "") -> None:
+        """Raise unless every process of the job resumes from `step` and was given the config of `config_hash` (one
+        process: nothing to do)."""
         return None
 
 

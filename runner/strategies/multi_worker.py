@@ -176,12 +176,20 @@ class WorkerReplicas(Replicas):
 
         return call
 
-    def check_same_start(self, step: int) -> None:
-        """Every worker must resume from the same step (n * sum(s^2) == sum(s)^2 over their steps s: all equal), or
-        the collectives would pair different steps."""
-        local = self.strategy.run(lambda: tf.constant([step, step * step], tf.float64))
-        total, squares = self.strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None).numpy()
+    def check_same_start(self, step: int, config_hash: str = "") -> None:
+        """Every worker must be given the same config and resume from the same step (n * sum(v^2) == sum(v)^2 over
+        the workers' values v: all equal), or the collectives would pair different steps or tensors (a worker given
+        other overrides failed mid-training with TensorFlow's 'Shape mismatch in the collective instance')."""
+        fingerprint = int(config_hash[:6] or "0", 16)  # 24 bits: its square's sums exact in float64
+        values = [step, step * step, fingerprint, fingerprint * fingerprint]
+        local = self.strategy.run(lambda: tf.constant(values, tf.float64))
+        total, squares, hashes, hash_squares = self.strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None).numpy()
         n = self.strategy.num_replicas_in_sync
+        if n * hash_squares != hashes * hashes:
+            raise DeviceError(
+                f"the workers were started with different configs (this one's config_hash {config_hash}): start "
+                "every worker with the same overrides, only strategy.task_index differing"
+            )
         if n * squares != total * total:
             raise DeviceError(
                 f"the workers would resume from different steps (this one: {step}); train.checkpoint_dir must be "
