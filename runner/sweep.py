@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -98,6 +99,9 @@ def launch(command: list[str], job_dir: str, parent: str | None) -> dict[str, st
         return outcome
     lines = [line for line in stderr.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("error:")]  # the job's own error line, else its last
+    if code < 0:  # killed by a signal it could not handle (SIGKILL: the kernel's OOM killer, `kill -9`)
+        lines = [f"killed by {signal.Signals(-code).name} (its last line: {lines[-1].strip()})" if lines else
+                 f"killed by {signal.Signals(-code).name}"]
     return {**outcome, "error": (errors or lines or [f"exit status {code}"])[-1].removeprefix("error: ")}
 
 

@@ -330,3 +330,12 @@ def test_ctrl_c_on_joblibs_launcher_leaves_no_job_running(tmp_path):
     df = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke")
     assert "RUNNING" not in set(df["status"]), list(df["status"])
     assert set(_children(df)["status"]) == {"KILLED"}
+
+
+def test_a_job_killed_by_a_signal_says_which(tmp_path):
+    """A SIGKILLed job (the OOM killer, kill -9) was reported by its last log line, or as "exit status -9"."""
+    from runner.sweep import launch
+
+    dies = "import os, signal, sys; print('INFO training', file=sys.stderr, flush=True); os.kill(os.getpid(), 9)"
+    outcome = launch([sys.executable, "-c", dies], str(tmp_path / "job"), None)
+    assert outcome["status"] == "FAILED" and outcome["error"] == "killed by SIGKILL (its last line: INFO training)"
