@@ -247,8 +247,8 @@ class Files(DatasetOptions):
                                 f"labels 0 to classes - 1{', or ' + takes if takes else ''}")
             alike = x.dtype.kind in "iu" if tokens else x.dtype == x_train.dtype  # uint8 is scaled, float32 is not
             if not alike or y.dtype.kind != y_train.dtype.kind:
-                why = ("token ids are integers" if tokens else
-                       "uint8 images are scaled to [0, 1], float32 ones read as they are")
+                why = ("integer labels are class ids, float ones values" if alike else "token ids are integers"
+                       if tokens else "uint8 images are scaled to [0, 1], float32 ones read as they are")
                 raise DataError(f"{self.path}: x_test.npy {x_test.dtype} and y_test.npy {y_test.dtype}, x_train.npy "
                                 f"{x_train.dtype} and y_train.npy {y_train.dtype}: store both splits alike ({why})")
             self._by_rows(x, split)

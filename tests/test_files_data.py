@@ -212,6 +212,8 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
      ["y_test.npy holds inf at index (0,)"]),
     (lambda t: _replace(write_npy(t / "ds", dtype=np.float32), x_test=np.zeros((100, 20, 24, 3), np.uint8)), [],
      ["x_test.npy uint8", "x_train.npy float32", "store both splits alike", "uint8 images are scaled"]),
+    (lambda t: _replace(write_npy(t / "ds"), y_test=np.zeros(100, np.float32)), [],  # was said of uint8 images
+     ["y_test.npy float32", "y_train.npy int64", "integer labels are class ids, float ones values"]),
     (lambda t: _replace(write_npy(t / "ds"), y_train=np.zeros(600), y_test=np.zeros(100)), ["data.classes=7"],
      ["data.classes=7 counts a classifier's classes", "y_train.npy holds float64 values, a regression"]),
     (lambda t: _replace(write_npy(t / "ds"), y_train=np.array(1)), [], ["y_train.npy holds no examples (int64 ())"]),
