@@ -509,6 +509,31 @@ def test_mlflows_default_experiment_is_reported_when_asked_for_by_name(tmp_path,
     assert code == 0 and "| mlp | split | single | 1 CPU |" in out, err
 
 
+def test_an_experiments_report_closes_a_sweep_parent_its_dead_sweep_left_running(tmp_path, capsys):
+    """`runner report` (the newest sweep) closed a killed sweep's parent; `--experiment X` left it RUNNING."""
+    import socket
+    import subprocess
+    import sys
+
+    from mlflow import MlflowClient
+
+    uri = new_store(tmp_path)
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("killed")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    parent = client.create_run(experiment, tags={"sweep": "parent", "runner.host": socket.gethostname(),
+                                                 "runner.pid": str(gone.pid), "runner.started": "1"}).info.run_id
+    job = client.create_run(experiment, tags={"model": "mlp", "pipeline": "split", "strategy": "single",
+                                              "devices.count": "1", "devices.kind": "CPU",
+                                              "mlflow.parentRunId": parent}).info.run_id
+    client.log_metric(job, "images_per_sec", 1000)
+    client.set_terminated(job)
+    code, out, err = _report(tmp_path, uri, capsys, "--experiment", "killed")
+    assert code == 0, err
+    assert client.get_run(parent).info.status == "KILLED"
+
+
 def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():
     """The batch a scaling derives (a strong run's per-device batch) names no setting, even where a weak-scaling sweep
     varies that key; a refused run (no params) has none; a key an older run did not log still tells the others apart."""

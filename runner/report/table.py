@@ -155,6 +155,8 @@ def fetch(client: Any, selection: Selection, filter_string: str,
         if e.error_code != "INVALID_PARAMETER_VALUE":
             raise
         raise ReportError(f"--filter {filter_string!r}: {e.message} (MLflow's search syntax)") from None
+    for parent in [r for r in runs if r.data.tags.get("sweep") == "parent"]:  # an experiment's: closed if dead
+        tracking.close_dead_sweep(client, parent.info.run_id)
     runs = [r for r in runs if r.data.tags.get("sweep") != "parent"]
     rows = [row_of(r, _dead(client, r)) for r in runs]
     params = [{k: CONFIG_SPELLING.get(v, v) for k, v in r.data.params.items()} for r in runs]
