@@ -24,8 +24,8 @@ HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2, signal.SIGHUP)
 
 
 class Terminated(BaseException):
-    """The process got SIGTERM, SIGUSR2 or SIGHUP. A BaseException, as KeyboardInterrupt: no `except Exception` handles it as
-    an error."""
+    """The process got SIGTERM, SIGUSR2 or SIGHUP. A BaseException, as KeyboardInterrupt: no `except Exception`
+    handles it as an error."""
 
     def __init__(self, signum: int = signal.SIGTERM):
         super().__init__(f"stopped by {signal.Signals(signum).name}")

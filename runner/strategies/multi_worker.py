@@ -180,10 +180,11 @@ class WorkerReplicas(Replicas):
         """Every worker must be given the same config and resume from the same step (n * sum(v^2) == sum(v)^2 over
         the workers' values v: all equal), or the collectives would pair different steps or tensors (a worker given
         other overrides failed mid-training with TensorFlow's 'Shape mismatch in the collective instance')."""
-        fingerprint = int(config_hash[:6] or "0", 16)  # 24 bits: its square's sums exact in float64
+        fingerprint = int(config_hash[:4] or "0", 16)  # 16 bits: its squares' sums over 2**21 replicas exact in float64
         values = [step, step * step, fingerprint, fingerprint * fingerprint]
         local = self.strategy.run(lambda: tf.constant(values, tf.float64))
-        total, squares, hashes, hash_squares = self.strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None).numpy()
+        sums = self.strategy.reduce(tf.distribute.ReduceOp.SUM, local, axis=None).numpy()
+        total, squares, hashes, hash_squares = sums
         n = self.strategy.num_replicas_in_sync
         if n * hash_squares != hashes * hashes:
             raise DeviceError(
