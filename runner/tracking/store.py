@@ -95,8 +95,9 @@ _holding_interrupts = False
 @contextmanager
 def whole_write() -> Iterator[None]:
     """Hold back the signals that stop a run (Ctrl-C, SIGTERM, SIGUSR2, SIGHUP: runtime.signals.HANDLED) while a
-    store write runs, and deliver the first as soon as the write is done, to the handler that was installed: raised inside SQLAlchemy between sqlite's write and its commit, it would
-    leave that connection holding the store's lock, and the run's closing writes would fail and leave it RUNNING.
+    store write runs, and deliver the first as soon as the write is done, to the handler that was installed: raised
+    inside SQLAlchemy between sqlite's write and its commit, it would leave that connection holding the store's lock,
+    and the run's closing writes would fail and leave it RUNNING.
     Nested uses hold the signals until the outermost write ends. Only the main thread can set signal handlers;
     elsewhere this does nothing, and a signal whose handler is not Python's is left alone.
     """
