@@ -69,6 +69,33 @@ def test_winograd_and_gemm_are_told_apart_by_the_convolutions_shape():
     assert spec_sheet.layers(model)[0].first and not spec_sheet.layers(model)[2].first
 
 
+def test_depthwise_separable_and_recurrent_layers_are_priced_by_their_work_and_others_not_at_all():
+    """Layers without a FLOP formula were priced as one multiply per weight: an LSTM of 64 steps came out at 124
+    TFLOP/s of a 15.7 TFLOP/s V100, and Xception (separable convolutions) faster than InceptionV3. Now each is
+    counted at every position and step it runs (checked by hand), a per-channel convolution is never Winograd's, and a
+    layer with weights and no formula is a row that says so, not a price."""
+    import keras
+
+    from runner.errors import UserError
+    from runner.measure.flops import forward_flops_per_example
+
+    image, steps = keras.Input((32, 32, 8)), keras.Input((64, 20))
+    for layer, source, flops in [
+        (keras.layers.DepthwiseConv2D(3, padding="same"), image, 2 * 3 * 3 * 8 * 32 * 32),
+        (keras.layers.SeparableConv2D(16, 3, padding="same"), image, 2 * (3 * 3 * 8 + 8 * 16) * 32 * 32),
+        (keras.layers.LSTM(32), steps, 2 * (20 * 4 * 32 + 32 * 4 * 32) * 64),  # 4 gates, at each of 64 steps
+        (keras.layers.GRU(32, return_sequences=True), steps, 2 * (20 * 3 * 32 + 32 * 3 * 32) * 64),
+    ]:
+        model = keras.Model(source, layer(source))
+        assert forward_flops_per_example(model) == flops, type(layer).__name__
+        if source is image:
+            (compute,) = [x for x in spec_sheet.layers(model) if x.kind == "compute"]
+            assert compute.algorithm == "implicit"
+    unknown = keras.Model(image, keras.layers.PReLU()(image))  # weights, no formula
+    with pytest.raises(UserError, match="not priced on spec sheets: no FLOP formula for layer"):
+        spec_sheet.layers(unknown)
+
+
 def test_a_spec_sheet_prediction_prints_its_table_and_efficiency(capsys):
     code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=1,8",
                                 "strategy=parameter_server,mirrored")

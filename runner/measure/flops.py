@@ -64,12 +64,20 @@ def _forward_flops(layer: Any) -> float:
         return 0.0  # a lookup; an element-wise scale and shift (left out, as bias adds are)
     if isinstance(layer, keras.layers.MultiHeadAttention):
         return _attention_flops(layer)
-    if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
+    if isinstance(layer, (keras.layers.SeparableConv1D, keras.layers.SeparableConv2D)):  # depthwise, then 1x1
+        return 2.0 * (math.prod(layer.depthwise_kernel.shape) + math.prod(layer.pointwise_kernel.shape)) * \
+            _output_positions(layer)
+    if isinstance(layer, keras.layers.RNN) and hasattr(layer.cell, "recurrent_kernel"):  # LSTM, GRU, SimpleRNN
+        steps = tuple(layer.input.shape)[1]  # the input's and the state's kernels at every time step
+        return 2.0 * (math.prod(layer.cell.kernel.shape) + math.prod(layer.cell.recurrent_kernel.shape)) * steps
+    if not isinstance(layer, (keras.layers.Dense, keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D,
+                              keras.layers.DepthwiseConv1D, keras.layers.DepthwiseConv2D)):
         # Refuse rather than count 0: a silently low count would inflate nobody's MFU but deflate it unnoticed.
         raise ValueError(f"no FLOP formula for layer {layer.name} ({type(layer).__name__}); "
                          "add one to runner/measure/flops.py")
-    # The kernel is (in, out) for Dense and (k..., cin / groups, cout) for convolutions: every entry is one
-    # multiply-accumulate per output position, whatever the padding, stride or groups.
+    # The kernel is (in, out) for Dense, (k..., cin / groups, cout) for convolutions and (k..., cin, multiplier) for
+    # depthwise ones: every entry is one multiply-accumulate per output position, whatever the padding, stride or
+    # groups.
     return 2.0 * math.prod(layer.kernel.shape) * _output_positions(layer)
 
 
