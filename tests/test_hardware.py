@@ -125,6 +125,9 @@ def test_each_model_has_its_own_predicted_fastest(capsys):
                                 "strategy=mirrored,replicated")
     fastest = [line for line in out.splitlines() if line.startswith("predicted fastest: ")]
     assert code == 0 and [line.split()[2] for line in fastest] == ["mlp/default", "lenet/default"], out + err
+    # and where they are predicted for: the lines named no hardware, nor that Volta's constants are Pascal's
+    assert all("images/s, on dgx1_v100's spec sheet; volta priced with pascal's constants, unchecked against any "
+               "published table)" in line for line in fastest), fastest
 
 
 def test_the_json_form_has_one_object_per_combination(capsys):
@@ -136,6 +139,7 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     for r in records:
         assert {"strategy", "pipeline", "gpus", "nodes", "rate", "unit", "step_seconds", "predicted"} <= set(r)
         assert r["strategy"] == "mirrored" and r["unit"] == "images" and r["predicted"] and r["nodes"] == 1
+        assert (r["hardware"], r["architecture"]) == ("dgx1_p100", "pascal")  # what it is a prediction for
         assert r["rate"] == pytest.approx(2 * 64 * (r["gpus"] // 2) / r["step_seconds"])
 
 

@@ -288,7 +288,8 @@ def _given(cfg: Any) -> dict[str, Any]:
     per_node = cfg.hardware.get("devices_per_node") if isinstance(gpus, int) else None
     nodes = -(-max(gpus, 1) // per_node) if per_node else 1
     named = {group: cfg[group].get("name") or cfg[group].get("_target_") for group in ("strategy", "pipeline")}
-    return {**named, "gpus": gpus, "nodes": nodes}
+    return {**named, "gpus": gpus, "nodes": nodes, "hardware": cfg.hardware.get("name"),
+            "architecture": (cfg.hardware.get("accelerator") or {}).get("architecture")}
 
 
 def fastest_line(outcomes: list[Outcome]) -> str:
@@ -298,8 +299,21 @@ def fastest_line(outcomes: list[Outcome]) -> str:
         return "predicted fastest: none (no combination could be predicted)"
     best = priced[0].prediction.rate
     ties = [o.label for o in priced[1:] if o.prediction.rate >= (1 - TIE) * best]
-    text = f"predicted fastest: {priced[0].label} ({best:,.0f} {priced[0].prediction.unit}/s)"
+    text = f"predicted fastest: {priced[0].label} ({best:,.0f} {priced[0].prediction.unit}/s{_on(priced[0])})"
     return text + (f"; within {TIE:.0%} of it (a tie for this model): {', '.join(ties)}" if ties else "")
+
+
+def _on(o: Outcome) -> str:
+    """Where a prediction is for: `, on dgx1_v100's spec sheet` (its architecture's constants unchecked where no
+    published table fitted them), `, on this machine` (calibrated here), '' where the config does not say."""
+    from runner.predict.spec_sheet import ARCHITECTURE, FITTED
+
+    name, architecture = o.given.get("hardware"), o.given.get("architecture")
+    if name in (None, "this"):
+        return ", on this machine" if name else ""
+    unchecked = (f"; {architecture} priced with {FITTED}'s constants, unchecked against any published table"
+                 if architecture and architecture not in ARCHITECTURE else "")
+    return f", on {name}'s spec sheet{unchecked}"
 
 
 def predict_elsewhere(combos: list[list[str]]) -> list[Outcome]:
