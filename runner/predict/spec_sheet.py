@@ -196,8 +196,9 @@ def price(plan: Any, model_layers: list[Layer]) -> tuple[dict[str, float], float
     """The terms (seconds per step) of `plan`'s step on its spec sheet, and the step of one device alone at the same
     per-device batch (efficiency's base); ConfigError when the model does not fit."""
     hw, train = plan.hardware, plan.train
-    nodes = math.ceil(max(plan.gpus, 1) / hw.devices_per_node)  # the devices fill one node after another
-    local = plan.strategy.towers(plan.gpus) // nodes if plan.strategy.data_parallel else 1
+    nodes = math.ceil(max(plan.gpus, 1) / hw.devices_per_node)  # the devices fill one node after another:
+    towers = plan.strategy.towers(plan.gpus)
+    local = min(towers, hw.devices_per_node) if plan.strategy.data_parallel else 1  # a full node's devices
     batch = int(train.per_device_batch_size)
     check_precision(hw, str(train.precision))
     _check_fits(plan, model_layers, batch)
