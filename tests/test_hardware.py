@@ -174,6 +174,11 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     # one combination no cost model covers (was a one-row 'not predicted' table, exit 1)
     (["strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no cost model", "mirrored"]),
     (["hardware=dgx1_p100", "strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no spec-sheet"]),
+    # one combination the spec sheet refuses (was a 'not predicted' row and 'predicted fastest: none', exit 1)
+    (["hardware=dgx1_v100", "train.precision=mixed_bfloat16", "gpus=8", "strategy=mirrored"],
+     ["mixed_bfloat16", "mixed_float16"]),
+    (["hardware=dgx_a100", "train.per_device_batch_size=4096", "strategy=mirrored"],
+     ["train.per_device_batch_size="]),
 ])
 def test_bad_hardware_input_is_one_line(capsys, argv, wanted):
     """One combination (not a sweep): what the runner refuses, or what no cost model covers, is the command's one

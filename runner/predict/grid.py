@@ -135,7 +135,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
                           error=error, given=_given(plan.cfg if plan else cfg), setting=setting)
         outcomes.append(outcome)
         if error is None and not plan.hardware.measured:
-            _from_spec_sheet(plan, outcome, layers)
+            _from_spec_sheet(plan, outcome, layers, refusals_raise)
         elif error is None:
             groups.setdefault(calibrate.device_set_key(plan), []).append((plan, outcome))
     path = calibrate.cache_path(cache_dir)
@@ -169,8 +169,9 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     return outcomes
 
 
-def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> None:
-    """`outcome`'s prediction on the plan's named hardware, or why there is none (`layers`: read once per model)."""
+def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list], refusals_raise: bool = False) -> None:
+    """`outcome`'s prediction on the plan's named hardware, or why there is none (`layers`: read once per model;
+    `refusals_raise`: the reason raised, a lone combination's)."""
     from omegaconf import OmegaConf
 
     from runner.runtime.devices import import_tensorflow
@@ -188,6 +189,8 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list]) -> 
             raise UserError(layers[key])
         terms, one_device = spec_sheet.price(plan, layers[key])
     except UserError as e:
+        if refusals_raise:
+            raise
         outcome.error = one_line(e)
         return
     outcome.prediction = Prediction(combination(plan), plan.train.global_batch_size, terms, plan.spec.unit,
