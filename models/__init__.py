@@ -288,6 +288,9 @@ def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
     return out
 
 
+IGNORED_VARIANT: set[str] = set()  # model functions whose ignored model.variant was said
+
+
 def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> FunctionModel:
     """A FunctionModel for `fn`, its keyword arguments checked against its signature now (before TensorFlow);
     `variant` (the smoke preset asks for `tiny`) is left out, with a warning, where the function does not take it."""
@@ -304,7 +307,10 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
     if "weights" in parameters and "weights" not in kwargs:
         kwargs["weights"] = None  # keras.applications' own default is "imagenet": a download (UNTRAINED)
     if "variant" in kwargs and "variant" not in parameters:
-        log.warning("model %s takes no variant: model.variant=%s ignored", target, kwargs.pop("variant"))
+        variant = kwargs.pop("variant")
+        if target not in IGNORED_VARIANT:  # said once per process (a sweep's predictions validate it per combination)
+            IGNORED_VARIANT.add(target)
+            log.warning("model %s takes no variant: model.variant=%s ignored", target, variant)
     try:
         supplied = {**spec_arguments(fn, MNIST), **{k: None for k in SPEC_ARGUMENTS[2:] if k in parameters}}
         inspect.signature(fn).bind(**supplied, **kwargs)  # whatever the data, its arguments are supplied

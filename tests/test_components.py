@@ -134,6 +134,17 @@ def test_a_users_model_is_named_by_its_function_not_by_the_default_models_name()
     assert validate(compose("+model._target_=user_models.resnet", "model.name=mine")).model.name == "mine"
 
 
+def test_a_model_functions_ignored_variant_is_said_once(monkeypatch, caplog):
+    """`runner predict -m` validates each combination: "takes no variant: model.variant=default ignored" came 4
+    times per model."""
+    from runner import models
+
+    monkeypatch.setattr(models, "IGNORED_VARIANT", set())
+    for _ in range(3):
+        assert validate(compose("+model._target_=user_models.resnet", "debug=smoke")).model.name == "resnet"
+    assert caplog.text.count("takes no variant: model.variant=tiny ignored") == 1
+
+
 def test_a_user_component_with_a_bad_option_or_path_is_one_line(user_folder, monkeypatch):
     monkeypatch.syspath_prepend(str(user_folder / "code"))
     conf = str(user_folder / "conf")
