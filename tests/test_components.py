@@ -145,6 +145,25 @@ def test_a_model_functions_ignored_variant_is_said_once(monkeypatch, caplog):
     assert caplog.text.count("takes no variant: model.variant=tiny ignored") == 1
 
 
+def test_a_bug_in_a_users_model_function_is_one_line_naming_where(tf_devices):
+    """A NameError in a user's model function was Hydra's 'Error executing job' and 64 lines of traceback; so was
+    this misspelt layer."""
+    from runner.strategies.common import build_model
+
+    plan = validate(compose("+model._target_=user_models.misspelt"))
+    with pytest.raises(ConfigError) as err:
+        build_model(plan.model, plan.spec, 0)
+    said = str(err.value)
+    assert said.startswith("model=misspelt: _target_ user_models.misspelt raised AttributeError: module "
+                           "'keras.layers' has no attribute 'Dens'") and said.endswith(f"user_models.py:{_line_of('Dens(')}")
+
+
+def _line_of(text: str) -> int:
+    """The line of tests/user_models.py that holds `text`."""
+    lines = (Path(__file__).parent / "user_models.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
 def test_a_user_component_with_a_bad_option_or_path_is_one_line(user_folder, monkeypatch):
     monkeypatch.syspath_prepend(str(user_folder / "code"))
     conf = str(user_folder / "conf")

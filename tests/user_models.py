@@ -246,3 +246,11 @@ class ContractPipeline(_ContractOnly):
 class ContractStrategy(_ContractOnly):
     name: str = "contract_strategy"
     WRAPS = ("runner.strategies", "StrategyOptions", "STRATEGIES", "replicated", {})
+
+
+def misspelt(input_shape=(28, 28, 1), classes: int = 10):
+    """A user's bug: a layer's name misspelt (AttributeError when it is called)."""
+    import keras
+
+    inputs = keras.Input(input_shape)
+    return keras.Model(inputs, keras.layers.Dens(classes)(keras.layers.Flatten()(inputs)))

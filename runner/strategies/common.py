@@ -33,6 +33,9 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
         built = model.build(spec)
     except (ValueError, TypeError) as e:  # keras.applications' refusals ("Input size must be at least 32x32; ...")
         raise ConfigError(f"model={model.name} cannot be built for {spec}: {str(e).splitlines()[0]}") from None
+    except Exception as e:  # a bug in a user's function (a NameError): where, in one line (RUNNER_TRACEBACK=1: all)
+        raise ConfigError(f"model={model.name}: {_builder(model)} raised {type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0]}{_where(e)}") from None
     if not isinstance(built, keras.Model):
         raise ConfigError(f"model={model.name}: {_builder(model)} returned {reprlib.repr(built)} (a "
                           f"{type(built).__name__}), not a keras.Model; it must return one mapping "
@@ -85,6 +88,18 @@ def _check_features(name: str, built: keras.Model, spec: Spec) -> None:
     if tuple(built.output_shape[1:]) != spec.outputs_shape:
         raise ConfigError(f"model={name} gives {tuple(built.output_shape[1:])} outputs per example, the data needs "
                           f"{spec.outputs_shape} ({spec})")
+
+
+def _where(e: BaseException) -> str:
+    """` at file:line` of the innermost frame of `e`'s traceback outside the runner and installed packages (a user's
+    code), or ''."""
+    import traceback
+    from pathlib import Path
+
+    ours = str(Path(__file__).parents[1])  # the runner's package
+    theirs = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(ours) and "-packages" not in f.filename and not f.filename.startswith("<")]
+    return f" at {theirs[-1].filename}:{theirs[-1].lineno}" if theirs else ""
 
 
 def _builder(model: Model) -> str:
