@@ -272,6 +272,22 @@ def test_a_probe_taken_under_load_is_tried_again_and_never_cached(peak, tmp_path
     assert json.loads((tmp_path / "peak.json").read_text())[probed.key]["size"] == 3
 
 
+def test_a_runs_probe_that_found_the_machine_busy_says_so(peak, monkeypatch, caplog):
+    """The probe runs in a process of its own, whose 'peak not measured' warning was never shown: on a busy machine
+    every run probed again (~15 s each) without a word."""
+    import subprocess
+
+    said = ("[2026-11-29 08:59:01,000][runner.measure.peak][WARNING] - peak not measured: other processes used 61% of "
+            "the CPUs during two probes (90 GFLOP/s at best); MFU is left out. Re-probe on an idle machine: runner "
+            "check --reprobe")
+    monkeypatch.setattr(peak, "cached_cpu_peak", lambda dtype="float32", cache_dir=None: None)
+    monkeypatch.setattr(peak.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "", said + "\n"))
+    assert peak.cpu_peak("float32") is None
+    assert ("peak not measured: other processes used 61% of the CPUs during two probes (90 GFLOP/s at best); MFU is "
+            "left out. Re-probe on an idle machine: runner check --reprobe; until a probe is cached, every run probes "
+            "again") in caplog.text
+
+
 @pytest.mark.alone  # a probe beside another test is disturbed, and not trusted
 def test_hosts_under_one_model_name_get_their_own_peak(peak, tmp_path, monkeypatch):
     """A peak cached on a host without AVX-512 is not read on one with it, though /proc/cpuinfo names both alike."""

@@ -232,7 +232,11 @@ def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
     if refresh or cached_cpu_peak(dtype=dtype) is None:
         _announce(dtype, _cache_path(), refresh)  # the probe's own line is in its process's output, unseen
         code = f"from runner.measure.peak import probe_peak; probe_peak(dtype={dtype!r}, refresh={refresh})"
-        subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300, check=False)
+        probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
+        if cached_cpu_peak(dtype=dtype) is None:  # its reason was in its output, unseen: every run probed again
+            said = [line.split(" - ", 1)[-1] for line in probe.stderr.splitlines() if "peak not measured" in line]
+            log.warning("%s; until a probe is cached, every run probes again (~15 s; train.probe_peak=false: none)",
+                        said[-1] if said else f"peak not measured: the probe gave no figure (exit {probe.returncode})")
     return cached_cpu_peak(dtype=dtype)
 
 
