@@ -99,3 +99,15 @@ def test_a_misspelled_subcommand_is_one_line_naming_the_subcommands(tmp_path):
     proc = run_cli("predikt", "hardware=dgx1_p100", cwd=tmp_path, timeout=60)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: 'predikt' is not a subcommand (report, check, predict, replay) or a config override KEY=VALUE")
+
+
+@pytest.mark.parametrize("command", [["--config-dir", "{missing}", "model=resnet"],
+                                     ["predict", "--config-dir", "{missing}", "model=cnn"]], ids=["run", "predict"])
+def test_a_config_folder_that_does_not_exist_is_one_line(tmp_path, command):
+    """Hydra skips a missing --config-dir without a word: a run said 'model=resnet is not an option of group
+    model', and runner predict printed the built-in options' predictions, exit 0."""
+    missing = tmp_path / "conf"
+    proc = run_cli(*[c.format(missing=missing) for c in command], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        f"error: config folder {missing} does not exist (--config-dir or hydra.searchpath); give the folder that "
+        "holds your <group>/<option>.yaml files"), proc.stderr

@@ -90,6 +90,10 @@ def check_group_overrides(args: list[str]) -> str | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     parser, extra = OverridesParser.create(), config_dirs(args)
+    missing = [d for d in extra if not d.is_dir()]  # Hydra skips a folder it cannot find, without a word
+    if missing:
+        return (f"config folder {missing[0]} does not exist (--config-dir or hydra.searchpath); give the folder that "
+                "holds your <group>/<option>.yaml files")
     for arg in args:
         if arg.startswith("-"):
             continue
