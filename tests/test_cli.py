@@ -26,7 +26,9 @@ def test_smoke_run_from_cli_lands_in_the_default_store_after_few_lines(tmp_path)
     assert first_progress <= 8, "\n".join(lines[:first_progress])
     assert not [line for line in lines if "cuInit" in line or "CUDA error" in line]
     assert "no GPU found: training on the CPU" in proc.stdout
-    assert "elapsed" in lines[first_progress] and "left" in lines[first_progress]  # elapsed time and ETA
+    second = next(i for i, line in enumerate(lines) if "step 10/60" in line)
+    assert "elapsed" in lines[first_progress] and "left" not in lines[first_progress]  # its time holds the tracing
+    assert "elapsed" in lines[second] and "left" in lines[second]  # elapsed time and ETA, timed from step 1
     df = runs(_store(tmp_path), "smoke")  # default store: mlflow.db in the launch directory
     assert list(df["status"]) == ["FINISHED"]
     run_id = df.iloc[0]["run_id"]
