@@ -49,6 +49,7 @@ def test_the_last_line_names_the_mae_and_its_target(tf_devices, store):
     result = run(compose(*REGRESSION, f"mlflow.tracking_uri={store}", "train.steps=40"))
     line = result_line(result)
     assert line.startswith("test MAE ") and "  test loss " in line and "images/s  target MAE 0.5 " in line, line
+    assert "(40 steps, " in line and " s wall)  mlflow run " in line  # the run's wall time, said as such
 
 
 def test_a_users_npy_folder_with_float_labels_is_a_regression(tf_devices, store, tmp_path):

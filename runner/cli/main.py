@@ -70,7 +70,7 @@ def result_line(result: dict) -> str:
     said = task.headline or tuple((m.name, f"test {m.said} {{:.4f}}") for m in (task.score, LOSS))
     scores = "  ".join(form.format(result[f"test_{name}"]) for name, form in said if f"test_{name}" in result)
     where = f"mlflow run {result['run_id']}" if result["run_id"] else "not logged here (the chief worker logs)"
-    return f"{scores}  {rate}  ({result['steps']:.0f} steps, {result['wall_seconds']:.1f} s)  {where}"
+    return f"{scores}  {rate}  ({result['steps']:.0f} steps, {result['wall_seconds']:.1f} s wall)  {where}"
 
 
 def _report(e: BaseException) -> NoReturn:
