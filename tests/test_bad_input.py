@@ -219,6 +219,9 @@ ROWS = {
     "key-of-another-strategy": Bad(["strategy.cross_device_ops=nccl"],
                                    ["strategy.cross_device_ops", "not an option of the chosen strategy",
                                     "strategy=mirrored"]),
+    # a spec sheet's key with hardware=this, the default (was "hardware.nodes is not an option of any hardware")
+    "key-of-a-spec-sheet": Bad(["hardware.nodes=8"], ["hardware.nodes", "not an option of the chosen hardware",
+                                                      "hardware=dgx1_p100"]),
     "experiment-empty": Bad(["mlflow.experiment="], ["mlflow.experiment=''", "non-empty name"]),
     "gpus-null": Bad(["gpus=null"], ["gpus=null", f"from 0 to {MAX_DEVICES}"]),
     "launcher-unknown": Bad(["hydra/launcher=nonsense"], ["hydra/launcher=nonsense", "joblib", "slurm"]),

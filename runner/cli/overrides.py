@@ -139,7 +139,9 @@ def explain(e: BaseException) -> str:
 def _unknown_key(key: str) -> str | None:
     """For a key the chosen component does not have (`strategy.cross_device_ops` with strategy=single): which
     components of the group have it, instead of Hydra's hint to append it."""
-    from runner.config import COMPONENTS
+    from omegaconf import OmegaConf
+
+    from runner.config import COMPONENTS, CONF_DIR
     from runner.registry import fields
 
     group, _, name = key.partition(".")
@@ -151,6 +153,8 @@ def _unknown_key(key: str) -> str | None:
     owners = [n for n in registry.names() if name in fields(registry.get(n))]
     if any(typing.get_origin(fields(registry.get(n))[name]) is dict for n in owners):
         return f"{key} is a mapping of {group}={', '.join(owners)}: add entries with +{key}.NAME=VALUE"
+    if not owners:  # a YAML option may carry keys no registered class has (a spec sheet's hardware.nodes)
+        owners = [o for o in group_options(group) if name in (OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {})]
     if not owners:
         return f"{key} is not an option of any {group}; `python -m runner --cfg job` shows the chosen {group}'s options"
     return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"
