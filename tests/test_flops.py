@@ -366,7 +366,8 @@ def test_a_sweep_probes_the_peak_once_before_its_jobs_and_not_again(peak, tmp_pa
 
     monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path))
     calls = []
-    monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args))
+    monkeypatch.setattr(subprocess, "run", lambda args, **kw: calls.append(args) or subprocess.CompletedProcess(
+        args, 0, "", ""))
     peak.probe_before_jobs()
     assert len(calls) == 1 and "probe_peak(dtype='float32'" in calls[0][-1]
     key = peak.cache_key(peak._cpu_description())

@@ -217,7 +217,7 @@ def test_a_sweep_job_waiting_for_its_peers_says_the_sweep_starts_none(tmp_path):
         f"worker0 waited 3 s for 127.0.0.1:{ports[1]} and gave up: start every worker of strategy.workers (or "
         "TF_CONFIG), or raise strategy.peer_timeout; a sweep job is one worker and the sweep starts no other: start "
         "the other workers of each job yourself (the same overrides, each its own strategy.task_index), or run "
-        "strategy=multi_worker outside a sweep")
+        "this strategy outside a sweep")
 
 
 @pytest.mark.parametrize(

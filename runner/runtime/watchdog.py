@@ -21,13 +21,12 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from runner.runtime import signals
+from runner.runtime import is_sweep_child, signals
 
 URI_VARIABLE = "RUNNER_WATCHDOG_URI"  # the watched run's tracking store (kept off the command line: credentials)
 # What a job of a sweep (`-m strategy=multi_worker ...`) waiting for its peers is told: the sweep starts none of them.
 IN_A_SWEEP = ("; a sweep job is one worker and the sweep starts no other: start the other workers of each job "
-              "yourself (the same overrides, each its own strategy.task_index), or run strategy=multi_worker outside a "
-              "sweep")
+              "yourself (the same overrides, each its own strategy.task_index), or run this strategy outside a sweep")
 
 
 def _end_run(uri: str | None, run_id: str | None, status: str, error: str) -> None:
@@ -71,8 +70,6 @@ def bounded_wait(seconds: float, name: str, waiting_for: str, uri: str | None, r
     command = [sys.executable, "-m", "runner.runtime.watchdog", "--pid", str(os.getpid()), "--seconds", str(seconds),
                "--name", name, "--waiting-for", waiting_for]
     env = dict(os.environ)
-    from runner.tracking import is_sweep_child
-
     if is_sweep_child():
         command.append("--in-sweep")
     if uri and run_id:  # the store's URI (it may hold credentials) in the environment, not on a command line ps shows

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from runner.runtime import cluster, watchdog
+from runner.runtime import cluster, is_sweep_child, watchdog
 from runner.runtime.devices import DeviceError, nvidia_gpu_count
 from runner.errors import ConfigError, UserError, one_line
 from runner.lazy import tf
@@ -95,8 +95,6 @@ class MultiWorker(SyncBatchNorm, StrategyBase):
 def waiting(spec: cluster.Cluster, seconds: float, source: str) -> tuple[int, str]:
     """The (level, line) logged as a worker starts waiting for its peers: whom, how long, that each must be started;
     a warning in a sweep job, whose peers the sweep never starts."""
-    from runner.tracking import is_sweep_child
-
     others = [a for kind, addresses in spec.tasks.items() for i, a in enumerate(addresses)
               if (kind, i) != (spec.task_type, spec.task_index)]
     line = (f"joining {spec.count} workers as {spec.name}: waiting up to {seconds:g} s (strategy.peer_timeout) for "

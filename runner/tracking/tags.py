@@ -21,12 +21,6 @@ from runner.tracking.stale import started
 
 _MAX_PARAM_LEN = 6000  # MLflow's limit on a param value
 ENV_PARENT = "RUNNER_PARENT_RUN_ID"  # set for a sweep's job processes: the sweep's parent run
-ENV_CHILD = "RUNNER_SWEEP_CHILD"  # "1" in the fresh process a sweep job starts
-
-
-def is_sweep_child() -> bool:
-    """True in the fresh process a sweep job starts."""
-    return os.environ.get(ENV_CHILD) == "1"
 
 
 def parent_run_id() -> str | None:
