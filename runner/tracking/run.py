@@ -246,6 +246,7 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
                 run = opening.run(folder)
             opening.fill(run)
         yield run
+        signals.raise_noted()  # a signal whose exception a `__del__` swallowed (runtime.signals) still stops the run
     except (KeyboardInterrupt, Terminated) as e:
         signals.acted()
         if run is not None:
@@ -254,11 +255,6 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
     except BaseException as e:
         if run is not None:
             run.end("FAILED", f"{type(e).__name__}: {e}".splitlines()[0])
-        raise
-    try:  # a signal whose exception a `__del__` swallowed (runtime.signals) still stops the run
-        signals.raise_noted()
-    except (KeyboardInterrupt, Terminated) as e:
-        run.end("KILLED", f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")
         raise
     run.end("FINISHED")
 
