@@ -557,3 +557,55 @@ def test_a_setting_is_what_a_run_was_given_not_what_its_devices_derive():
     assert settings([p for _, p in runs], [r for r, _ in runs]) == [
         "", "", "", *[f"train.per_device_batch_size={b}" for _ in (1, 2) for b in (32, 64)], "",
         "train.later=a", "train.later=b"]
+
+
+def test_a_parent_is_found_by_a_unique_prefix_of_its_id_and_an_ambiguous_one_names_its_runs(tmp_path, store,
+                                                                                            capsys):
+    """`--parent` took only a full 32-digit id; the 8 characters the UI and logs show were 'no run with that id'.
+    A prefix is taken as git takes a commit's: a unique one is the run, an ambiguous one is one line naming a few."""
+    from collections import Counter
+
+    from mlflow import MlflowClient
+
+    uri, parent = store
+    code, out, err = _report(tmp_path, uri, capsys, "--parent", parent[:8])
+    assert code == 0, err
+    assert out.splitlines()[0] == f"report: sweep parent run {parent}" and "| replicated |" in out
+    code, out, err = _report(tmp_path, uri, capsys, "--experiment", "beta", "--parent", parent[:8].upper())
+    assert code == 0 and out.splitlines()[0] == f"report: sweep parent run {parent}", err
+    client = MlflowClient(uri)
+    more = client.create_experiment("more")
+    for _ in range(17):  # 17 ids: two of them at least start with the same digit
+        client.create_run(more)
+    (digit, _), = Counter(r.info.run_id[0] for r in client.search_runs([more], max_results=100)).most_common(1)
+    code, _, err = _report(tmp_path, uri, capsys, "--parent", digit)
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err
+    assert err.startswith(f"error: --parent {digit}: the ids of several runs start with it (")
+    named = err.split("(")[1].split(")")[0].removesuffix(", ...").split(", ")
+    assert 2 <= len(named) <= 5 and all(len(i) == 32 and i.startswith(digit) for i in named), err
+    for missing in ("fedcba9876543210", "not-an-id"):  # was: 'the store cannot be read: Invalid value'
+        code, _, err = _report(tmp_path, uri, capsys, "--parent", missing)
+        assert code == 2 and err.strip() == f"error: --parent {missing}: no run with that id in {uri}", err
+
+
+def test_runs_that_differ_only_in_their_seed_show_it_in_both_tables_in_its_order():
+    """A sweep over train.seed: its runs of one combination are repeats (one model, one verdict), and their rows
+    were alike but for their figures; both the report's table and a sweep's end show a seed column where seeds
+    differ (and none where they do not)."""
+    from runner.report.kinds import Kind
+    from runner.report.table import Row, add_speedups, compact, table
+
+    def row(devices: int, seed: str, rate: float) -> Row:
+        return Row(run_id="", kind="CPU", simulated=False, wall_seconds=1.0, model="mlp", pipeline="split",
+                   strategy="mirrored", devices=devices, seed=seed, rate=rate)
+
+    rows = add_speedups([row(1, "10", 1000), row(1, "2", 1100), row(2, "10", 1900), row(2, "2", 2000), row(2, "", 0)])
+    assert [r.seed for r in rows] == ["2", "10", "", "2", "10"]
+    full, short = table(rows, Kind()).splitlines(), compact(rows, Kind()).splitlines()
+    assert full[0].startswith("| model | pipeline | strategy | devices | scaling | seed | images/s |")
+    assert full[2].startswith("| mlp | split | mirrored | 1 CPU | strong | 2 | 1,100 |")
+    assert full[4].startswith("| mlp | split | mirrored | 2 CPU | strong | - | 0 |")
+    assert short[0].startswith("| model | combination | seed | images/s |")
+    assert short[3].startswith("| mlp | mirrored/split x1 | 10 | 1,000 |")
+    alike = [row(1, "0", 1000), row(1, "0", 1100), row(2, "", 0)]  # repeats of one seed (sweep.repeats)
+    assert "seed" not in table(alike, Kind()) and "seed" not in compact(alike, Kind())

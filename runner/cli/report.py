@@ -16,7 +16,8 @@ def parser() -> Parser:
                                 "line per model, and plots. With no arguments: the newest sweep in the store.")
     p.add_argument("--experiment", default=None, help="the experiment to report (default: the one of the newest "
                    "sweep, else the newest experiment)")
-    p.add_argument("--parent", default=None, help="a sweep's parent run id: report its children")
+    p.add_argument("--parent", default=None, help="a sweep's parent run id, or a unique prefix of it (the 8 "
+                   "characters logs show): report its children")
     p.add_argument("--latest-sweep", action="store_true", help="report the newest sweep of --experiment (an error "
                    "if it has none)")
     p.add_argument("--filter", default="", help="an MLflow search filter, e.g. \"tags.model = 'mlp'\"")

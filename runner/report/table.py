@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import string
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 REUSED = "sweep.reused."  # a sweep parent's tag per job sweep.resume skipped: `sweep.reused.<run id>` = its overrides
 COMBINATION = ("strategy.", "pipeline.", "gpus")  # the params that differ between a model's combinations
 CONFIG_SPELLING = {"True": "true", "False": "false", "None": "null"}  # a logged param as an override spells it
+RUN_ID_LENGTH = 32  # an MLflow run id's hex digits; --parent takes a prefix of one
+PREFIX_SHOWN = 5  # the runs an ambiguous --parent prefix's error names
 
 
 class ReportError(Exception):
@@ -99,7 +102,8 @@ class Selection:
 def select(client: Any, experiment: str | None, parent: str | None, latest_sweep: bool) -> Selection:
     """The runs a report covers: as asked, or (nothing asked) the newest sweep in the store, else the newest
     experiment. Raises ReportError naming what exists when the ask cannot be met."""
-    experiments = [e for e in client.search_experiments()  # MLflow's own Default: only when asked for by name
+    store = client.search_experiments()
+    experiments = [e for e in store  # MLflow's own Default: only when asked for by name
                    if e.name != "Default" or e.experiment_id != "0" or experiment == "Default"]
     names = ", ".join(sorted(e.name for e in experiments)) or "none"
     pool = [e for e in experiments if experiment is None or e.name == experiment]  # names are unique
@@ -108,19 +112,12 @@ def select(client: Any, experiment: str | None, parent: str | None, latest_sweep
     if not pool:
         raise ReportError(f"no experiments in {client.tracking_uri}: run `python -m runner` first")
     if parent:
-        from mlflow.exceptions import MlflowException
-
-        try:
-            run = client.get_run(parent)
-        except MlflowException as e:
-            if e.error_code != "RESOURCE_DOES_NOT_EXIST":  # the store itself: said as any other store error
-                raise
-            raise ReportError(f"--parent {parent}: no run with that id in {client.tracking_uri}") from None
+        run = parent_run(client, parent, store, pool if experiment is not None else store)
         if experiment is not None and run.info.experiment_id not in {e.experiment_id for e in pool}:
             raise ReportError(f"--parent {parent} is a run of experiment "
                               f"{_name(experiments, run.info.experiment_id)!r}, not {experiment!r}; give either")
-        return Selection(_name(pool, run.info.experiment_id), run.info.experiment_id, parent,
-                         f"report: sweep parent run {parent}")
+        return Selection(_name(pool, run.info.experiment_id), run.info.experiment_id, run.info.run_id,
+                         f"report: sweep parent run {run.info.run_id}")
     sweeps = client.search_runs([e.experiment_id for e in pool], "tags.sweep = 'parent'",
                                 order_by=["start_time DESC"], max_results=1)
     if sweeps and (latest_sweep or experiment is None):
@@ -135,6 +132,40 @@ def select(client: Any, experiment: str | None, parent: str | None, latest_sweep
     exp = pool[0] if experiment is not None else max(pool, key=lambda e: e.last_update_time or 0)
     why = "" if experiment is not None else ", the newest experiment (no sweep in the store)"
     return Selection(exp.name, exp.experiment_id, None, f"report: all runs of experiment {exp.name!r}{why}")
+
+
+def parent_run(client: Any, parent: str, store: list[Any], asked: list[Any]) -> Any:
+    """The run `--parent` names: by its full id, or by a prefix of it (the 8 characters the MLflow UI and the logs
+    show), as git takes a commit's: looked up among the runs of the `asked` experiments, else of the whole `store`
+    (so that a run of another experiment is said as such). Raises ReportError where no run has it, or several do
+    (naming a few)."""
+    from mlflow.exceptions import MlflowException
+
+    missing = ReportError(f"--parent {parent}: no run with that id in {client.tracking_uri}")
+    if len(parent) < RUN_ID_LENGTH and all(c in string.hexdigits for c in parent):  # safe in a LIKE filter
+        found = _starting_with(client, parent.lower(), asked) or _starting_with(client, parent.lower(), store)
+        if len(found) > 1:
+            ids = ", ".join(r.info.run_id for r in found[:PREFIX_SHOWN]) + (", ..." * (len(found) > PREFIX_SHOWN))
+            raise ReportError(f"--parent {parent}: the ids of several runs start with it ({ids}); give more of the id")
+        if not found:
+            raise missing
+        return found[0]
+    try:
+        return client.get_run(parent)
+    except MlflowException as e:
+        # no such run, or an id no run can have (`d46a%`); else the store itself, said as any other store error
+        if e.error_code not in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise
+        raise missing from None
+
+
+def _starting_with(client: Any, prefix: str, experiments: list[Any]) -> list[Any]:
+    """The runs of `experiments` whose id starts with `prefix` (lowercase hex): up to one more than an ambiguous
+    prefix's error names, so that it can say there are more."""
+    if not experiments:
+        return []
+    return client.search_runs([e.experiment_id for e in experiments], f"attributes.run_id LIKE '{prefix}%'",
+                              max_results=PREFIX_SHOWN + 1)
 
 
 def _name(experiments: list[Any], experiment_id: str) -> str:
@@ -276,7 +307,8 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
         reference = verdict.reference_for(row, [r for r in peers if r.model == row.model])
         if reference is not None and row.status == "FINISHED":
             row.same = verdict.learns_same(row, reference, tolerance)
-    return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices))
+    return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices,
+                                       r.seed.zfill(20)))  # seed 2 before 10
 
 
 def _time_to(kind: kinds.Kind) -> str:
@@ -313,14 +345,23 @@ def markdown(head: list[str], rows: list[list[str]] = ()) -> list[str]:
     return [markdown_row(head), "|---" * len(head) + "|", *map(markdown_row, rows)]
 
 
+def _seeds(rows: list[Row]) -> bool:
+    """Whether the rows' seeds differ, so that a table shows them: runs of one combination that differ only in
+    train.seed are its repeats (`_derived`: one row each, one model), which would otherwise look alike."""
+    return len({r.seed for r in rows if r.seed}) > 1
+
+
 def table(rows: list[Row], kind: kinds.Kind) -> str:
-    """The comparison of rows of one kind as a Markdown table, with a footnote where speedups are missing."""
-    unit, same = kind.unit, {True: "yes", False: "no", None: "-"}
-    head = ["model", "pipeline", "strategy", "devices", "scaling", f"{unit}/s", "± stderr", f"predicted {unit}/s",
-            "speedup", "efficiency", f"{_time_to(kind)} (s)", _score(kind), "learns same", "MFU", "wall s", "status"]
+    """The comparison of rows of one kind as a Markdown table (a seed column where their seeds differ), with a
+    footnote where speedups are missing."""
+    unit, same, seed = kind.unit, {True: "yes", False: "no", None: "-"}, ["seed"] if _seeds(rows) else []
+    head = ["model", "pipeline", "strategy", "devices", "scaling", *seed, f"{unit}/s", "± stderr",
+            f"predicted {unit}/s", "speedup", "efficiency", f"{_time_to(kind)} (s)", _score(kind), "learns same",
+            "MFU", "wall s", "status"]
     lines = markdown(head, [
         [r.model, r.pipeline, r.strategy,
          "host CPU (gpus=0)" if r.host_only else f"{r.devices} {r.kind}{' (sim)' if r.simulated else ''}", r.scaling,
+         *([r.seed or "-"] if seed else []),
          _fmt(r.rate, ",.0f"), _fmt(r.stderr, ",.0f"), _fmt(r.predicted, ",.0f"), _fmt(r.speedup, ".2f"),
          _fmt(r.efficiency, ".2f"), _fmt(r.time_to_target, ".1f"), _fmt(r.score, ".4f"), same[r.same],
          _fmt(r.mfu, ".1%"), _fmt(r.wall_seconds, ".1f"), r.status] for r in rows])
@@ -404,12 +445,14 @@ def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
 
 
 def compact(rows: list[Row], kind: kinds.Kind) -> str:
-    """One line per job of one kind, the figures a sweep's end shows: combination, rate (and the predicted where runs
-    logged one), time to the target, the test score, status."""
+    """One line per job of one kind, the figures a sweep's end shows: combination (and seed where the seeds differ),
+    rate (and the predicted where runs logged one), time to the target, the test score, status."""
     predicted = [f"predicted {kind.unit}/s"] if any(not math.isnan(r.predicted) for r in rows) else []
-    head = ["model", "combination", f"{kind.unit}/s", *predicted, f"{_time_to(kind)} (s)", _score(kind), "status"]
+    seed = ["seed"] if _seeds(rows) else []
+    head = ["model", "combination", *seed, f"{kind.unit}/s", *predicted, f"{_time_to(kind)} (s)",
+            _score(kind), "status"]
     return "\n".join(markdown(head, [
-        [r.model, f"{r.strategy}/{r.pipeline} x{r.devices}", _fmt(r.rate, ",.0f"),
+        [r.model, f"{r.strategy}/{r.pipeline} x{r.devices}", *([r.seed or "-"] if seed else []), _fmt(r.rate, ",.0f"),
          *([_fmt(r.predicted, ",.0f")] if predicted else []), _fmt(r.time_to_target, ".1f"), _fmt(r.score, ".4f"),
          r.status] for r in rows]))
 
