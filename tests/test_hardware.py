@@ -63,12 +63,12 @@ def test_a_layer_is_priced_by_the_slower_of_its_flops_and_its_bytes():
     chip = Accelerator(name="x", peak_flops=1e12, memory_bytes=1e9, memory_bandwidth=1e12, clock_hz=1e30)
     gemm = spec_sheet.Layer("compute", flops=2e9, bytes=4e6, algorithm="gemm")
     passes = spec_sheet.passes([gemm], 10, chip, "float32")
-    rate = 1e12 * spec_sheet.ALGORITHMS["gemm"]
+    rate = 1e12 * spec_sheet.FIT.algorithms["gemm"]
     assert passes.forward == pytest.approx(10 * 2e9 / rate)
     assert passes.backward == pytest.approx(2 * 10 * 2e9 / rate)  # input and weight gradients
     relu = spec_sheet.Layer("elementwise", flops=0.0, bytes=8e6)  # memory-bound: bytes at MEMORY of 1 TB/s
     assert spec_sheet.passes([relu], 10, chip, "float32").forward == pytest.approx(
-        10 * 8e6 / (1e12 * spec_sheet.MEMORY))
+        10 * 8e6 / (1e12 * spec_sheet.FIT.memory))
 
 
 def test_winograd_and_gemm_are_told_apart_by_the_convolutions_shape():

@@ -11,6 +11,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import runner.bench
 from runner.data_pipelines import DATASETS, PIPELINES
+from runner.bench.fit import held_out_command
 from runner.bench.floors import built_in, floor_settings, floors, multi_jobs
 from runner.bench.grid import DATA_PARALLEL, GRID_MODELS, grid, settings
 from runner.bench.jobs import Setting, out_problem, too_few_timed
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
     pu = sub.add_parser("published", help="spec-sheet predictions against published tables (runner/bench/published/)")
     pu.add_argument("--hardware", type=_names, default=[], help="only these systems (default: every table's)")
+    pu.add_argument("--held-out", action="store_true",
+                    help="fit the constants again leaving out each model, system and multi-machine cells in turn, and "
+                         "score the left-out cells (runner/bench/fit.py; about two minutes)")
     pe = sub.add_parser("peers", help="a user's ResNet-20 against tf_cnn_benchmarks' resnet20, or (--gpt) the GPT "
                                       "against nanoGPT, in rounds")
     pe.add_argument("--peer", default=None, help="a checkout of github.com/tensorflow/benchmarks (without --gpt)")
@@ -187,6 +191,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if getattr(args, "out", None) and (problem := out_problem(args.out)):  # before, not after, the jobs
         parser.error(f"--out {args.out} cannot hold the tables: {problem}; choose a writable file")
     if args.command in ("predicted", "peers", "published"):  # no jobs of a setting to check first
+        if args.command == "published" and args.held_out:
+            return held_out_command(args)
         return {"predicted": predicted, "peers": peers, "published": published}[args.command](args)
     if args.command == "settings":
         todo = settings_steps(args)

@@ -172,29 +172,43 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
 def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list], refusals_raise: bool = False) -> None:
     """`outcome`'s prediction on the plan's named hardware, or why there is none (`layers`: read once per model;
     `refusals_raise`: the reason raised, a lone combination's)."""
+    try:
+        outcome.prediction = spec_sheet_prediction(plan, model_layers(plan, layers))
+    except UserError as e:
+        if refusals_raise:
+            raise
+        outcome.error = one_line(e)
+
+
+def model_layers(plan: Any, cache: dict[tuple, Any]) -> list[spec_sheet.Layer]:
+    """The plan's model as the spec sheet prices it (`spec_sheet.layers`), built once per model and data shape in
+    `cache`; UserError where it cannot be priced there."""
     from omegaconf import OmegaConf
 
     from runner.runtime.devices import import_tensorflow
 
     model = OmegaConf.to_container(plan.cfg.model, resolve=True)
     key = (json.dumps(model, sort_keys=True), tuple(plan.spec.shape), plan.spec.classes)
-    try:
-        if key not in layers:
-            import_tensorflow()
-            from runner.strategies.common import build_model, tables  # the run's checks of the model function's
+    if key not in cache:
+        import_tensorflow()
+        from runner.strategies.common import build_model, tables  # the run's checks of the model function's
 
+        try:
             built = build_model(plan.model, plan.spec, plan.train.seed)
-            layers[key] = _unpriced(plan, tables(built)) or spec_sheet.layers(built)
-        if isinstance(layers[key], str):
-            raise UserError(layers[key])
-        terms, one_device = spec_sheet.price(plan, layers[key])
-    except UserError as e:
-        if refusals_raise:
-            raise
-        outcome.error = one_line(e)
-        return
-    outcome.prediction = Prediction(combination(plan), plan.train.global_batch_size, terms, plan.spec.unit,
-                                    plan.spec.units_per_example, one_device, max(plan.gpus, 1))
+            cache[key] = _unpriced(plan, tables(built)) or spec_sheet.layers(built)
+        except UserError as e:
+            cache[key] = one_line(e)
+    if isinstance(cache[key], str):
+        raise UserError(cache[key])
+    return cache[key]
+
+
+def spec_sheet_prediction(plan: Any, found: list[spec_sheet.Layer],
+                          constants: spec_sheet.Constants = spec_sheet.FIT) -> Prediction:
+    """The plan's prediction on its named hardware from the model's `found` layers and `constants`."""
+    terms, one_device = spec_sheet.price(plan, found, constants)
+    return Prediction(combination(plan), plan.train.global_batch_size, terms, plan.spec.unit,
+                      plan.spec.units_per_example, one_device, max(plan.gpus, 1))
 
 
 def _unpriced(plan: Any, held: list) -> str:
@@ -309,13 +323,13 @@ def fastest_line(outcomes: list[Outcome]) -> str:
 def _on(o: Outcome) -> str:
     """Where a prediction is for: `, on dgx1_v100's spec sheet` (its architecture's constants unchecked where no
     published table fitted them), `, on this machine` (calibrated here), '' where the config does not say."""
-    from runner.predict.spec_sheet import ARCHITECTURE, FITTED
+    from runner.predict.spec_sheet import FIT
 
     name, architecture = o.given.get("hardware"), o.given.get("architecture")
     if name in (None, "this"):
         return ", on this machine" if name else ""
-    unchecked = (f"; {architecture} priced with {FITTED}'s constants, unchecked against any published table"
-                 if architecture and architecture not in ARCHITECTURE else "")
+    unchecked = (f"; {architecture} priced with {FIT.fitted}'s constants, unchecked against any published table"
+                 if architecture and architecture not in FIT.architecture else "")
     return f", on {name}'s spec sheet{unchecked}"
 
 

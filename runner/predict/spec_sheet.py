@@ -5,7 +5,7 @@ the model's own layers, without running anything there.
   its bytes at their efficiencies), plus a fixed cost per kernel;
 - `update`: the optimizer's bytes (runner/config.py's TOUCHED) where the strategy applies it, plus the gradient
   copies summed there;
-- `reduce`: the strategy's `Exchange` over the links, less what overlaps with the backward pass (OVERLAP);
+- `reduce`: the strategy's `Exchange` over the links, less what overlaps with the backward pass (Constants.overlap);
 - `input`: the global batch copied from the host to the devices.
 
 The efficiencies are the only constants not on a spec sheet (docs/cost-model.md). Nothing here reads a published
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from runner.errors import ConfigError, UserError
@@ -25,20 +25,33 @@ from runner.strategies import splitting
 
 log = logging.getLogger(__name__)
 
-# The constants below are fitted to the one-GPU cells of TensorFlow's 2017 benchmarks (docs/cost-model.md).
-# Convolution and matmul FLOP/s as a fraction of the float32 peak, by the algorithm cuDNN picks for the shape: GEMM
-# (1x1, Dense), Winograd (3x3 stride 1) and FFT (5x5 and more) do fewer multiplications than counted (above 1),
-# implicit GEMM (strided, asymmetric).
-ALGORITHMS = {"gemm": 0.652, "winograd": 1.80, "fft": 2.49, "implicit": 0.317}
-# The architecture's scale on those fractions; one with no published table here takes FITTED's.
-ARCHITECTURE = {"kepler": 0.476, "pascal": 1.0}
-FITTED = "pascal"
-MEMORY = 0.559  # fraction of the memory bandwidth element-wise and normalisation kernels reach
-KERNEL_CYCLES = 26_800  # fixed cost per kernel (launch, ramp-up and tail), in cycles of the accelerator's clock
+@dataclass(frozen=True)
+class Constants:
+    """The efficiencies not on a spec sheet, each a fraction of what a spec sheet gives (docs/cost-model.md says what
+    each was fitted to; runner/bench/fit.py fits them again, with tables left out, to check the fit)."""
+
+    # Convolution and matmul FLOP/s as a fraction of the float32 peak, by the algorithm cuDNN picks for the shape:
+    # GEMM (1x1, Dense), Winograd (3x3 stride 1) and FFT (5x5 and more) do fewer multiplications than counted (above
+    # 1), implicit GEMM (strided, asymmetric).
+    algorithms: dict[str, float] = field(
+        default_factory=lambda: {"gemm": 0.652, "winograd": 1.80, "fft": 2.49, "implicit": 0.317})
+    # The architecture's scale on those fractions; one with no published table here takes `fitted`'s.
+    architecture: dict[str, float] = field(default_factory=lambda: {"kepler": 0.476, "pascal": 1.0})
+    fitted: str = "pascal"
+    memory: float = 0.559  # fraction of the memory bandwidth element-wise and normalisation kernels reach
+    kernel_cycles: float = 26_800  # fixed cost per kernel (launch, ramp-up and tail), in the accelerator's cycles
+    link: float = 0.7  # fraction of a link's bandwidth transfers reach (protocol and packet overhead)
+    overlap: float = 0.0  # fraction of the backward pass that communication of gradients can hide behind
+    sync: float = 0.02  # a synchronous step over several devices: the towers' passes wait for the slowest, this longer
+
+    def scale(self, architecture: str | None) -> float:
+        """The scale on `algorithms` of an accelerator of `architecture` (None, or one not fitted: `fitted`'s; 1
+        where none is)."""
+        return self.architecture.get(architecture or self.fitted, self.architecture.get(self.fitted, 1.0))
+
+
+FIT = Constants()  # fitted to the 2017 tables' cells (docs/cost-model.md)
 DEFAULT_CLOCK = 1.48e9  # an accelerator whose spec sheet gives no clock: P100's boost clock
-LINK = 0.7  # fraction of a link's bandwidth transfers reach (protocol and packet overhead)
-OVERLAP = 0.0  # fraction of the backward pass that communication of gradients can hide behind
-SYNC = 0.02  # a synchronous step over several devices: the towers' passes wait for the slowest, this much longer
 # Bytes of a layer's backward pass per byte of its forward pass (a compute layer's count only when memory-bound).
 BACKWARD_BYTES = {"norm": 5 / 3, "elementwise": 1.5, "compute": 2.0, "lookup": 1.0}
 # NVIDIA's architectures with bfloat16 arithmetic (an accelerator of no named architecture is priced as the newest)
@@ -56,7 +69,7 @@ class Layer:
     first: bool = False  # its input is the data: no input gradient
     kept: float = 0.0  # bytes per example of its output kept for the backward pass (float32)
     kernels: int = 1  # kernels its forward pass launches
-    algorithm: str = ""  # a compute layer's, a key of ALGORITHMS
+    algorithm: str = ""  # a compute layer's, a key of Constants.algorithms
 
 
 FREE = ("InputLayer", "Flatten", "Reshape", "Permute")  # views: no kernel, no traffic
@@ -157,22 +170,23 @@ def check_precision(hardware: Any, precision: str) -> None:
                           f"use train.precision={instead}")
 
 
-def flop_rates(accelerator: Any, precision: str) -> dict[str, float]:
+def flop_rates(accelerator: Any, precision: str, constants: Constants = FIT) -> dict[str, float]:
     """FLOP/s of each algorithm on `accelerator`; mixed precision runs every convolution and matmul on the tensor
     cores where there are any (cuDNN's implicit GEMM there: no Winograd or FFT saving), at the GEMM fraction;
     without tensor cores it is priced as float32 (`sixteen_bits`)."""
-    scale = ARCHITECTURE.get(accelerator.architecture or FITTED, ARCHITECTURE[FITTED])
+    fractions, scale = constants.algorithms, constants.scale(accelerator.architecture)
     if sixteen_bits(accelerator, precision):
-        return dict.fromkeys(ALGORITHMS, accelerator.tensor_flops * ALGORITHMS["gemm"] * scale)
-    return {name: accelerator.peak_flops * fraction * scale for name, fraction in ALGORITHMS.items()}
+        return dict.fromkeys(fractions, accelerator.tensor_flops * fractions["gemm"] * scale)
+    return {name: accelerator.peak_flops * fraction * scale for name, fraction in fractions.items()}
 
 
-def passes(model_layers: list[Layer], batch: int, accelerator: Any, precision: str) -> Passes:
+def passes(model_layers: list[Layer], batch: int, accelerator: Any, precision: str,
+           constants: Constants = FIT) -> Passes:
     """The per-tower forward and backward pass of `batch` examples on `accelerator` (a spec sheet's)."""
-    rates = flop_rates(accelerator, precision)
-    byte_rate = accelerator.memory_bandwidth * MEMORY
+    rates = flop_rates(accelerator, precision, constants)
+    byte_rate = accelerator.memory_bandwidth * constants.memory
     scale = 0.5 if sixteen_bits(accelerator, precision) else 1.0  # activations in 16 bits
-    kernel = KERNEL_CYCLES / (accelerator.clock_hz or DEFAULT_CLOCK)
+    kernel = constants.kernel_cycles / (accelerator.clock_hz or DEFAULT_CLOCK)
     forward = backward = 0.0
     for layer in model_layers:
         rate = rates.get(layer.algorithm, 0.0)
@@ -192,9 +206,10 @@ def memory_per_device(model_layers: list[Layer], batch: int, optimizer: str, pre
     return weights * (2 + SLOTS[optimizer]) + activations
 
 
-def price(plan: Any, model_layers: list[Layer]) -> tuple[dict[str, float], float]:
+def price(plan: Any, model_layers: list[Layer], constants: Constants = FIT) -> tuple[dict[str, float], float]:
     """The terms (seconds per step) of `plan`'s step on its spec sheet, and the step of one device alone at the same
-    per-device batch (efficiency's base); ConfigError when the model does not fit."""
+    per-device batch (efficiency's base), with `constants`' efficiencies; ConfigError when the model does not fit."""
+    c = constants
     hw, train = plan.hardware, plan.train
     nodes = math.ceil(max(plan.gpus, 1) / hw.devices_per_node)  # the devices fill one node after another:
     towers = plan.strategy.towers(plan.gpus)
@@ -204,25 +219,25 @@ def price(plan: Any, model_layers: list[Layer]) -> tuple[dict[str, float], float
     _check_fits(plan, model_layers, batch)
     weight_bytes = sum(layer.weight_bytes for layer in model_layers)
     exchange = plan.strategy.exchange(max(local, 1), nodes, weight_bytes)
-    tower = passes(model_layers, batch, hw.accelerator, str(train.precision))
+    tower = passes(model_layers, batch, hw.accelerator, str(train.precision), c)
     touched = TOUCHED[str(train.optimizer)] * weight_bytes
-    alone = tower.forward + tower.backward + touched / (hw.accelerator.memory_bandwidth * MEMORY)
+    alone = tower.forward + tower.backward + touched / (hw.accelerator.memory_bandwidth * c.memory)
     update = ((exchange.device_update * touched + exchange.device_sums * weight_bytes)
-              / (hw.accelerator.memory_bandwidth * MEMORY)
+              / (hw.accelerator.memory_bandwidth * c.memory)
               + (exchange.host_update * touched + exchange.host_sums * weight_bytes) / hw.host.memory_bandwidth)
     sharing = min(max(local, 1), hw.host.shared_by)  # devices pushing through one host link at once
-    moved = (exchange.link_bytes / (hw.link.bandwidth * LINK)
-             + exchange.host_bytes * sharing / (hw.host.bandwidth * LINK)
-             + exchange.network_bytes / (hw.network.bandwidth * LINK) + exchange.messages * hw.network.latency)
+    moved = (exchange.link_bytes / (hw.link.bandwidth * c.link)
+             + exchange.host_bytes * sharing / (hw.host.bandwidth * c.link)
+             + exchange.network_bytes / (hw.network.bandwidth * c.link) + exchange.messages * hw.network.latency)
     terms = {
         "towers": tower.forward + tower.backward,
         "update": update,
-        "reduce": max(0.0, moved - OVERLAP * tower.backward) + (SYNC * (tower.forward + tower.backward)
+        "reduce": max(0.0, moved - c.overlap * tower.backward) + (c.sync * (tower.forward + tower.backward)
                                                                 if plan.gpus > 1 else 0.0),
         "ops": 0.0,  # kernel launches are in the towers' passes
     }
     # The next batch is copied to the devices while this step runs (prefetched): only what outlasts the step counts
-    copy = batch * plan.spec.input_bytes * sharing / (hw.host.bandwidth * LINK)
+    copy = batch * plan.spec.input_bytes * sharing / (hw.host.bandwidth * c.link)
     return {**terms, "input": max(0.0, copy - sum(terms.values()))}, alone
 
 

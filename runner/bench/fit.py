@@ -1,0 +1,189 @@
+"""`published --held-out`: the spec sheet's constants fitted again with some published cells left out, and those cells
+predicted with them: how far off a prediction is for a model, a system or a cluster no table fitted.
+
+The shipped constants (`spec_sheet.FIT`) were fitted to every published cell, so their error there is in-sample.
+Here each fold fits the constants (least squares on log(predicted / published), from a start that reads no table)
+to the other cells only and predicts the left-out ones; a fold's predictions never read the cells they are scored
+against (a test changes those and sees the same predictions). What no training cell uses cannot be fitted: an
+architecture is then priced with a fitted one's scale (as `runner predict` prices Volta and later), an algorithm
+as GEMM.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+from runner.bench.jobs import emit, save
+from runner.bench.published import Cell, cells, efficiency
+from runner.predict.spec_sheet import Constants, Layer
+from runner.report.prediction import TIE
+from runner.report.table import markdown, markdown_row
+
+# A start that reads no table: the spec sheet's peaks reached in full, no fixed or synchronisation cost.
+START = Constants(algorithms=dict.fromkeys(("gemm", "winograd", "fft", "implicit"), 1.0), architecture={},
+                  fitted="", memory=1.0, kernel_cycles=10_000, link=1.0, overlap=0.1, sync=0.01)
+SCALARS = ("memory", "kernel_cycles", "link", "sync")  # fitted in log space (positive); overlap in [0, 0.95]
+# The limits a fit may not pass: a fraction of a peak is at most 1; Winograd's and FFT's saving over the counted
+# multiplications at most 4x (Winograd F(4x4, 3x3) does 4x fewer; cuDNN's FFT tiles save less on 5x5 and up).
+LIMITS = {"gemm": 1.0, "implicit": 1.0, "winograd": 4.0, "fft": 4.0, "memory": 1.0, "link": 1.0}
+
+
+@dataclass(frozen=True)
+class Sample:
+    """A published cell and what prices it: the combination's plan and its model's layers."""
+
+    cell: Cell
+    plan: Any
+    layers: list[Layer]
+
+    def rate(self, constants: Constants) -> float:
+        """The cell's predicted images/s with `constants`."""
+        from runner.predict.grid import spec_sheet_prediction
+
+        return spec_sheet_prediction(self.plan, self.layers, constants).rate
+
+
+def samples(found: list[Cell]) -> list[Sample]:
+    """Each cell's plan and model layers (each model built once): what pricing it again with other constants needs."""
+    from runner.predict.grid import _plan, model_layers
+
+    cache: dict[tuple, Any] = {}
+    out = []
+    for cell in found:
+        _, plan, error = _plan(list(cell.overrides), refusals_raise=True)
+        out.append(Sample(cell, plan, model_layers(plan, cache)))
+    return out
+
+
+def _architecture(sample: Sample) -> str:
+    return sample.plan.hardware.accelerator.architecture
+
+
+def fit(train: list[Sample]) -> Constants:
+    """The constants that best predict `train` (least squares on the log error), from START."""
+    from scipy.optimize import least_squares
+
+    present = list(dict.fromkeys(map(_architecture, train)))
+    reference = "pascal" if "pascal" in present else present[0]  # its scale 1: the others' are relative to it
+    used = {layer.algorithm for s in train for layer in s.layers if layer.algorithm}
+    algorithms = [a for a in START.algorithms if a in used]
+    others = [a for a in present if a != reference]
+    names = [*algorithms, *others, *SCALARS]
+
+    def constants(x: Any) -> Constants:
+        values = dict(zip(names, map(math.exp, x[:-1])))
+        gemm = values.get("gemm", START.algorithms["gemm"])
+        return replace(START, algorithms={a: values.get(a, gemm) for a in START.algorithms},
+                       architecture={reference: 1.0, **{a: values[a] for a in others}}, fitted=reference,
+                       overlap=float(x[-1]), **{k: values[k] for k in SCALARS})
+
+    start = [math.log(START.algorithms.get(a, 1.0)) for a in algorithms] + [0.0] * len(others)
+    start += [math.log(getattr(START, k)) for k in SCALARS] + [START.overlap]
+    lower = [-math.inf] * len(names) + [0.0]
+    upper = [math.log(LIMITS[n]) if n in LIMITS else math.inf for n in names] + [0.95]
+    start = [min(x, u - 1e-3) for x, u in zip(start, upper)]  # strictly inside: the start may sit on a limit
+    found = least_squares(lambda x: errors(train, constants(x)), start, bounds=(lower, upper), x_scale=1.0)
+    return constants(found.x)
+
+
+def errors(found: list[Sample], constants: Constants) -> list[float]:
+    """log(predicted / published) per sample."""
+    return [math.log(s.rate(constants) / s.cell.published) for s in found]
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One held-out check: what was left out, and every cell's rate predicted with the constants fitted without it."""
+
+    name: str
+    held: list[Cell]
+    rates: dict[Cell, float]
+
+    @property
+    def errors(self) -> list[float]:
+        """predicted / published - 1 of each left-out cell."""
+        return [self.rates[c] / c.published - 1 for c in self.held]
+
+    def efficiency_gaps(self) -> list[float]:
+        """Predicted minus published scaling efficiency (points) at the largest count of each left-out group (its
+        one-GPU rate predicted with the same constants, whether left out or not)."""
+        groups: dict[tuple, list[Cell]] = {}
+        for cell in self.rates:
+            groups.setdefault(cell.group, []).append(cell)
+        gaps = []
+        for members in (groups[g] for g in dict.fromkeys(c.group for c in self.held)):
+            most = max(members, key=lambda c: c.gpus)
+            if most in self.held and len(members) > 1:
+                pred = efficiency([(c.gpus, self.rates[c]) for c in members])
+                gaps.append(100 * (pred - efficiency([(c.gpus, c.published) for c in members])))
+        return gaps
+
+    def fastest(self) -> tuple[int, int]:
+        """Of the left-out settings measured in several modes (system, model, batch, GPUs), in how many the predicted
+        fastest mode was the published fastest or within TIE of it (what `runner predict` calls a tie), and how many."""
+        settings: dict[tuple, list[Cell]] = {}
+        for cell in self.held:
+            settings.setdefault((cell.hardware, cell.model, cell.batch, cell.gpus), []).append(cell)
+        compared = [cells for cells in settings.values() if len({c.mode for c in cells}) > 1]
+        right = sum(max(cells, key=self.rates.get).published >= (1 - TIE) * max(c.published for c in cells)
+                    for cells in compared)
+        return right, len(compared)
+
+
+FOLDS: dict[str, Callable[[Cell], str]] = {  # how cells are grouped for leaving out, one group at a time
+    "model": lambda c: c.model,
+    "system": lambda c: c.hardware,
+    "machines": lambda c: "several machines" if c.nodes > 1 else "",  # fitted on one machine's cells alone
+}
+
+
+def held_out(found: list[Sample], by: str) -> list[Fold]:
+    """For each group of `FOLDS[by]` (but ''), every cell predicted with the constants fitted to the others."""
+    group = FOLDS[by]
+    out = []
+    names = sorted({group(s.cell) for s in found} - {""})
+    for name in names if len({group(s.cell) for s in found}) > 1 else []:  # something left to fit to
+        constants = fit([s for s in found if group(s.cell) != name])
+        out.append(Fold(f"{by}={name}", [s.cell for s in found if group(s.cell) == name],
+                        {s.cell: s.rate(constants) for s in found}))
+    return out
+
+
+def lines(found: list[Sample]) -> list[str]:
+    """The held-out table in markdown: the shipped constants and this fit on every cell (in-sample), then each fold,
+    and each way of leaving out with its folds together."""
+    from runner.predict.spec_sheet import FIT
+
+    everything = [s.cell for s in found]
+    out = markdown(["cells predicted", "constants fitted to", "cells", "median error", "largest error",
+                    "efficiency gap at the most GPUs (median, largest)", "fastest mode right"])
+    for name, constants in (("shipped constants", FIT), ("constants fitted here", fit(found))):
+        out.append(_row(f"all ({name})", "all (in-sample)",
+                        [Fold("all", everything, {s.cell: s.rate(constants) for s in found})]))
+    for by in FOLDS:
+        folds = held_out(found, by)
+        out += [_row(fold.name, "the others", [fold]) for fold in folds]
+        out += [_row(f"**each {by} left out**", "the others", folds)] if len(folds) > 1 else []
+    return out
+
+
+def _row(name: str, fitted: str, folds: list[Fold]) -> str:
+    """One row: the folds' left-out cells' errors, efficiency gaps and fastest modes, together."""
+    errors = [abs(e) for f in folds for e in f.errors]
+    gaps = [g for f in folds for g in f.efficiency_gaps()]
+    right, compared = map(sum, zip(*(f.fastest() for f in folds)))
+    spread = f"{statistics.median(map(abs, gaps)):.1f}, {max(gaps, key=abs):+.1f} points" if gaps else "-"
+    return markdown_row([name, fitted, str(len(errors)), f"{statistics.median(errors):.1%}", f"{max(errors):.1%}",
+                         spread, f"{right} of {compared}" if compared else "-"])
+
+
+def held_out_command(args: Any) -> int:
+    """`python -m runner.bench published --held-out`: print (and with --out write) the held-out table."""
+    found = [c for c in cells() if not args.hardware or c.hardware in args.hardware]
+    out = lines(samples(found))
+    emit([], out)
+    save(out, args.out)
+    return 0

@@ -1,0 +1,57 @@
+"""The held-out check of the spec sheet's constants (runner/bench/fit.py): a fold's predictions never read the
+cells they are scored against, the fit finds constants that made the figures, and the command prints its table."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import subprocess
+import sys
+
+import pytest
+
+from runner.bench import fit, published
+from runner.predict.spec_sheet import FIT
+
+pytestmark = pytest.mark.slow  # models built for the published cells, and least-squares fits over them
+
+
+@pytest.fixture(scope="module")
+def k80():
+    """The two K80 systems' cells (81 of them: one machine and several), ready to price again."""
+    return fit.samples([c for c in published.cells() if c.hardware in ("gce_k80x8", "ec2_p2_8xlarge")])
+
+
+def _published(found, change):
+    """`found` with each cell's published rate as `change(cell)` says."""
+    return [dataclasses.replace(s, cell=dataclasses.replace(s.cell, published=change(s.cell))) for s in found]
+
+
+def test_a_folds_predictions_do_not_read_the_cells_left_out_and_do_read_the_others(k80):
+    (fold,) = fit.held_out(k80, "machines")
+    assert fold.held and all(c.nodes > 1 for c in fold.held)
+    (tripled,) = fit.held_out(_published(k80, lambda c: c.published * (3 if c.nodes > 1 else 1)), "machines")
+    assert [tripled.rates[c] for c in tripled.held] == pytest.approx([fold.rates[c] for c in fold.held], rel=1e-9)
+    (moved,) = fit.held_out(_published(k80, lambda c: c.published * (1 if c.nodes > 1 else 1 + c.gpus / 10)),
+                            "machines")
+    assert [moved.rates[c] for c in moved.held] != pytest.approx([fold.rates[c] for c in fold.held], rel=1e-3)
+
+
+def test_the_fit_finds_constants_that_made_the_published_figures(k80):
+    """Figures priced with made-up constants are fitted back to within 1% (from a start that knows none of them)."""
+    made_up = dataclasses.replace(FIT, memory=0.4, link=0.5, sync=0.05, overlap=0.3)
+    found = _published(k80, lambda c: next(s.rate(made_up) for s in k80 if s.cell == c))
+    errors = [abs(math.expm1(e)) for e in fit.errors(found, fit.fit(found))]
+    assert max(errors) < 0.01, max(errors)
+    assert max(abs(math.expm1(e)) for e in fit.errors(found, fit.START)) > 0.2  # the start alone is far off
+
+
+def test_held_out_prints_in_sample_and_left_out_rows_with_their_figures():
+    out = subprocess.run([sys.executable, "-m", "runner.bench", "published", "--held-out", "--hardware",
+                          "gce_k80x8,ec2_p2_8xlarge"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {line.split(" | ")[0].strip("| *"): line for line in out.stdout.splitlines() if line.startswith("| ")}
+    assert "| all (in-sample) | 81 |" in rows["all (shipped constants)"]
+    assert {"system=gce_k80x8", "each system left out", "model=alexnet", "each model left out",
+            "machines=several machines"} <= rows.keys(), list(rows)
+    assert "| the others | 81 |" in rows["each model left out"]
