@@ -27,22 +27,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Constants:
-    """The efficiencies not on a spec sheet, each a fraction of what a spec sheet gives (docs/cost-model.md says what
-    each was fitted to; runner/bench/fit.py fits them again, with tables left out, to check the fit)."""
+    """The efficiencies not on a spec sheet, each a fraction of what a spec sheet gives: fitted together to the
+    published tables by runner/bench/fit.py (docs/cost-model.md), which also fits them with cells left out."""
 
     # Convolution and matmul FLOP/s as a fraction of the float32 peak, by the algorithm cuDNN picks for the shape:
-    # GEMM (1x1, Dense), Winograd (3x3 stride 1) and FFT (5x5 and more) do fewer multiplications than counted (above
-    # 1), implicit GEMM (strided, asymmetric).
-    algorithms: dict[str, float] = field(
-        default_factory=lambda: {"gemm": 0.652, "winograd": 1.80, "fft": 2.49, "implicit": 0.317})
+    # GEMM (1x1, Dense); fast (Winograd for 3x3 stride 1, FFT for 5x5 and more: fewer multiplications than counted,
+    # so above 1; one class, as two fitted apart held out worse); implicit GEMM (strided 3x3, asymmetric, depthwise).
+    algorithms: dict[str, float] = field(default_factory=lambda: {"gemm": 0.658, "fast": 2.11, "implicit": 0.335})
     # The architecture's scale on those fractions; one with no published table here takes `fitted`'s.
-    architecture: dict[str, float] = field(default_factory=lambda: {"kepler": 0.476, "pascal": 1.0})
+    architecture: dict[str, float] = field(default_factory=lambda: {"kepler": 0.445, "pascal": 1.0})
     fitted: str = "pascal"
-    memory: float = 0.559  # fraction of the memory bandwidth element-wise and normalisation kernels reach
-    kernel_cycles: float = 26_800  # fixed cost per kernel (launch, ramp-up and tail), in the accelerator's cycles
-    link: float = 0.7  # fraction of a link's bandwidth transfers reach (protocol and packet overhead)
-    overlap: float = 0.0  # fraction of the backward pass that communication of gradients can hide behind
-    sync: float = 0.02  # a synchronous step over several devices: the towers' passes wait for the slowest, this longer
+    memory: float = 0.512  # fraction of the memory bandwidth element-wise and normalisation kernels reach
+    # Fixed cost per kernel (launch, ramp-up and tail) in the accelerator's cycles: not fitted (the tables' large
+    # batches cannot tell it from 0), a kernel launch's order (6.8 us at P100's clock).
+    kernel_cycles: float = 10_000
+    link: float = 0.560  # fraction of a link's bandwidth transfers reach (protocol and packet overhead)
+    overlap: float = 0.159  # fraction of the backward pass that communication of gradients can hide behind
+    sync: float = 0.0412  # a synchronous step over several devices: the towers' passes wait for the slowest, this longer
 
     def scale(self, architecture: str | None) -> float:
         """The scale on `algorithms` of an accelerator of `architecture` (None, or one not fitted: `fitted`'s; 1
@@ -50,7 +51,7 @@ class Constants:
         return self.architecture.get(architecture or self.fitted, self.architecture.get(self.fitted, 1.0))
 
 
-FIT = Constants()  # fitted to the 2017 tables' cells (docs/cost-model.md)
+FIT = Constants()  # fitted to the 2017 tables' 117 cells (`python -m runner.bench published --held-out`)
 DEFAULT_CLOCK = 1.48e9  # an accelerator whose spec sheet gives no clock: P100's boost clock
 # Bytes of a layer's backward pass per byte of its forward pass (a compute layer's count only when memory-bound).
 BACKWARD_BYTES = {"norm": 5 / 3, "elementwise": 1.5, "compute": 2.0, "lookup": 1.0}
@@ -127,8 +128,8 @@ def _algorithm(layer: Any) -> str:
     if hasattr(layer, "depthwise_kernel") or hasattr(layer, "depth_multiplier"):  # per channel: no Winograd, no FFT
         return "implicit"
     if kernel == (3, 3) and strides == (1, 1) and getattr(layer, "groups", 1) == 1:
-        return "winograd"
-    return "fft" if min(kernel) >= 5 else "implicit"
+        return "fast"  # Winograd
+    return "fast" if min(kernel) >= 5 else "implicit"  # FFT
 
 
 def _activated(layer: Any) -> bool:
