@@ -202,6 +202,8 @@ def test_a_users_hardware_yaml_missing_a_field_is_named(capsys, tmp_path):
     code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
                                 "hardware=mine", "gpus=2", "strategy=mirrored")
     assert code == 0 and "x2" in out, out + err
+    # no architecture named: priced with Pascal's constants, which no table checked for this card (was said nowhere)
+    assert "on mine's spec sheet; an unnamed architecture priced with pascal's constants, unchecked" in out, out
 
 
 def test_a_batch_that_fits_no_device_is_refused_with_what_would():

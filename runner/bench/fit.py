@@ -49,14 +49,11 @@ class Sample:
 
 def samples(found: list[Cell]) -> list[Sample]:
     """Each cell's plan and model layers (each model built once): what pricing it again with other constants needs."""
-    from runner.predict.grid import _plan, model_layers
+    from runner.predict.grid import model_layers, plan_for
 
     cache: dict[tuple, Any] = {}
-    out = []
-    for cell in found:
-        _, plan, error = _plan(list(cell.overrides), refusals_raise=True)
-        out.append(Sample(cell, plan, model_layers(plan, cache)))
-    return out
+    plans = [plan_for(list(cell.overrides), refusals_raise=True)[1] for cell in found]
+    return [Sample(cell, plan, model_layers(plan, cache)) for cell, plan in zip(found, plans)]
 
 
 def _architecture(sample: Sample) -> str:
@@ -86,7 +83,7 @@ def fit(train: list[Sample]) -> Constants:
     lower = [-math.inf] * len(names) + [0.0]
     upper = [math.log(LIMITS[n]) if n in LIMITS else math.inf for n in names] + [0.95]
     start = [min(x, u - 1e-3) for x, u in zip(start, upper)]  # strictly inside: the start may sit on a limit
-    found = least_squares(lambda x: errors(train, constants(x)), start, bounds=(lower, upper), x_scale=1.0)
+    found = least_squares(lambda x: errors(train, constants(x)), start, bounds=(lower, upper))
     return constants(found.x)
 
 
@@ -167,7 +164,9 @@ def lines(found: list[Sample]) -> list[str]:
         folds = held_out(found, by)
         out += [_row(fold.name, "the others", [fold]) for fold in folds]
         out += [_row(f"**each {by} left out**", "the others", folds)] if len(folds) > 1 else []
-    return out
+    return out + ["", f"fastest mode right: of the settings (system, model, batch, GPUs) a table measured in several "
+                      f"modes, those whose predicted fastest mode was published fastest or within {TIE:.0%} of it "
+                      "(-: none measured so)"]
 
 
 def _row(name: str, fitted: str, folds: list[Fold]) -> str:
@@ -175,7 +174,7 @@ def _row(name: str, fitted: str, folds: list[Fold]) -> str:
     errors = [abs(e) for f in folds for e in f.errors]
     gaps = [g for f in folds for g in f.efficiency_gaps()]
     right, compared = map(sum, zip(*(f.fastest() for f in folds)))
-    spread = f"{statistics.median(map(abs, gaps)):.1f}, {max(gaps, key=abs):+.1f} points" if gaps else "-"
+    spread = f"{statistics.median(map(abs, gaps)):.1f}, {round(max(gaps, key=abs), 1) + 0.0:+.1f} points" if gaps else "-"
     return markdown_row([name, fitted, str(len(errors)), f"{statistics.median(errors):.1%}", f"{max(errors):.1%}",
                          spread, f"{right} of {compared}" if compared else "-"])
 

@@ -35,7 +35,7 @@ class Accelerator:
     """One device's spec sheet."""
 
     name: str = "???"  # the product, as the vendor names it
-    architecture: Optional[Architecture] = None  # null: priced as the newest architecture the cost model knows
+    architecture: Optional[Architecture] = None  # null: efficiencies priced as Pascal's, bfloat16 allowed (the newest)
     peak_flops: float = "???"  # float32 FLOP/s, at the boost clock the vendor quotes
     clock_hz: Optional[float] = None  # that boost clock (a kernel's fixed cost is cycles of it); null: P100's
     tensor_flops: Optional[float] = None  # float16 tensor-core FLOP/s (dense); null where the device has none

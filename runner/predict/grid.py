@@ -78,7 +78,7 @@ def _values(combos: list[list[str]]) -> list[dict[str, str]]:
     return [dict(o.lstrip("+~").split("=", 1) for o in c if "=" in o) for c in combos]
 
 
-def _plan(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, Any, str | None]:
+def plan_for(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, Any, str | None]:
     """A combination's composed config, its plan (None if refused) and why it cannot be predicted (refused, or no
     cost model). An override Hydra cannot compose (`gpus=abc`) is raised: the command's error, not a row; so is a
     refusal with `refusals_raise`."""
@@ -130,7 +130,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     runner refuses, or one no cost model covers, is raised (`runner predict` of one combination), not its row."""
     outcomes, groups, layers = [], {}, {}
     for overrides, setting in zip(combos, varied_overrides(combos)):
-        cfg, plan, error = _plan(overrides, refusals_raise)
+        cfg, plan, error = plan_for(overrides, refusals_raise)
         outcome = Outcome(overrides, f"{combination(plan)} {setting}".rstrip() if plan else " ".join(overrides),
                           error=error, given=_given(plan.cfg if plan else cfg), setting=setting)
         outcomes.append(outcome)
@@ -328,8 +328,8 @@ def _on(o: Outcome) -> str:
     name, architecture = o.given.get("hardware"), o.given.get("architecture")
     if name in (None, "this"):
         return ", on this machine" if name else ""
-    unchecked = (f"; {architecture} priced with {FIT.fitted}'s constants, unchecked against any published table"
-                 if architecture and architecture not in FIT.architecture else "")
+    unchecked = (f"; {architecture or 'an unnamed architecture'} priced with {FIT.fitted}'s constants, unchecked "
+                 "against any published table" if architecture not in FIT.architecture else "")
     return f", on {name}'s spec sheet{unchecked}"
 
 
