@@ -125,6 +125,20 @@ class SpecSheet:
         where = (f"{self.devices_per_node} per node x hardware.nodes={self.nodes}" if multi_process else
                  f"one node of {self.devices_per_node}: a single-process strategy; {spans} spans nodes")
         check("gpus", gpus, (lambda v: 1 <= v <= most, f"1 to {most} on hardware={self.name} ({where})"))
+        if multi_process:  # a run's gpus= is each worker's: the same on every node
+            near = [g for g in range(max(1, gpus - self.devices_per_node), most + 1) if self.even(g) and g != gpus]
+            closest = sorted(near, key=lambda g: (abs(g - gpus), g))[:2]
+            check("gpus", gpus, (self.even, f"a count that splits evenly over the nodes it needs (every worker runs the "
+                                 f"same devices; {gpus} over {self.nodes_for(gpus)} nodes of {self.devices_per_node} "
+                                 f"does not), e.g. {' or '.join(map(str, sorted(closest)))}"))
+
+    def nodes_for(self, gpus: int) -> int:
+        """The nodes `gpus` devices need, filled as evenly as a multi-worker run fills them."""
+        return math.ceil(max(gpus, 1) / self.devices_per_node)
+
+    def even(self, gpus: int) -> bool:
+        """Whether `gpus` devices split into the same count on each of the nodes they need."""
+        return gpus % self.nodes_for(gpus) == 0
 
 
 HARDWARE = Registry("hardware", __name__)

@@ -212,9 +212,8 @@ def price(plan: Any, model_layers: list[Layer], constants: Constants = FIT) -> t
     per-device batch (efficiency's base), with `constants`' efficiencies; ConfigError when the model does not fit."""
     c = constants
     hw, train = plan.hardware, plan.train
-    nodes = math.ceil(max(plan.gpus, 1) / hw.devices_per_node)  # the devices fill one node after another:
-    towers = plan.strategy.towers(plan.gpus)
-    local = min(towers, hw.devices_per_node) if plan.strategy.data_parallel else 1  # a full node's devices
+    nodes = hw.nodes_for(plan.gpus)  # as few as hold them, the same count on each (SpecSheet.check_devices)
+    local = plan.strategy.towers(plan.gpus) // nodes if plan.strategy.data_parallel else 1  # one node's devices
     batch = int(train.per_device_batch_size)
     check_precision(hw, str(train.precision))
     _check_fits(plan, model_layers, batch)
