@@ -148,6 +148,26 @@ def test_each_model_has_its_own_predicted_fastest(capsys):
                "published table)" in line for line in fastest), fastest
 
 
+def test_sixteen_bits_on_a_gpu_without_tensor_cores_is_said_to_be_priced_as_float32(capsys):
+    """A P100's mixed_float16 row equalled its float32 row with nothing saying why; a V100's has tensor cores."""
+    code, out, err = subcommand(capsys, "predict", "-m", "experiment=tf_cnn_resnet50", "hardware=dgx1_p100,dgx1_v100",
+                                "gpus=8", "strategy=mirrored", "train.precision=float32,mixed_float16")
+    notes = [line for line in out.splitlines() if line.startswith("note: ")]
+    assert code == 0 and notes == ["note: train.precision=mixed_float16 on hardware=dgx1_p100 is priced as float32: "
+                                   "the Tesla P100 SXM2 16GB has no tensor cores (Keras warns it may run slower)"], out
+    code, out, err = subcommand(capsys, "predict", "-m", "experiment=tf_cnn_resnet50", "hardware=dgx1_p100",
+                                "gpus=8", "strategy=mirrored", "train.precision=mixed_float16", "predict.format=json")
+    assert "priced as float32" in json.loads(out.splitlines()[0])["note"], out
+
+
+def test_a_refused_rows_name_is_the_users_overrides_without_hydras_settings(capsys, tmp_path):
+    """With --config-dir, a refused row was named `hydra.searchpath=[file:///...] model=mlp ...`."""
+    code, out, err = subcommand(capsys, "predict", "-m", "--config-dir", str(tmp_path), "hardware=dgx1_v100",
+                                "strategy=mirrored,single", "gpus=2")
+    refused = [r for r in markdown_rows(out) if "not predicted" in r]
+    assert code == 0 and [r["combination"] for r in refused] == ["hardware=dgx1_v100 strategy=single gpus=2"], out
+
+
 def test_the_json_form_has_one_object_per_combination(capsys):
     code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=2,4", "strategy=mirrored",
                                 "predict.format=json")

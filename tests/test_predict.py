@@ -355,3 +355,19 @@ def test_a_predicted_fastest_is_confirmed_only_by_repeats_measuring_it_fastest_b
     refuted = judge(combine([("a", 110.0, 80.0), ("b", 80.0, 100.0), ("a", 110.0, 81.0), ("b", 80.0, 102.0)]))
     assert refuted.verdict == "refuted" and line("x2", refuted).endswith(
         "predicted fastest a: measured 0.80x the fastest (b), beyond the noise: refuted (the model was wrong by 20%)")
+
+
+def test_a_calibration_is_announced_before_it_runs_and_not_when_cached(tmp_path, monkeypatch, capsys):
+    """A ResNet-50 calibrated on 8 simulated devices ran 600 s with nothing said; the line comes first."""
+    monkeypatch.setenv("RUNNER_CACHE_DIR", str(tmp_path))
+    plan = validate(compose("model=mlp", "strategy=replicated", "gpus=2"))
+    entries = {calibrate.machine_key(plan): MACHINE, calibrate.towers_key(plan): TOWERS,
+               calibrate.input_key(plan): {"seconds": 0.0004}}
+    said = []
+    monkeypatch.setattr(grid, "_calibrate", lambda overrides, wanted: said.append(capsys.readouterr().err)
+                        or {k: entries[k] for k in wanted})
+    combo = [["model=mlp", "strategy=replicated", "gpus=2"]]
+    assert grid.predict_all(combo, cache_dir=tmp_path)[0].prediction
+    assert said == [f"calibrating this machine at gpus=2 for 1 combinations (3 measurements, a fresh process; cached "
+                    f"in {calibrate.cache_path(tmp_path)})\n"], said
+    assert grid.predict_all(combo, cache_dir=tmp_path)[0].prediction and "calibrating" not in capsys.readouterr().err

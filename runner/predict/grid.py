@@ -37,6 +37,7 @@ class Outcome:
     given: dict[str, Any] = field(default_factory=dict)  # strategy, pipeline, gpus, nodes, as composed
     setting: str = ""  # the overrides the sweep varies besides the combination's own (`varied_overrides`)
     disturbed: float | None = None  # others' share of the CPUs while its calibration was measured, where over BUSY
+    note: str = ""  # how its prediction departs from the config (a precision priced as another), said under the table
 
 
 def calibration(o: Outcome) -> str:
@@ -131,7 +132,8 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
     outcomes, groups, layers = [], {}, {}
     for overrides, setting in zip(combos, varied_overrides(combos)):
         cfg, plan, error = plan_for(overrides, refusals_raise)
-        outcome = Outcome(overrides, f"{combination(plan)} {setting}".rstrip() if plan else " ".join(overrides),
+        named = " ".join(o for o in overrides if not o.startswith("hydra."))  # not the user's config folders
+        outcome = Outcome(overrides, f"{combination(plan)} {setting}".rstrip() if plan else named,
                           error=error, given=_given(plan.cfg if plan else cfg), setting=setting)
         outcomes.append(outcome)
         if error is None and not plan.hardware.measured:
@@ -149,6 +151,9 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
             if keys(plan) & left:
                 covering.append(outcome.overrides)
                 left -= keys(plan)
+        if wanted:  # seconds for a small model, minutes for a large one on many simulated devices: said first
+            print(f"calibrating this machine at gpus={plans[0].gpus} for {len(members)} combinations ({len(wanted)} "
+                  f"measurements, a fresh process; cached in {path})", file=sys.stderr, flush=True)
         measured = _calibrate(covering, wanted) if wanted else {}
         if "error" in measured:
             for _, outcome in members:
@@ -172,6 +177,10 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
 def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list], refusals_raise: bool = False) -> None:
     """`outcome`'s prediction on the plan's named hardware, or why there is none (`layers`: read once per model;
     `refusals_raise`: the reason raised, a lone combination's)."""
+    accelerator, precision = plan.hardware.accelerator, str(plan.train.precision)
+    if precision != "float32" and not spec_sheet.sixteen_bits(accelerator, precision):
+        outcome.note = (f"train.precision={precision} on hardware={plan.hardware.name} is priced as float32: the "
+                        f"{accelerator.name} has no tensor cores (Keras warns it may run slower)")
     try:
         outcome.prediction = spec_sheet_prediction(plan, model_layers(plan, layers))
     except UserError as e:
@@ -268,7 +277,8 @@ def table(outcomes: list[Outcome]) -> list[str]:
     failed = [o for o in outcomes if not o.prediction]
     if failed:
         lines += [*markdown(["combination", "not predicted"], [[o.label, o.error] for o in failed]), ""]
-    return lines + ([] if units else [fastest_line([])])
+    notes = dict.fromkeys(o.note for o in outcomes if o.note and o.prediction)
+    return lines + [f"note: {n}" for n in notes] + ([] if units else [fastest_line([])])
 
 
 def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
@@ -295,7 +305,7 @@ def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
     return [{"combination": o.label, "overrides": o.overrides, **o.given, "predicted": (p := o.prediction) is not None,
              "rate": p and p.rate, "unit": p and p.unit, "step_seconds": p and p.step_seconds,
              "efficiency": p and p.efficiency, "terms": p and p.terms, "calibration_disturbed": o.disturbed,
-             "error": o.error} for o in outcomes]
+             "note": o.note or None, "error": o.error} for o in outcomes]
 
 
 def _given(cfg: Any) -> dict[str, Any]:
