@@ -115,6 +115,8 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
         merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})
     except OmegaConfBaseException as e:  # named by the component's key; the message's first line (the rest: detail)
         key, message = getattr(e, "full_key", None) or "", str(getattr(e, "msg", e)).splitlines()[0]
+        if allowed := _type_allowed(cls, key, message):  # `link.bandwidth: fast`: what the key takes, with its unit
+            raise ConfigError(f"{_key(kind, key)}={_value(plain, key)!r} is not allowed; expected {allowed}") from None
         raise ConfigError(f"{_key(kind, key)}: {message}" if key else f"{kind or 'config'}: {message}") from None
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:  # a field without a default (`???`) that the node does not give
@@ -123,6 +125,25 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
     values = OmegaConf.to_container(merged, resolve=True)
     _check_values(cls, values, kind)
     return values
+
+
+def _type_allowed(cls: type, key: str, message: str) -> str:
+    """What a dotted `key` of cls allows, where OmegaConf refused a value of the wrong type (`could not be converted
+    to Float`): its rule's words (a range, a unit, an example), else the type's; '' for any other refusal."""
+    kinds = {"Float": "a number", "Integer": "an integer", "Boolean": "true or false"}
+    wanted = next((words for name, words in kinds.items() if f"could not be converted to {name}" in message), "")
+    *path, name = key.split(".") if wanted else [""]
+    for part in path:
+        cls = fields(cls).get(part) if dataclasses.is_dataclass(cls) else None
+    rule = getattr(cls, "RULES", {}).get(name) if wanted else None
+    return rule[1] if rule else wanted
+
+
+def _value(plain: Mapping[str, Any], key: str) -> Any:
+    """The value at dotted `key` of a nested mapping."""
+    for part in key.split("."):
+        plain = plain[part]
+    return plain
 
 
 def typed(cls: type, node: Mapping[str, Any], kind: str) -> Any:

@@ -196,6 +196,10 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     (["hardware=dgx1_p100", "hardware.accelerator.peak_flops=10.6"], ["peak_flops=10.6", "FLOP/s, at least"]),
     (["hardware=dgx1_p100", "hardware.accelerator.clock_hz=1.48"], ["clock_hz=1.48", "Hz, at least 1e+06", "or null"]),
     (["hardware=dgx1_p100", "hardware.link.bandwidth=20"], ["hardware.link.bandwidth=20", "bytes/s, at least"]),
+    # words where a number goes: were OmegaConf's "Value 'fast' of type 'str' could not be converted to Float"
+    (["hardware=dgx1_p100", "hardware.link.bandwidth=fast"],
+     ["hardware.link.bandwidth='fast' is not allowed; expected bytes/s, at least 1e+08 (25e9 for 25 GB/s)"]),
+    (["hardware=dgx1_p100", "hardware.nodes=abc"], ["hardware.nodes='abc' is not allowed; expected a positive number"]),
     # one combination no cost model covers (was a one-row 'not predicted' table, exit 1)
     (["strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no cost model", "mirrored"]),
     (["hardware=dgx1_p100", "strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no spec-sheet"]),
