@@ -115,8 +115,10 @@ def _layer(layer: Any, first: bool) -> Layer:
         return Layer("elementwise", 0.0, moved, kept=0.0 if type(layer).__name__ in UNKEPT else kept)
     try:
         flops = _forward_flops(layer)
-    except ValueError as e:  # priced by its weights alone, an LSTM's 64 steps made 124 TFLOP/s of a 15.7 TFLOP/s V100
-        raise UserError(f"not priced on spec sheets: {e}") from None
+    except ValueError:  # priced by its weights alone, an LSTM's 64 steps made 124 TFLOP/s of a 15.7 TFLOP/s V100
+        raise UserError(f"not priced on spec sheets: no FLOP formula for layer {layer.name} ({type(layer).__name__}; "
+                        "runner/measure/flops.py has those it prices); runner predict without hardware= prices the "
+                        "model on this machine, where its passes are measured") from None
     return Layer("compute", flops, moved, weights, first, kept, algorithm=_algorithm(layer))
 
 
