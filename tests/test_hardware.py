@@ -169,6 +169,18 @@ def test_a_refused_rows_name_is_the_users_overrides_without_hydras_settings(caps
     assert code == 0 and [r["combination"] for r in refused] == ["hardware=dgx1_v100 strategy=single gpus=2"], out
 
 
+def test_pipelines_priced_alike_on_a_spec_sheet_say_why_they_tie(capsys):
+    """Three pipelines at one rate were 'a tie for this model' with nothing saying that none of them is priced."""
+    code, out, err = subcommand(capsys, "predict", "-m", "hardware=dgx_a100", "model=cnn", "strategy=mirrored",
+                                "pipeline=split,per_tower,sharded", "gpus=8")
+    (fastest,) = [line for line in out.splitlines() if line.startswith("predicted fastest: ")]
+    assert code == 0 and fastest.endswith("; a spec sheet prices no input pipeline: which pipeline is fastest is "
+                                          "measured on this machine (runner predict without hardware=)"), out
+    code, out, err = subcommand(capsys, "predict", "-m", "hardware=dgx_a100", "model=cnn", "gpus=8",
+                                "strategy=mirrored,parameter_server")  # strategies: priced, no such words
+    assert code == 0 and "prices no input pipeline" not in out, out
+
+
 def test_the_json_form_has_one_object_per_combination(capsys):
     code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=2,4", "strategy=mirrored",
                                 "predict.format=json")

@@ -324,10 +324,15 @@ def fastest_line(outcomes: list[Outcome]) -> str:
     priced = [o for o in ranked(outcomes) if o.prediction]
     if not priced:
         return "predicted fastest: none (no combination could be predicted)"
-    best = priced[0].prediction.rate
-    ties = [o.label for o in priced[1:] if o.prediction.rate >= (1 - TIE) * best]
-    text = f"predicted fastest: {priced[0].label} ({best:,.0f} {priced[0].prediction.unit}/s{_on(priced[0])})"
-    return text + (f"; within {TIE:.0%} of it (a tie for this model): {', '.join(ties)}" if ties else "")
+    top, best = priced[0], priced[0].prediction.rate
+    ties = [o for o in priced[1:] if o.prediction.rate >= (1 - TIE) * best]
+    text = f"predicted fastest: {top.label} ({best:,.0f} {top.prediction.unit}/s{_on(top)})"
+    # pipelines priced alike on a spec sheet (no host-side input work): their tie is the model's, not a measurement's
+    unpriced = top.given.get("hardware") not in (None, "this") and any(
+        o.given.get("pipeline") != top.given.get("pipeline") for o in ties if o.prediction.rate == best)
+    return text + (f"; within {TIE:.0%} of it (a tie for this model): {', '.join(o.label for o in ties)}" if ties
+                   else "") + ("; a spec sheet prices no input pipeline: which pipeline is fastest is measured on "
+                               "this machine (runner predict without hardware=)" if unpriced else "")
 
 
 def _on(o: Outcome) -> str:
