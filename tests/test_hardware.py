@@ -213,6 +213,11 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     (["hardware=dgx1_p100", "hardware.link.bandwidth=fast"],
      ["hardware.link.bandwidth='fast' is not allowed; expected bytes/s, at least 1e+08 (25e9 for 25 GB/s)"]),
     (["hardware=dgx1_p100", "hardware.nodes=abc"], ["hardware.nodes='abc' is not allowed; expected a positive number"]),
+    # tensor cores where there are none, or slower than float32: were priced (mixed_float16 13x slower, no word)
+    (["hardware=dgx1_p100", "hardware.accelerator.tensor_flops=125e12"],
+     ["tensor_flops=1.25e+14: a pascal GPU has no tensor cores (Volta and later have); use null"]),
+    (["hardware=dgx1_v100", "hardware.accelerator.tensor_flops=1e12"],
+     ["tensor_flops=1e+12 is below peak_flops=1.57e+13", "dense float16 tensor-core figure"]),
     # one combination no cost model covers (was a one-row 'not predicted' table, exit 1)
     (["strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no cost model", "mirrored"]),
     (["hardware=dgx1_p100", "strategy=model_parallel", "gpus=2"], ["strategy=model_parallel has no spec-sheet"]),

@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal, Optional, Protocol, runtime_checkable
 
+from runner.errors import ConfigError
 from runner.registry import Registry, Rule, check, positive
 from runner.strategies import MAX_DEVICES  # this machine's most devices: real GPUs, or logical ones carved out of one
 
@@ -48,6 +49,18 @@ class Accelerator:
         "memory_bytes": at_least(1e8, "bytes", "16e9 for 16 GB"),
         "memory_bandwidth": at_least(1e9, "bytes/s", "900e9 for 900 GB/s"),
         "clock_hz": at_least(1e6, "Hz", "1.53e9 for 1.53 GHz", null=True)}
+    NO_TENSOR_CORES: ClassVar[tuple[str, ...]] = ("kepler", "maxwell", "pascal")  # tensor cores came with Volta
+
+    def check_tensor_cores(self) -> None:
+        """ConfigError where `tensor_flops` cannot be a tensor core's: on an architecture without them, or below the
+        float32 peak (a mixed_float16 prediction would run slower than float32's, silently)."""
+        key = f"hardware.accelerator.tensor_flops={self.tensor_flops:g}" if self.tensor_flops else ""
+        if key and self.architecture in self.NO_TENSOR_CORES:
+            raise ConfigError(f"{key}: a {self.architecture} GPU has no tensor cores (Volta and later have); use null")
+        if key and self.tensor_flops < self.peak_flops:
+            raise ConfigError(f"{key} is below peak_flops={self.peak_flops:g}: tensor cores run float16 at several "
+                              "times the float32 peak (V100: 125e12 against 15.7e12); give the dense float16 "
+                              "tensor-core figure, or null where there are none")
 
 
 @dataclass
@@ -119,6 +132,8 @@ class SpecSheet:
 
     def check_devices(self, gpus: int, multi_process: bool) -> None:
         from runner.strategies import with_role
+
+        self.accelerator.check_tensor_cores()
 
         most = self.devices_per_node * (self.nodes if multi_process else 1)
         spans = " or ".join(f"strategy={n}" for n in with_role("multi_process"))
