@@ -181,6 +181,16 @@ def test_pipelines_priced_alike_on_a_spec_sheet_say_why_they_tie(capsys):
     assert code == 0 and "prices no input pipeline" not in out, out
 
 
+def test_each_settings_fastest_line_comes_in_the_tables_order(capsys):
+    """A V100 sweep over precision printed float32's line first while mixed_float16's rows led the table."""
+    code, out, err = subcommand(capsys, "predict", "-m", "hardware=dgx1_v100", "experiment=tf_cnn_resnet50", "gpus=8",
+                                "strategy=mirrored,parameter_server", "train.precision=float32,mixed_float16")
+    first_row = markdown_rows(out)[0]["combination"]
+    fastest = [line for line in out.splitlines() if line.startswith("predicted fastest: ")]
+    assert code == 0 and "mixed_float16" in first_row and len(fastest) == 2, out
+    assert fastest[0].startswith(f"predicted fastest: {first_row} ("), fastest
+
+
 def test_the_json_form_has_one_object_per_combination(capsys):
     code, out, err = subcommand(capsys, "predict", "-m", *RESNET50_ON_DGX1, "gpus=2,4", "strategy=mirrored",
                                 "predict.format=json")

@@ -295,7 +295,7 @@ def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
         lines.append(markdown_row([o.label, f"{p.rate:,.0f}", f"{1e3 * p.step_seconds:.2f}", *efficiency, p.dominant,
                                    *(f"{1e3 * p.terms[t]:.2f}" for t in TERMS), *([calibration(o)] if marked else [])]))
     work: dict[tuple[str, str], list[Outcome]] = {}  # a model's own fastest, in each setting: never across models
-    for o in outcomes:
+    for o in ranked(outcomes):  # the lines in the table's order: the group with the fastest row first
         work.setdefault((o.label.split(" ", 1)[0], o.setting), []).append(o)
     return lines + ["", *(fastest_line(group) for group in work.values()), ""]
 
