@@ -128,3 +128,14 @@ def test_the_commands_say_what_they_ran_in_plain_words(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "## Each model's step against its floor: 1 round, " in out
     assert "- PASS MFU <= 100% in every one-device runner run: 1 of 1 hold" in out
+
+
+def test_published_help_says_what_it_does_and_names_its_systems(capsys):
+    """`published --help` had no description and '--hardware: only these systems' named none of them."""
+    from runner.bench import __main__ as bench
+
+    with pytest.raises(SystemExit):
+        bench.main(["published", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "spec-sheet predictions against published tables" in text, text
+    assert "only these systems, separated by commas: dgx1_p100, ec2_p2_8xlarge, gce_k80x8 (default: all)" in text

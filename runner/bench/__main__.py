@@ -124,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     pr = sub.add_parser("predicted", help="the cost model's predictions beside an experiment's measured runs")
     pr.add_argument("--experiment", default="bench_strategies", help="whose finished runner runs to predict")
     pr.add_argument("--recalibrate", action="store_true", help="measure this machine's calibrations again")
-    pu = sub.add_parser("published", help="spec-sheet predictions against published tables (runner/bench/published/)")
-    pu.add_argument("--hardware", type=_names, default=[], help="only these systems (default: every table's)")
+    about = "spec-sheet predictions against published tables (runner/bench/published/)"
+    pu = sub.add_parser("published", help=about, description=f"{about}: each cell predicted from conf/hardware/'s "
+                        "spec sheet beside TensorFlow's 2017 measurement, per system and model")
+    pu.add_argument("--hardware", type=_names, default=[],
+                    help=f"only these systems, separated by commas: {', '.join(_systems())} (default: all)")
     pu.add_argument("--held-out", action="store_true",
                     help="fit the constants again leaving out each model, system and multi-machine cells in turn, and "
                          "score the left-out cells (runner/bench/fit.py; about two minutes)")
@@ -167,19 +170,25 @@ def main(argv: list[str] | None = None) -> int:
         return signals.exit_code(e)
 
 
+def _systems() -> list[str]:
+    """The systems of the published tables (runner/bench/published/*.csv)."""
+    from runner.bench.published import cells
+
+    return sorted({c.hardware for c in cells()})
+
+
 def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The names options list, checked before any job or prediction, in one line naming the value and the choices:
     strategies and pipelines as the runner checks its group choices (the config folders of --override included),
     settings groups and published systems by their lists. (An unknown strategy was Hydra's traceback, an unknown
     pipeline a table of failed jobs, an unknown system an empty comparison's traceback.)"""
-    from runner.bench.published import cells
     from runner.cli.overrides import check_group_overrides
 
     for option, group in (("strategies", "strategy"), ("pipelines", "pipeline")):
         chosen = [f"{group}={name}" for name in getattr(args, option, None) or []]
         if chosen and (error := check_group_overrides([*getattr(args, "override", []), *chosen])):
             parser.error(f"--{option}: {error}")
-    for option, allowed in (("groups", list(SPEED_SETTINGS)), ("hardware", sorted({c.hardware for c in cells()}))):
+    for option, allowed in (("groups", list(SPEED_SETTINGS)), ("hardware", _systems())):
         for name in getattr(args, option, None) or []:
             if name not in allowed:
                 parser.error(f"--{option} {name} is not one of {', '.join(allowed)}")
