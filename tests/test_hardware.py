@@ -236,6 +236,9 @@ def test_the_json_form_has_one_object_per_combination(capsys):
      ["mixed_bfloat16", "mixed_float16"]),
     (["hardware=dgx_a100", "train.per_device_batch_size=4096", "strategy=mirrored"],
      ["train.per_device_batch_size="]),
+    # just over the memory: was 'needs 11.8 GB per device ... (GeForce RTX 2080 Ti: 11.8 GB)'
+    (["hardware=pcie_8x_2080ti", "gpus=1", "strategy=mirrored", "train.per_device_batch_size=139"],
+     ["needs 11.805 GB per device", "(GeForce RTX 2080 Ti: 11.800 GB); use train.per_device_batch_size=138 or less"]),
 ])
 def test_bad_hardware_input_is_one_line(capsys, argv, wanted):
     """One combination (not a sweep): what the runner refuses, or what no cost model covers, is the command's one

@@ -252,9 +252,10 @@ def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
     fixed = memory_per_device(model_layers, 0, str(train.optimizer), str(train.precision))  # weights and state
     per_example = memory_per_device(model_layers, 1, str(train.optimizer), str(train.precision)) - fixed
     most = max(0, int((hw.accelerator.memory_bytes - fixed) // per_example)) if per_example > 0 else 0
-    gb = 1e9
+    have = hw.accelerator.memory_bytes
+    digits = next(d for d in range(1, 10) if round(need / 1e9, d) != round(have / 1e9, d))  # 11.84 vs 11.81, not 11.8
     split = " or ".join(f"strategy={n}" for n in splitting())
     fix = (f"use train.per_device_batch_size={most} or less" if most else
            f"its weights and optimizer state alone do not fit: use a device with more memory or {split}")
-    raise ConfigError(f"train.per_device_batch_size={batch} needs {need / gb:,.1f} GB per device on hardware="
-                      f"{hw.name} ({hw.accelerator.name}: {hw.accelerator.memory_bytes / gb:,.1f} GB); {fix}")
+    raise ConfigError(f"train.per_device_batch_size={batch} needs {need / 1e9:,.{digits}f} GB per device on hardware="
+                      f"{hw.name} ({hw.accelerator.name}: {have / 1e9:,.{digits}f} GB); {fix}")
