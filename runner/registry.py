@@ -132,6 +132,8 @@ def _type_allowed(cls: type, key: str, message: str) -> str:
     to Float`): its rule's words (a range, a unit, an example), else the type's; '' for any other refusal."""
     kinds = {"Float": "a number", "Integer": "an integer", "Boolean": "true or false"}
     wanted = next((words for name, words in kinds.items() if f"could not be converted to {name}" in message), "")
+    if "[" in key:  # an item of a list option (`shape[2]`): OmegaConf's own words name it
+        return ""
     *path, name = key.split(".") if wanted else [""]
     for part in path:
         cls = fields(cls).get(part) if dataclasses.is_dataclass(cls) else None

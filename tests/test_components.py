@@ -303,3 +303,21 @@ def test_a_built_strategy_on_common_built_alone_has_the_contracts_defaults():
         pass
 
     assert isinstance(Mine(), Strategy) and Mine().check_same_start(5) is None
+
+
+def test_a_word_in_a_list_option_of_a_component_is_one_config_error():
+    """A component's `xs: list[int]` given [1, "a"]: OmegaConf names the item `xs[1]`; reading the option's rule by that
+    key raised KeyError (a traceback) where a word in a number option became 'expected a number' (91376f2)."""
+    from dataclasses import dataclass, field
+
+    from runner.registry import typed_values
+
+    @dataclass
+    class Listed:
+        xs: list[int] = field(default_factory=list)
+        rate: float = 1.0
+
+    with pytest.raises(ConfigError, match=r"^thing\.xs\[1\]: Value 'a' of type 'str' could not be converted"):
+        typed_values(Listed, {"xs": [1, "a"]}, "thing")
+    with pytest.raises(ConfigError, match=r"^thing\.rate='fast' is not allowed; expected a number$"):
+        typed_values(Listed, {"rate": "fast"}, "thing")

@@ -44,9 +44,9 @@ def test_multi_worker_adds_a_ring_of_the_nodes_over_the_network():
 
 
 def test_a_clusters_devices_split_evenly_over_its_nodes_as_a_multi_worker_run_has_them():
-    """A multi-worker run has the same gpus= on every worker: 12 GPUs on nodes of 8 are 2 nodes of 6 (were priced as a
-    full node's ring of 8), and 65 over 9 nodes of 8, which no run can have, was priced (as rings of 8) instead of
-    refused with the counts near it that split evenly."""
+    """A multi-worker run has the same gpus= on every worker: 12 GPUs on nodes of 8 are 2 nodes of 6 and 9 are 3 of 3
+    (were priced as a full node's ring of 8 and 8 + 1), and 65 over at most 9 nodes of 8, which no run can have, was
+    priced instead of refused with the counts near it that split evenly."""
     from runner.strategies.multi_worker import MultiWorker
 
     rings, exchange = [], MultiWorker.exchange
@@ -54,11 +54,13 @@ def test_a_clusters_devices_split_evenly_over_its_nodes_as_a_multi_worker_run_ha
         patch.setattr(MultiWorker, "exchange", lambda self, *args: rings.append(args[:2]) or exchange(self, *args))
         found = predict_all([["experiment=tf_cnn_resnet50", "hardware=ec2_p2_8xlarge", "hardware.nodes=9",
                               "strategy=multi_worker", f"gpus={n}"] for n in (64, 65, 12, 9)])
-    assert [r for r in rings if r != (1, 1)] == [(8, 8), (6, 2)]  # (one node's devices, nodes)
-    assert [o.prediction is None for o in found] == [False, True, False, True]
-    assert "gpus=65 is not allowed; expected a count that splits evenly over the nodes it needs (every worker runs " \
-           "the same devices; 65 over 9 nodes of 8 does not), e.g. 64 or 72" in found[1].error, found[1].error
-    assert found[3].error.endswith("e.g. 8 or 10"), found[3].error
+        two = predict_all([["experiment=tf_cnn_resnet50", "hardware=ec2_p2_8xlarge", "hardware.nodes=2",
+                            "strategy=multi_worker", "gpus=9"]])  # 3 nodes of 3 would split; 2 are all there are
+    assert [r for r in rings if r != (1, 1)] == [(8, 8), (6, 2), (3, 3)]  # (one node's devices, nodes)
+    assert [o.prediction is None for o in found] == [False, True, False, False]
+    assert "gpus=65 is not allowed; expected a count that splits evenly over up to hardware.nodes=9 nodes of 8 " \
+           "(every worker runs the same devices), e.g. 63 or 64" in found[1].error, found[1].error
+    assert two[0].error.endswith("e.g. 8 or 10"), two[0].error
 
 
 def test_a_layer_is_priced_by_the_slower_of_its_flops_and_its_bytes():

@@ -17,15 +17,15 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from runner.bench.jobs import emit, save
-from runner.bench.published import Cell, cells, efficiency
+from runner.bench.published import Cell, chosen, efficiency
 from runner.predict.spec_sheet import Constants, Layer
 from runner.report.prediction import TIE
 from runner.report.table import markdown, markdown_row
 
-# A start that reads no table: the spec sheet's peaks reached in full, little synchronisation; its kernel cost is kept
-# (the tables cannot fit it: Constants.kernel_cycles).
-START = Constants(algorithms=dict.fromkeys(("gemm", "fast", "implicit"), 1.0), architecture={}, fitted="",
-                  memory=1.0, link=1.0, overlap=0.1, sync=0.01)
+# A start that reads no table: the spec sheet's peaks reached in full, little synchronisation, and a kernel launch's
+# order as the fixed cost per kernel, which is never fitted (the tables' large batches cannot tell it from 0).
+START = Constants(algorithms=dict.fromkeys(("gemm", "fast", "implicit"), 1.0), architecture={}, reference="",
+                  memory=1.0, kernel_cycles=10_000, link=1.0, overlap=0.1, sync=0.01)
 SCALARS = ("memory", "link", "sync")  # fitted in log space (positive); overlap in [0, 0.95]
 # The limits a fit may not pass: a fraction of a peak is at most 1; the fast algorithms' saving over the counted
 # multiplications at most 4x (Winograd F(4x4, 3x3) does 4x fewer; cuDNN's FFT tiles save less on 5x5 and up).
@@ -61,30 +61,30 @@ def _architecture(sample: Sample) -> str:
 
 
 def fit(train: list[Sample]) -> Constants:
-    """The constants that best predict `train` (least squares on the log error), from START."""
+    """The constants that best predict `train` (least squares on the log error), from START and within LIMITS."""
     from scipy.optimize import least_squares
 
     present = list(dict.fromkeys(map(_architecture, train)))
-    reference = "pascal" if "pascal" in present else present[0]  # its scale 1: the others' are relative to it
+    reference = "pascal" if "pascal" in present else present[0]  # scale 1: the others' are relative to it
     used = {layer.algorithm for s in train for layer in s.layers if layer.algorithm}
-    algorithms = [a for a in START.algorithms if a in used]
-    others = [a for a in present if a != reference]
-    names = [*algorithms, *others, *SCALARS]
+    algorithms = [a for a in START.algorithms if a in used]  # an algorithm no cell uses is priced as GEMM
+    scaled = [a for a in present if a != reference]
+    positive = [*algorithms, *scaled, *SCALARS]  # fitted as logarithms; the overlap, a fraction, as it is
 
     def constants(x: Any) -> Constants:
-        values = dict(zip(names, map(math.exp, x[:-1])))
-        gemm = values.get("gemm", START.algorithms["gemm"])
-        return replace(START, algorithms={a: values.get(a, gemm) for a in START.algorithms},
-                       architecture={reference: 1.0, **{a: values[a] for a in others}}, fitted=reference,
-                       overlap=float(x[-1]), **{k: values[k] for k in SCALARS})
+        *logs, overlap = x
+        value = dict(zip(positive, map(math.exp, logs)))
+        gemm = value.get("gemm", START.algorithms["gemm"])
+        return replace(START, algorithms={a: value.get(a, gemm) for a in START.algorithms},
+                       architecture={reference: 1.0, **{a: value[a] for a in scaled}}, reference=reference,
+                       overlap=float(overlap), **{k: value[k] for k in SCALARS})
 
-    start = [math.log(START.algorithms.get(a, 1.0)) for a in algorithms] + [0.0] * len(others)
+    start = [math.log(START.algorithms[a]) for a in algorithms] + [0.0] * len(scaled)
     start += [math.log(getattr(START, k)) for k in SCALARS] + [START.overlap]
-    lower = [-math.inf] * len(names) + [0.0]
-    upper = [math.log(LIMITS[n]) if n in LIMITS else math.inf for n in names] + [0.95]
+    lower = [-math.inf] * len(positive) + [0.0]
+    upper = [math.log(LIMITS[n]) if n in LIMITS else math.inf for n in positive] + [0.95]
     start = [min(x, u - 1e-3) for x, u in zip(start, upper)]  # strictly inside: the start may sit on a limit
-    found = least_squares(lambda x: errors(train, constants(x)), start, bounds=(lower, upper))
-    return constants(found.x)
+    return constants(least_squares(lambda x: errors(train, constants(x)), start, bounds=(lower, upper)).x)
 
 
 def errors(found: list[Sample], constants: Constants) -> list[float]:
@@ -120,15 +120,21 @@ class Fold:
         return gaps
 
     def fastest(self) -> tuple[int, int]:
-        """Of the left-out settings measured in several modes (system, model, batch, GPUs), in how many the predicted
-        fastest mode was the published fastest or within TIE of it (what `runner predict` calls a tie), and how many."""
+        """Of the left-out settings (system, model, batch, GPUs) whose published modes differ beyond TIE (a setting
+        where they all lie within it has no fastest to predict), in how many the predicted fastest was the published
+        one and no other mode was predicted within TIE of it (`runner predict`'s tie: no answer), and how many."""
         settings: dict[tuple, list[Cell]] = {}
         for cell in self.held:
             settings.setdefault((cell.hardware, cell.model, cell.batch, cell.gpus), []).append(cell)
-        compared = [cells for cells in settings.values() if len({c.mode for c in cells}) > 1]
-        right = sum(max(cells, key=self.rates.get).published >= (1 - TIE) * max(c.published for c in cells)
-                    for cells in compared)
-        return right, len(compared)
+        decisive = [cells for cells in settings.values() if _apart(sorted(c.published for c in cells))]
+        right = sum(_apart(sorted(self.rates[c] for c in cells))
+                    and max(cells, key=self.rates.get) == max(cells, key=lambda c: c.published) for cells in decisive)
+        return right, len(decisive)
+
+
+def _apart(rates: list[float]) -> bool:
+    """Whether the highest of `rates` (ascending) leads the next beyond TIE."""
+    return len(rates) > 1 and rates[-2] < (1 - TIE) * rates[-1]
 
 
 FOLDS: dict[str, Callable[[Cell], str]] = {  # how cells are grouped for leaving out, one group at a time
@@ -141,9 +147,11 @@ FOLDS: dict[str, Callable[[Cell], str]] = {  # how cells are grouped for leaving
 def held_out(found: list[Sample], by: str) -> list[Fold]:
     """For each group of `FOLDS[by]` (but ''), every cell predicted with the constants fitted to the others."""
     group = FOLDS[by]
+    groups = {group(s.cell) for s in found}
+    if len(groups) < 2:  # leaving the only group out leaves nothing to fit to
+        return []
     out = []
-    names = sorted({group(s.cell) for s in found} - {""})
-    for name in names if len({group(s.cell) for s in found}) > 1 else []:  # something left to fit to
+    for name in sorted(groups - {""}):
         constants = fit([s for s in found if group(s.cell) != name])
         out.append(Fold(f"{by}={name}", [s.cell for s in found if group(s.cell) == name],
                         {s.cell: s.rate(constants) for s in found}))
@@ -164,25 +172,25 @@ def lines(found: list[Sample]) -> list[str]:
         folds = held_out(found, by)
         out += [_row(fold.name, "the others", [fold]) for fold in folds]
         out += [_row(f"**each {by} left out**", "the others", folds)] if len(folds) > 1 else []
-    return out + ["", f"fastest mode right: of the settings (system, model, batch, GPUs) a table measured in several "
-                      f"modes, those whose predicted fastest mode was published fastest or within {TIE:.0%} of it "
-                      "(-: none measured so)"]
+    return out + ["", f"fastest mode right: of the settings (system, model, batch, GPUs) whose published modes differ "
+                      f"beyond {TIE:.0%}, those whose published fastest was predicted fastest, no other mode within "
+                      f"{TIE:.0%} of it (-: no such setting)"]
 
 
 def _row(name: str, fitted: str, folds: list[Fold]) -> str:
     """One row: the folds' left-out cells' errors, efficiency gaps and fastest modes, together."""
-    errors = [abs(e) for f in folds for e in f.errors]
+    misses = [abs(e) for f in folds for e in f.errors]
     gaps = [g for f in folds for g in f.efficiency_gaps()]
-    right, compared = map(sum, zip(*(f.fastest() for f in folds)))
-    spread = f"{statistics.median(map(abs, gaps)):.1f}, {round(max(gaps, key=abs), 1) + 0.0:+.1f} points" if gaps else "-"
-    return markdown_row([name, fitted, str(len(errors)), f"{statistics.median(errors):.1%}", f"{max(errors):.1%}",
-                         spread, f"{right} of {compared}" if compared else "-"])
+    right, decisive = map(sum, zip(*(f.fastest() for f in folds)))
+    largest = round(max(gaps, key=abs), 1) + 0.0 if gaps else 0.0  # + 0.0: -0.0 printed as +0.0
+    spread = f"{statistics.median(map(abs, gaps)):.1f}, {largest:+.1f} points" if gaps else "-"
+    return markdown_row([name, fitted, str(len(misses)), f"{statistics.median(misses):.1%}", f"{max(misses):.1%}",
+                         spread, f"{right} of {decisive}" if decisive else "-"])
 
 
 def held_out_command(args: Any) -> int:
     """`python -m runner.bench published --held-out`: print (and with --out write) the held-out table."""
-    found = [c for c in cells() if not args.hardware or c.hardware in args.hardware]
-    out = lines(samples(found))
+    out = lines(samples(chosen(args)))
     emit([], out)
     save(out, args.out)
     return 0

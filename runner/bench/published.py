@@ -125,10 +125,14 @@ def summarise(rates: dict[Cell, float | None]) -> tuple[Summary, list[str]]:
     return summary, lines
 
 
+def chosen(args: argparse.Namespace) -> list[Cell]:
+    """The cells of the systems --hardware names (all without it)."""
+    return [c for c in cells() if not args.hardware or c.hardware in args.hardware]
+
+
 def published(args: argparse.Namespace) -> int:
     """Print (and with --out write) predicted against published, per system and model."""
-    found = [c for c in cells() if not args.hardware or c.hardware in args.hardware]
-    _, lines = summarise(predicted(found))
+    _, lines = summarise(predicted(chosen(args)))
     emit([], lines)
     save(lines, args.out)
     return 0

@@ -111,7 +111,8 @@ class Hardware(Protocol):
 
     def check_devices(self, gpus: int, multi_process: bool) -> None:
         """Raise ConfigError (one line) when `gpus` devices are more than it has (a single-process strategy:
-        than one node has)."""
+        than one node has), or, on a spec sheet, cannot be laid out as a run would have them, or the sheet's own
+        figures disagree (tensor cores where its architecture has none)."""
 
 
 @dataclass
@@ -143,16 +144,18 @@ class SpecSheet:
         if multi_process:  # a run's gpus= is each worker's: the same on every node
             near = [g for g in range(max(1, gpus - self.devices_per_node), most + 1) if self.even(g) and g != gpus]
             closest = sorted(near, key=lambda g: (abs(g - gpus), g))[:2]
-            check("gpus", gpus, (self.even, f"a count that splits evenly over the nodes it needs (every worker runs the "
-                                 f"same devices; {gpus} over {self.nodes_for(gpus)} nodes of {self.devices_per_node} "
-                                 f"does not), e.g. {' or '.join(map(str, sorted(closest)))}"))
+            check("gpus", gpus, (self.even, f"a count that splits evenly over up to hardware.nodes={self.nodes} nodes "
+                                 f"of {self.devices_per_node} (every worker runs the same devices), e.g. "
+                                 f"{' or '.join(map(str, sorted(closest)))}"))
 
     def nodes_for(self, gpus: int) -> int:
-        """The nodes `gpus` devices need, filled as evenly as a multi-worker run fills them."""
-        return math.ceil(max(gpus, 1) / self.devices_per_node)
+        """The fewest of the sheet's nodes that hold `gpus` devices, the same count on each, as the workers of a
+        multi-worker run have them (9 on nodes of 8: 3 nodes of 3); the fewest that hold them where none split."""
+        least = math.ceil(max(gpus, 1) / self.devices_per_node)
+        return next((n for n in range(least, max(self.nodes, least) + 1) if gpus % n == 0), least)
 
     def even(self, gpus: int) -> bool:
-        """Whether `gpus` devices split into the same count on each of the nodes they need."""
+        """Whether `gpus` devices split into the same count on each of the nodes they take."""
         return gpus % self.nodes_for(gpus) == 0
 
 

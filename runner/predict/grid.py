@@ -343,7 +343,7 @@ def _on(o: Outcome) -> str:
     name, architecture = o.given.get("hardware"), o.given.get("architecture")
     if name in (None, "this"):
         return ", on this machine" if name else ""
-    unchecked = (f"; {architecture or 'an unnamed architecture'} priced with {FIT.fitted}'s constants, unchecked "
+    unchecked = (f"; {architecture or 'an unnamed architecture'} priced with {FIT.reference}'s constants, unchecked "
                  "against any published table" if architecture not in FIT.architecture else "")
     return f", on {name}'s spec sheet{unchecked}"
 

@@ -34,9 +34,9 @@ class Constants:
     # GEMM (1x1, Dense); fast (Winograd for 3x3 stride 1, FFT for 5x5 and more: fewer multiplications than counted,
     # so above 1; one class, as two fitted apart held out worse); implicit GEMM (strided 3x3, asymmetric, depthwise).
     algorithms: dict[str, float] = field(default_factory=lambda: {"gemm": 0.658, "fast": 2.11, "implicit": 0.335})
-    # The architecture's scale on those fractions; one with no published table here takes `fitted`'s.
+    # The architecture's scale on those fractions; one with no published table here takes `reference`'s (scale 1).
     architecture: dict[str, float] = field(default_factory=lambda: {"kepler": 0.445, "pascal": 1.0})
-    fitted: str = "pascal"
+    reference: str = "pascal"
     memory: float = 0.512  # fraction of the memory bandwidth element-wise and normalisation kernels reach
     # Fixed cost per kernel (launch, ramp-up and tail) in the accelerator's cycles: not fitted (the tables' large
     # batches cannot tell it from 0), a kernel launch's order (6.8 us at P100's clock).
@@ -46,9 +46,9 @@ class Constants:
     sync: float = 0.0412  # a synchronous step over several devices: the towers' passes wait for the slowest, this longer
 
     def scale(self, architecture: str | None) -> float:
-        """The scale on `algorithms` of an accelerator of `architecture` (None, or one not fitted: `fitted`'s; 1
+        """The scale on `algorithms` of an accelerator of `architecture` (None, or one not fitted: `reference`'s; 1
         where none is)."""
-        return self.architecture.get(architecture or self.fitted, self.architecture.get(self.fitted, 1.0))
+        return self.architecture.get(architecture or self.reference, self.architecture.get(self.reference, 1.0))
 
 
 FIT = Constants()  # fitted to the 2017 tables' 117 cells (`python -m runner.bench published --held-out`)
