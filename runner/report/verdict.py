@@ -5,8 +5,8 @@ table of runs, as one `verdict:` line per model (with its setting: runner.report
 Fastest means: lowest time to the target (training seconds) among the combinations that reached it; where none
 did, highest throughput, and the line says so. Repeats of a combination (pipeline, strategy, device count) are
 combined by their median. The margin over the runner-up counts as real only when it exceeds how much a whole run
-moves from one start to the next: where both were repeated their ranges must not overlap; otherwise it must exceed
-the run-to-run spread of the same table (`run_to_run_spread`), and with none the verdict says "noise unknown".
+moves from one start to the next, the run-to-run spread of the same table (`run_to_run_spread`), and, where both were
+repeated, their ranges do not overlap either; with no spread the verdict says "noise unknown".
 "Learns the same" compares each run's final test score and loss with the 1-device run of its model and seed
 (`reference_for`).
 """
@@ -143,14 +143,15 @@ def run_to_run_spread(combos: list[Combination], key: str, compared: Iterable[Co
 
 
 def _beyond_noise(best: Combination, other: Combination, key: str, spread: Spread | None) -> bool | None:
-    """Whether best's advantage on `key` exceeds the noise; None when the noise is unknown."""
-    a, b = best.values(key), other.values(key)
-    if len(a) > 1 and len(b) > 1:  # both repeated: the ranges must not overlap
-        return min(a) > max(b) if key == "rate" else max(a) < min(b)
+    """Whether best's advantage on `key` exceeds the noise: the margin of the medians beyond the run-to-run spread it
+    is said with and, where both were repeated, their ranges apart too (two repeats each fall apart by chance one
+    time in three); None when the noise is unknown."""
     if spread is None:
         return None
+    a, b = best.values(key), other.values(key)
+    apart = min(a) > max(b) if key == "rate" else max(a) < min(b)
     faster, slower = (best, other) if key == "rate" else (other, best)
-    return faster.median(key) / slower.median(key) - 1 > spread.relative
+    return faster.median(key) / slower.median(key) - 1 > spread.relative and (apart or len(a) < 2 or len(b) < 2)
 
 
 @dataclass
@@ -181,7 +182,9 @@ class Verdict:
         seconds = f"{value:.1f}" if value >= 1 else f"{value:.2g}"  # 0.34 s and 0.31 s, not 0.3 s twice
         figure = f"{seconds} s to {target}" if key == "time_to_target" else \
             f"{value:,.0f} {self.best.runs[0].unit}/s"
-        parts = [f"verdict: {self.model}: fastest {self.best.name} ({figure})"]
+        alone = self.runner_up is None  # one combination: nothing it was faster than
+        parts = [f"verdict: {self.model}: {'only' if alone else 'fastest'} {self.best.name} ({figure})"
+                 + (", no other combination finished to compare with" if alone else "")]
         if self.basis == "throughput":
             parts[0] += ", by throughput: " + (f"no run reached {target}" if not math.isnan(self.target) else
                                                 "no target was set")
@@ -190,9 +193,8 @@ class Verdict:
             noise = {True: "beyond the noise", False: "within the noise",
                      None: "noise unknown (single runs: repeat them, sweep.repeats=3, to know)"}[self.beyond_noise]
             parts.append(f"{noise} ({self.spread})" if self.beyond_noise is not None and self.spread else noise)
-        if self.over_one_device is not None:  # the fastest on 1 device itself: over which 1-device run
-            one = self.reference if all(r.devices == 1 for r in self.best.runs) else "1 device"
-            parts.append(f"{self.over_one_device:.2f}x {one}")
+        if self.over_one_device is not None and (self.runner_up is None or self.runner_up.name != self.reference):
+            parts.append(f"{self.over_one_device:.2f}x {self.reference}")  # named: the table's speedups may take another
         agree, compared = self.same
         said = self.tolerance.said(self.best.runs[0].score_metric)
         parts.append(f"learns the same as 1 device: {agree} of {compared} ({said})" if compared else
