@@ -13,7 +13,24 @@ import pytest
 from runner.bench import fit, published
 from runner.predict.spec_sheet import FIT
 
-pytestmark = pytest.mark.slow  # models built for the published cells, and least-squares fits over them
+slow = pytest.mark.slow  # models built for the published cells, and least-squares fits over them
+
+
+def _cell(mode: str, rate: float) -> published.Cell:
+    """A made-up published cell of one setting (8 GPUs of one system, model and batch) in `mode`."""
+    return published.Cell("sys", "net", 32, mode, 8, 1, rate, ())
+
+
+def test_a_fastest_mode_is_scored_only_where_the_published_modes_differ_beyond_a_tie():
+    """Every setting a table measured in several modes had them within 10%: the old count called any prediction
+    right there (it could not fail). A setting counts only when its published modes differ beyond the tie, and a
+    predicted tie is no answer."""
+    a, b = _cell("ps", 1000.0), _cell("replicated", 800.0)
+    assert fit.Fold("f", [a, b], {a: 900.0, b: 700.0}).fastest() == (1, 1)  # a predicted fastest, a published
+    assert fit.Fold("f", [a, b], {a: 700.0, b: 900.0}).fastest() == (0, 1)  # the wrong one
+    assert fit.Fold("f", [a, b], {a: 900.0, b: 880.0}).fastest() == (0, 1)  # a predicted tie: no answer
+    close = _cell("replicated", 950.0)
+    assert fit.Fold("f", [a, close], {a: 2000.0, close: 100.0}).fastest() == (0, 0)  # published within 10%: none
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +45,7 @@ def k80(every):
     return [s for s in every if s.cell.hardware in ("gce_k80x8", "ec2_p2_8xlarge")]
 
 
+@slow
 def test_the_shipped_constants_are_the_fit_to_every_published_cell(every):
     """FIT is what runner/bench/fit.py finds on all 117 cells (to the 3 figures shipped), not a hand-set value."""
     found = fit.fit(every)
@@ -42,6 +60,7 @@ def _published(found, change):
     return [dataclasses.replace(s, cell=dataclasses.replace(s.cell, published=change(s.cell))) for s in found]
 
 
+@slow
 @pytest.mark.parametrize("by", ["machines", "system"])
 def test_a_folds_predictions_do_not_read_the_cells_left_out_and_do_read_the_others(k80, by):
     group = fit.FOLDS[by]
@@ -58,6 +77,7 @@ def test_a_folds_predictions_do_not_read_the_cells_left_out_and_do_read_the_othe
         assert [moved.rates[c] for c in moved.held] != pytest.approx([fold.rates[c] for c in fold.held], rel=1e-3)
 
 
+@slow
 def test_the_fit_finds_constants_that_made_the_published_figures(k80):
     """Figures priced with made-up constants are fitted back to within 1% (from a start that knows none of them)."""
     made_up = dataclasses.replace(FIT, memory=0.4, link=0.5, sync=0.05, overlap=0.3)
@@ -67,6 +87,7 @@ def test_the_fit_finds_constants_that_made_the_published_figures(k80):
     assert max(abs(math.expm1(e)) for e in fit.errors(found, fit.START)) > 0.2  # the start alone is far off
 
 
+@slow
 def test_held_out_prints_in_sample_and_left_out_rows_with_their_figures():
     out = subprocess.run([sys.executable, "-m", "runner.bench", "published", "--held-out", "--hardware",
                           "gce_k80x8,ec2_p2_8xlarge"], capture_output=True, text=True, timeout=900)
