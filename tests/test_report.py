@@ -630,3 +630,91 @@ def test_runs_that_differ_only_in_their_seed_show_it_in_both_tables_in_its_order
     assert short[3].startswith("| mlp | mirrored/split x1 | 10 | 1,000 |")
     alike = [row(1, "0", 1000), row(1, "0", 1100), row(2, "", 0)]  # repeats of one seed (sweep.repeats)
     assert "seed" not in table(alike, Kind()) and "seed" not in compact(alike, Kind())
+
+
+def test_a_filtered_report_of_a_sweep_is_not_logged_over_its_parents_and_names_its_filter(tmp_path, store, capsys):
+    """`--parent ... --filter ...` said 'logged to parent run' and replaced the parent's report/ of the whole sweep
+    with the filtered rows."""
+    from mlflow import MlflowClient
+
+    uri, parent = store
+    code, out, err = _report(tmp_path, uri, capsys, "--parent", parent, "--filter", "tags.strategy = 'replicated'")
+    assert code == 0, err
+    assert out.strip().splitlines()[-1].endswith(f"; not logged to parent run {parent}: a --filter'ed report would "
+                                                 "replace its sweep's whole one (leave out --filter to log it)")
+    assert MlflowClient(uri).list_artifacts(parent) == []
+    report_md = (tmp_path / "out" / "report.md").read_text().splitlines()
+    assert report_md[0] == "runs matching --filter \"tags.strategy = 'replicated'\" only"
+    assert "| single |" not in "\n".join(report_md)
+    code, out, err = _report(tmp_path, uri, capsys, "--parent", parent)
+    assert code == 0 and out.strip().endswith(f"; logged to parent run {parent}"), err
+    assert [a.path for a in MlflowClient(uri).list_artifacts(parent)] == ["report"]
+
+
+def _row(devices=1, seed="", round="", **figures):
+    from runner.report.table import Row
+
+    return Row(run_id="", kind="CPU", simulated=False, wall_seconds=1.0, model="mlp", pipeline="split",
+               strategy="mirrored", devices=devices, seed=seed, round=round, **figures)
+
+
+def test_a_language_models_table_shows_its_test_loss_and_a_loss_target_its_loss_beside_the_score():
+    """A language model (model=gpt data=shakespeare) showed `time to loss (s) | test acc.`: never its test loss in
+    nats per token, the figure it is timed to and reports; image, click and regression tables are as they were."""
+    from runner.report.kinds import Kind
+    from runner.report.table import compact, table
+
+    gpt = [_row(task="next_token", unit="tokens", rate=100.0, loss=3.7682, score=0.1438, target_metric=target)
+           for target in ("loss", "accuracy")]
+    for rows, kind in (([gpt[0]], Kind("tokens", "accuracy", "loss")), ([gpt[1]], Kind("tokens"))):
+        full, short = table(rows, kind).splitlines(), compact(rows, kind).splitlines()
+        time = "loss" if kind.target == "loss" else "acc."
+        assert f"| time to {time} (s) | test loss (nats/token) | test acc. |" in full[0]
+        assert "| - | 3.7682 | 0.1438 |" in full[2] and "| test loss (nats/token) | test acc. |" in short[0]
+    timed = [_row(task="class", rate=1.0, loss=0.25, score=0.9)]  # an image model timed to its loss
+    assert "| time to loss (s) | test loss | test acc. |" in table(timed, Kind(target="loss"))
+    for task, kind in (("class", Kind()), ("binary", Kind("examples", "auc", "auc")),
+                       ("regression", Kind("images", "mae", "mae"))):
+        head = table([_row(task=task, rate=1.0, loss=0.2, score=0.5)], kind).splitlines()[0]
+        assert "loss" not in head and f"| test {'acc.' if task == 'class' else kind.score.upper()} |" in head
+
+
+def test_repeats_of_a_sweep_show_their_round_and_plots_name_seeds_by_seed():
+    """sweep.repeats=2 made rows alike but for their figures (each run is tagged sweep.round '2 of 2'), and plots
+    labelled runs of seeds 0 and 1 '#1' and '#2' as if they were repeats."""
+    from runner.report.kinds import Kind
+    from runner.report.plots import _labels
+    from runner.report.table import add_speedups, compact, table
+
+    rows = add_speedups([_row(1, "0", "2 of 2", rate=900.0), _row(1, "0", "1 of 2", rate=1000.0),
+                         _row(2, "0", "", rate=1500.0)])
+    assert [r.round for r in rows] == ["1 of 2", "2 of 2", ""]
+    full, short = table(rows, Kind()).splitlines(), compact(rows, Kind()).splitlines()
+    assert full[0].startswith("| model | pipeline | strategy | devices | scaling | round | images/s |")
+    assert full[3].startswith("| mlp | split | mirrored | 1 CPU | strong | 2 of 2 | 900 |")
+    assert short[0].startswith("| model | combination | round | images/s |") and "| - | 1,500 |" in short[4]
+    once = [_row(1, "0", "1 of 1", rate=1.0), _row(2, "0", "1 of 1", rate=2.0)]  # one round each: nothing to tell
+    assert "round" not in table(once, Kind()) and "round" not in compact(once, Kind())
+    assert _labels(rows[:2]) == ["mlp mirrored/split x1 #1", "mlp mirrored/split x1 #2"]
+    assert _labels([_row(1, "0"), _row(1, "1", "2 of 2"), _row(1, "1", "1 of 2")]) == [
+        "mlp mirrored/split x1 seed 0", "mlp mirrored/split x1 seed 1 #2", "mlp mirrored/split x1 seed 1 #1"]
+
+
+def test_a_missing_folder_store_and_a_jobs_id_as_parent_say_what_they_are(tmp_path, store, capsys):
+    """`file:///missing` was 'a folder (MLflow's file store)', and --parent <a job's id> 'no runs to report in sweep
+    parent run ...'."""
+    from runner.cli.report import main
+
+    missing = tmp_path / "nothere"
+    for given in (f"file://{missing}", str(missing)):
+        assert main(["--tracking-uri", given, "--out", str(tmp_path / "out")]) == 2
+        assert capsys.readouterr().err.strip() == (f"error: no store at {given}: nothing to report; give the store "
+                                                   "your runs wrote (--tracking-uri, or run from their folder)")
+    uri, parent = store
+    from mlflow import MlflowClient
+
+    (job, *_) = MlflowClient(uri).search_runs(
+        [MlflowClient(uri).get_experiment_by_name("beta").experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
+    code, _, err = _report(tmp_path, uri, capsys, "--parent", job.info.run_id[:8])
+    assert code == 2 and err.strip() == (f"error: --parent {job.info.run_id[:8]}: run {job.info.run_id} is a job of "
+                                         f"sweep {parent}, not a sweep's parent; report with --parent {parent}")

@@ -3,8 +3,10 @@ three plots (what they show: runner/report/table.py)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 from runner.cli.arguments import Parser, tolerance
 from runner.report import verdict
@@ -31,6 +33,22 @@ def parser() -> Parser:
     return p
 
 
+def _missing(uri: str) -> bool:
+    """Whether `uri` names a store on this host that is not there: a sqlite file or a folder (MLflow's file store,
+    `file:///...` or a plain path) that does not exist."""
+    if uri.startswith("sqlite:///"):
+        return not Path(uri.removeprefix("sqlite:///")).is_file()
+    parsed = urlparse(uri)
+    return parsed.scheme in ("", "file") and not Path(parsed.path).exists()
+
+
+def _no_store(uri: str) -> int:
+    """The one `error:` line for a store that is not there; status 2."""
+    print(f"error: no store at {uri}: nothing to report; give the store your runs wrote (--tracking-uri, or run "
+          "from their folder)", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     """Command line of the report; one `error:` line and status 2 when there is nothing to report."""
     from mlflow.exceptions import MlflowException
@@ -45,11 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     if problem := unwritable(Path(args.out)):  # said before the store is read, not as a traceback after it
         print(f"error: --out {args.out} cannot hold the report: {problem}; choose a writable folder", file=sys.stderr)
         return 2
+    given = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if given and _missing(given):  # not "a folder (MLflow's file store)": there is nothing there
+        return _no_store(redact(given))
     uri = resolve_uri(args.tracking_uri)
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():  # MLflow would make one
-        print(f"error: no store at {redact(uri)}: nothing to report; give the store your runs wrote "
-              "(--tracking-uri, or run from their folder)", file=sys.stderr)
-        return 2
+    if _missing(uri):  # MLflow would make one
+        return _no_store(redact(uri))
     client = MlflowClient(uri)
     try:
         selection = select(client, args.experiment, args.parent, args.latest_sweep)

@@ -36,13 +36,18 @@ def _label(row: Any) -> str:
 
 
 def _labels(rows: list[Any]) -> list[str]:
-    """Each row's label with its device count; a combination's repeats numbered (#1, #2) so none hides another."""
-    plain = [f"{_label(r)} x{r.devices}" for r in rows]
+    """Each row's label with its device count, and its seed where the rows' seeds differ (`seed 0`); a
+    combination's repeats numbered by their sweep round where they have one, else in order (#1, #2), so that none
+    hides another."""
+    seeds = len({getattr(r, "seed", "") for r in rows} - {""}) > 1
+    plain = [f"{_label(r)} x{r.devices}" + (f" seed {r.seed}" if seeds and r.seed else "") for r in rows]
     seen: Counter[str] = Counter()
     numbered = []
-    for label in plain:
+    for label, r in zip(plain, rows):
         seen[label] += 1
-        numbered.append(f"{label} #{seen[label]}" if plain.count(label) > 1 else label)
+        rounds = {getattr(o, "round", "") for o, other in zip(rows, plain) if other == label}
+        number = r.round.partition(" ")[0] if len(rounds) == plain.count(label) and "" not in rounds else seen[label]
+        numbered.append(f"{label} #{number}" if plain.count(label) > 1 else label)
     return numbered
 
 

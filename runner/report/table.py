@@ -57,6 +57,8 @@ class Row(verdict.Run):
     efficiency: float = math.nan
     same: bool | None = None  # learns the same as the model's 1-device run
     predicted: float = math.nan  # the cost model's images/s for this combination (runner/predict/)
+    task: str = ""  # its task's name (runner.tasks.TASKS): whether its loss is a figure the table shows
+    round: str = ""  # its sweep.round tag ("2 of 2"): which of a combination's sweep.repeats it is
 
 
 def row_of(run: Any, status: str | None = None) -> Row:
@@ -65,7 +67,8 @@ def row_of(run: Any, status: str | None = None) -> Row:
     tags, m = run.data.tags, run.data.metrics
     variant = tags.get("model.variant", "")
     unit = rate_unit({**m, **tags}) or "images"
-    score = tasks.of_run(tags, m).score.name
+    task = tasks.of_run(tags, m)
+    score = task.score.name
     metric = next((k for k in tasks.METRICS if f"target_{k}" in m), score)  # what the run was timed to
     return Row(
         run_id=run.info.run_id, model=f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?"),
@@ -79,7 +82,7 @@ def row_of(run: Any, status: str | None = None) -> Row:
         mfu=m.get("mfu", math.nan), loss=m.get("test_loss", math.nan),
         time_to_target=m.get(f"time_to_{metric}_seconds", math.nan), target=m.get(f"target_{metric}", math.nan),
         predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric, score_metric=score,
-        seed=run.data.params.get("train.seed", ""),
+        seed=run.data.params.get("train.seed", ""), task=task.name, round=tags.get("sweep.round", ""),
     )
 
 
@@ -116,6 +119,9 @@ def select(client: Any, experiment: str | None, parent: str | None, latest_sweep
         if experiment is not None and run.info.experiment_id not in {e.experiment_id for e in pool}:
             raise ReportError(f"--parent {parent} is a run of experiment "
                               f"{_name(experiments, run.info.experiment_id)!r}, not {experiment!r}; give either")
+        if (sweep := run.data.tags.get("mlflow.parentRunId")) and run.data.tags.get("sweep") != "parent":
+            raise ReportError(f"--parent {parent}: run {run.info.run_id} is a job of sweep {sweep}, not a sweep's "
+                              f"parent; report with --parent {sweep}")
         return Selection(_name(pool, run.info.experiment_id), run.info.experiment_id, run.info.run_id,
                          f"report: sweep parent run {run.info.run_id}")
     sweeps = client.search_runs([e.experiment_id for e in pool], "tags.sweep = 'parent'",
@@ -308,7 +314,7 @@ def add_speedups(rows: list[Row], tolerance: verdict.Tolerance = verdict.Toleran
         if reference is not None and row.status == "FINISHED":
             row.same = verdict.learns_same(row, reference, tolerance)
     return sorted(rows, key=lambda r: (r.model, r.pipeline, r.strategy, r.scaling, r.devices,
-                                       r.seed.zfill(20)))  # seed 2 before 10
+                                       r.seed.zfill(20), r.round.partition(" ")[0].zfill(20)))  # 2 before 10
 
 
 def _time_to(kind: kinds.Kind) -> str:
@@ -319,6 +325,15 @@ def _time_to(kind: kinds.Kind) -> str:
 def _score(kind: kinds.Kind) -> str:
     """The score column's name: `test acc.`, a click model's `test AUC` (its task's score, as said)."""
     return f"test {METRICS[kind.score].short}"
+
+
+def _loss(rows: list[Row], kind: kinds.Kind) -> list[str]:
+    """The test loss column's name, or none: shown where the runs were timed to their loss (the metric timed to is in
+    the table) or their task says its loss first (a language model's, in nats per token: runner.tasks headline)."""
+    said = [tasks.TASKS[r.task] for r in rows if r.task in tasks.TASKS]
+    if kind.target != "loss" and not any(t.headline[:1] and t.headline[0][0] == "loss" for t in said):
+        return []
+    return ["test loss (nats/token)" if said and all(t.per_position for t in said) else "test loss"]
 
 
 def _by_kind(rows: list[Row], each: Callable[[list[Row], kinds.Kind], str]) -> str:
@@ -351,19 +366,41 @@ def _seeds(rows: list[Row]) -> bool:
     return len({r.seed for r in rows if r.seed}) > 1
 
 
+def _rounds(rows: list[Row]) -> bool:
+    """Whether runs of one combination (and seed) differ in their sweep.round, so that a table shows it: a sweep's
+    repeats (sweep.repeats=2) would otherwise be rows alike but for their figures."""
+    rounds: dict[tuple, set[str]] = {}
+    for r in rows:
+        key = (r.model, r.pipeline, r.strategy, r.scaling, r.devices, r.host_only, r.seed)
+        rounds.setdefault(key, set()).add(r.round)
+    return any(len(set(said) - {""}) > 1 for said in rounds.values())
+
+
+def _tells_apart(rows: list[Row]) -> list[str]:
+    """The columns that tell a combination's runs apart, where they differ: `seed`, `round`."""
+    return ["seed"] * _seeds(rows) + ["round"] * _rounds(rows)
+
+
+def _apart(row: Row, columns: list[str]) -> list[str]:
+    """A row's cells of the `_tells_apart` columns (`-` where it has none)."""
+    return [getattr(row, column) or "-" for column in columns]
+
+
 def table(rows: list[Row], kind: kinds.Kind) -> str:
-    """The comparison of rows of one kind as a Markdown table (a seed column where their seeds differ), with a
-    footnote where speedups are missing."""
-    unit, same, seed = kind.unit, {True: "yes", False: "no", None: "-"}, ["seed"] if _seeds(rows) else []
-    head = ["model", "pipeline", "strategy", "devices", "scaling", *seed, f"{unit}/s", "± stderr",
-            f"predicted {unit}/s", "speedup", "efficiency", f"{_time_to(kind)} (s)", _score(kind), "learns same",
-            "MFU", "wall s", "status"]
+    """The comparison of rows of one kind as a Markdown table (seed and round columns where a combination's runs
+    differ in them; a test loss column where it is the runs' figure, `_loss`), with a footnote where speedups are
+    missing."""
+    unit, same, apart, loss = kind.unit, {True: "yes", False: "no", None: "-"}, _tells_apart(rows), _loss(rows, kind)
+    head = ["model", "pipeline", "strategy", "devices", "scaling", *apart, f"{unit}/s", "± stderr",
+            f"predicted {unit}/s", "speedup", "efficiency", f"{_time_to(kind)} (s)", *loss, _score(kind),
+            "learns same", "MFU", "wall s", "status"]
     lines = markdown(head, [
         [r.model, r.pipeline, r.strategy,
          "host CPU (gpus=0)" if r.host_only else f"{r.devices} {r.kind}{' (sim)' if r.simulated else ''}", r.scaling,
-         *([r.seed or "-"] if seed else []),
+         *_apart(r, apart),
          _fmt(r.rate, ",.0f"), _fmt(r.stderr, ",.0f"), _fmt(r.predicted, ",.0f"), _fmt(r.speedup, ".2f"),
-         _fmt(r.efficiency, ".2f"), _fmt(r.time_to_target, ".1f"), _fmt(r.score, ".4f"), same[r.same],
+         _fmt(r.efficiency, ".2f"), _fmt(r.time_to_target, ".1f"), *[_fmt(r.loss, ".4f") for _ in loss],
+         _fmt(r.score, ".4f"), same[r.same],
          _fmt(r.mfu, ".1%"), _fmt(r.wall_seconds, ".1f"), r.status] for r in rows])
     notes = []
     if any(math.isnan(r.speedup) and r.status == "FINISHED" for r in rows):
@@ -401,7 +438,9 @@ class Report:
 
 def report(client: Any, selection: Selection, filter_string: str, out: Path,
            tolerance: verdict.Tolerance = verdict.Tolerance()) -> Report:
-    """Build the table, the verdict lines and the plots; log them to the parent run if there is one."""
+    """Build the table, the verdict lines and the plots; log them to the parent run if there is one, unless they
+    cover only the runs a filter matched (`report.md` names the filter): those would replace the sweep's whole report
+    in the parent's `report/` folder."""
     rows = fetch(client, selection, filter_string, tolerance)
     if not rows:
         raise ReportError(f"no runs {f'matching --filter {filter_string!r} ' if filter_string else ''}to report in "
@@ -409,12 +448,23 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     text, lines = _by_kind(rows, table), [v.line() for v in verdict.decide(rows, tolerance)]
     lines += prediction_lines(rows)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "report.md").write_text("\n".join([text, "", *lines]) + "\n")
+    filtered = [f"runs matching --filter {filter_string!r} only", ""] if filter_string else []
+    (out / "report.md").write_text("\n".join([*filtered, text, "", *lines]) + "\n")
     parts = kinds.split(rows)
     paths = [path for (_, part), name in zip(parts, kinds.names([k for k, _ in parts]))
              for path in _plots(client, part, out, name)]
-    logged = _log_to_parent(client, selection.parent, [out / "report.md", *paths]) if selection.parent else ""
-    return Report(text, lines, paths, logged)
+    return Report(text, lines, paths, _logged(client, selection.parent, filter_string, [out / "report.md", *paths]))
+
+
+def _logged(client: Any, parent: str | None, filter_string: str, files: list[Path]) -> str:
+    """Where the report's files went besides --out: to the sweep's parent run (`_log_to_parent`); nowhere without
+    one, or for a filtered report, which would replace the parent's report of the whole sweep (said)."""
+    if not parent:
+        return ""
+    if filter_string:
+        return (f"; not logged to parent run {parent}: a --filter'ed report would replace its sweep's whole one "
+                "(leave out --filter to log it)")
+    return _log_to_parent(client, parent, files)
 
 
 def _plots(client: Any, rows: list[Row], out: Path, name: str) -> list[Path]:
@@ -445,16 +495,17 @@ def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
 
 
 def compact(rows: list[Row], kind: kinds.Kind) -> str:
-    """One line per job of one kind, the figures a sweep's end shows: combination (and seed where the seeds differ),
-    rate (and the predicted where runs logged one), time to the target, the test score, status."""
+    """One line per job of one kind, the figures a sweep's end shows: combination (and seed, round where they
+    differ), rate (and the predicted where runs logged one), time to the target, the test loss (`_loss`) and
+    score, status."""
     predicted = [f"predicted {kind.unit}/s"] if any(not math.isnan(r.predicted) for r in rows) else []
-    seed = ["seed"] if _seeds(rows) else []
-    head = ["model", "combination", *seed, f"{kind.unit}/s", *predicted, f"{_time_to(kind)} (s)",
+    apart, loss = _tells_apart(rows), _loss(rows, kind)
+    head = ["model", "combination", *apart, f"{kind.unit}/s", *predicted, f"{_time_to(kind)} (s)", *loss,
             _score(kind), "status"]
     return "\n".join(markdown(head, [
-        [r.model, f"{r.strategy}/{r.pipeline} x{r.devices}", *([r.seed or "-"] if seed else []), _fmt(r.rate, ",.0f"),
-         *([_fmt(r.predicted, ",.0f")] if predicted else []), _fmt(r.time_to_target, ".1f"), _fmt(r.score, ".4f"),
-         r.status] for r in rows]))
+        [r.model, f"{r.strategy}/{r.pipeline} x{r.devices}", *_apart(r, apart), _fmt(r.rate, ",.0f"),
+         *([_fmt(r.predicted, ",.0f")] if predicted else []), _fmt(r.time_to_target, ".1f"),
+         *[_fmt(r.loss, ".4f") for _ in loss], _fmt(r.score, ".4f"), r.status] for r in rows]))
 
 
 def prediction_lines(rows: list[Row]) -> list[str]:
