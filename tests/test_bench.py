@@ -37,7 +37,11 @@ def test_pipeline_benchmark_prints_both_rates_for_every_pipeline(tmp_path):
         assert pipeline_rate > 0 and step_rate > 0
         # The printed rates are rounded to whole batches/s, so a ratio on a rounding boundary may print 0.1 apart.
         assert abs(float(row["ratio"].rstrip("x")) - pipeline_rate / step_rate) <= 0.051
-        assert row["input-bound"] == ("yes" if pipeline_rate < 3 * step_rate else "no")
+        # decided on the unrounded rates (runner.measure.hooks): within the printed figures' rounding (half a batch/s
+        # each) of the 3x line, the printed ones cannot tell which side it fell (a run printed 'yes' for 3x there)
+        assert row["input-bound"] in ("yes", "no")
+        if abs(pipeline_rate - 3 * step_rate) > 0.5 + 3 * 0.5:
+            assert row["input-bound"] == ("yes" if pipeline_rate < 3 * step_rate else "no")
 
 
 def _baseline(capsys, *argv: str) -> dict:
