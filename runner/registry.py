@@ -132,12 +132,12 @@ def _type_allowed(cls: type, key: str, message: str) -> str:
     to Float`): its rule's words (a range, a unit, an example), else the type's; '' for any other refusal."""
     kinds = {"Float": "a number", "Integer": "an integer", "Boolean": "true or false"}
     wanted = next((words for name, words in kinds.items() if f"could not be converted to {name}" in message), "")
-    if "[" in key:  # an item of a list option (`shape[2]`): OmegaConf's own words name it
+    if not wanted or "[" in key:  # another refusal, or an item of a list option (`shape[2]`): OmegaConf's words
         return ""
-    *path, name = key.split(".") if wanted else [""]
-    for part in path:
+    *path, name = key.split(".")
+    for part in path:  # down the nested options dataclasses to the one holding the key
         cls = fields(cls).get(part) if dataclasses.is_dataclass(cls) else None
-    rule = getattr(cls, "RULES", {}).get(name) if wanted else None
+    rule = getattr(cls, "RULES", {}).get(name)
     return rule[1] if rule else wanted
 
 
