@@ -1,11 +1,8 @@
 """The top-level config (gpus, train, mlflow, sweep) and `validate(cfg) -> Plan`, run before TensorFlow is imported.
 
-Hydra composes the YAML files in `conf/`: one group per component kind (model, pipeline, strategy, data), each option
-extending its component's options dataclass (registered as the Hydra schema `schema/<kind>/<name>`), plus this
-module's top level. `validate` types the top level against the dataclasses below, turns each component node into
-its options object through the kind's registry, runs the cross-key checks, and returns a `Plan`: the resolved
-config and every derived fact (towers, batch per tower, cluster, config hash), computed once and passed down.
-Every problem is a `ConfigError` whose message is one line naming the key, the bad value and what is allowed.
+Hydra composes the YAML files in `conf/`: one group per component kind, each option extending its component's options
+dataclass (the Hydra schema `schema/<kind>/<name>`), plus this module's top level. Every problem is a `ConfigError`
+whose message is one line naming the key, the bad value and what is allowed.
 """
 
 from __future__ import annotations

@@ -232,14 +232,13 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
 
 def _log_dataset(plan: Plan, data: Data, run: tracking.Recorder) -> None:
     """The train and test examples as MLflow dataset inputs: name, a digest of their bytes, source, sizes, spec."""
+    spec = data.spec
+    # named features: each one's shape, dtype and vocabularies; else the one example shape
+    shape = {} if spec.features else {"image_shape" if spec.unit == "images" else "example_shape": list(spec.shape)}
+    named = {"target": spec.target, "features": [str(f) for f in spec.features]} if spec.features else {}
     for context, size in (("train", data.train_size), ("test", data.test_size)):
-        shape = "image_shape" if data.spec.unit == "images" else "example_shape"
-        about = {"examples": size, shape: list(data.spec.shape), "classes": data.spec.classes,
-                 "dtype": data.spec.dtype, "synthetic": data.synthetic}
-        if data.spec.features:  # named features: each one's shape, dtype and vocabularies
-            about.update(target=data.spec.target, features=[str(f) for f in data.spec.features])
-            del about[shape]
-        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), about, context)
+        about = {"examples": size, **shape, "classes": spec.classes, "dtype": spec.dtype, "synthetic": data.synthetic}
+        run.dataset(plan.data.name, data.digest(context), plan.data.describe(), {**about, **named}, context)
 
 
 def _warn_dense_tables(plan: Plan) -> None:

@@ -1,9 +1,6 @@
 """One registry per component kind (model, pipeline, strategy, data), and typed options from a config node.
 
-A component is a dataclass: its fields are its options (choices as `Literal`s) and its methods do its work. A built-in
-registers itself (`@MODELS.register`), which also stores its fields as the Hydra schema `schema/<kind>/<name>` that
-its YAML extends; a user's is named by `_target_` (a class, or where the kind allows it a plain function).
-`Registry.options(node)` turns the composed node into the component object, with one-line `ConfigError`s. Nothing
+A component is a dataclass: its fields are its options (choices as `Literal`s) and its methods do its work. Nothing
 here imports TensorFlow, so validation runs before TensorFlow starts.
 """
 
@@ -14,6 +11,7 @@ import difflib
 import functools
 import importlib
 import inspect
+import operator
 import pkgutil
 import typing
 from typing import Any, Callable, Literal, Mapping, Optional, Union
@@ -116,7 +114,8 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
     except OmegaConfBaseException as e:  # named by the component's key; the message's first line (the rest: detail)
         key, message = getattr(e, "full_key", None) or "", str(getattr(e, "msg", e)).splitlines()[0]
         if allowed := _type_allowed(cls, key, message):  # `link.bandwidth: fast`: what the key takes, with its unit
-            raise ConfigError(f"{_key(kind, key)}={_value(plain, key)!r} is not allowed; expected {allowed}") from None
+            value = functools.reduce(operator.getitem, key.split("."), plain)  # at the dotted key
+            raise ConfigError(f"{_key(kind, key)}={value!r} is not allowed; expected {allowed}") from None
         raise ConfigError(f"{_key(kind, key)}: {message}" if key else f"{kind or 'config'}: {message}") from None
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:  # a field without a default (`???`) that the node does not give
@@ -139,18 +138,6 @@ def _type_allowed(cls: type, key: str, message: str) -> str:
         cls = fields(cls).get(part) if dataclasses.is_dataclass(cls) else None
     rule = getattr(cls, "RULES", {}).get(name)
     return rule[1] if rule else wanted
-
-
-def _value(plain: Mapping[str, Any], key: str) -> Any:
-    """The value at dotted `key` of a nested mapping."""
-    for part in key.split("."):
-        plain = plain[part]
-    return plain
-
-
-def typed(cls: type, node: Mapping[str, Any], kind: str) -> Any:
-    """`node` as a `cls` object, checked as `typed_values` does."""
-    return _built(cls, typed_values(cls, node, kind))
 
 
 def _built(cls: type, values: dict[str, Any]) -> Any:
@@ -228,14 +215,16 @@ class Registry:
         return self._classes[name]
 
     def options(self, node: Mapping[str, Any]) -> Any:
-        """The component a composed config node describes: by `_target_` if it has one, else by `name`."""
+        """The component a composed config node describes: by `_target_` if it has one, else by `name`; its options
+        checked as `typed_values` does."""
         if TARGET not in node:
-            return typed(self.get(str(node.get("name"))), node, self.kind)
+            cls = self.get(str(node.get("name")))
+            return _built(cls, typed_values(cls, node, self.kind))
         target = locate(str(node[TARGET]), self.kind)
         if node.get("name") in self._classes:  # the default choice's name (model=mlp's `mlp`), not the user's own
             node = {k: v for k, v in node.items() if k != "name"}  # the target's: its dataclass default, its function
         if inspect.isclass(target) and dataclasses.is_dataclass(target):
-            return typed(target, node, self.kind)
+            return _built(target, typed_values(target, node, self.kind))
         if callable(target) and self.from_function is not None:
             rest = {k: v for k, v in node.items() if k != TARGET}
             return self.from_function(str(node[TARGET]), target, rest)
