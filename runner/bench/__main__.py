@@ -18,12 +18,12 @@ from runner.bench.jobs import Setting, out_problem, too_few_timed
 from runner.bench.peers import peers
 from runner.bench.pipelines import pipelines
 from runner.bench.predicted import predicted
-from runner.bench.published import published
+from runner.bench.published import cells, published
 from runner.bench.settings import SPEED_SETTINGS, settings_steps, speed_settings
 from runner.cli.arguments import Parser, positive
-from runner.cli.overrides import explain
-from runner.config import OptimizerName
-from runner.errors import UserError
+from runner.cli.overrides import check_group_overrides, explain
+from runner.config import OptimizerName, compose, validate
+from runner.errors import ConfigError, UserError
 from runner.runtime import signals
 from runner.strategies import baseline, doing, name_of
 
@@ -78,9 +78,6 @@ def _grid_parser(sub: argparse._SubParsersAction, name: str, full: bool) -> argp
 def _check_grid(parser: argparse.ArgumentParser, args: argparse.Namespace, first: Setting) -> None:
     """Each device count's first job (of setting `first`) validated as the runner will (e.g. a global batch the
     towers cannot split), so a bad grid is one `error:` line before any job instead of a failed job per combination."""
-    from runner.config import compose, validate
-    from runner.errors import ConfigError
-
     strategies = [job.strategy for job in multi_jobs([2])] if args.command == "floors" else args.strategies
     for n in args.gpus:
         strategy = baseline() if n == 1 else next((s for s in strategies if s != baseline()), None)
@@ -172,8 +169,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _systems() -> list[str]:
     """The systems of the published tables (runner/bench/published/*.csv)."""
-    from runner.bench.published import cells
-
     return sorted({c.hardware for c in cells()})
 
 
@@ -182,8 +177,6 @@ def _check_names(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     strategies and pipelines as the runner checks its group choices (the config folders of --override included),
     settings groups and published systems by their lists. (An unknown strategy was Hydra's traceback, an unknown
     pipeline a table of failed jobs, an unknown system an empty comparison's traceback.)"""
-    from runner.cli.overrides import check_group_overrides
-
     for option, group in (("strategies", "strategy"), ("pipelines", "pipeline")):
         chosen = [f"{group}={name}" for name in getattr(args, option, None) or []]
         if chosen and (error := check_group_overrides([*getattr(args, "override", []), *chosen])):

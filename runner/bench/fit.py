@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from runner.bench.jobs import emit, save
 from runner.bench.published import Cell, chosen, efficiency
-from runner.predict.spec_sheet import Constants, Layer
+from runner.predict.spec_sheet import FIT, Constants, Layer
 from runner.report.prediction import TIE
 from runner.report.table import markdown, markdown_row
 
@@ -161,8 +161,6 @@ def held_out(found: list[Sample], by: str) -> list[Fold]:
 def lines(found: list[Sample]) -> list[str]:
     """The held-out table in markdown: the shipped constants (this fit on every cell: in-sample), then each fold, and
     each way of leaving out with its folds together."""
-    from runner.predict.spec_sheet import FIT
-
     everything = [s.cell for s in found]
     out = markdown(["cells predicted", "constants fitted to", "cells", "median error", "largest error",
                     "efficiency gap at the most GPUs (median, largest)", "fastest mode right"])

@@ -14,8 +14,8 @@ import statistics
 import time
 
 from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
-from runner.bench.jobs import Job, Progress, Setting, emit, failed, machine, median_range, run_one, save, setting_for
-from runner.bench.jobs import sweep
+from runner.bench.jobs import Job, Progress, Setting, emit, failed, machine, median_range, medians, run_one, save
+from runner.bench.jobs import setting_for, sweep
 from runner.models import MODELS, variants
 from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing, name_of
@@ -54,29 +54,25 @@ def floor_settings(args: argparse.Namespace) -> list[Setting]:
 def _row(setting: Setting, runs: list[dict], fits: list[dict]) -> tuple[str, dict[str, list[float | None]]]:
     """One model's markdown row and the per-round figures its targets are judged on."""
     ok = [m for m in runs if "rate" in m]
-    get = lambda key, ms=ok: [m[key] for m in ms if key in m]  # noqa: E731
     ratios = [r["rate"] / k["rate"] for r, k in zip(runs, fits) if "rate" in r and "rate" in k]
     # a finished run without MFU (left out above 1, or no peak) does not show it held: None, judged as failing
-    figures = {"step_over_floor": get("step_time_over_floor"), "mfu": [m.get("mfu") for m in ok], "vs_keras": ratios}
+    figures = {"step_over_floor": [m["step_time_over_floor"] for m in ok if "step_time_over_floor" in m],
+               "mfu": [m.get("mfu") for m in ok], "vs_keras": ratios}
     errors = [m["error"] for m in [*runs, *fits] if "error" in m]
-    cells = [setting.name + failed(errors, 60), str(setting.batch), median_range(get("rate"), ",.0f"),
-             median_range(get("rate", [k for k in fits if "rate" in k]), ",.0f"),
-             median_range(ratios, ".2f"), median_range(get("step_time_ms"), ".2f"),
-             median_range(get("floor_compute_ms"), ".2f"), median_range(get("floor_update_ms"), ".2f"),
-             median_range(figures["step_over_floor"], ".2f"), median_range(get("mfu"), ".1%"),
-             median_range(get("peak_gflops"), ",.0f")]
+    cells = [setting.name + failed(errors, 60), str(setting.batch), *medians(runs, ("rate", ",.0f")),
+             *medians(fits, ("rate", ",.0f")), median_range(ratios, ".2f"),
+             *medians(runs, ("step_time_ms", ".2f"), ("floor_compute_ms", ".2f"), ("floor_update_ms", ".2f"),
+                      ("step_time_over_floor", ".2f"), ("mfu", ".1%"), ("peak_gflops", ",.0f"))]
     return markdown_row(cells), figures
 
 
 def _multi_row(setting: Setting, job: Job, runs: list[dict]) -> tuple[str, list[float]]:
     """One runner job's row on N devices and its step / floor per round."""
-    ok = [m for m in runs if "rate" in m]
-    get = lambda key: [m[key] for m in ok if key in m]  # noqa: E731
     errors = [m["error"] for m in runs if "error" in m]
-    cells = [setting.name + failed(errors, 60), job.label, str(job.gpus), median_range(get("rate"), ",.0f"),
-             median_range(get("step_time_ms"), ".2f"), median_range(get("floor_compute_ms"), ".2f"),
-             median_range(get("floor_update_ms"), ".3f"), median_range(get("step_time_over_floor"), ".2f")]
-    return markdown_row(cells), get("step_time_over_floor")
+    cells = [setting.name + failed(errors, 60), job.label, str(job.gpus),
+             *medians(runs, ("rate", ",.0f"), ("step_time_ms", ".2f"), ("floor_compute_ms", ".2f"),
+                      ("floor_update_ms", ".3f"), ("step_time_over_floor", ".2f"))]
+    return markdown_row(cells), [m["step_time_over_floor"] for m in runs if "step_time_over_floor" in m]
 
 
 def floors(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from runner.bench.jobs import setting_for, sweep
 from runner.errors import UserError
 from runner.measure.hooks import INPUT_BOUND_RATIO
 from runner.models import variants
+from runner.report import prediction
 from runner.report.table import markdown
 from runner.strategies import baseline, data_parallel, sharding
 
@@ -125,8 +126,6 @@ def predict_rows(table: Table) -> None:
 def prediction_lines(table: Table) -> list[str]:
     """Per device count: how the predictions fared against the measured rows (runner/report/prediction.py), a row's
     repeats by their rates in round order."""
-    from runner.report import prediction
-
     groups = prediction.grouped(
         (f"{table.setting.name} x{job.gpus}", f"{job.strategy}/{job.pipeline}", m["predicted_rate"], r)
         for job, m in sorted(table.rows, key=lambda row: row[0].gpus) if job.kind == "runner" and "predicted_rate" in m

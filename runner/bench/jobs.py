@@ -17,8 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from runner.config import compose
 from runner.data_pipelines import rate_unit
 from runner.errors import UserError, last_line
+from runner.paths import unwritable
+from runner.runtime.devices import host_cpu
+from runner.runtime.signals import Terminated
+from runner.tasks import of_run
+from runner.tracking import resolve_uri
 
 MIN_TIMED_STEPS = 20
 NO_TIMED_STEPS = "no timed steps: raise --steps to a few times --steps-per-call"  # a finished job's row without a rate
@@ -62,7 +68,6 @@ def sweep(tracking_uri: str | None, experiment: str) -> Iterator[Sweep]:
     """Open a benchmark's sweep (its parent run, its folder under multirun/) and close it after the jobs with the
     sweep's summary (runner.sweep.close_parent); an interruption or a crash closes the parent KILLED or FAILED."""
     from runner import sweep as sweeps
-    from runner.tracking import resolve_uri
 
     uri, now = resolve_uri(tracking_uri), time.localtime()
     folder = Path("multirun", time.strftime("%Y-%m-%d", now), time.strftime("%H-%M-%S", now) + f"-{experiment}")
@@ -70,8 +75,6 @@ def sweep(tracking_uri: str | None, experiment: str) -> Iterator[Sweep]:
     try:
         yield out
     except BaseException as e:
-        from runner.runtime.signals import Terminated
-
         sweeps.close_open_parent("KILLED" if isinstance(e, (KeyboardInterrupt, Terminated)) else "FAILED")
         raise
     sweeps.close_parent(uri, out.parent, [f"bench: {out.jobs} runner jobs, {out.failed} failed; in {folder}"],
@@ -84,7 +87,6 @@ def run_job(overrides: list[str], sweep: Sweep, round: int = 0) -> dict:
     from mlflow.tracking import MlflowClient
 
     from runner.sweep import launch
-    from runner.tasks import of_run
 
     folder, sweep.jobs = sweep.folder / str(sweep.jobs), sweep.jobs + 1
     command = [sys.executable, "-m", "runner", *overrides, f"mlflow.tracking_uri={sweep.uri}",
@@ -136,8 +138,6 @@ def setting_for(args: argparse.Namespace, model: str, variant: str | None, extra
     setting = Setting(model, variant, args.steps or steps, args.steps_per_call or per_call, args.batch, args.data,
                       args.test_limit, args.optimizer, extra)
     if setting.optimizer is None:
-        from runner.config import compose
-
         setting = dataclasses.replace(setting, optimizer=str(compose(setting.overrides()).train.optimizer))
     return setting
 
@@ -279,6 +279,11 @@ def median_range(values: list[float], fmt: str) -> str:
     return text if len(values) == 1 else f"{text} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
+def medians(runs: list[dict], *figures: tuple[str, str]) -> list[str]:
+    """`median_range` of each (key, format) over the runs that measured that figure."""
+    return [median_range([m[key] for m in runs if key in m], fmt) for key, fmt in figures]
+
+
 def cell(m: dict, key: str, fmt: str, scale: float = 1.0) -> str:
     """One figure of a job (over `scale`), or `-` where it failed or has none."""
     return format(m[key] / scale, fmt) if key in m else "-"
@@ -294,8 +299,6 @@ def out_problem(path: str) -> str | None:
     """Why --out `path` cannot hold the tables, or None: `paths.unwritable`'s checks, then the file opened for writing
     (and its folder made) before the work, as a check by permission bits alone passes where the kernel refuses
     (root under /proc); a file made only to try it is removed."""
-    from runner.paths import unwritable
-
     if problem := unwritable(Path(path), "file"):
         return problem
     existed = Path(path).exists()
@@ -327,6 +330,4 @@ def failed(errors: list[str], width: int) -> str:
 
 def machine() -> str:
     """What the figures below ran on: the host CPU and its cores."""
-    from runner.runtime.devices import host_cpu
-
     return f"{host_cpu()}, {os.cpu_count()} cores"

@@ -22,13 +22,8 @@ from omegaconf import OmegaConf
 
 from runner.data_pipelines import DATASETS
 from runner.data_pipelines.split import Split
-from runner.config import OptimizerName
-
-
-def _dataset(data, batch: int):
-    """The runner's `split` feed of `data`'s training examples, with its default options."""
-    opts = Split()
-    return data.train().shuffled(opts.shuffle_buffer, 0).batched(batch, opts)
+from runner.config import OptimizerName, compose, validate
+from runner.errors import ConfigError, UserError, one_line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,9 +41,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", default="mnist", choices=DATASETS.names())
     parser.add_argument("--override", action="append", default=[], help="a runner config override (repeatable)")
     args = parser.parse_args(argv)
-
-    from runner.config import compose, validate
-    from runner.errors import ConfigError, UserError, one_line
 
     variant = [f"model.variant={args.variant}"] if args.variant else []
     try:  # the runner's config, so that an override (learning rate, precision, data) applies to both sides alike
@@ -77,11 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     from runner.train import Timer
 
     keras.mixed_precision.set_dtype_policy(plan.train.precision)
-    if args.mirrored:
-        scope = tf.distribute.MirroredStrategy(list(devices.names)).scope()
-    else:
-        scope = tf.device(devices.names[0])
-    with scope:
+    with tf.distribute.MirroredStrategy(list(devices.names)).scope() if args.mirrored else tf.device(devices.names[0]):
         model = build_model(plan.model, plan.spec, 0, fused_batch_norm=False)  # Keras' own layers
         optimizer = build_optimizer(OmegaConf.merge(plan.train, {"fused_optimizer": False}), model.trainable_variables)
         optimizer.global_clipnorm = plan.train.clip_norm  # Keras clips the gradients it applies (None: not at all)
@@ -91,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         on_epoch_begin=lambda epoch, logs=None: starts.append(time.perf_counter()),
         on_epoch_end=lambda epoch, logs=None: epochs.append(time.perf_counter() - starts[-1]),
         on_train_batch_end=lambda batch, logs=None: first_step_end or first_step_end.append(time.time()))
-    model.fit(_dataset(data, batch), steps_per_epoch=args.chunk, epochs=max(2, args.steps // args.chunk),
-              verbose=0, callbacks=[timer], shuffle=False)  # the dataset shuffles itself (_dataset)
+    split = Split()  # the runner's `split` feed with its default options, shuffling itself (fit's shuffle=False)
+    model.fit(data.train().shuffled(split.shuffle_buffer, 0).batched(batch, split), steps_per_epoch=args.chunk,
+              epochs=max(2, args.steps // args.chunk), verbose=0, callbacks=[timer], shuffle=False)
     timed = Timer(warmup_calls=1, steps_per_call=args.chunk)  # the runner's own summary of timed calls (epochs)
     for seconds in epochs:
         timed.add(args.chunk, seconds)

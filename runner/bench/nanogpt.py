@@ -24,8 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from runner.bench.jobs import Progress, cell, emit, machine, median_range, run_job, save, sweep
+from runner.bench.jobs import Progress, cell, emit, machine, median_range, medians, run_job, save, sweep
+from runner.config import compose, validate
+from runner.data_pipelines.shakespeare import VOCABULARY
 from runner.errors import ConfigError, last_line
+from runner.models.gpt import SIZES
 from runner.report.table import markdown, markdown_row
 
 DATASET = "runner_shakespeare"  # nanoGPT's data/<name>/, written from the runner's Shakespeare
@@ -77,8 +80,6 @@ def runner_overrides(iters: int, extra: list[str]) -> list[str]:
 
 def runner_plan(overrides: list[str]) -> Any:
     """The runner's validated plan for its job, refused in one line where nanoGPT cannot train the same."""
-    from runner.config import compose, validate
-
     plan = validate(compose(overrides))
     train = plan.train
     problems = [f"{key}={value} (nanoGPT: {want})" for key, value, want in [
@@ -94,8 +95,6 @@ def prepare(repo: Path, plan: Any) -> tuple[Path, int]:
     """Write the runner's split into the checkout's data/DATASET in nanoGPT's prepare.py layout: train.bin and val.bin
     (uint16 ids) and meta.pkl (vocab_size, stoi, itos), from the runner's own streams and vocabulary; return the folder
     and the validation windows the runner evaluates (all, or data.test_limit)."""
-    from runner.data_pipelines.shakespeare import VOCABULARY
-
     stream, folder = plan.data.load(plan.train.seed), repo / "data" / DATASET
     windows = min(stream.test_size, plan.data.test_limit or stream.test_size)
     meta = {"vocab_size": len(VOCABULARY), "itos": dict(enumerate(VOCABULARY)),
@@ -114,8 +113,6 @@ def prepare(repo: Path, plan: Any) -> tuple[Path, int]:
 def nanogpt_flags(plan: Any, compile_: str, out_dir: str) -> list[str]:
     """nanoGPT's train.py flags for the runner's recipe (its README's CPU run, float32), saving one checkpoint
     after the last step and evaluating (its own random windows, untimed) only at the start and the end."""
-    from runner.models.gpt import SIZES
-
     train, iters = plan.train, int(plan.train.steps)
     layers, heads, channels, dropout = SIZES[plan.model.variant]
     recipe = {"dataset": DATASET, "device": "cpu", "dtype": "float32", "compile": compile_.capitalize(),
@@ -186,8 +183,7 @@ def round_rows(got: dict[str, list[dict]]) -> tuple[list[str], list[float]]:
         ratios += [ratio] if ratio else []
         rates, losses = ([cell(got[name][i], key, fmt) for name in got] for key, fmt in figures)
         rows.append(markdown_row([str(i + 1), *rates, f"{ratio:.2f}" if ratio else "-", *losses]))
-    rates, losses = ([median_range([m[key] for m in runs if key in m], fmt) for runs in got.values()]
-                     for key, fmt in figures)
+    rates, losses = ([medians(runs, figure)[0] for runs in got.values()] for figure in figures)
     return [*rows, markdown_row(["median", *rates, median_range(ratios, ".2f"), *losses])], ratios
 
 

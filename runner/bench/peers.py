@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from runner.bench.jobs import Progress, emit, failed, machine, median_range, run_job, save, sweep
+from runner.bench.nanogpt import gpt_peers
 from runner.errors import ConfigError, last_line
 from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing
@@ -65,8 +66,6 @@ def runner_overrides(towers: int, batch: int, steps: int, xla: str) -> list[str]
 def peers(args: argparse.Namespace) -> int:
     """With --gpt the GPT against nanoGPT (2 rounds by default); else the runner's ResNet-20 against
     tf_cnn_benchmarks' in `args.rounds` (default 3) interleaved rounds. 0 when the target is met, else 1."""
-    from runner.bench.nanogpt import gpt_peers
-
     if args.gpt:
         args.rounds = args.rounds or 2  # the issue's two interleaved rounds
         return gpt_peers(args)

@@ -10,16 +10,18 @@ import shlex
 import time
 
 from runner.bench.jobs import emit, machine, save
+from runner.cli.overrides import config_dirs, searchpath
+from runner.data_pipelines import rate_unit
+from runner.errors import UserError, one_line
 from runner.report.prediction import group_lines, grouped
 from runner.report.table import markdown, markdown_row
+from runner.tracking import resolve_uri
 
 
 def _overrides(command: str) -> list[str]:
     """A run's overrides from its command line (`python -m runner ...`, `runner ...`), without where it was tracked
     or wrote its folder; a sweep job's `--config-dir D` and search path become one `hydra.searchpath` (the user's
     config folders, for their own components)."""
-    from runner.cli.overrides import config_dirs, searchpath
-
     words = shlex.split(command)
     args = words[words.index("runner") + 1:] if "runner" in words else words
     values = {value for flag, value in zip(args, args[1:]) if flag in ("--config-dir", "-cd")}
@@ -32,9 +34,6 @@ def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
     timed its steps."""
     from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
-
-    from runner.data_pipelines import rate_unit
-    from runner.errors import UserError, one_line
 
     client = MlflowClient(uri)
     try:
@@ -53,7 +52,6 @@ def _runs(uri: str, experiment: str) -> list[tuple[str, float]]:
 def predicted(args: argparse.Namespace) -> int:
     """Predict every measured run's combination and judge the predictions per model and device count."""
     from runner.predict.grid import calibration, predict_all
-    from runner.tracking import resolve_uri
 
     t0 = time.perf_counter()
     measured = _runs(resolve_uri(args.tracking_uri), args.experiment)
