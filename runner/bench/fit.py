@@ -56,15 +56,11 @@ def samples(found: list[Cell]) -> list[Sample]:
     return [Sample(cell, plan, model_layers(plan, cache)) for cell, plan in zip(found, plans)]
 
 
-def _architecture(sample: Sample) -> str:
-    return sample.plan.hardware.accelerator.architecture
-
-
 def fit(train: list[Sample]) -> Constants:
     """The constants that best predict `train` (least squares on the log error), from START and within LIMITS."""
     from scipy.optimize import least_squares
 
-    present = list(dict.fromkeys(map(_architecture, train)))
+    present = list(dict.fromkeys(s.plan.hardware.accelerator.architecture for s in train))
     reference = "pascal" if "pascal" in present else present[0]  # scale 1: the others' are relative to it
     used = {layer.algorithm for s in train for layer in s.layers if layer.algorithm}
     algorithms = [a for a in START.algorithms if a in used]  # an algorithm no cell uses is priced as GEMM

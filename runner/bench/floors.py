@@ -13,7 +13,7 @@ import argparse
 import statistics
 import time
 
-from runner.bench.grid import FLOOR_TARGET, KERAS_TARGET, check
+from runner.bench.grid import FLOOR_TARGET, check, keras_target
 from runner.bench.jobs import Job, Progress, Setting, emit, failed, machine, median_range, medians, run_one, save
 from runner.bench.jobs import setting_for, sweep
 from runner.models import MODELS, variants
@@ -135,7 +135,7 @@ def targets(judged: list[tuple[Setting, dict[str, list[float | None]]]]) -> list
     for s, figures in judged:
         floor = statistics.median(figures["step_over_floor"]) if figures["step_over_floor"] else None
         vs = statistics.median(figures["vs_keras"]) if figures["vs_keras"] else None
-        need = KERAS_TARGET.get(s.model, 1.0)
+        need = keras_target(s)
         lines.append(check(f"{s.name}: one-device step <= {FLOOR_TARGET}x its floor (median)",
                            [(f"runner {baseline()}", floor)], lambda v: v <= FLOOR_TARGET, "highest"))
         lines.append(check(f"{s.name}: runner 1 device >= {need}x keras fit (median of rounds)",

@@ -142,9 +142,10 @@ def setting_for(args: argparse.Namespace, model: str, variant: str | None, extra
     return setting
 
 
-def timed_steps(steps: int, steps_per_call: int, warmup_calls: int = 1) -> int:
-    """Steps the runner times (full calls after the warm-up; a short tail call is not timed), as Keras fit here."""
-    return max(0, steps // steps_per_call - warmup_calls) * steps_per_call
+def timed_steps(steps: int, steps_per_call: int) -> int:
+    """Steps the runner times (full calls after the first, warm-up; a short tail call is not timed), as Keras fit
+    here."""
+    return max(0, steps // steps_per_call - 1) * steps_per_call
 
 
 def too_few_timed(name: str, steps: int, per_call: int) -> str | None:
