@@ -14,8 +14,8 @@ import statistics
 import time
 
 from runner.bench.grid import FLOOR_TARGET, check, keras_target
-from runner.bench.jobs import Job, Progress, Setting, emit, failed, machine, median_range, medians, run_one, save
-from runner.bench.jobs import setting_for, sweep
+from runner.bench.jobs import Job, Progress, Setting, emit, failed, median_range, medians, run_one, save
+from runner.bench.jobs import setting_for, stamp, sweep
 from runner.models import MODELS, variants
 from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing, name_of
@@ -91,8 +91,7 @@ def floors(args: argparse.Namespace) -> int:
     unit = next((m["unit"] for done in runs.values() for m in done if "unit" in m), "images")  # the data's
     others = ", ".join(str(n) for n in args.gpus if n > 1) or "no other"
     emit(out, [
-        f"## Each model's step against its floor: {args.rounds} round{'s' * (args.rounds != 1)}, {time.ctime()}; "
-        f"{machine()}", "",
+        f"## Each model's step against its floor: {args.rounds} round{'s' * (args.rounds != 1)}, {stamp()}", "",
         f"Runner {base.strategy} (split pipeline) and Keras fit on one device, then the runner on "
         f"{others} devices, each in a fresh process, every model and job in every round; optimizer "
         f"{_optimizers(todo)}, data {args.data}; {len(todo) * len(every) * args.rounds} jobs in "

@@ -4,11 +4,10 @@ and Keras fit, one table per model/variant, and whether each target holds in thi
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Callable
 
-from runner.bench.jobs import MIN_TIMED_STEPS, Job, Progress, Setting, Table, cell, emit, machine, measure, save
-from runner.bench.jobs import setting_for, sweep
+from runner.bench.jobs import MIN_TIMED_STEPS, Job, Progress, Setting, Table, cell, emit, measure, save
+from runner.bench.jobs import setting_for, stamp, sweep
 from runner.errors import UserError
 from runner.measure.hooks import INPUT_BOUND_RATIO
 from runner.models import variants
@@ -164,15 +163,11 @@ def sharded_update_targets(table: Table) -> list[str]:
     state = next((m[key] for m in single if key in m), None)
     lines = []
     for sharded, unsharded in ((n, sharding(n)) for n in DATA_PARALLEL if sharding(n)):
-        versus, shares = [], []
-        for (strategy, pipeline, n), m in rows.items():
-            if strategy == sharded:
-                if (unsharded, pipeline, n) in rows:  # a pair this run has (--strategies may leave one out)
-                    other = rows[(unsharded, pipeline, n)]
-                    both = "rate" in m and "rate" in other
-                    versus.append((f"{pipeline} x{n}", m["rate"] / other["rate"] if both else None))
-                per_device = m.get(key)
-                shares.append((f"{pipeline} x{n}", per_device * n / state if per_device and state else None))
+        mine = [(f"{pipeline} x{n}", m, n, rows.get((unsharded, pipeline, n)))
+                for (strategy, pipeline, n), m in rows.items() if strategy == sharded]
+        versus = [(where, m["rate"] / other["rate"] if "rate" in m and "rate" in other else None)
+                  for where, m, _, other in mine if other is not None]  # a pair this run has (--strategies may not)
+        shares = [(where, m[key] * n / state if m.get(key) and state else None) for where, m, n, _ in mine]
         lines += [check(f"{s.name}: {sharded} >= {unsharded}, same pipeline and devices", versus, lambda v: v >= 1.0,
                         "lowest"),
                   check(f"{s.name}: {sharded} optimizer state per device x N <= one device's + 1%", shares,
@@ -232,7 +227,7 @@ def grid(args: argparse.Namespace) -> int:
     rounds = f" in {args.repeats} rounds" if args.repeats > 1 else ""
     out: list[str] = []
     emit(out, [f"# benchmark {args.command}: {total} jobs{rounds} ({runner_jobs} runner, {total - runner_jobs} keras "
-               f"fit), each in a fresh process; {time.ctime()}; {machine()}", ""])
+               f"fit), each in a fresh process; {stamp()}", ""])
     progress, tables = Progress(total), []
     with sweep(args.tracking_uri, f"bench_{args.command}") as bench:
         for setting in todo:

@@ -329,6 +329,6 @@ def failed(errors: list[str], width: int) -> str:
     return f" ({len(errors)} failed: {errors[0][:width].replace('|', '/')})" if errors else ""
 
 
-def machine() -> str:
-    """What the figures below ran on: the host CPU and its cores."""
-    return f"{host_cpu()}, {os.cpu_count()} cores"
+def stamp() -> str:
+    """When and on what the figures below ran: the time, the host CPU and its cores."""
+    return f"{time.ctime()}; {host_cpu()}, {os.cpu_count()} cores"

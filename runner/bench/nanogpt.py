@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from runner.bench.jobs import Progress, cell, emit, machine, median_range, medians, run_job, save, sweep
+from runner.bench.jobs import Progress, cell, emit, median_range, medians, run_job, save, stamp, sweep
 from runner.config import compose, validate
 from runner.data_pipelines.shakespeare import VOCABULARY
 from runner.errors import ConfigError, last_line
@@ -229,7 +229,7 @@ def gpt_peers(args: argparse.Namespace) -> int:
     rows, ratios = round_rows(got)
     warmup, length, batch = per_call(args.iters), plan.data.sequence_length, plan.train.global_batch_size
     out: list[str] = []
-    emit(out, [f"## The runner's GPT against nanoGPT: {args.rounds} rounds, {time.ctime()}; {machine()}", "",
+    emit(out, [f"## The runner's GPT against nanoGPT: {args.rounds} rounds, {stamp()}", "",
                f"gpt/{plan.model.variant} on the runner's Shakespeare ({folder}), {args.iters} steps of {batch} x "
                f"{length} tokens, float32, the same recipe on both sides; nanoGPT {repo} on torch {torch_version}; "
                f"each job a fresh process, {len(got) * args.rounds} jobs in {time.perf_counter() - t0:.0f} s. "

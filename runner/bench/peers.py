@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.bench.jobs import Progress, emit, failed, machine, median_range, run_job, save, sweep
+from runner.bench.jobs import Progress, emit, failed, median_range, run_job, save, stamp, sweep
 from runner.bench.nanogpt import gpt_peers
 from runner.errors import ConfigError, last_line
 from runner.report.table import markdown, markdown_row
@@ -87,8 +87,7 @@ def peers(args: argparse.Namespace) -> int:
                         run = lambda: run_job(overrides, bench, r)  # noqa: E731
                     rates[n, name].append(progress.run(f"resnet20 {name} x{n}", run))
     out: list[str] = []
-    emit(out, [f"## A user's ResNet-20 against tf_cnn_benchmarks' resnet20: {args.rounds} rounds, {time.ctime()}; "
-               f"{machine()}", "",
+    emit(out, [f"## A user's ResNet-20 against tf_cnn_benchmarks' resnet20: {args.rounds} rounds, {stamp()}", "",
                f"Synthetic 32x32x3 images, SGD, {args.batch} images per tower, NHWC; the runner: single on one device, "
                "replicated on more; the peer: --variable_update=replicated --device=cpu; each job a fresh process, "
                f"{len(args.towers) * len(jobs) * args.rounds} jobs in {time.perf_counter() - t0:.0f} s. Medians over "

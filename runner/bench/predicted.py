@@ -9,7 +9,7 @@ import argparse
 import shlex
 import time
 
-from runner.bench.jobs import emit, machine, save
+from runner.bench.jobs import emit, save, stamp
 from runner.cli.overrides import config_dirs, searchpath
 from runner.data_pipelines import rate_unit
 from runner.errors import UserError, one_line
@@ -70,7 +70,7 @@ def predicted(args: argparse.Namespace) -> int:
     unpredicted = sorted({f"{outcomes[c].label}: {outcomes[c].error}" for c in commands if outcomes[c].error})
     combinations = sum(len(combos) for combos in groups.values()) + len(unpredicted)  # a repeat is no combination
     out: list[str] = []
-    emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {time.ctime()}; {machine()}", "",
+    emit(out, [f"## The cost model against the measured runs of `{args.experiment}`: {stamp()}", "",
                f"{len(measured)} runs of {combinations} combinations, predicted in {time.perf_counter() - t0:.0f} s "
                "(calibrations included). Measured: the median of a combination's runs (lowest-highest).", "",
                *markdown(["model, devices, unit", "combination", "predicted", "measured", "error",

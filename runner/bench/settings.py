@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import time
 
-from runner.bench.jobs import NO_TIMED_STEPS, Sweep, emit, machine, run_job, save, sweep
+from runner.bench.jobs import NO_TIMED_STEPS, Sweep, emit, run_job, save, stamp, sweep
 from runner.bench.peers import runner_overrides
 from runner.report.table import markdown, markdown_row
 from runner.strategies import baseline, doing, name_of
@@ -84,7 +83,7 @@ def speed_settings(args: argparse.Namespace) -> int:
     """One table: each setting's values side by side, the job's rate (its own unit) as a ratio to the group's
     default."""
     out: list[str] = []
-    emit(out, [f"# benchmark settings: each job a fresh process; {time.ctime()}; {machine()}", "",
+    emit(out, [f"# benchmark settings: each job a fresh process; {stamp()}", "",
                *markdown(["setting", "model, strategy", "value", "rate ± stderr", "x default", "test metric"])])
     failed = False
     with sweep(args.tracking_uri, "bench_settings") as bench:
