@@ -16,10 +16,12 @@ devices, counting only what every step of every strategy must do, one part after
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import os
 import statistics
-import time
+import timeit
 from typing import Any
 
 from runner.config import ROWS_ONLY, TOUCHED
@@ -42,12 +44,7 @@ def median_seconds(fn: Any, repeats: int = 5, statistic: Any = statistics.median
     allocations)."""
     fn()
     fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistic(times)
+    return statistic(timeit.repeat(fn, number=1, repeat=repeats))
 
 
 def random_batch(model: Any, batch: int, task: Task = CLASSES) -> tuple[Any, Any]:
@@ -184,15 +181,14 @@ def floor_step_ms(models: list[Any], batch: int, optimizer: str, devices: list[s
     too and the faster counts: a floor no step can beat, whichever way it is compiled. `batches`: tower i's real
     examples (a model with tables: random ids would all look up two rows); `tables`: tower i's embedding tables read
     by lookups only, updated by `table_optimizer` (else `optimizer`)."""
-    compute = towers_seconds(models, batch, devices, repeats=7, fastest=True, batches=batches, task=task)
+    passes = functools.partial(towers_seconds, models, batch, devices, repeats=7, fastest=True, batches=batches,
+                               task=task)
+    compute = passes()
     if xla:
         import tensorflow as tf
 
-        try:
-            compute = min(compute, towers_seconds(models, batch, devices, repeats=7, fastest=True, jit=True,
-                                                  batches=batches, task=task))
-        except tf.errors.OpError:  # an op XLA cannot compile: the step cannot be compiled either
-            pass
+        with contextlib.suppress(tf.errors.OpError):  # an op XLA cannot compile: the step cannot be compiled either
+            compute = min(compute, passes(jit=True))
     bandwidth, on = bandwidth_bytes_per_second(devices), tables or [[] for _ in models]
     first = first_layer_weights(models[0], skip={id(t) for t in on[0]})
     traffic = TOUCHED[optimizer] * 4 * first / bandwidth + tables_update_seconds(

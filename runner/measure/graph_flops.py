@@ -8,9 +8,8 @@ two agree to within the extra ops.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Any, Iterator
+from typing import Any
 
 from runner.tasks import CLASSES, Task
 
@@ -53,20 +52,6 @@ def _input_specs(model: Any, batch: int) -> Any:
     return next(iter(specs.values())) if len(specs) == 1 else specs
 
 
-@contextlib.contextmanager
-def _quiet_tf_logging() -> Iterator[None]:
-    """Mute TF's Python logger: graph pruning and the profiler's formulas warn that they are TF1 APIs."""
-    import tensorflow as tf
-
-    logger = tf.get_logger()
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
 def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = True, task: Task = CLASSES) -> float:
     """TensorFlow profiler FLOPs per example of the traced step (`batch` examples; forward + loss + gradients, or
     the forward pass alone if not `training`; the loss `task`'s): the independent count (module docstring), the
@@ -74,11 +59,15 @@ def profiler_flops_per_example(model: Any, batch: int = 32, training: bool = Tru
     would be silently missed)."""
     import tensorflow as tf
 
-    with _quiet_tf_logging():
+    logger = tf.get_logger()  # muted: graph pruning and the profiler's formulas warn that they are TF1 APIs
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
         graph = _gradient_graph(model, batch, training, task)
-    partial = [op.name for op in graph.get_operations() for t in op.outputs if not t.shape.is_fully_defined()]
-    if partial:
-        raise ValueError(f"the traced step has tensors without static shapes, e.g. {partial[:3]}")
-    options = dict(tf.compat.v1.profiler.ProfileOptionBuilder.float_operation(), output="none")
-    with _quiet_tf_logging():
+        partial = [op.name for op in graph.get_operations() for t in op.outputs if not t.shape.is_fully_defined()]
+        if partial:
+            raise ValueError(f"the traced step has tensors without static shapes, e.g. {partial[:3]}")
+        options = dict(tf.compat.v1.profiler.ProfileOptionBuilder.float_operation(), output="none")
         return tf.compat.v1.profiler.profile(graph, options=options, cmd="op").total_float_ops / batch
+    finally:
+        logger.setLevel(level)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from runner.paths import cache_dir as runner_cache_dir, read_cache, write_cache
-from runner.runtime.devices import cpuinfo, nvidia_gpu_count
+from runner.runtime.devices import BF16_ISA, cpuinfo, nvidia_gpu_count
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _cpu_description() -> str:
 def _cpu_supports(dtype: str) -> bool:
     """fp32 always; bf16/fp16 only with native instructions, which oneDNN uses (else they are emulated, slower)."""
     flags = set(cpuinfo().get("flags", "").split())
-    native = {"bfloat16": {"avx512_bf16", "amx_bf16"}, "float16": {"avx512_fp16", "amx_fp16"}}
+    native = {"bfloat16": set(BF16_ISA), "float16": {"avx512_fp16", "amx_fp16"}}
     return dtype == "float32" or bool(native[dtype] & flags)
 
 

@@ -132,7 +132,7 @@ def onednn() -> str:
 
 
 # Instruction sets with bfloat16 arithmetic; without them a CPU converts to float32 and back around every op.
-_BF16_ISA = ("avx512_bf16", "amx_bf16")
+BF16_ISA = ("avx512_bf16", "amx_bf16")
 
 
 def float16_kernels(precision: str) -> None:
@@ -163,7 +163,7 @@ def precision_warning(precision: str, devices: Devices, cpu: str) -> str | None:
             + ("; oneDNN is on (TensorFlow started before this run): its float16 convolution gradients are 100x "
                "slower, a fresh process runs without them" if onednn() == "on" else "")
         )
-    if precision != "mixed_bfloat16" or devices.kind != "CPU" or any(isa in cpu for isa in _BF16_ISA):
+    if precision != "mixed_bfloat16" or devices.kind != "CPU" or any(isa in cpu for isa in BF16_ISA):
         return None
     return (
         f"train.precision=mixed_bfloat16 on a CPU without bfloat16 instructions ({cpu}): expect it slower than "

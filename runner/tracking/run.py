@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -65,8 +66,7 @@ def record_invalid(cfg: DictConfig, error: Exception, parent: str | None) -> Non
     experiment = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
     tags = {k: str(OmegaConf.select(cfg, f"{k}.name", default="?")) for k in ("model", "pipeline", "strategy")}
     tags["devices.count"] = str(OmegaConf.select(cfg, "gpus", default="?"))
-    combination = "-".join(tags[k] for k in ("model", "pipeline", "strategy"))
-    tags["mlflow.runName"] = f"{combination}-{tags['devices.count']}dev (invalid)"
+    tags["mlflow.runName"] = "-".join(tags.values()) + "dev (invalid)"  # model-pipeline-strategy-Ndev, as base_tags
     if parent:
         tags["mlflow.parentRunId"] = parent
     wait = OmegaConf.select(cfg, "mlflow.final_wait", default=0.0)  # the config is invalid: this value may be too
@@ -279,7 +279,6 @@ class WriterRun(Recorder):
         self.replies: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.outbox: queue.Queue[str | None] = queue.Queue()
         self.outbox.put(json.dumps(dataclasses.asdict(opening)))
-        self._opened: dict[str, Any] | None = None
         self.failed: str | None = None  # the writer's error, once answered
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._write, daemon=True).start()
@@ -320,21 +319,20 @@ class WriterRun(Recorder):
                 f"the MLflow writer process ended without a reply (exit code {code}); its error is above")
         raise StoreError(self.failed)
 
-    def _opening(self) -> dict[str, Any]:
-        if self._opened is None:
-            self._opened = self._reply()
-        return self._opened
+    @functools.cached_property
+    def _opened(self) -> dict[str, Any]:
+        return self._reply()
 
     @property
     def run_id(self) -> str:  # type: ignore[override]
-        return self._opening()["opened"]
+        return self._opened["opened"]
 
     @property
     def experiment_id(self) -> str:  # type: ignore[override]
-        return self._opening()["experiment_id"]
+        return self._opened["experiment_id"]
 
     def _call(self, name: str, *args: Any) -> None:
-        self._opening()
+        self._opened  # noqa: B018 - waits until the writer has opened the run
         self.outbox.put(json.dumps({"call": name, "args": args}, default=str))  # a Path, a numpy number: as text
 
     # the Recorder's writes, each sent to the writer's `Run` as it is called
