@@ -5,9 +5,8 @@ the strategy owns, the training step, and the run's training time with its targe
 data position is not saved: the pipelines are deterministic for a seed, so a resumed run fast-forwards its feed by
 the restored steps and sees exactly the batches the uninterrupted run would have.
 
-Where: `<train.checkpoint_dir>/<config hash>/`, so a restarted job finds them by what it computes, not by Hydra's
-output folder. A run that finishes deletes them; one that fails or is killed keeps them. One run writes a folder at
-a time (`claim`): a start beside a live run of the same config on this host is refused.
+Where: a folder per config hash (`directory`), so a restarted job finds them by what it computes, not by Hydra's
+output folder. A run that finishes deletes them; one that fails or is killed keeps them.
 """
 
 from __future__ import annotations

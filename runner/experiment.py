@@ -141,7 +141,6 @@ def build(plan: Plan, run: tracking.Recorder, log_placement: bool = False) -> Bu
     path fails before the slow TensorFlow import); the strategy right after the devices (MultiWorkerMirroredStrategy
     must exist before TensorFlow's runtime starts). `log_placement`: TensorFlow logs every op's device."""
     data = loaded(plan)
-    # The devices (the process's first TensorFlow import) and the precision; the run tagged with what it is on.
     devices_mod.float16_kernels(plan.train.precision)  # an environment setting TensorFlow reads as it starts
     devices = devices_mod.setup(plan.gpus, plan.train.intra_op_threads, plan.train.inter_op_threads)
     if log_placement:
@@ -453,8 +452,9 @@ def _utilisation(result: dict, hardware: dict, devices: Devices, precision: str,
 
 
 def run(cfg: DictConfig) -> dict:
-    """Run one experiment from `cfg` (composed by Hydra) and return its final metrics, its `run_id`, and `unit` (what
-    the throughput counts). Raises ConfigError, before anything is built or logged, for an invalid config."""
+    """Run one experiment from `cfg` (composed by Hydra) and return its final metrics, its `run_id`, `unit` (what the
+    throughput counts: images, tokens, examples) and `task` (what its test figures are: runner/tasks.py). Raises
+    ConfigError, before anything is built or logged, for an invalid config (a checkpoint folder it cannot write)."""
     started = time.perf_counter()
     folder = OutputFolder.current()
     redact_logs()
@@ -466,7 +466,6 @@ def run(cfg: DictConfig) -> dict:
         if tracking.is_sweep_child():
             tracking.record_invalid(cfg, e, tracking.parent_run_id())  # a sweep checks its jobs first
         raise
-    # Refused before anything starts: a checkpoint location that cannot be written.
     if plan.train.checkpoint_every and (problem := unwritable(Path(plan.train.checkpoint_dir))):
         raise ConfigError(
             f"train.checkpoint_dir={plan.train.checkpoint_dir} cannot hold checkpoints: {problem}; choose a writable "
@@ -490,6 +489,5 @@ def run(cfg: DictConfig) -> dict:
             for handler in logging.getLogger().handlers:
                 handler.flush()
             mlrun.file(folder.log_file)
-    # unit: what its throughput counts (images, tokens, examples); task: what its test figures are (runner/tasks.py)
     return {**result, "run_id": mlrun.run_id, "experiment_id": mlrun.experiment_id, "tracking_uri": uri,
             "unit": plan.spec.unit, "task": plan.spec.target}

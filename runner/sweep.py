@@ -5,10 +5,6 @@ Hydra's launcher decides where and how many jobs run at once (the basic launcher
 starts `python -m runner <the job's overrides>` in a fresh interpreter and waits for it, because TensorFlow's
 devices and collective groups can be set once per process: a launcher that reuses worker processes (joblib's loky
 pool, Ray) would otherwise hand job 3 the TensorFlow of job 1.
-
-`SweepCallback` (registered in conf/config.yaml under hydra.callbacks) runs in the launching process: before the
-jobs it creates the store's schema, the experiment and the parent run, so parallel jobs never race to create a
-fresh sqlite store; after them it closes the parent run and prints which combinations failed.
 """
 
 from __future__ import annotations
@@ -226,7 +222,8 @@ class SweepAborted(BaseException):
 
 
 class SweepCallback(Callback):
-    """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end."""
+    """Opens the parent run before a multirun's jobs start and closes it, with a summary, after they end; in the
+    launching process (conf/config.yaml's hydra.callbacks), so parallel jobs never race to create a fresh store."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         from runner.config import SweepConf
