@@ -23,12 +23,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, TextIO
 
 from runner.cli.arguments import Parser, positive, tolerance
-from runner.errors import UserError
+from runner.errors import UserError, last_line
 
 STEPS = 10  # compiled one-step calls whose losses are compared
 TIMED_STEPS = 30  # steps of the one timed call
@@ -120,11 +121,7 @@ def per_tower_layers(plan: Any) -> list[str]:
 
 def placed(log: str) -> dict[str, int]:
     """Device -> matmuls and convolutions TensorFlow's placer put there, from a stretch of its log."""
-    compute: dict[str, int] = {}
-    for op, device in _PLACED.findall(log):
-        if op in COMPUTE_OPS:
-            compute[device] = compute.get(device, 0) + 1
-    return compute
+    return dict(Counter(device for op, device in _PLACED.findall(log) if op in COMPUTE_OPS))
 
 
 def measured(overrides: list[str], steps: int, timed: int, log: TextIO) -> dict[str, Any]:
@@ -190,9 +187,9 @@ def _one_process(found: list[Combination], steps: int, timed: int) -> Iterator[O
         proc.wait()
         if measured < len(found):
             # the last line it said while measuring its last combination (after its last BEGIN), not the placer's
-            said = [line for line in path.read_text(errors="replace").split(BEGIN)[-1].splitlines()[1:]
-                    if line.strip() and "placer.cc" not in line]
-            yield Outcome(found[measured].label, error=f"exit {proc.returncode}: {said[-1] if said else 'no output'}")
+            lines = path.read_text(errors="replace").split(BEGIN)[-1].splitlines()[1:]
+            said = last_line("\n".join(line for line in lines if "placer.cc" not in line), "no output")
+            yield Outcome(found[measured].label, error=f"exit {proc.returncode}: {said}")
 
 
 def judge(outcome: Outcome, reference: Outcome, tolerance: float) -> None:

@@ -145,10 +145,10 @@ def _unknown_key(key: str) -> str | None:
     from runner.registry import fields
 
     group, _, name = key.partition(".")
-    if group not in COMPONENTS and name and "." not in name:  # train.step: a key of the top-level schema's sections
-        return _unknown_top_level(group, name)
-    if group not in COMPONENTS or not name or "." in name:
+    if not name or "." in name:
         return None
+    if group not in COMPONENTS:  # train.step: a key of the top-level schema's sections
+        return _unknown_top_level(group, name)
     registry = COMPONENTS[group]
     owners = [n for n in registry.names() if name in fields(registry.get(n))]
     if any(typing.get_origin(fields(registry.get(n))[name]) is dict for n in owners):
@@ -158,8 +158,6 @@ def _unknown_key(key: str) -> str | None:
     if not owners:
         return f"{key} is not an option of any {group}; `python -m runner --cfg job` shows the chosen {group}'s options"
     return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"
-
-
 
 
 def _unknown_top_level(section: str, name: str) -> str | None:

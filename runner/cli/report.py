@@ -42,13 +42,6 @@ def _missing(uri: str) -> bool:
     return parsed.scheme in ("", "file") and not Path(parsed.path).exists()
 
 
-def _no_store(uri: str) -> int:
-    """The one `error:` line for a store that is not there; status 2."""
-    print(f"error: no store at {uri}: nothing to report; give the store your runs wrote (--tracking-uri, or run "
-          "from their folder)", file=sys.stderr)
-    return 2
-
-
 def main(argv: list[str] | None = None) -> int:
     """Command line of the report; one `error:` line and status 2 when there is nothing to report."""
     from mlflow.exceptions import MlflowException
@@ -63,12 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     if problem := unwritable(Path(args.out)):  # said before the store is read, not as a traceback after it
         print(f"error: --out {args.out} cannot hold the report: {problem}; choose a writable folder", file=sys.stderr)
         return 2
-    given = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if given and _missing(given):  # not "a folder (MLflow's file store)": there is nothing there
-        return _no_store(redact(given))
-    uri = resolve_uri(args.tracking_uri)
-    if _missing(uri):  # MLflow would make one
-        return _no_store(redact(uri))
+    # the given store (not "a folder (MLflow's file store)": there is nothing there), else the default MLflow would make
+    uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or resolve_uri(None)
+    if _missing(uri):
+        print(f"error: no store at {redact(uri)}: nothing to report; give the store your runs wrote (--tracking-uri, "
+              "or run from their folder)", file=sys.stderr)
+        return 2
+    uri = resolve_uri(uri)
     client = MlflowClient(uri)
     try:
         selection = select(client, args.experiment, args.parent, args.latest_sweep)
