@@ -1,11 +1,5 @@
 """The report's pictures of runs of one kind (runner/report/kinds.py), readable at the size MLflow previews them:
-
-- `scaling.png`: throughput (left) and speedup (right) against device count, one line per pipeline x strategy, with
-  the ideal linear line; with a single device count, a sorted bar chart of the throughput instead.
-- `time_to_accuracy.png`: the test figure the runs were timed to against training seconds, one curve per
-  combination, the target as a horizontal line, a star where it was confirmed on the full test set.
-- `accuracy.png`: the final test score per combination, dots on an axis zoomed to the data, values printed.
-"""
+`scaling.png`, `time_to_accuracy.png` and `accuracy.png`."""
 
 from __future__ import annotations
 
@@ -64,8 +58,9 @@ def _medians(rows: list[Any], figure: Callable[[Any], float]) -> tuple[list[int]
 
 
 def scaling(rows: list[Any], path: Path) -> None:
-    """Throughput and speedup against devices (the median of a combination's repeats, their range as error bars),
-    or a bar chart when there is one device count."""
+    """Throughput (left) and speedup (right) against devices, one line per pipeline x strategy (the median of its
+    repeats, their range as error bars) beside the ideal linear line; a sorted bar chart of the throughput when there
+    is one device count."""
     plt, unit = _pyplot(), kinds.one(rows).unit
     done = [r for r in rows if r.status == "FINISHED" and not math.isnan(r.rate)]
     if len({r.devices for r in done}) < 2:
@@ -116,8 +111,8 @@ def _bars(plt: Any, done: list[Any], unit: str, path: Path) -> None:
 
 
 def time_to_accuracy(rows: list[Any], curves: dict[str, list[tuple[float, float]]], path: Path) -> None:
-    """The test figure the runs were timed to against training seconds per run (`curves`: run id -> [(seconds,
-    value), ...])."""
+    """The test figure the runs were timed to against training seconds, one curve per run (`curves`: run id ->
+    [(seconds, value), ...]), the target as a horizontal line, a star where it was confirmed on the full test set."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 5))
     stars = 0

@@ -2,12 +2,9 @@
 
 Per group of rows that compete (one model on one device count): the median relative error, the rank correlation
 (Spearman) of predicted and measured rates, how many of the pairs measured apart beyond the run-to-run spread the
-prediction ordered right, and what the measurement says of the predicted fastest: confirmed only where repeats
-measured it the fastest beyond the run-to-run spread; not refuted where it measured within the spread of the fastest
-(or the fastest, but within the spread of the next); refuted where another measured faster beyond the spread;
-undecided on single runs (no spread to judge by). Repeats of a combination are combined by their median; their
-ranges give the spread, and their halves ranked against each other (the retest) say how well the measurement orders
-the group itself.
+prediction ordered right, and what the measurement says of the predicted fastest (`Judgement.verdict`). Repeats of a
+combination are combined by their median; their ranges give the spread, and their halves ranked against each other
+(the retest) say how well the measurement orders the group itself.
 """
 
 from __future__ import annotations
@@ -86,9 +83,10 @@ class Judgement:
 
     @property
     def verdict(self) -> str:
-        """What the measurement says of the predicted fastest: confirmed (measured the fastest, beyond the noise, in
-        repeats), not refuted (within the noise), refuted (another measured faster beyond it), or undecided (single
-        runs: no noise to judge by)."""
+        """What the measurement says of the predicted fastest: confirmed only where repeats measured it the fastest
+        beyond the run-to-run spread; not refuted where it measured within the spread of the fastest (or the fastest,
+        but within the spread of the next); refuted where another measured faster beyond it; undecided on single runs
+        (no spread to judge by)."""
         if self.spread is None:
             return "undecided"
         if self.predicted_fastest != self.measured_fastest:

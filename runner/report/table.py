@@ -4,10 +4,8 @@ The table has one row per run: its combination, its rate (images/s, tokens/s or 
 ± standard error, speedup and efficiency against the matching 1-device run, time to the target, the test score,
 whether it learns the same as the 1-device run, wall time and status; then one `verdict:` line per model, a model's
 runs of another setting (`settings`) named as another model (runner/report/verdict.py), and the plots
-(runner/report/plots.py), logged to the sweep's parent run if there is one.
-Runs of different units or metrics (runner/report/kinds.py) get one table and one set of plots per kind. A run whose
-process is gone from this host without ending it shows as `DEAD (last wrote 3 min ago)` and is closed KILLED.
-How to call it and what it chooses: docs/scaling-and-time-to-accuracy.md.
+(runner/report/plots.py), logged to the sweep's parent run if there is one; one table and one set of plots per kind
+of run (`_by_kind`). How to call it and what it chooses: docs/scaling-and-time-to-accuracy.md.
 """
 
 from __future__ import annotations
@@ -94,12 +92,6 @@ class Selection:
     experiment_id: str
     parent: str | None
     said: str
-
-    @property
-    def where(self) -> str:
-        """Where its runs are, in a few words: a sweep's parent run in its experiment, or the experiment."""
-        return f"sweep parent run {self.parent} in experiment {self.experiment!r}" if self.parent else \
-            f"experiment {self.experiment!r}"
 
 
 def select(client: Any, experiment: str | None, parent: str | None, latest_sweep: bool) -> Selection:
@@ -360,12 +352,6 @@ def markdown(head: list[str], rows: list[list[str]] = ()) -> list[str]:
     return [markdown_row(head), "|---" * len(head) + "|", *map(markdown_row, rows)]
 
 
-def _seeds(rows: list[Row]) -> bool:
-    """Whether the rows' seeds differ, so that a table shows them: runs of one combination that differ only in
-    train.seed are its repeats (`_derived`: one row each, one model), which would otherwise look alike."""
-    return len({r.seed for r in rows if r.seed}) > 1
-
-
 def _rounds(rows: list[Row]) -> bool:
     """Whether runs of one combination (and seed) differ in their sweep.round, so that a table shows it: a sweep's
     repeats (sweep.repeats=2) would otherwise be rows alike but for their figures."""
@@ -377,8 +363,9 @@ def _rounds(rows: list[Row]) -> bool:
 
 
 def _tells_apart(rows: list[Row]) -> list[str]:
-    """The columns that tell a combination's runs apart, where they differ: `seed`, `round`."""
-    return ["seed"] * _seeds(rows) + ["round"] * _rounds(rows)
+    """The columns that tell a combination's runs apart, where they differ: `seed` (runs of one combination that
+    differ only in train.seed are its repeats, `_derived`, which would otherwise look alike), `round` (`_rounds`)."""
+    return ["seed"] * (len({r.seed for r in rows if r.seed}) > 1) + ["round"] * _rounds(rows)
 
 
 def _apart(row: Row, columns: list[str]) -> list[str]:
@@ -443,10 +430,10 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
     in the parent's `report/` folder."""
     rows = fetch(client, selection, filter_string, tolerance)
     if not rows:
+        where = f"sweep parent run {selection.parent} in " if selection.parent else ""
         raise ReportError(f"no runs {f'matching --filter {filter_string!r} ' if filter_string else ''}to report in "
-                          f"{selection.where}")
-    text, lines = _by_kind(rows, table), [v.line() for v in verdict.decide(rows, tolerance)]
-    lines += prediction_lines(rows)
+                          f"{where}experiment {selection.experiment!r}")
+    text, lines = _by_kind(rows, table), conclusions(rows, tolerance)
     out.mkdir(parents=True, exist_ok=True)
     filtered = [f"runs matching --filter {filter_string!r} only", ""] if filter_string else []
     (out / "report.md").write_text("\n".join([*filtered, text, "", *lines]) + "\n")
@@ -457,14 +444,23 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
 
 
 def _logged(client: Any, parent: str | None, filter_string: str, files: list[Path]) -> str:
-    """Where the report's files went besides --out: to the sweep's parent run (`_log_to_parent`); nowhere without
-    one, or for a filtered report, which would replace the parent's report of the whole sweep (said)."""
+    """Log the report's files to the sweep's parent run, closed first if its sweep is gone and no job runs
+    (tracking.close_dead_sweep), and say where they went besides --out: nowhere without a parent, for a filtered
+    report (it would replace the parent's report of the whole sweep), or while a gone sweep's job still runs."""
     if not parent:
         return ""
     if filter_string:
         return (f"; not logged to parent run {parent}: a --filter'ed report would replace its sweep's whole one "
                 "(leave out --filter to log it)")
-    return _log_to_parent(client, parent, files)
+    closed = tracking.close_dead_sweep(client, parent)
+    if tracking.abandoned(client.get_run(parent)):
+        return (f"; not logged to parent run {parent}: its sweep's process is gone and a job still runs (`runner "
+                "report` again once it ends closes the parent and logs them)")
+    for path in files:
+        client.log_artifact(parent, str(path), "report")
+    if closed:
+        return f"; logged to parent run {parent}, closed {closed} first (its sweep's process is gone)"
+    return f"; logged to parent run {parent}"
 
 
 def _plots(client: Any, rows: list[Row], out: Path, name: str) -> list[Path]:
@@ -478,20 +474,6 @@ def _plots(client: Any, rows: list[Row], out: Path, name: str) -> list[Path]:
     plots.time_to_accuracy(rows, curves(client, rows), paths[1])
     plots.accuracy(rows, paths[2])
     return paths
-
-
-def _log_to_parent(client: Any, parent: str, files: list[Path]) -> str:
-    """Log the report's files to the sweep's parent run, closed first if its sweep is gone and no job runs
-    (tracking.close_dead_sweep); not to a parent its gone sweep left open while a job runs. Says what happened."""
-    closed = tracking.close_dead_sweep(client, parent)
-    if tracking.abandoned(client.get_run(parent)):
-        return (f"; not logged to parent run {parent}: its sweep's process is gone and a job still runs (`runner "
-                "report` again once it ends closes the parent and logs them)")
-    for path in files:
-        client.log_artifact(parent, str(path), "report")
-    if closed:
-        return f"; logged to parent run {parent}, closed {closed} first (its sweep's process is gone)"
-    return f"; logged to parent run {parent}"
 
 
 def compact(rows: list[Row], kind: kinds.Kind) -> str:
@@ -508,13 +490,13 @@ def compact(rows: list[Row], kind: kinds.Kind) -> str:
          *[_fmt(r.loss, ".4f") for _ in loss], _fmt(r.score, ".4f"), r.status] for r in rows]))
 
 
-def prediction_lines(rows: list[Row]) -> list[str]:
-    """Per model and device count with two or more predicted combinations: how the predictions fared
-    (runner/report/prediction.py)."""
+def conclusions(rows: list[Row], tolerance: verdict.Tolerance = verdict.Tolerance()) -> list[str]:
+    """The `verdict:` lines, then, per model and device count with two or more predicted combinations, how the
+    predictions fared (runner/report/prediction.py)."""
     groups = prediction.grouped((f"{r.model} x{r.devices}", f"{r.strategy}/{r.pipeline}", r.predicted, r.rate)
                                 for r in rows
                                 if r.status == "FINISHED" and not math.isnan(r.predicted) and not math.isnan(r.rate))
-    return prediction.group_lines(dict(sorted(groups.items())))
+    return [v.line() for v in verdict.decide(rows, tolerance)] + prediction.group_lines(dict(sorted(groups.items())))
 
 
 def sweep_end(client: Any, parent: str) -> list[str]:
@@ -526,8 +508,7 @@ def sweep_end(client: Any, parent: str) -> list[str]:
     experiment = client.get_experiment(run.info.experiment_id).name
     selection = Selection(experiment, run.info.experiment_id, parent, "")
     rows = fetch(client, selection, "")
-    lines = [v.line() for v in verdict.decide(rows)] + prediction_lines(rows)
-    return ["", _by_kind(rows, compact), "", *lines, "",
+    return ["", _by_kind(rows, compact), "", *conclusions(rows), "",
             f"experiment: {experiment!r}; table, plots and verdict: runner report --experiment {experiment} --parent "
             f"{parent}",
             ui.where_to_look(client.tracking_uri, run.info.experiment_id)]

@@ -4,9 +4,8 @@ table of runs, as one `verdict:` line per model (with its setting: runner.report
 
 Fastest means: lowest time to the target (training seconds) among the combinations that reached it; where none
 did, highest throughput, and the line says so. Repeats of a combination (pipeline, strategy, device count) are
-combined by their median. The margin over the runner-up counts as real only when it exceeds how much a whole run
-moves from one start to the next, the run-to-run spread of the same table (`run_to_run_spread`), and, where both were
-repeated, their ranges do not overlap either; with no spread the verdict says "noise unknown".
+combined by their median. The margin over the runner-up counts as real only beyond the noise (`_beyond_noise`): how
+much a whole run moves from one start to the next, the run-to-run spread of the same table (`run_to_run_spread`).
 "Learns the same" compares each run's final test score and loss with the 1-device run of its model and seed
 (`reference_for`).
 """
