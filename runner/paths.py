@@ -22,7 +22,7 @@ def cache_dir(kind: str = "") -> Path:
         return Path(explicit).expanduser()
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "runner" / kind if kind else base / "runner"
+    return base / "runner" / kind  # kind "": runner/ itself
 
 
 def unwritable(path: Path, kind: str = "directory") -> str | None:
