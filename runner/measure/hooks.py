@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import resource
 import sys
-import time
+import timeit
 from pathlib import Path
 from typing import Any, ContextManager
 
@@ -78,10 +78,7 @@ def input_figures(strategy: Any, batches: Any, train: Any, timed: dict) -> dict:
     int(drain(n)[1])
     if train.reuse_freed_memory:
         malloc.reuse()  # the warm-up started this feed's iterators (see ReuseFreedMemory)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        int(drain(n)[1])
-    pipeline = calls * train.steps_per_call / (time.perf_counter() - t0)
+    pipeline = calls * train.steps_per_call / timeit.timeit(lambda: int(drain(n)[1]), number=calls)
     step = 1000.0 / timed["step_time_ms"]
     bound = pipeline < INPUT_BOUND_RATIO * step
     if bound:

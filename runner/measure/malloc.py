@@ -38,6 +38,5 @@ def reuse() -> bool:
     thresholds were set (False without glibc). Cheap: called after every compiled call, since any new
     generator-based iterator sets the 128 KiB threshold again."""
     mallopt = _mallopt()
-    if mallopt is None:
-        return False
-    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
+    return mallopt is not None and bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and \
+        bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD))
