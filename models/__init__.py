@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, ru
 
 from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
-from runner.registry import Registry, Rule, check, fields
+from runner.registry import Registry, check, fields
 
 if TYPE_CHECKING:
     import keras
@@ -28,15 +28,14 @@ log = logging.getLogger(__name__)
 # Given from the data's spec to a model function that takes them (`spec_arguments`).
 SPEC_ARGUMENTS = ("input_shape", "classes", "vocabulary_size", "sequence_length", "vocabulary_sizes",
                   "num_dense_features")
-# keras.applications' `weights`: every run starts from its seed's weights; pretrained ones would be downloaded after
-# the run opened.
-UNTRAINED: Rule = (lambda v: v is None, "null: models train from the seed's initial weights; pretrained weights "
-                                        "(weights=imagenet) are never downloaded")
 
 
 def check_untrained(key: str, options: Mapping[str, Any]) -> None:
-    """Refuse, before TensorFlow starts, a `weights` option (`key`.weights) other than null (UNTRAINED)."""
-    check(f"{key}.weights", options.get("weights"), UNTRAINED)
+    """Refuse, before TensorFlow starts, a `weights` option (`key`.weights, keras.applications') other than null:
+    every run starts from its seed's weights; pretrained ones would be downloaded after the run opened."""
+    check(f"{key}.weights", options.get("weights"),
+          (lambda v: v is None, "null: models train from the seed's initial weights; pretrained weights "
+                                "(weights=imagenet) are never downloaded"))
 
 
 @runtime_checkable
@@ -75,7 +74,8 @@ class ModelOptions:
     target_accuracy: ClassVar[float | None] = None
 
     def check(self, spec: Spec) -> None:
-        """The built-in image models take images of any size (the convolutional ones: `too_small`)."""
+        """The built-in image models take any array of values (the MLP flattens it); a convolutional one refuses what
+        is not an image or too small (`too_small`)."""
         self.images_only(spec)
 
     def layers_with_weights(self) -> int | None:
@@ -88,9 +88,7 @@ class ModelOptions:
         return None
 
     def images_only(self, spec: Spec) -> None:
-        """Refuse examples that are not arrays of values (token ids, named features); the built-in image models take
-        any such array (the MLP flattens it); a convolutional one refuses what is not an image or too small
-        (`too_small`)."""
+        """Refuse examples that are not arrays of values (token ids, named features)."""
         if spec.token_ids or spec.features:
             raise ConfigError(f"model={self.name} takes images, the data gives {spec}; for token ids use model=gpt "
                               "(a language model), for click logs model=dlrm, or your own model (model._target_)")
@@ -280,12 +278,9 @@ def spec_arguments(fn: Callable[..., Any], spec: Spec) -> dict[str, Any]:
                      num_dense_features=sum(math.prod(f.shape) for f in spec.features if f.dtype == "float32"))
     if spec.token_ids:  # token ids: keras_hub's names for what the data says
         given.update(vocabulary_size=spec.vocabulary, sequence_length=spec.shape[0])
-    out = {k: v for k, v in given.items() if k in parameters or takes_any}
-    if "classifier_activation" in parameters:
-        out["classifier_activation"] = None
-    if "include_preprocessing" in parameters:
-        out["include_preprocessing"] = False
-    return out
+    fixed = {"classifier_activation": None, "include_preprocessing": False}
+    return {**{k: v for k, v in given.items() if k in parameters or takes_any},
+            **{k: v for k, v in fixed.items() if k in parameters}}
 
 
 IGNORED_VARIANT: set[str] = set()  # model functions whose ignored model.variant was said
@@ -303,9 +298,10 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
             "set it on the data (data.*)"
         )
     check_untrained("model", kwargs)
-    parameters = inspect.signature(fn).parameters
+    signature = inspect.signature(fn)
+    parameters = signature.parameters
     if "weights" in parameters and "weights" not in kwargs:
-        kwargs["weights"] = None  # keras.applications' own default is "imagenet": a download (UNTRAINED)
+        kwargs["weights"] = None  # keras.applications' own default is "imagenet": a download (check_untrained)
     if "variant" in kwargs and "variant" not in parameters:
         variant = kwargs.pop("variant")
         if target not in IGNORED_VARIANT:  # said once per process (a sweep's predictions validate it per combination)
@@ -313,7 +309,7 @@ def from_function(target: str, fn: Callable[..., Any], rest: dict[str, Any]) -> 
             log.warning("model %s takes no variant: model.variant=%s ignored", target, variant)
     try:
         supplied = {**spec_arguments(fn, MNIST), **{k: None for k in SPEC_ARGUMENTS[2:] if k in parameters}}
-        inspect.signature(fn).bind(**supplied, **kwargs)  # whatever the data, its arguments are supplied
+        signature.bind(**supplied, **kwargs)  # whatever the data, its arguments are supplied
     except TypeError as e:  # a parameter the runner does not fill: say what it passes
         raise ConfigError(f"model._target_={target!r} does not take these options: {e} (a model function gets the "
                           "data's input_shape and classes by name, for token ids vocabulary_size and sequence_length, "

@@ -63,27 +63,6 @@ def dot_interaction(features: int) -> Any:
     return DotInteraction(name="interaction")
 
 
-def build_dlrm(sizes: Sizes, spec: Spec, name: str) -> Any:
-    """An uncompiled keras.Model mapping {"dense" (b, D) float32, "categorical" (b, F - 1) int32} to (b, 1) logits."""
-    import keras
-
-    dense_feature, ids_feature = spec.features
-    d = sizes.embedding_dim
-    dense = keras.Input(dense_feature.shape, name=dense_feature.name)  # (b, D)
-    ids = keras.Input(ids_feature.shape, dtype="int32", name=ids_feature.name)  # (b, tables)
-    x = dense
-    for i, units in enumerate((*sizes.bottom[:-1], d)):
-        x = keras.layers.Dense(units, activation="relu", name=f"bottom{i}")(x)  # ends (b, d)
-    rows = [keras.layers.Embedding(v, d, name=f"table{k}")(ids[:, k])  # (b, d) each
-            for k, v in enumerate(ids_feature.vocabularies)]
-    stacked = keras.ops.stack([x, *rows], axis=1)  # (b, F, d)
-    h = keras.layers.Concatenate()([x, dot_interaction(1 + len(rows))(stacked)])  # (b, d + P)
-    for i, units in enumerate(sizes.top):
-        h = keras.layers.Dense(units, activation="relu", name=f"top{i}")(h)
-    logit = keras.layers.Dense(1, name="logit")(h)  # (b, 1)
-    return keras.Model({dense_feature.name: dense, ids_feature.name: ids}, logit, name=name)
-
-
 @MODELS.register
 @dataclass
 class DLRM(ModelOptions):
@@ -93,7 +72,25 @@ class DLRM(ModelOptions):
     variant: Variant = "default"
 
     def build(self, spec: Spec) -> Any:
-        return build_dlrm(SIZES[self.variant], spec, f"dlrm_{self.variant}")
+        """An uncompiled keras.Model: {"dense" (b, D) float32, "categorical" (b, F - 1) int32} -> (b, 1) logits."""
+        import keras
+
+        dense_feature, ids_feature = spec.features
+        sizes = SIZES[self.variant]
+        d = sizes.embedding_dim
+        dense = keras.Input(dense_feature.shape, name=dense_feature.name)  # (b, D)
+        ids = keras.Input(ids_feature.shape, dtype="int32", name=ids_feature.name)  # (b, tables)
+        x = dense
+        for i, units in enumerate((*sizes.bottom[:-1], d)):
+            x = keras.layers.Dense(units, activation="relu", name=f"bottom{i}")(x)  # ends (b, d)
+        rows = [keras.layers.Embedding(v, d, name=f"table{k}")(ids[:, k])  # (b, d) each
+                for k, v in enumerate(ids_feature.vocabularies)]
+        stacked = keras.ops.stack([x, *rows], axis=1)  # (b, F, d)
+        h = keras.layers.Concatenate()([x, dot_interaction(1 + len(rows))(stacked)])  # (b, d + P)
+        for i, units in enumerate(sizes.top):
+            h = keras.layers.Dense(units, activation="relu", name=f"top{i}")(h)
+        logit = keras.layers.Dense(1, name="logit")(h)  # (b, 1)
+        return keras.Model({dense_feature.name: dense, ids_feature.name: ids}, logit, name=f"dlrm_{self.variant}")
 
     def check(self, spec: Spec) -> None:
         kinds = [(f.dtype, bool(f.vocabularies)) for f in spec.features]

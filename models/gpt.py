@@ -86,25 +86,6 @@ def block(x: Any, heads: int, channels: int, dropout: float, init: Any, residual
     return x + keras.layers.Dropout(dropout)(h)
 
 
-def build_gpt(variant: Variant, vocabulary: int, context: int, name: str = "") -> Any:
-    """An uncompiled keras.Model mapping (b, context) int32 token ids to (b, context, vocabulary) logits of the
-    next token at every position."""
-    import keras
-
-    layers, heads, channels, dropout = SIZES[variant]
-    init = keras.initializers.RandomNormal(stddev=0.02)
-    residual_init = keras.initializers.RandomNormal(stddev=0.02 / math.sqrt(2 * layers))
-    ids = keras.Input((context,), dtype="int32", name="tokens")  # (b, t)
-    embedding = reversible_embedding(vocabulary, channels, init, context)
-    x = position_embedding(context, channels, init)(embedding(ids))  # (b, t, c)
-    x = keras.layers.Dropout(dropout)(x)
-    for i in range(layers):
-        x = block(x, heads, channels, dropout, init, residual_init, i)
-    x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
-    logits = embedding(x, reverse=True)  # (b, t, vocabulary), tied to the token embedding
-    return keras.Model(ids, logits, name=name or f"gpt_{variant}")
-
-
 @MODELS.register
 @dataclass
 class GPT(ModelOptions):
@@ -114,8 +95,23 @@ class GPT(ModelOptions):
     variant: Variant = "default"
 
     def build(self, spec: Spec) -> Any:
-        """(b, length) token ids -> (b, length, vocabulary) logits of the next token."""
-        return build_gpt(self.variant, spec.classes, spec.shape[0])
+        """An uncompiled keras.Model: (b, context) int32 token ids -> (b, context, vocabulary) logits of the next token
+        at every position (the context: the data's sequence length)."""
+        import keras
+
+        vocabulary, context = spec.classes, spec.shape[0]
+        layers, heads, channels, dropout = SIZES[self.variant]
+        init = keras.initializers.RandomNormal(stddev=0.02)
+        residual_init = keras.initializers.RandomNormal(stddev=0.02 / math.sqrt(2 * layers))
+        ids = keras.Input((context,), dtype="int32", name="tokens")  # (b, t)
+        embedding = reversible_embedding(vocabulary, channels, init, context)
+        x = position_embedding(context, channels, init)(embedding(ids))  # (b, t, c)
+        x = keras.layers.Dropout(dropout)(x)
+        for i in range(layers):
+            x = block(x, heads, channels, dropout, init, residual_init, i)
+        x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+        logits = embedding(x, reverse=True)  # (b, t, vocabulary), tied to the token embedding
+        return keras.Model(ids, logits, name=f"gpt_{self.variant}")
 
     def check(self, spec: Spec) -> None:
         if spec.target != "next_token":

@@ -35,7 +35,7 @@ def applications() -> tuple[str, ...]:
 
 
 APPLICATIONS = applications()
-RESERVED = ("input_shape", "classes", "classifier_activation", "include_top", "input_tensor")  # and weights: UNTRAINED
+RESERVED = ("input_shape", "classes", "classifier_activation", "include_top", "input_tensor")  # and weights (null)
 
 
 @MODELS.register
@@ -70,14 +70,14 @@ class KerasApp(ModelOptions):
         """`options`, with variant=tiny's width where the constructor takes one."""
         import inspect
 
-        options = dict(self.options)
+        options, parameters = dict(self.options), inspect.signature(fn).parameters
         if self.variant == "tiny":
-            if "alpha" in inspect.signature(fn).parameters:
+            if "alpha" in parameters:
                 options.setdefault("alpha", TINY_ALPHA)
             else:
                 log.warning("model.variant=tiny: keras.applications.%s has no width to narrow; built full size",
                             self.app)
-        unknown = [k for k in options if k not in inspect.signature(fn).parameters]
+        unknown = [k for k in options if k not in parameters]
         if unknown:
             raise ConfigError(f"model.options.{unknown[0]}: keras.applications.{self.app} takes no such argument")
         return options

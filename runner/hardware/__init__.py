@@ -1,12 +1,8 @@
-"""Hardware: the device set a prediction is for, described by its spec sheet (`hardware=dgx1_p100`), or `this`
-machine, measured.
-
-A named hardware is a `SpecSheet`: its accelerator, the devices of a node and the link between them, the host link
-and memory, and the nodes and their network, each figure from the vendor's spec sheet (the YAML in conf/hardware/
-says where). `runner predict hardware=NAME` prices every combination on it (runner/predict/spec_sheet.py); a run
-trains on this machine's devices alone (a spec sheet given to a run, `runner check` or the bench is refused). `this`
-(the default) is the machine the command runs on, calibrated (runner/predict/calibrate.py). A user's own hardware is
-a YAML in their config folder with `_target_: runner.hardware.SpecSheet` and every field below; nothing here imports
+"""Hardware: the device set a prediction is for, `this` machine (the default, calibrated:
+runner/predict/calibrate.py) or a `SpecSheet` (`hardware=dgx1_p100`: each figure from the vendor's spec sheet, the YAML
+in conf/hardware/ says where), on which `runner predict` prices every combination (runner/predict/spec_sheet.py); a
+run trains on this machine's devices alone (a spec sheet given to a run, `runner check` or the bench is refused). A
+user's own hardware is a YAML with `_target_: runner.hardware.SpecSheet` and every field below; nothing here imports
 TensorFlow.
 """
 

@@ -1,13 +1,6 @@
-"""Calibrations of this machine for the cost model: microbenchmarks of seconds, cached per host and device set.
-
-Each runs in a process whose devices are set up exactly as a run's would be, because that is what they measure:
-
-- **machine** (any model): the executor's fixed cost of one small op, and a cross-device send's latency and
-  bandwidth;
-- **towers** (per model, per-tower batch): the passes of N towers at once (runner/measure/floor.py's
-  `towers_seconds`), and the bytes per second of Adam's fused update (cold and warm), of copy kernels and of the
-  tables' sparse update, on one device and on all N at once;
-- **input** (per pipeline, data and global batch): the pipeline alone feeding N towers, seconds per step.
+"""Calibrations of this machine for the cost model: microbenchmarks of seconds (`machine`, any model's; `towers`, per
+model and per-tower batch; `input_seconds`, per pipeline, data and global batch), each in a process whose devices are
+set up exactly as a run's would be, because that is what they measure.
 
 Entries are cached in `<cache dir>/calibration.json` under a key naming the host CPU, the device set and threads,
 and what was measured; `runner predict --recalibrate` measures again.
@@ -23,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from runner.config import ROWS_ONLY, compose, table_optimizer, validate
 from runner.measure import floor, peak, xla
@@ -111,7 +104,8 @@ def send_seconds(devices: list[str], size: int, hops: int = 20) -> float:
 
 
 def machine(devices: list[str]) -> dict[str, Any]:
-    """The model-independent figures of this device set."""
+    """The model-independent figures of this device set: the executor's fixed cost of one small op, and a
+    cross-device send's latency and bandwidth."""
     small, large = 16, 1 << 20  # floats: latency, then 4 MB for the bandwidth
     latency = send_seconds(devices, small)
     extra = max(send_seconds(devices, large) - latency, 0.0)
@@ -128,13 +122,11 @@ def _on_each(devices: list[str], sets: int, make: Any) -> list[list[Any]]:
     """[set][device] -> make(set), created on that device."""
     import tensorflow as tf
 
-    out = []
-    for s in range(sets):
-        out.append([])
-        for device in devices:
-            with tf.device(device):
-                out[s].append(make(s))
-    return out
+    def made(device: str, s: int) -> Any:
+        with tf.device(device):
+            return make(s)
+
+    return [[made(device, s) for device in devices] for s in range(sets)]
 
 
 def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: int = 10) -> float:
@@ -232,9 +224,14 @@ def table_figures(plan: Any, model: Any, devices: list[str], examples: Any) -> d
     out = {"table_bytes": 4 * sum(r * d for r, d in shapes), "tables": len(shapes),
            "row_bytes": sum(4 * int(i[0].shape[0]) * d for i, (_, d) in zip(ids, shapes)) // n}
     if table_optimizer(plan.train) in ROWS_ONLY:  # a copy applies every tower's rows (replicated; an owner its tables')
-        one = out["rows_bytes_per_s_one"] = sparse_update_bytes_per_second(plan, devices[:1], shapes, ids)
-        out["rows_bytes_per_s_all"] = one if n == 1 else sparse_update_bytes_per_second(plan, devices, shapes, ids)
+        out.update(_one_and_all("rows", devices, lambda on: sparse_update_bytes_per_second(plan, on, shapes, ids)))
     return out
+
+
+def _one_and_all(term: str, devices: list[str], rate: Callable[[list[str]], float]) -> dict[str, float]:
+    """`term`'s bytes per second, `rate(devices)`, on one device and on all at once (on one, the same measurement)."""
+    one = rate(devices[:1])
+    return {f"{term}_bytes_per_s_one": one, f"{term}_bytes_per_s_all": one if len(devices) == 1 else rate(devices)}
 
 
 def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
@@ -252,10 +249,8 @@ def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
     out = {"seconds": seconds, "weight_bytes": 4 * floats, "variables": len(variables),
            "copy_bytes_per_s_all": copy_bytes_per_second(devices, floats),
            **(table_figures(plan, models[0], devices, examples) if found else {})}
-    for term in ("update", "reduce"):  # on one device, "all at once" is the same measurement
-        cold = term == "update"
-        one = out[f"{term}_bytes_per_s_one"] = update_bytes_per_second(devices[:1], floats, cold)
-        out[f"{term}_bytes_per_s_all"] = one if len(devices) == 1 else update_bytes_per_second(devices, floats, cold)
+    for term in ("update", "reduce"):  # the update cold (a step's weights and slots), the reduce's sums warm
+        out.update(_one_and_all(term, devices, lambda on: update_bytes_per_second(on, floats, cold=term == "update")))
     return out
 
 

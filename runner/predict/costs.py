@@ -48,11 +48,9 @@ class Prediction:
 
     @property
     def efficiency(self) -> float | None:
-        """Scaling efficiency: the rate over `devices` times one device's (None: not predicted)."""
-        if not self.one_device_step:
-            return None
-        one = self.global_batch / self.devices * self.units_per_example / self.one_device_step
-        return self.rate / (self.devices * one)
+        """Scaling efficiency: the rate over `devices` times one device's at the same per-device batch, which is one
+        device's step over this one (None: not predicted)."""
+        return self.one_device_step / self.step_seconds if self.one_device_step else None
 
     @property
     def dominant(self) -> str:

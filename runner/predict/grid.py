@@ -25,7 +25,6 @@ from runner.runtime.quiet import filtered_stderr
 log = logging.getLogger(__name__)
 
 
-
 @dataclass
 class Outcome:
     """One combination: its overrides, its name, and its prediction or why there is none."""
@@ -85,17 +84,13 @@ def plan_for(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, A
     refusal with `refusals_raise`."""
     from runner.config import compose, validate
 
-    cfg = compose(overrides)
+    cfg, plan = compose(overrides), None
     try:
         plan = validate(cfg, priced=True)
+        # ConfigError where the strategy has no cost model (traffic), or no spec-sheet one (exchange)
+        plan.strategy.traffic(plan.local_towers, 0, 0) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         if refusals_raise and isinstance(e, UserError):
-            raise
-        return cfg, None, one_line(e)
-    try:  # ConfigError where the strategy has no cost model (traffic), or no spec-sheet one (exchange)
-        plan.strategy.traffic(plan.local_towers, 0, 0) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
-    except UserError as e:
-        if refusals_raise:
             raise
         return cfg, plan, one_line(e)
     return cfg, plan, None

@@ -14,7 +14,6 @@ measurement: runner/bench/published.py compares with them.
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +22,6 @@ from runner.errors import ConfigError, UserError
 from runner.config import SLOTS, TOUCHED
 from runner.strategies import splitting
 
-log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Constants:
@@ -141,10 +139,8 @@ def _activated(layer: Any) -> bool:
 
 def _elements(tensors: Any) -> int:
     """Values per example in a layer's input or output (a list of tensors: all of them)."""
-    if isinstance(tensors, (list, tuple)):
-        return sum(_elements(t) for t in tensors)
-    if isinstance(tensors, dict):
-        return sum(_elements(t) for t in tensors.values())
+    if isinstance(tensors, (list, tuple, dict)):
+        return sum(_elements(t) for t in (tensors.values() if isinstance(tensors, dict) else tensors))
     return math.prod(d or 1 for d in tuple(tensors.shape)[1:])
 
 
@@ -201,12 +197,12 @@ def passes(model_layers: list[Layer], batch: int, accelerator: Any, precision: s
     return Passes(forward, backward)
 
 
-def memory_per_device(model_layers: list[Layer], batch: int, optimizer: str, precision: str) -> float:
-    """Bytes one device holds: its weights, their gradients and optimizer slots (all of them: a sharded update's
-    1 / N of the slots is not modelled), and every layer's output kept for the backward pass."""
+def memory_per_device(model_layers: list[Layer], optimizer: str, precision: str) -> tuple[float, float]:
+    """Bytes one device holds, fixed and per example: its weights, their gradients and optimizer slots (all of them:
+    a sharded update's 1 / N of the slots is not modelled); every layer's output kept for the backward pass."""
     weights = sum(layer.weight_bytes for layer in model_layers)
-    activations = sum(layer.kept for layer in model_layers) * batch * (0.5 if precision != "float32" else 1.0)
-    return weights * (2 + SLOTS[optimizer]) + activations
+    per_example = sum(layer.kept for layer in model_layers) * (0.5 if precision != "float32" else 1.0)
+    return weights * (2 + SLOTS[optimizer]), per_example
 
 
 def price(plan: Any, model_layers: list[Layer], constants: Constants = FIT) -> tuple[dict[str, float], float]:
@@ -246,13 +242,11 @@ def price(plan: Any, model_layers: list[Layer], constants: Constants = FIT) -> t
 def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
     """Refuse a per-device batch whose weights, optimizer state and activations exceed a device's memory."""
     hw, train = plan.hardware, plan.train
-    need = memory_per_device(model_layers, batch, str(train.optimizer), str(train.precision))
-    if need <= hw.accelerator.memory_bytes:
+    fixed, per_example = memory_per_device(model_layers, str(train.optimizer), str(train.precision))
+    need, have = fixed + batch * per_example, hw.accelerator.memory_bytes
+    if need <= have:
         return
-    fixed = memory_per_device(model_layers, 0, str(train.optimizer), str(train.precision))  # weights and state
-    per_example = memory_per_device(model_layers, 1, str(train.optimizer), str(train.precision)) - fixed
-    most = max(0, int((hw.accelerator.memory_bytes - fixed) // per_example)) if per_example > 0 else 0
-    have = hw.accelerator.memory_bytes
+    most = max(0, int((have - fixed) // per_example)) if per_example > 0 else 0
     digits = next(d for d in range(1, 10) if round(need / 1e9, d) != round(have / 1e9, d))  # 11.84 vs 11.81, not 11.8
     split = " or ".join(f"strategy={n}" for n in splitting())
     fix = (f"use train.per_device_batch_size={most} or less" if most else
