@@ -181,18 +181,17 @@ def _configure(tf, gpus: int) -> Devices:
     cpu_desc = f"1 CPU ({os.cpu_count()} cores)"
     if gpus == 0:
         tf.config.set_visible_devices([], "GPU")
-        return Devices(_names("CPU", 1), "CPU", False, cpu_desc)
-    if len(phys_gpus) >= gpus:
+    elif len(phys_gpus) >= gpus:
         tf.config.set_visible_devices(phys_gpus[:gpus], "GPU")
         for gpu in phys_gpus[:gpus]:  # take memory as needed, not all of it up front: parallel jobs can share a GPU
             tf.config.experimental.set_memory_growth(gpu, True)
         return Devices(_names("GPU", gpus), "GPU", False, f"{gpus} GPU")
-    if phys_gpus:
+    elif phys_gpus:
         tf.config.set_visible_devices(phys_gpus[:1], "GPU")
         logical = [tf.config.LogicalDeviceConfiguration(memory_limit=SIMULATED_GPU_MEMORY_MB)] * gpus
         tf.config.set_logical_device_configuration(phys_gpus[0], logical)
         return Devices(_names("GPU", gpus), "GPU", True, f"1 GPU of {len(phys_gpus)}")
-    if gpus > 1:
+    elif gpus > 1:
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * gpus)
         return Devices(_names("CPU", gpus), "CPU", True, cpu_desc)

@@ -14,8 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
@@ -23,11 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import one_line
 from runner.runtime import signals
-from runner.runtime.signals import Terminated
 from runner.tasks import target_of
 from runner.tracking import system, ui
-from runner.tracking.journal import NAME as JOURNAL_NAME
-from runner.tracking.journal import Journal, send
+from runner.tracking.journal import NAME as JOURNAL_NAME, Journal, send
 from runner.tracking.redact import redact
 from runner.tracking.stale import close_dead_runs
 from runner.tracking.store import StoreError, ensure_experiment, open_store, quick_http, resolve_uri, whole_write
@@ -168,12 +164,8 @@ class Run(Recorder):
                         "mlflow.tracking_uri, or deleted): its metrics before step %d are not copied", source_run_id,
                         until_step)
             return
-        points = [
-            [key, m.value, m.timestamp, m.step]
-            for key in old
-            for m in self.client.get_metric_history(source_run_id, key)
-            if m.step <= until_step
-        ]
+        points = [[key, m.value, m.timestamp, m.step] for key in old
+                  for m in self.client.get_metric_history(source_run_id, key) if m.step <= until_step]
         self._record("metrics", points=points)
 
     def end(self, status: str, error: str | None = None) -> None:
@@ -188,7 +180,7 @@ class Run(Recorder):
         self.journal.remove()
 
 
-@dataclass
+@dataclasses.dataclass
 class Opening:
     """What opening a run takes, in JSON's types (a writer process receives it as one line): `check` the store (an
     unusable one is a StoreError line) and close dead runs of the same config, then `fill` the created run with its
@@ -218,7 +210,7 @@ class Opening:
         run.text(self.config_yaml, "config.yaml")
 
 
-@contextmanager
+@contextlib.contextmanager
 def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bool | None = None) -> Iterator[Recorder]:
     """Open a run for `plan`; on exit it is FINISHED, FAILED (an exception) or KILLED (Ctrl-C), never left RUNNING
     (a store that cannot be written at the end: a StoreError naming the journal that holds the rest).
@@ -247,7 +239,7 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
             opening.fill(run)
         yield run
         signals.raise_noted()  # a signal whose exception a `__del__` swallowed (runtime.signals) still stops the run
-    except (KeyboardInterrupt, Terminated) as e:
+    except (KeyboardInterrupt, signals.Terminated) as e:
         signals.acted()
         if run is not None:
             run.end("KILLED", f"interrupted ({type(e).__name__}{': ' + str(e) if str(e) else ''})")

@@ -102,8 +102,7 @@ def whole_write() -> Iterator[None]:
     elsewhere this does nothing, and a signal whose handler is not Python's is left alone.
     """
     global _holding_interrupts
-    handlers = {s: signal.getsignal(s) for s in HANDLED}
-    handlers = {s: h for s, h in handlers.items() if callable(h)}
+    handlers = {s: h for s in HANDLED if callable(h := signal.getsignal(s))}
     if _holding_interrupts or not handlers or threading.current_thread() is not threading.main_thread():
         yield
         return

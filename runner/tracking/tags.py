@@ -46,10 +46,10 @@ def flatten(cfg: DictConfig) -> dict[str, str]:
             for k, v in node.items():
                 walk(v, f"{prefix}{k}.")
         else:
-            out[prefix[:-1]] = str(node)[:_MAX_PARAM_LEN]
+            out[prefix[:-1]] = redact(str(node)[:_MAX_PARAM_LEN])
 
     walk(OmegaConf.to_container(cfg, resolve=True), "")
-    return {key: redact(value) for key, value in out.items()}
+    return out
 
 
 def _git_commit() -> str | None:
