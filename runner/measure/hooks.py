@@ -1,6 +1,4 @@
-"""What a run measures beside the training loop: hooks around its calls (`ReuseFreedMemory`, `LossScaleMetrics`,
-`Profile`), and figures taken after it (`input_figures`, `peak_rss_mb`).
-"""
+"""What a run measures beside the training loop: hooks around its calls, and figures taken after it."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Whether the process that writes a run is still alive, and runs left RUNNING by one that died without ending them
 (SIGKILL, power loss): closed as KILLED when the same config starts again, and by `runner report` and a sweep's end.
-
-One check answers every such question (`process_alive`): from the `runner.host` and `runner.pid` tags a run carries
-(tags.process_tags), a process of this host is alive or dead; one of another host cannot be checked from here.
+One check (`process_alive`) answers every such question.
 """
 
 from __future__ import annotations

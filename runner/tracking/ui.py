@@ -3,11 +3,9 @@
 - The experiment gets a description (the tag `mlflow.note.content`, shown under its title) and the model-training
   kind (`mlflow.experimentKind`, which MLflow UIs before 3.17 read to choose the page).
 - A saved runs-table view, `runner` (the experiment tag `mlflow.sharedViewState.runner`, in the format the UI's
-  "share view" writes), shows each kind of run's own figures (`figures`: its rate in its unit, its test score, what
-  it is timed to and its time to that target), the config keys a sweep varied besides its combinations' own
-  (`params.train.precision`), then model, pipeline, strategy and devices, sorted by start time so that sweep children
-  nest under their parent. A run adds its kind's columns to the view when it starts (`set_up`),
-  so an experiment shows the figures of the kinds it holds and no others.
+  "share view" writes), shows each kind of run's own figures (`figures`), the config keys a sweep varied besides its
+  combinations' own (`params.train.precision`), then model, pipeline, strategy and devices, newest first so that sweep
+  children nest under their parent; a run adds its kind's columns when it starts (`set_up`).
 - `where_to_look` names the URL of that view, with `workflowType=machine_learning`: MLflow 3.17 chooses between its
   GenAI overview and the runs table from that URL parameter (else the browser's last choice), not the experiment.
 """
