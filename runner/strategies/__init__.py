@@ -252,11 +252,9 @@ class StrategyBase:
     # The reference every other strategy is compared with (its losses, its rate at one device): one registered
     # strategy has it (`baseline()`)
     baseline: ClassVar[bool] = False
-    data_parallel: ClassVar[bool] = True  # one tower per device (else: one tower, the model split)
-    multi_process: ClassVar[bool] = False  # needs one process per worker (a cluster), not one process
-    # Why train.jit_compile=true cannot XLA-compile its step ("": it can: each tower's forward and backward)
-    no_jit: ClassVar[str] = ""
-    # Whether its step applies `Training.loss_scaling` (mixed_float16): validation refuses float16 without it
+    data_parallel: ClassVar[bool] = True
+    multi_process: ClassVar[bool] = False
+    no_jit: ClassVar[str] = ""  # `jit_refusal`'s answer ("": XLA compiles each tower's forward and backward)
     loss_scaling: ClassVar[bool] = False
     # What it does with batch normalization (and any non-trainable state a layer updates while training): the
     # `batch_norm` tag of a run whose model has such state, and docs/your-model-your-data.md.
@@ -267,7 +265,6 @@ class StrategyBase:
     unsharded: ClassVar[type | None] = None
 
     def describe_batch_norm(self) -> str:
-        """What this strategy, with these options, does with batch normalization's statistics."""
         return self.batch_norm
 
     def towers(self, gpus: int) -> int:
@@ -304,10 +301,8 @@ class StrategyBase:
             valid = [s for s in STRATEGIES.names() if STRATEGIES.get(s).takes(gpus)]
             most = self.max_gpus
             shown = f"from {self.min_gpus} to {most}" if most is not None else f"{self.min_gpus} or more"
-            raise ConfigError(
-                f"strategy={self.name} needs gpus {shown}, got gpus={gpus}; "
-                f"strategies valid with gpus={gpus}: {', '.join(valid)}"
-            )
+            raise ConfigError(f"strategy={self.name} needs gpus {shown}, got gpus={gpus}; "
+                              f"strategies valid with gpus={gpus}: {', '.join(valid)}")
         if jit_compile is True and self.jit_refusal():
             supported = [s for s in STRATEGIES.names() if not STRATEGIES.get(s).no_jit]
             raise ConfigError(f"train.jit_compile=true cannot compile strategy={self.name}'s step "
@@ -315,7 +310,6 @@ class StrategyBase:
                               "train.jit_compile=false")
 
     def jit_refusal(self) -> str:
-        """Why XLA cannot compile this strategy's step with these options ("": it can; `no_jit`)."""
         return self.no_jit
 
 
@@ -324,7 +318,7 @@ STRATEGIES = Registry("strategy", __name__)
 
 def baseline() -> str:
     """The registered strategy the others are compared with (`StrategyBase.baseline`: single)."""
-    return next(n for n in STRATEGIES.names() if getattr(STRATEGIES.get(n), "baseline", False))
+    return next(n for n in STRATEGIES.names() if _role(n, "baseline"))
 
 
 def data_parallel() -> list[str]:

@@ -49,19 +49,18 @@ def build_model(model: Model, spec: Spec, seed: int, fused_batch_norm: bool = Tr
                           f"({len(built.weights)} weights, none trainable): there is nothing to train")
     if spec.features:
         _check_features(model.name, built, spec)
-        check_lookups(model.name, built, spec)
-        return _kernels(built, fused_batch_norm)
-    inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
-    if inputs != tuple(spec.shape) or outputs != spec.outputs_shape:
-        raise ConfigError(
-            f"model={model.name} maps {inputs} inputs to {outputs} outputs, the data gives {spec} (outputs "
-            f"{spec.outputs_shape}); build it from the arguments the runner passes to a model function "
-            f"({', '.join(spec_arguments(lambda **kw: None, spec))})"
-        )
-    dtype = str(getattr(built.inputs[0], "dtype", "float32"))
-    if spec.token_ids != ("int" in dtype):
-        raise ConfigError(f"model={model.name} takes {dtype} inputs, the data gives {spec}; "
-                          f"{'an integer Input for token ids' if spec.token_ids else 'a float Input for images'}")
+    else:
+        inputs, outputs = tuple(built.input_shape[1:]), tuple(built.output_shape[1:])
+        if inputs != tuple(spec.shape) or outputs != spec.outputs_shape:
+            raise ConfigError(
+                f"model={model.name} maps {inputs} inputs to {outputs} outputs, the data gives {spec} (outputs "
+                f"{spec.outputs_shape}); build it from the arguments the runner passes to a model function "
+                f"({', '.join(spec_arguments(lambda **kw: None, spec))})"
+            )
+        dtype = str(getattr(built.inputs[0], "dtype", "float32"))
+        if spec.token_ids != ("int" in dtype):
+            raise ConfigError(f"model={model.name} takes {dtype} inputs, the data gives {spec}; "
+                              f"{'an integer Input for token ids' if spec.token_ids else 'a float Input for images'}")
     check_lookups(model.name, built, spec)
     return _kernels(built, fused_batch_norm)
 
@@ -175,9 +174,8 @@ def build_optimizer(train_cfg: Any, variables: list, tables: list = ()) -> Any:
     ids = {id(t) for t in tables}
     rest, mine = [v for v in variables if id(v) not in ids], [v for v in variables if id(v) in ids]
     rate = train_cfg.table_learning_rate or train_cfg.learning_rate
-    parts = [(_optimizer(train_cfg, train_cfg.optimizer, train_cfg.learning_rate, rest), rest) if rest else None,
-             (_optimizer(train_cfg, train_cfg.table_optimizer, rate, mine), mine) if mine else None]
-    parts = [p for p in parts if p]
+    parts = [(_optimizer(train_cfg, name, r, part), part) for name, r, part in (
+        (train_cfg.optimizer, train_cfg.learning_rate, rest), (train_cfg.table_optimizer, rate, mine)) if part]
     return parts[0][0] if len(parts) == 1 else optimizers.PerPart(parts)
 
 
@@ -232,24 +230,21 @@ def per_example_loss(model: keras.Model, x: tf.Tensor, y: tf.Tensor, training: b
     return task.loss(y, outputs), outputs
 
 
-def input_signature(spec: Spec) -> Any:
-    """A batch of `spec`'s inputs as a tf.function signature: float32 images, int32 token ids, or a dict of named
-    features (b, *shape) each in its dtype."""
-    if spec.features:
-        return {f.name: tf.TensorSpec((None, *f.shape), f.dtype) for f in spec.features}
-    return tf.TensorSpec((None, *spec.shape), tf.int32 if spec.token_ids else tf.float32)
-
-
 def make_evaluate(model: keras.Model, device: str, spec: Spec):
     """A function dataset -> {"loss", *the task's metrics} over every example, computed on `device`: the means of
     the loss and of what the task sums per batch (`Task.sums`); an AUC exact over the whole set (`tasks.auc`)."""
     task = spec.task
     ranked = AUC in task.metrics  # an AUC needs every example's output, not a sum
 
-    # One trace for every batch size (the last test batch is usually smaller).
+    # One trace for every batch size (the last test batch is usually smaller): float32 images, int32 token ids, or a
+    # dict of named features, each in its dtype.
+    if spec.features:
+        inputs = {f.name: tf.TensorSpec((None, *f.shape), f.dtype) for f in spec.features}
+    else:
+        inputs = tf.TensorSpec((None, *spec.shape), tf.int32 if spec.token_ids else tf.float32)
     labels_spec = tf.TensorSpec((None, *spec.labels_shape), task.labels_dtype)
 
-    @tf.function(input_signature=[input_signature(spec), labels_spec])
+    @tf.function(input_signature=[inputs, labels_spec])
     def batch_sums(x, y):
         with tf.device(device):
             loss, outputs = per_example_loss(model, x, y, training=False, task=task)
@@ -282,8 +277,10 @@ class Built(Strategy):
     tower_devices: list[str]  # a batch a step for each, tower i's on tower_devices[i]
 
     def _share(self, model: Any, device: str, scale_device: str | None = None) -> None:
-        """The step's loss scale on `scale_device` (default: `device`) and `evaluate` of `model` on `device`."""
-        self.loss_scale = loss_scale.make(self.training.loss_scaling, scale_device or device)
+        """The step's loss scale on `scale_device` (default: `device`; the no-op unless mixed_float16 scales) and
+        `evaluate` of `model` on `device`."""
+        scaling = self.training.loss_scaling
+        self.loss_scale = loss_scale.LossScale(scaling, scale_device or device) if scaling else loss_scale.NoLossScale()
         self.evaluate = make_evaluate(model, device, self.training.spec)
 
     def step(self, batches: Any) -> Any:
@@ -556,12 +553,8 @@ def optimizer_state_bytes(strategy: Any) -> dict[str, int]:
 
     out: dict[str, int] = {}
     parts = [part for kept in strategy.checkpoint_objects().values() for part in optimizers.each(kept)]
-    for optimizer in parts:
-        if not isinstance(optimizer, keras.optimizers.Optimizer):
-            continue
-        for variable in optimizer.variables:
-            value = variable.value if isinstance(variable, keras.Variable) else variable
-            copies = getattr(value, "values", None) or [value]  # a MirroredVariable: one per device
-            for copy in copies:
-                out[copy.device] = out.get(copy.device, 0) + int(copy.shape.num_elements()) * copy.dtype.size
+    for variable in (v for o in parts if isinstance(o, keras.optimizers.Optimizer) for v in o.variables):
+        value = variable.value if isinstance(variable, keras.Variable) else variable
+        for copy in getattr(value, "values", None) or [value]:  # a MirroredVariable: one per device
+            out[copy.device] = out.get(copy.device, 0) + int(copy.shape.num_elements()) * copy.dtype.size
     return out

@@ -15,11 +15,6 @@ from typing import Callable
 from runner.lazy import tf
 
 
-# Consecutive steps with a non-finite loss after which training stops: a skipped step is not a failure, a loss
-# that stays inf or NaN is (float32 and bfloat16 stop at the first, as nothing would skip it).
-PATIENCE = 10
-
-
 @dataclass(frozen=True)
 class LossScaling:
     """The settings, as plain values (from train.loss_scale and train.loss_scale_period)."""
@@ -57,7 +52,9 @@ class NoLossScale:
 class LossScale:
     """The scale and its counters, as variables on `device` (checkpointed with the strategy's objects)."""
 
-    patience = PATIENCE
+    # Consecutive steps with a non-finite loss after which training stops: a skipped step is not a failure, a loss
+    # that stays inf or NaN is (float32 and bfloat16 stop at the first, as nothing would skip it).
+    patience = 10
 
     def __init__(self, settings: LossScaling, device: str):
         self.period = settings.period
@@ -100,11 +97,6 @@ class LossScale:
     def state(self) -> dict[str, float]:
         """The metrics logged after each call: the current scale and the updates skipped so far."""
         return {"loss_scale": float(self.scale.numpy()), "skipped_steps": float(self.skipped.numpy())}
-
-
-def make(settings: LossScaling | None, device: str) -> LossScale | NoLossScale:
-    """A shared loss scale on `device` when scaling is on (mixed_float16), else the no-op."""
-    return LossScale(settings, device) if settings is not None else NoLossScale()
 
 
 def checkpointed(scale: LossScale | NoLossScale) -> dict[str, list]:

@@ -2,8 +2,7 @@
 
 Each replica computes gradients on its share of the global batch (its loss divided by the global batch size); the
 runner all-reduces (sums) them across replicas, clips the sum where `train.clip_norm` says, and the Keras optimizer
-applies it on every replica (Keras' own all-reduce inside `apply_gradients`, which would come after its clipping of
-one replica's part, is switched off).
+applies it on every replica.
 
 Input (`strategy.input`): `towers`, the default and the cheaper, feeds replica i from tower i of the pipeline's own
 feed, made inside the compiled loop; `distribute` goes through tf.distribute's input API (`multi_worker` always
@@ -47,10 +46,17 @@ class SyncBatchNorm:
     sync_batch_norm: bool
 
     def describe_batch_norm(self) -> str:
-        return SYNC_BATCH_NORM if self.sync_batch_norm else REPLICA_BATCH_NORM
+        if self.sync_batch_norm:
+            return ("batch statistics of the global batch (strategy.sync_batch_norm=true: one all-reduce per layer "
+                    "and step), so every replica keeps the same moving statistics")
+        return ("batch statistics per replica (G/N examples); moving statistics all-reduced to their mean over the "
+                "replicas after every step")
 
     def jit_refusal(self) -> str:
-        return SYNC_BATCH_NORM_NO_JIT if self.sync_batch_norm else super().jit_refusal()  # type: ignore[misc]
+        if self.sync_batch_norm:
+            return ("strategy.sync_batch_norm=true all-reduces the batch statistics inside the forward pass, which an "
+                    "XLA cluster cannot hold; strategy.sync_batch_norm=false keeps them per replica")
+        return super().jit_refusal()  # type: ignore[misc]
 
 
 @STRATEGIES.register
@@ -96,14 +102,6 @@ class Mirrored(SyncBatchNorm, StrategyBase):
             # TensorFlow's collective ring on CPU devices sharing the same cores waits far longer than one sum takes
             choice = "reduce_to_one_device"
         return tf.distribute.MirroredStrategy(list(devices.names), cross_device_ops=_CROSS_DEVICE_OPS[choice]())
-
-
-SYNC_BATCH_NORM_NO_JIT = ("strategy.sync_batch_norm=true all-reduces the batch statistics inside the forward pass, "
-                          "which an XLA cluster cannot hold; strategy.sync_batch_norm=false keeps them per replica")
-REPLICA_BATCH_NORM = ("batch statistics per replica (G/N examples); moving statistics all-reduced to their mean over "
-                      "the replicas after every step")
-SYNC_BATCH_NORM = ("batch statistics of the global batch (strategy.sync_batch_norm=true: one all-reduce per layer and "
-                   "step), so every replica keeps the same moving statistics")
 
 
 def per_replica_feed(strategy: tf.distribute.Strategy, towers: Any) -> Iterator[tuple[Any, ...]]:

@@ -47,14 +47,10 @@ Split = Literal["auto", "width", "stages", "two_tower"]
 @STRATEGIES.register
 @dataclass
 class ModelParallel(StrategyBase):
-    """One model split across the devices, fed the whole global batch each step (model, not data, parallelism).
-
-    split: auto (width for a model whose weighted layers are all Dense, stages otherwise) | width | stages |
-    two_tower (see the module docstring).
-    """
+    """One model split across the devices, fed the whole global batch each step (model, not data, parallelism)."""
 
     name: str = "model_parallel"
-    split: Split = "auto"
+    split: Split = "auto"  # auto (width for an all-Dense model, stages otherwise) | width | stages | two_tower
 
     min_gpus: ClassVar[int] = 2
     data_parallel: ClassVar[bool] = False
@@ -329,15 +325,6 @@ def owned_variables(cells: list[Cell]) -> list[list]:
     return owned
 
 
-def _total(gradients: list) -> Any:
-    """One variable's gradient from the cells that read it: a tied embedding's sparse rows from the lookup plus
-    the output layer's dense (vocabulary, channels) matrix, added into that dense matrix (it is one either way)."""
-    gradients = [g for g in gradients if g is not None]
-    if len(gradients) == 1:
-        return gradients[0]
-    return tf.add_n([tf.convert_to_tensor(g) for g in gradients])
-
-
 def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_logits: tf.Tensor,
                        scale: LossScale | NoLossScale, clip_norm: float | None = None) -> None:
     """Backpropagate `d_logits` (b, ..., classes) through the cells in reverse, each on its own device, and update
@@ -355,18 +342,21 @@ def backward_and_apply(cells: list[Cell], tapes: list, outs: list[tf.Tensor], d_
             gradients.setdefault(id(v), []).append(g)
         for i, d_in in zip([i for i in cell.inputs if i != INPUT], d_ins, strict=True):
             upstream[i].append(d_in)
-    updates: list[tuple[Cell, list[tf.Tensor]]] = []
-    for cell in reversed(cells):
-        if cell.owned:
-            with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
-                updates.append((cell, [_total(gradients[id(v)]) for v in cell.owned]))
+    owners = [cell for cell in reversed(cells) if cell.owned]
+    totals = []
+    for cell in owners:
+        with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
+            # a variable read by several cells (a tied embedding: sparse rows from the lookup, the output layer's
+            # dense matrix) gets their gradients added into one dense matrix
+            found = [[g for g in gradients[id(v)] if g is not None] for v in cell.owned]
+            totals.append([g[0] if len(g) == 1 else tf.add_n([tf.convert_to_tensor(t) for t in g]) for g in found])
 
     def apply(grads: list[list[tf.Tensor]]) -> None:
-        for (cell, _), mine in zip(updates, grads):
+        for cell, mine in zip(owners, grads):
             with tf.device(cell.device), tf.name_scope(f"{cell.name}_backward"):
                 cell.optimizer.apply_gradients(zip(mine, cell.owned))
 
-    update(scale, [d_vars for _, d_vars in updates], clip_norm, apply)
+    update(scale, totals, clip_norm, apply)
 
 
 class SplitModel(Built):
