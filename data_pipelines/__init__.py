@@ -138,15 +138,11 @@ IMAGE_SHAPE_OR_NULL: Rule = (lambda v: v is None or IMAGE_SHAPE[0](v), f"{IMAGE_
 ID_LIMIT = 2**31  # token ids are int32 once batched (`to_float`) and index an embedding: each below this
 
 
-def _table_sizes(v: Any) -> bool:
-    """Whether `v` is null or a non-empty list of table sizes, integers from 1 to ID_LIMIT (ids are int32)."""
-    sizes = v if isinstance(v, (list, tuple)) else [None]
-    return v is None or (len(sizes) > 0 and all(type(x) is int and 1 <= x <= ID_LIMIT for x in sizes))
-
-
 # `data.vocabulary_sizes` where click logs take one (clicks, files): one table size per categorical column.
-TABLE_SIZES: Rule = (_table_sizes, "null or a list of table sizes, one per categorical column, each an integer from 1 "
-                                   "to 2**31 (ids are int32)")
+TABLE_SIZES: Rule = (lambda v: v is None or (isinstance(v, (list, tuple)) and len(v) > 0
+                                             and all(type(x) is int and 1 <= x <= ID_LIMIT for x in v)),
+                     "null or a list of table sizes, one per categorical column, each an integer from 1 to 2**31 (ids "
+                     "are int32)")
 
 
 @runtime_checkable

@@ -142,11 +142,11 @@ class Clicks(DatasetOptions):
 
     def load(self, seed: int) -> Any:
         """The training and test logs, drawn from the seed's hidden model (kept in the cache: `drawn`)."""
-        from runner.data_pipelines.common import Table
+        from runner.data_pipelines.common import Arrays
 
         hidden = Hidden(self.vocabularies(), seed, self.power)
         (x_train, y_train), (x_test, y_test) = drawn(hidden, self.train_limit, 0), drawn(hidden, self.test_limit, 1)
-        return Table(x_train, y_train, x_test, y_test, synthetic=True, spec=self.spec())
+        return Arrays(x_train, y_train, x_test, y_test, synthetic=True, spec=self.spec())
 
 
 def drawn(hidden: Hidden, n: int, split: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -272,8 +272,8 @@ def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.nd
 
 def load_tsv(folder: Path, spec: Spec, train_limit: int | None, test_limit: int | None) -> Any:
     """The training and test logs of `folder` (train.tsv, test.tsv), checked line by line."""
-    from runner.data_pipelines.common import Table
+    from runner.data_pipelines.common import Arrays
 
     x_train, y_train = read_tsv(folder / TSV["train"], spec, train_limit)
     x_test, y_test = read_tsv(folder / TSV["test"], spec, test_limit)
-    return Table(x_train, y_train, x_test, y_test, synthetic=False, spec=spec)
+    return Arrays(x_train, y_train, x_test, y_test, synthetic=False, spec=spec)

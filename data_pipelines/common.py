@@ -63,8 +63,9 @@ class Data(Protocol):
 
 @dataclass(frozen=True)
 class Arrays:
-    """Examples held as numpy arrays: images (n, *spec.shape) (MNIST's (n, 28, 28) too), int labels (n,);
-    memory-mapped arrays stay on disk, read a batch at a time."""
+    """Examples held as numpy arrays: images (n, *spec.shape) (MNIST's (n, 28, 28) too), or named features
+    (`Spec.features`: `x_train` and `x_test` dicts of arrays (n, *feature.shape)); labels (n,) in the task's dtype.
+    Memory-mapped arrays stay on disk, read a batch at a time."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -89,7 +90,8 @@ class Arrays:
         return examples(self.x_train, self.y_train, self.spec)
 
     def test(self, limit: int | None = None) -> Any:
-        x, y = self.x_test[:limit], self.y_test[:limit]
+        x, y = self.x_test, self.y_test[:limit]
+        x = {k: v[:limit] for k, v in x.items()} if isinstance(x, dict) else x[:limit]
         if isinstance(x, np.memmap):
             return eval_batches(examples(x, y, self.spec))
         return eval_dataset(x, y, self.spec)
@@ -97,15 +99,6 @@ class Arrays:
     def digest(self, split: str) -> str:
         x, y = (self.x_train, self.y_train) if split == "train" else (self.x_test, self.y_test)
         return array_digest(x, y)
-
-
-@dataclass(frozen=True)
-class Table(Arrays):
-    """Examples of named features (`Spec.features`): `x_train` and `x_test` are dicts of arrays (n, *feature.shape),
-    the labels (n,) in the task's dtype."""
-
-    def test(self, limit: int | None = None) -> Any:
-        return eval_dataset({k: v[:limit] for k, v in self.x_test.items()}, self.y_test[:limit], self.spec)
 
 
 def check_split(spec: Spec, split: str, x: Any, y: np.ndarray) -> None:
@@ -127,20 +120,22 @@ def check_split(spec: Spec, split: str, x: Any, y: np.ndarray) -> None:
 
 
 def count_examples(x: Any) -> int:
-    """The examples in `x`: an array's rows, or those of each array of a dict of named features (`Table`)."""
+    """The examples in `x`: an array's rows, or those of each array of a dict of named features."""
     return len(next(iter(x.values()))) if isinstance(x, dict) else len(x)
 
 
-def array_digest(x: Any, y: np.ndarray) -> str:
-    """sha256 of the examples' and labels' bytes, read in place (8 hex digits): of named features each feature's, in
-    name order; of a memory-mapped array only its shape and first 2**20 values (not the whole file into memory)."""
+def array_digest(x: Any, y: np.ndarray | None = None) -> str:
+    """sha256 of the examples' and labels' (if any) bytes, read in place (8 hex digits): of named features each
+    feature's, in name order; of a memory-mapped array only its shape and first 2**20 values (not the whole file into
+    memory)."""
     digest = hashlib.sha256()
     for part in [v for _, v in sorted(x.items())] if isinstance(x, dict) else [x]:
         if isinstance(part, np.memmap):
             digest.update(repr((part.shape, part.dtype.str)).encode() + part.reshape(-1)[: 1 << 20].tobytes())
         else:
             digest.update(np.ascontiguousarray(part).data)
-    digest.update(np.ascontiguousarray(y).data)
+    if y is not None:
+        digest.update(np.ascontiguousarray(y).data)
     return digest.hexdigest()[:8]
 
 
@@ -151,7 +146,7 @@ class Indexed:
     each batch then gathers its examples in one op."""
 
     x: Any  # (n, ...) examples in their stored dtype: a tf.Tensor, or a memory-mapped numpy array; or a dict of them
-    y: Any  # (n,) labels in the task's dtype (int32 classes), likewise
+    y: Any  # (n,) labels in the task's dtype (int32 classes): a tf.Tensor
     order: Any  # the indices into x and y to read, in order: a `range` (all of them, a shard: kept lazy) or an array
     spec: Spec = field(default=MNIST)
     buffer: int | None = None  # None: one pass in order; 0: in order, repeated; N: shuffled N at a time, repeated
@@ -188,13 +183,9 @@ class Indexed:
         """The stored examples and labels at indices `i` (b,): one gather, or one numpy read of a memory-mapped file."""
         import tensorflow as tf
 
-        if not isinstance(self.x, np.memmap):  # a dict of named features: each gathered
-            return tf.nest.map_structure(lambda a: tf.gather(a, i), self.x), tf.gather(self.y, i)
-        x, y = tf.numpy_function(lambda j: (read_rows(self.x, j), self.y[j]), [i],
-                                 (tf.as_dtype(self.x.dtype), tf.as_dtype(self.y.dtype)))
-        x.set_shape((None, *self.x.shape[1:]))
-        y.set_shape((None, *self.y.shape[1:]))
-        return x, y
+        if isinstance(self.x, np.memmap):
+            return mapped_rows(self.x, i), tf.gather(self.y, i)
+        return tf.nest.map_structure(lambda a: tf.gather(a, i), self.x), tf.gather(self.y, i)  # a dict: each feature's
 
     def batched(self, batch: int, opts: Any, drop_remainder: bool = True) -> Any:
         def gather(i):  # i: (batch,) int64 indices
@@ -237,9 +228,8 @@ def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
     """The examples in their stored order and dtype (labels in the task's); memory-mapped arrays stay on disk."""
     import tensorflow as tf
 
-    if isinstance(x, np.memmap):
-        return Indexed(x, np.asarray(y, spec.task.labels_dtype), range(len(x)), spec)
-    return Indexed(tf.nest.map_structure(tf.constant, x), tf.constant(y), range(len(y)), spec)
+    x = x if isinstance(x, np.memmap) else tf.nest.map_structure(tf.constant, x)
+    return Indexed(x, tf.constant(np.asarray(y, spec.task.labels_dtype)), range(len(y)), spec)
 
 
 def to_float(x, y, spec: Spec = MNIST):

@@ -149,8 +149,7 @@ def _fetch_keras(cache: pathlib.Path) -> None:
         (x_tr, y_tr), (x_te, y_te) = keras.datasets.mnist.load_data()
     finally:
         socket.setdefaulttimeout(previous)
-    arrays = {"train_images": x_tr, "train_labels": y_tr, "test_images": x_te, "test_labels": y_te}
-    for key, array in arrays.items():
+    for key, array in zip(FILES, (x_tr, y_tr, x_te, y_te)):  # train_images, train_labels, test_images, test_labels
         data = _encode_idx(np.asarray(array, dtype=np.uint8))
         _install(cache, key, lambda f, data=data: f.write(data))
 
