@@ -41,10 +41,9 @@ class NIN(SequentialModel):
 
     def layers(self, keras: Any, spec: Spec) -> list[Any]:
         c1, c2, c3 = CHANNELS[self.variant]
-        layers = mlpconv(keras, c1, _KERNELS[0])  # (b, 28, 28, c1)
-        # (b, 14, 14, c1)
-        layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]
-        layers += mlpconv(keras, c2, _KERNELS[1])  # (b, 14, 14, c2)
-        layers += [keras.layers.MaxPooling2D(3, strides=2, padding="same"), keras.layers.Dropout(0.5)]  # (b, 7, 7, c2)
+        layers = []
+        for channels, kernel in zip((c1, c2), _KERNELS):  # (b, 28, 28, c1) pooled to 14x14; (b, 14, 14, c2) to 7x7
+            layers += [*mlpconv(keras, channels, kernel), keras.layers.MaxPooling2D(3, strides=2, padding="same"),
+                       keras.layers.Dropout(0.5)]
         layers += mlpconv(keras, c3, _KERNELS[2], out=spec.classes)  # (b, 7, 7, classes)
         return layers + [keras.layers.GlobalAveragePooling2D()]  # (b, classes) logits

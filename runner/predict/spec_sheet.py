@@ -138,10 +138,10 @@ def _activated(layer: Any) -> bool:
 
 
 def _elements(tensors: Any) -> int:
-    """Values per example in a layer's input or output (a list of tensors: all of them)."""
-    if isinstance(tensors, (list, tuple, dict)):
-        return sum(_elements(t) for t in (tensors.values() if isinstance(tensors, dict) else tensors))
-    return math.prod(d or 1 for d in tuple(tensors.shape)[1:])
+    """Values per example in a layer's input or output (a list or dict of tensors: all of them)."""
+    import keras
+
+    return sum(math.prod(d or 1 for d in tuple(t.shape)[1:]) for t in keras.tree.flatten(tensors))
 
 
 @dataclass(frozen=True)
