@@ -13,6 +13,7 @@ import dataclasses
 import inspect
 import re
 import sys
+import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,7 @@ def _type(annotation: Any) -> str:
     if typing.get_origin(annotation) is typing.Literal:
         return "choice"
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", None)) and args:
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and args:
         return f"{_type(args[0])} or null"
     return getattr(annotation, "__name__", str(annotation)).replace("typing.", "")
 

@@ -357,9 +357,8 @@ def _rounds(rows: list[Row]) -> bool:
     repeats (sweep.repeats=2) would otherwise be rows alike but for their figures."""
     rounds: dict[tuple, set[str]] = {}
     for r in rows:
-        key = (r.model, r.pipeline, r.strategy, r.scaling, r.devices, r.host_only, r.seed)
-        rounds.setdefault(key, set()).add(r.round)
-    return any(len(set(said) - {""}) > 1 for said in rounds.values())
+        rounds.setdefault((r.model, r.combination, r.seed), set()).add(r.round)
+    return any(len(said - {""}) > 1 for said in rounds.values())
 
 
 def _tells_apart(rows: list[Row]) -> list[str]:
