@@ -57,7 +57,7 @@ def watch(args: argparse.Namespace) -> int:
         return 0
     if not ready:  # the time is up
         error = (f"{args.name} waited {args.seconds:g} s for {args.waiting_for} and gave up: start every worker of "
-                 "strategy.workers (or TF_CONFIG), or raise strategy.peer_timeout") + (IN_A_SWEEP * args.in_sweep)
+                 "strategy.workers (or TF_CONFIG), or raise strategy.peer_timeout") + (IN_A_SWEEP * is_sweep_child())
         print(f"error: {error}", file=sys.stderr, flush=True)
         _end_run(args.uri, args.run_id, "FAILED", error)
         os.kill(args.pid, signal.SIGKILL)
@@ -69,9 +69,7 @@ def bounded_wait(seconds: float, name: str, waiting_for: str, uri: str | None, r
     """Watch the block (`name`'s wait for `waiting_for`) from a separate process; see the module docstring."""
     command = [sys.executable, "-m", "runner.runtime.watchdog", "--pid", str(os.getpid()), "--seconds", str(seconds),
                "--name", name, "--waiting-for", waiting_for]
-    env = dict(os.environ)
-    if is_sweep_child():
-        command.append("--in-sweep")
+    env = dict(os.environ)  # the job's own: a sweep job's watchdog sees it is one (is_sweep_child)
     if uri and run_id:  # the store's URI (it may hold credentials) in the environment, not on a command line ps shows
         command += ["--run-id", run_id]
         env[URI_VARIABLE] = uri
@@ -90,7 +88,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, required=True, help="how long the wait may last")
     parser.add_argument("--waiting-for", required=True, help="who is waited for (for the error line)")
     parser.add_argument("--name", default="this worker", help="who waits (for the error line)")
-    parser.add_argument("--in-sweep", action="store_true", help="the wait is a sweep job's (for the error line)")
     parser.add_argument("--run-id", default=None, help=f"the watched process's MLflow run (its store: ${URI_VARIABLE})")
     args = parser.parse_args(argv)
     args.uri = os.environ.get(URI_VARIABLE)
