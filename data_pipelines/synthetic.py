@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal
 
 import numpy as np
 
-from runner.data_pipelines import DATASETS, IMAGE_SHAPE, MNIST, DatasetOptions, Spec
+from runner.data_pipelines import DATASETS, IMAGE_SHAPE, MNIST, DatasetOptions, Spec, language_model
 from runner.registry import Rule, positive
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,7 @@ class Synthetic(DatasetOptions):
 
     def spec(self) -> Spec:
         if self.task == "next_token":
-            v = self.vocabulary_size
-            return Spec((self.sequence_length,), v, "int32", "next_token", v)
+            return language_model(self.sequence_length, self.vocabulary_size)
         if self.task == "regression":
             return Spec(tuple(self.shape), 1, target="regression")
         return Spec(tuple(self.shape), self.classes)
