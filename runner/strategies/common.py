@@ -297,8 +297,14 @@ class Built(Strategy):
         return drain_loop(batches.next)
 
     def checkpoint_objects(self) -> dict[str, Any]:
-        """A strategy keeping one model (`self.model`): its variables, its optimizer and the loss scale."""
-        return {"model": self.model.variables, "optimizer": self.optimizer, **loss_scale.checkpointed(self.loss_scale)}
+        """The strategy's models and optimizers (`_kept`), and the loss scale's variables when it scales (none
+        without: older checkpoints still load)."""
+        scale = self.loss_scale.variables
+        return {**self._kept(), **({"loss_scale": scale} if scale else {})}
+
+    def _kept(self) -> dict[str, Any]:
+        """Name -> trackable: a strategy keeping one model (`self.model`), its variables and its optimizer."""
+        return {"model": self.model.variables, "optimizer": self.optimizer}
 
     def weights(self) -> list:
         return self.model.trainable_variables

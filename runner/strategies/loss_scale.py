@@ -97,8 +97,3 @@ class LossScale:
     def state(self) -> dict[str, float]:
         """The metrics logged after each call: the current scale and the updates skipped so far."""
         return {"loss_scale": float(self.scale.numpy()), "skipped_steps": float(self.skipped.numpy())}
-
-
-def checkpointed(scale: LossScale | NoLossScale) -> dict[str, list]:
-    """The scale's entry among a strategy's checkpoint objects (none without scaling: older checkpoints still load)."""
-    return {"loss_scale": scale.variables} if scale.variables else {}

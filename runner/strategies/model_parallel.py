@@ -31,7 +31,7 @@ import numpy as np
 
 from runner.errors import ConfigError
 from runner.lazy import keras, tf
-from runner.strategies import STRATEGIES, StrategyBase, Training, loss_scale
+from runner.strategies import STRATEGIES, StrategyBase, Training
 from runner.strategies.common import Built, copies_of_moving_state, tables, update
 
 if TYPE_CHECKING:
@@ -409,10 +409,9 @@ class SplitModel(Built):
         )
         return {"placement": f"model_parallel split={self.split}: {where}", "strategy.split": self.split}
 
-    def checkpoint_objects(self) -> dict[str, Any]:
-        objects = {c.name: c.variables for c in self.cells}
-        objects.update(loss_scale.checkpointed(self.loss_scale))
-        return {**objects, **{f"{c.name}_optimizer": c.optimizer for c in self.cells if c.optimizer is not None}}
+    def _kept(self) -> dict[str, Any]:
+        return {**{c.name: c.variables for c in self.cells},
+                **{f"{c.name}_optimizer": c.optimizer for c in self.cells if c.optimizer is not None}}
 
     def moving_statistics(self) -> list[list[Any]]:  # one copy each (two_tower's towers are different models)
         return [copies for c in self.cells for layer in c.layers for copies in copies_of_moving_state([layer])]

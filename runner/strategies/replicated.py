@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from runner.lazy import tf
 from runner.strategies import (NO_ROWS, STRATEGIES, Exchange, Rows, StrategyBase, Traffic, Training,
-                               loss_scale, ring, rows_to_every_copy, rows_to_owners)
+                               ring, rows_to_every_copy, rows_to_owners)
 from runner.strategies.common import (
     Built, average_moving_state, copies_of_moving_state, deal, placed_copies, share, stateless_passes, tables,
     tower_step, update,
@@ -185,10 +185,9 @@ class Towers(Built):
             with tf.device(home):
                 optimizer.apply_gradients(zip(self._mine(j, mean_grads), self._mine(j, model.trainable_variables)))
 
-    def checkpoint_objects(self) -> dict[str, Any]:
-        objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
-        objects.update(loss_scale.checkpointed(self.loss_scale))
-        return {**objects, **{f"optimizer{i}": o for i, o in enumerate(self.optimizers)}}
+    def _kept(self) -> dict[str, Any]:
+        return {**{f"model{i}": m.variables for i, m in enumerate(self.models)},
+                **{f"optimizer{i}": o for i, o in enumerate(self.optimizers)}}
 
     def weights(self) -> list:  # the first copy's: the copies are identical
         return self.models[0].trainable_variables

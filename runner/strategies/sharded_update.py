@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from runner.lazy import keras, tf
-from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, loss_scale, ring
+from runner.strategies import NO_ROWS, STRATEGIES, Exchange, Rows, Traffic, Training, ring
 from runner.strategies.common import placed_copies, tables
 from runner.strategies.replicated import Replicated, Towers, TowersOptions, mean_of
 
@@ -273,13 +273,12 @@ class ShardedTowers(Towers):
             value = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
             variable.assign(tf.reshape(value, variable.shape))
 
-    def checkpoint_objects(self) -> dict[str, Any]:
+    def _kept(self) -> dict[str, Any]:
         """Every model copy (its non-trainable state too), every shard and its optimizer; names carry N."""
         n = len(self.devices)
-        objects = {f"model{i}": m.variables for i, m in enumerate(self.models)}
-        objects.update({f"shard{j}_of_{n}": [s, *self.table_shards[j]] for j, s in enumerate(self.shards)})
-        objects.update(loss_scale.checkpointed(self.loss_scale))
-        return {**objects, **{f"optimizer{j}_of_{n}": o for j, o in enumerate(self.optimizers)}}
+        return {**{f"model{i}": m.variables for i, m in enumerate(self.models)},
+                **{f"shard{j}_of_{n}": [s, *self.table_shards[j]] for j, s in enumerate(self.shards)},
+                **{f"optimizer{j}_of_{n}": o for j, o in enumerate(self.optimizers)}}
 
     def variable_devices(self) -> dict[str, str]:
         """Every model copy's variables and every shard, with the device they live on."""
