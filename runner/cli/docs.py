@@ -116,16 +116,6 @@ def page() -> str:
     return "\n".join(parts).rstrip() + "\n"
 
 
-def _tasks() -> dict[str, list[Any]]:
-    """A task's name -> data of it (Specs) that a model of it takes: images (MNIST's, and ImageNet's size for the
-    networks that need larger ones), text (Shakespeare's token ids) and click logs (the synthetic clicks')."""
-    from runner.data_pipelines import Spec
-
-    data = COMPONENTS["data"]
-    return {"images": [data.get("mnist")().spec(), Spec((224, 224, 3), 1000)],
-            "text (token ids)": [data.get("shakespeare")().spec()], "click logs": [data.get("clicks")().spec()]}
-
-
 def _names(names: list[str], default: str | None = None) -> str:
     """`b` (default), `a`, `c`, ...: the default first."""
     first = [f"`{default}` (default)"] if default in names else []
@@ -133,10 +123,16 @@ def _names(names: list[str], default: str | None = None) -> str:
 
 
 def _models(default: str) -> str:
-    """The built-in models by the task they take, and the variants they have."""
-    models = COMPONENTS["model"]
+    """The built-in models by the task they take (the model's own check, without TensorFlow, takes data of it:
+    images, MNIST's or ImageNet's size for the networks that need larger ones; Shakespeare's token ids; the synthetic
+    clicks' logs), and the variants they have."""
+    from runner.data_pipelines import Spec
+
+    models, data = COMPONENTS["model"], COMPONENTS["data"]
+    tasks = {"images": [data.get("mnist")().spec(), Spec((224, 224, 3), 1000)],
+             "text (token ids)": [data.get("shakespeare")().spec()], "click logs": [data.get("clicks")().spec()]}
     takes = {task: [n for n in models.names() if not all(refuses(models.get(n)().check, s) for s in specs)]
-             for task, specs in _tasks().items()}  # the model's own check (no TensorFlow) takes one of the specs
+             for task, specs in tasks.items()}
     by_task = [f"{task}: {_names(names, default)}" for task, names in takes.items()]
     variants = dict.fromkeys(v for n in models.names() for v in typing.get_args(fields(models.get(n)).get("variant")))
     return (f"{'; '.join(by_task)}; your own (`model._target_`). `model.variant`: {_names(list(variants))}, where "

@@ -34,11 +34,11 @@ def parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the predictions of every combination of the overrides."""
-    from runner.cli.overrides import check_group_overrides, searchpath
+    from runner.cli.overrides import MULTIRUN_FLAGS, check_group_overrides, searchpath
     from runner.predict.grid import expand, predict_all, records, table
 
     args, rest = parser().parse_known_args(argv)
-    overrides = [o for o in [*args.overrides, *rest] if o not in ("-m", "--multirun")]
+    overrides = [o for o in [*args.overrides, *rest] if o not in MULTIRUN_FLAGS]
     unknown = [o for o in overrides if o.startswith("-")]
     output = [o for o in overrides if o.startswith(f"{FORMAT}=")]
     overrides = [o for o in overrides if not o.startswith(f"{FORMAT}=")]
