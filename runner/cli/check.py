@@ -221,8 +221,10 @@ def _chosen(group: str, overrides: list[str], dirs: tuple[Path, ...]) -> list[st
     return named[-1].split(",") if named else group_options(group, dirs)
 
 
-def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tuple[list[Combination], list[str]]:
-    """The strategy x pipeline combinations that validate for `gpus` devices, and why the others do not apply."""
+def combinations(overrides: list[str], gpus: int,
+                 dirs: tuple[Path, ...]) -> tuple[list[Combination], dict[str, dict[str, str]]]:
+    """The strategy x pipeline combinations that validate for `gpus` devices, and why the others do not apply (per
+    strategy, per pipeline)."""
     from runner.cli.overrides import explain
     from runner.config import compose, validate
     from runner.errors import ConfigError
@@ -234,20 +236,21 @@ def combinations(overrides: list[str], gpus: int, dirs: tuple[Path, ...]) -> tup
     # NVIDIA's all-reduce, where GPUs have it (else refused in one line), for a strategy with that choice
     variants += [(s, ["strategy.cross_device_ops=nccl"]) for s in chosen if s in STRATEGIES.names()
                  and "cross_device_ops" in {f.name for f in dataclasses.fields(STRATEGIES.get(s))}]
-    found, skipped = [], []
+    found, skipped = [], {}
     for name, options in variants:
+        strategy = " ".join([name, *options])
         for pipeline in _chosen("pipeline", overrides, dirs):
-            label = " ".join([name, *options]) + f" / {pipeline}"
             full = [*BASE, *rest, f"strategy={name}", *options, f"pipeline={pipeline}", f"gpus={gpus}"]
             if name in STRATEGIES.names() and STRATEGIES.get(name).multi_process:
-                skipped.append(f"{label}: trains across processes; run `runner check` on each worker's machine")
+                skipped.setdefault(strategy, {})[pipeline] = ("trains across processes; run `runner check` on each "
+                                                              "worker's machine")
                 continue
             try:
                 validate(compose(full))
             except ConfigError as e:
-                skipped.append(f"{label}: {explain(e)}")
+                skipped.setdefault(strategy, {})[pipeline] = explain(e)
                 continue
-            found.append(Combination(label, full))
+            found.append(Combination(f"{strategy} / {pipeline}", full))
     return found, skipped
 
 
@@ -275,19 +278,14 @@ def _where(tags: dict[str, str]) -> str:
                      if k.startswith("devices.") and k != "devices.names")
 
 
-def _merge(skipped: list[str]) -> list[str]:
+def _merge(skipped: dict[str, dict[str, str]]) -> list[str]:
     """'s / p: why' lines, one per strategy when every pipeline of it has the same reason."""
-    by_strategy: dict[str, list[tuple[str, str]]] = {}
-    for line in skipped:
-        label, why = line.split(": ", 1)
-        strategy, pipeline = label.rsplit(" / ", 1)
-        by_strategy.setdefault(strategy, []).append((pipeline, why))
     out = []
-    for strategy, items in by_strategy.items():
-        if len({why for _, why in items}) == 1:
-            out.append(f"{strategy} (every pipeline checked): {items[0][1]}")
+    for strategy, why in skipped.items():
+        if len(set(why.values())) == 1:
+            out.append(f"{strategy} (every pipeline checked): {next(iter(why.values()))}")
         else:
-            out += [f"{strategy} / {pipeline}: {why}" for pipeline, why in items]
+            out += [f"{strategy} / {pipeline}: {reason}" for pipeline, reason in why.items()]
     return out
 
 
