@@ -97,14 +97,17 @@ def count_records(path: str) -> int:
 Decoder = Callable[[Any], tuple[Any, Any]]
 
 
-def checked_label(label: Any, spec: Spec) -> Any:
-    """The label as int32, a label outside 0..classes-1 stopping training (BAD_LABEL) instead of being trained on."""
+def below(values: Any, limit: Any, message: str, column: bool = False) -> Any:
+    """Integer `values` (a label, or ids) as int32 where each is from 0 to `limit` - 1 (one limit, or one per
+    column); else training stops with `message`, the first value outside (after its column, where `column`: which
+    table), instead of training on it or looking it up."""
     import tensorflow as tf
 
-    label = tf.cast(label, tf.int32)
-    in_range = tf.logical_and(label >= 0, label < spec.classes)
-    with tf.control_dependencies([tf.debugging.Assert(in_range, [BAD_LABEL, label], name="label_in_range")]):
-        return tf.identity(label)
+    bad = tf.reshape(tf.logical_or(values < 0, values >= limit), [-1])
+    first = tf.argmax(tf.cast(bad, tf.int32))  # the first value out of range (if any)
+    shown = [first, tf.reshape(values, [-1])[first]] if column else [tf.reshape(values, [-1])[first]]
+    with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message, *shown])]):
+        return tf.cast(values, tf.int32)
 
 
 def checked(image: Any, label: Any, spec: Spec) -> tuple[Any, Any]:
@@ -113,7 +116,7 @@ def checked(image: Any, label: Any, spec: Spec) -> tuple[Any, Any]:
 
     image = tf.image.resize(image, spec.shape[:2])  # float32 (H, W, C)
     image.set_shape(spec.shape)
-    return image, checked_label(label, spec)
+    return image, below(label, spec.classes, BAD_LABEL)
 
 
 def token_decoder(spec: Spec, length: int) -> Decoder:
@@ -129,13 +132,8 @@ def token_decoder(spec: Spec, length: int) -> Decoder:
 
     def decode(record):
         example = tf.io.parse_single_example(record, features)
-        ids = example[TOKENS_KEY]  # (length,) int64
-        bad = tf.logical_or(ids < 0, ids >= spec.vocabulary)
-        first = tf.gather(ids, tf.argmax(tf.cast(bad, tf.int32)))  # the first id out of range (if any)
-        with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [BAD_TOKEN, first],
-                                                          name="token_in_range")]):
-            ids = tf.cast(ids, tf.int32)
-        return (ids, checked_label(example["label"], spec)) if classify else (ids[:-1], ids[1:])
+        ids = below(example[TOKENS_KEY], spec.vocabulary, BAD_TOKEN)  # (length,)
+        return (ids, below(example["label"], spec.classes, BAD_LABEL)) if classify else (ids[:-1], ids[1:])
 
     return decode
 
@@ -154,14 +152,8 @@ def click_decoder(spec: Spec) -> Decoder:
 
     def decode(record):
         example = tf.io.parse_single_example(record, features)
-        ids, label = example[categorical.name], example["label"]  # (k,) int64, () int64
-        bad = tf.logical_or(ids < 0, ids >= tables)
-        column = tf.argmax(tf.cast(bad, tf.int32))  # the first column out of range (if any)
-        checks = [tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [BAD_ID, column, ids[column]]),
-                  tf.debugging.Assert(tf.logical_or(label == 0, label == 1), [BAD_CLICK, label])]
-        with tf.control_dependencies(checks):
-            x = {dense.name: tf.identity(example[dense.name]), categorical.name: tf.cast(ids, tf.int32)}
-            return x, tf.cast(label, tf.int32)
+        ids = below(example[categorical.name], tables, BAD_ID, column=True)  # (k,)
+        return {dense.name: example[dense.name], categorical.name: ids}, below(example["label"], 2, BAD_CLICK)
 
     return decode
 
