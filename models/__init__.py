@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, ru
 
 from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
-from runner.registry import Registry, check, fields
+from runner.registry import Registry, check, fields, locate
 
 if TYPE_CHECKING:
     import keras
@@ -259,8 +259,6 @@ class FunctionModel(ModelOptions):
         """Any task: a function's model is checked against the data once built (strategies.common.build_model)."""
 
     def build(self, spec: Spec = MNIST) -> keras.Model:
-        from runner.registry import locate
-
         fn = locate(self.target, "model")
         return fn(**{**spec_arguments(fn, spec), **self.kwargs})
 

@@ -14,7 +14,8 @@ from typing import ClassVar, Literal, Optional, Protocol, runtime_checkable
 
 from runner.errors import ConfigError
 from runner.registry import Registry, Rule, check, positive
-from runner.strategies import MAX_DEVICES  # this machine's most devices: real GPUs, or logical ones carved out of one
+# MAX_DEVICES: this machine's most devices, real GPUs or logical ones carved out of one
+from runner.strategies import MAX_DEVICES, with_role
 
 # The accelerator's architecture sets what fraction of its peak kernels reach (runner/predict/spec_sheet.py).
 Architecture = Literal["kepler", "maxwell", "pascal", "volta", "turing", "ampere", "ada", "hopper"]
@@ -128,8 +129,6 @@ class SpecSheet:
     measured: ClassVar[bool] = False
 
     def check_devices(self, gpus: int, multi_process: bool) -> None:
-        from runner.strategies import with_role
-
         self.accelerator.check_tensor_cores()
 
         most = self.devices_per_node * (self.nodes if multi_process else 1)

@@ -13,14 +13,19 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from runner.config import REPEATS, UNCOMPUTED, compose, validate
 from runner.errors import UserError, last_line, one_line
 from runner.measure.peak import BUSY, timed_with_others_share
 from runner.paths import read_cache, write_cache
 from runner.predict import calibrate, spec_sheet
-from runner.predict.costs import Prediction, combination, predict
+from runner.predict.costs import TERMS, Prediction, combination, predict
 from runner.report.prediction import TIE  # predicted rates closer than it: a tie
 from runner.report.table import markdown, markdown_row
+from runner.runtime.devices import import_tensorflow
 from runner.runtime.quiet import filtered_stderr
+from runner.strategies.common import build_model, tables
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +72,6 @@ def swept(combos: list[list[str]]) -> list[str]:
     """The keys whose values vary across a sweep's combinations and change what it computes or is predicted on:
     not what a combination's label names (model, strategy, pipeline, gpus), not its seed or round, not where it is
     logged or saved (`config.UNCOMPUTED`, but for the hardware a prediction is for)."""
-    from runner.config import REPEATS, UNCOMPUTED
-
     values, named = _values(combos), ("model", "model.variant", "strategy", "pipeline", "gpus", *REPEATS)
     return sorted({k for v in values for k in v if len({w.get(k) for w in values}) > 1 and k not in named
                    and not (k.startswith(UNCOMPUTED) and not k.startswith("hardware."))})
@@ -82,8 +85,6 @@ def plan_for(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, A
     """A combination's composed config, its plan (None if refused) and why it cannot be predicted (refused, or no
     cost model). An override Hydra cannot compose (`gpus=abc`) is raised: the command's error, not a row; so is a
     refusal with `refusals_raise`."""
-    from runner.config import compose, validate
-
     cfg, plan = compose(overrides), None
     try:
         plan = validate(cfg, priced=True)
@@ -187,16 +188,10 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list], ref
 def model_layers(plan: Any, cache: dict[tuple, Any]) -> list[spec_sheet.Layer]:
     """The plan's model as the spec sheet prices it (`spec_sheet.layers`), built once per model and data shape in
     `cache`; UserError where it cannot be priced there."""
-    from omegaconf import OmegaConf
-
-    from runner.runtime.devices import import_tensorflow
-
     model = OmegaConf.to_container(plan.cfg.model, resolve=True)
     key = (json.dumps(model, sort_keys=True), tuple(plan.spec.shape), plan.spec.classes)
     if key not in cache:
         import_tensorflow()
-        from runner.strategies.common import build_model, tables  # the run's checks of the model function's
-
         try:
             built = build_model(plan.model, plan.spec, plan.train.seed)
             cache[key] = _unpriced(plan, tables(built)) or spec_sheet.layers(built)
@@ -278,8 +273,6 @@ def table(outcomes: list[Outcome]) -> list[str]:
 
 def _unit_table(outcomes: list[Outcome], unit: str) -> list[str]:
     """The table of predictions in one unit, fastest first, and its fastest line."""
-    from runner.predict.costs import TERMS
-
     scaled = any(o.prediction.efficiency is not None for o in outcomes)
     marked = any(o.disturbed for o in outcomes)  # a column only where some calibration was disturbed
     lines = markdown(["combination", f"predicted {unit}/s", "step ms", *(["efficiency"] if scaled else []),
@@ -333,13 +326,11 @@ def fastest_line(outcomes: list[Outcome]) -> str:
 def _on(o: Outcome) -> str:
     """Where a prediction is for: `, on dgx1_v100's spec sheet` (its architecture's constants unchecked where no
     published table fitted them), `, on this machine` (calibrated here), '' where the config does not say."""
-    from runner.predict.spec_sheet import FIT
-
-    name, architecture = o.given.get("hardware"), o.given.get("architecture")
+    name, architecture, fit = o.given.get("hardware"), o.given.get("architecture"), spec_sheet.FIT
     if name in (None, "this"):
         return ", on this machine" if name else ""
-    unchecked = (f"; {architecture or 'an unnamed architecture'} priced with {FIT.reference}'s constants, unchecked "
-                 "against any published table" if architecture not in FIT.architecture else "")
+    unchecked = (f"; {architecture or 'an unnamed architecture'} priced with {fit.reference}'s constants, unchecked "
+                 "against any published table" if architecture not in fit.architecture else "")
     return f", on {name}'s spec sheet{unchecked}"
 
 

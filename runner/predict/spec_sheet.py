@@ -18,8 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from runner.errors import ConfigError, UserError
 from runner.config import SLOTS, TOUCHED
+from runner.errors import ConfigError, UserError
+from runner.measure.flops import _forward_flops, leaf_layers
 from runner.strategies import splitting
 
 
@@ -78,8 +79,6 @@ UNKEPT = ("Add", "Concatenate")  # outputs their gradients do not read (a batch 
 def layers(model: Any) -> list[Layer]:
     """The layers of a built Keras model as `Layer`s, in order; a fused activation and bias add are their own
     element-wise layers, as TensorFlow runs them."""
-    from runner.measure.flops import leaf_layers
-
     out, seen_weights = [], False
     for layer in leaf_layers(model):
         if type(layer).__name__ in FREE:
@@ -98,8 +97,6 @@ def layers(model: Any) -> list[Layer]:
 def _layer(layer: Any, first: bool) -> Layer:
     """One Keras layer's own work."""
     import keras
-
-    from runner.measure.flops import _forward_flops
 
     kept = 4.0 * _elements(layer.output)
     moved = 4.0 * _elements(layer.input) + kept
