@@ -148,6 +148,7 @@ class Replicas(Built):
         """fn() -> the mean loss of one synchronous step over all replicas (tf.distribute's run and all-reduce)."""
         model, optimizer, global_batch = self.model, self.optimizer, self.training.global_batch
         variables, scale, strategy = model.trainable_variables, self.loss_scale, self.strategy
+        clip_norm = self.training.clip_norm
 
         def average_loss(per_example: tf.Tensor) -> tf.Tensor:  # (G/replicas,) -> this replica's part of the mean
             return tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
@@ -159,8 +160,6 @@ class Replicas(Built):
             if not self.sync_batch_norm:  # each replica updated its own copy of the moving statistics
                 average_over_replicas(moving_state(model))
             return loss, grads
-
-        clip_norm = self.training.clip_norm
 
         def replica_apply(grads: list[tf.Tensor]) -> None:  # unscaled, summed over the replicas, clipped, applied
             summed = all_reduce(tf.distribute.ReduceOp.SUM, scale.unscale(grads))
@@ -188,11 +187,8 @@ class Replicas(Built):
         return steps_loop(step)
 
     def variable_devices(self) -> dict[str, str]:
-        return {
-            f"{r}/{v.path}": component.device
-            for v in self.model.trainable_variables
-            for r, component in enumerate(v.value.values)
-        }
+        copies = [(f"{r}/{v.path}", c) for v in self.model.trainable_variables for r, c in enumerate(v.value.values)]
+        return {name: copy.device for name, copy in copies}
 
     def describe(self) -> dict[str, str]:
         return {"placement": f"mirrored on {', '.join(self.devices.names)}"}

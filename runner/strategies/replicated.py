@@ -193,9 +193,7 @@ class Towers(Built):
         return self.models[0].trainable_variables
 
     def variable_devices(self) -> dict[str, str]:
-        return {
-            f"{c}/{v.path}": v.value.device for c, m in enumerate(self.models) for v in m.trainable_variables
-        }
+        return {f"{c}/{v.path}": v.value.device for c, m in enumerate(self.models) for v in m.trainable_variables}
 
     def moving_statistics(self) -> list[list[Any]]:
         return copies_of_moving_state(self.models)
