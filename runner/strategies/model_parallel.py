@@ -168,10 +168,6 @@ class Segment:
     nodes: list
     cost: float
 
-    @property
-    def weighted(self) -> bool:
-        return any(_has_weights(n.operation) for n in self.nodes)
-
 
 def segments(model: keras.Model) -> list[Segment]:
     """A one-input, one-output model as a chain of segments cut where a single tensor carries everything onward
@@ -225,7 +221,7 @@ def stage_cells(model: keras.Model, devices: tuple[str, ...]) -> list[Cell]:
     """`stages`: consecutive segments of the model (`segments`), stage i on devices[i], weights copied, balanced by
     multiply-adds; cuts fall only before a segment with weights, so every stage trains some. A layer used in two
     stages (a tied token embedding) is one copy, on the first stage's device (`owned_variables`)."""
-    groups = _grouped(segments(model), lambda seg: seg.weighted)
+    groups = _grouped(segments(model), lambda seg: any(_has_weights(n.operation) for n in seg.nodes))
     if len(groups) < len(devices):
         raise ConfigError(
             f"split=stages needs at least {len(devices)} layers with weights, {model.name} has {len(groups)} "
