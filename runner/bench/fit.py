@@ -104,11 +104,9 @@ class Fold:
     def efficiency_gaps(self) -> list[float]:
         """Predicted minus published scaling efficiency (points) at the largest count of each left-out group (its
         one-GPU rate predicted with the same constants, whether left out or not)."""
-        groups: dict[tuple, list[Cell]] = {}
-        for cell in self.rates:
-            groups.setdefault(cell.group, []).append(cell)
         gaps = []
-        for members in (groups[g] for g in dict.fromkeys(c.group for c in self.held)):
+        for group in dict.fromkeys(c.group for c in self.held):
+            members = [c for c in self.rates if c.group == group]
             most = max(members, key=lambda c: c.gpus)
             if most in self.held and len(members) > 1:
                 pred = efficiency([(c.gpus, self.rates[c]) for c in members])

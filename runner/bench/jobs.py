@@ -305,8 +305,7 @@ def out_problem(path: str) -> str | None:
     existed = Path(path).exists()
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a"):
-            pass
+        open(path, "a").close()
     except OSError as e:
         return e.strerror or str(e)
     if not existed:

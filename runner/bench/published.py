@@ -92,12 +92,11 @@ def summarise(rates: dict[Cell, float | None]) -> tuple[Summary, list[str]]:
     """The markdown (a table per system and model: GPUs, published, predicted, error; the efficiency line; then one
     row per system and model: the error at each GPU count and the efficiency at the largest, both ways) and the
     summary figures."""
-    lines, errors, gaps, groups = [], [], {}, {}
+    lines, errors, gaps = [], [], {}
     compact = markdown(["system", "model", "batch", "tf_cnn mode", "error at 1, 2, 4, 8 ... GPUs",
                         "efficiency at the most: predicted / published"])
-    for cell, rate in rates.items():
-        groups.setdefault(cell.group, []).append((cell, rate))
-    for group, members in groups.items():
+    for group in dict.fromkeys(cell.group for cell in rates):
+        members = [(cell, rate) for cell, rate in rates.items() if cell.group == group]
         hardware, model, batch, mode = group
         lines += [f"**{hardware} {model}**, batch {batch} per GPU, tf_cnn_benchmarks {mode}", "",
                   *markdown(["GPUs", "published images/s", "predicted images/s", "error"])]
