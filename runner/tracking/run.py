@@ -88,7 +88,7 @@ class Run(Recorder):
         header = {"journal": 1, "uri": redact(uri), "run_id": self.run_id, "experiment": experiment}
         self.journal = Journal(folder.path / JOURNAL_NAME if folder else None, header,
                                folder.failed if folder else None)
-        self.offline: tuple[str, float] | None = None  # (why, when to try again) while the store cannot be written
+        self.offline: float | None = None  # while the store cannot be written: when to try it again
         self.monitor = system.start(self.run_id, uri, system_metrics) if system_metrics else None
         self.final_wait = final_wait
 
@@ -99,7 +99,7 @@ class Run(Recorder):
     def _send(self, final: bool = False) -> None:
         """Send the journal's pending writes in order; on failure go (or stay) offline. `final`: keep trying for up
         to `final_wait` seconds (a store that is restarting), then raise a StoreError naming the journal."""
-        if self.offline and not final and time.monotonic() < self.offline[1]:
+        if self.offline and not final and time.monotonic() < self.offline:
             return
         deadline = time.monotonic() + (self.final_wait if final else 0)  # online until now, or not
         while True:
@@ -113,7 +113,7 @@ class Run(Recorder):
                 if self.offline is None:
                     log.warning("tracking store %s cannot be written (%s): training goes on, the run's writes are kept "
                                 "in %s and sent when it answers", self.uri, one_line(e), self.journal.path or "memory")
-                self.offline = (one_line(e), time.monotonic() + OFFLINE_RETRY_SECONDS)
+                self.offline = time.monotonic() + OFFLINE_RETRY_SECONDS
                 if not final:
                     return
                 if time.monotonic() > deadline:

@@ -128,8 +128,7 @@ def open_store(uri: str, experiment: str, columns: tuple[str, ...] = ()) -> str:
     # A sqlite database that cannot be created or written, checked before MLflow opens it, which answers an
     # unwritable path with a traceback, and a read-only directory only after retrying for a long time.
     path = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
-    problem = unwritable(Path(path), "file") if path and path != ":memory:" else None
-    if problem:
+    if path and path != ":memory:" and (problem := unwritable(Path(path), "file")):
         raise StoreError(f"tracking store {uri} cannot be used: {problem}; {fix}")
     try:
         return ensure_experiment(uri, experiment, columns)
