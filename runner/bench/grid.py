@@ -20,6 +20,7 @@ from runner.strategies import baseline, data_parallel, sharding
 GRID_MODELS = ("mlp", "cnn", "nin")
 # The strategies of one process that train a model replica per device, from the registry's roles.
 DATA_PARALLEL = tuple(data_parallel())
+RUNNER_KINDS = ("baseline", "runner")  # the Job kinds the runner runs (the others: Keras fit)
 
 # The targets.
 KERAS_TARGET = {"mlp": 1.5}  # runner single / Keras fit on one device; other models (and a user's): keras_target
@@ -117,7 +118,7 @@ def predict_rows(table: Table) -> None:
     now, after the table's jobs, where the cache lacks it."""
     from runner.predict.grid import predict_all
 
-    rows = [(job, m) for job, m in table.rows if job.kind in ("baseline", "runner") and "error" not in m]
+    rows = [(job, m) for job, m in table.rows if job.kind in RUNNER_KINDS and "error" not in m]
     combos = [[f"strategy={job.strategy}", f"pipeline={job.pipeline}", f"gpus={job.gpus}", *table.setting.overrides()]
               for job, _ in rows]
     for (_, m), outcome in zip(rows, predict_all(combos)):
@@ -187,21 +188,20 @@ def _items(tables: list[Table], value: str | Callable[[dict], float | None], kin
 
 def targets(tables: list[Table]) -> list[str]:
     """The summary block: each target of the issue and whether it holds in this run."""
-    runner_kinds = ("baseline", "runner")
     lines = ["## Targets (this run)", ""]
     for table in tables:
         lines += table_targets(table) + sharded_update_targets(table)
     pipeline = _items(tables, lambda m: m["input_batches_per_sec"] / m["step_batches_per_sec"]
-                      if "input_batches_per_sec" in m else None, runner_kinds)
+                      if "input_batches_per_sec" in m else None, RUNNER_KINDS)
     lines.append(check(f"pipeline alone >= {INPUT_TARGET:g}x the step rate, every runner job", pipeline,
                        lambda v: v >= INPUT_TARGET, "lowest", "{:.1f}x"))
-    overhead = _items(tables, "seconds_to_first_step", runner_kinds)
+    overhead = _items(tables, "seconds_to_first_step", RUNNER_KINDS)
     lines.append(check(f"job overhead (process start to first step) <= {OVERHEAD_TARGET_S:g} s, every runner job",
                        overhead, lambda v: v <= OVERHEAD_TARGET_S, "highest", "{:.1f} s"))
-    rss = _items(tables, "peak_rss_mb", runner_kinds, lambda s: s.model == "mlp" and s.variant == "tiny")
+    rss = _items(tables, "peak_rss_mb", RUNNER_KINDS, lambda s: s.model == "mlp" and s.variant == "tiny")
     lines.append(check(f"peak RSS of a tiny (smoke) MLP runner job <= {RSS_TARGET_MB:g} MB, any devices", rss,
                        lambda v: v <= RSS_TARGET_MB, "highest", "{:,.0f} MB"))
-    steps = _items(tables, "timed_steps", ("baseline", "runner", "keras", "keras_mirrored"))
+    steps = _items(tables, "timed_steps", (*RUNNER_KINDS, "keras", "keras_mirrored"))
     lines.append(check(f"at least {MIN_TIMED_STEPS} timed steps after warm-up, every job", steps,
                        lambda v: v >= MIN_TIMED_STEPS, "fewest", "{:.0f}"))
     return lines
@@ -222,7 +222,7 @@ def settings(args: argparse.Namespace) -> list[Setting]:
 def grid(args: argparse.Namespace) -> int:
     """Every model/variant x strategy x pipeline x N beside the runner's single device and Keras fit."""
     jobs, todo = plan(args.strategies, args.pipelines, args.gpus), settings(args)
-    runner_jobs = sum(job.kind in ("baseline", "runner") for job in jobs) * len(todo) * args.repeats
+    runner_jobs = sum(job.kind in RUNNER_KINDS for job in jobs) * len(todo) * args.repeats
     total = len(jobs) * len(todo) * args.repeats
     rounds = f" in {args.repeats} rounds" if args.repeats > 1 else ""
     out: list[str] = []
