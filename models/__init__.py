@@ -1,9 +1,9 @@
 """Models: one module each, holding a dataclass of the model's options whose `build(spec)` returns a Keras model.
 
 The contract is `Model`: a model is built for the data's spec and refuses in one line, before TensorFlow starts, a
-spec it cannot take; modules import Keras inside `build`, so validation never loads TensorFlow. A user's own model
-is a dataclass named by `_target_`, or any function returning a Keras model, called with what the data says
-(`spec_arguments`). `check_lookups` holds a built model's embeddings to the data's ids.
+spec it cannot take; modules reach Keras through `runner.lazy` (imported on first use), so validation never loads
+TensorFlow. A user's own model is a dataclass named by `_target_`, or any function returning a Keras model, called
+with what the data says (`spec_arguments`). `check_lookups` holds a built model's embeddings to the data's ids.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import logging
 import math
 import typing
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, ClassVar, Mapping, Protocol, runtime_checkable
+
+import numpy as np
 
 from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
+from runner.lazy import keras
 from runner.registry import Registry, check, fields, locate
-
-if TYPE_CHECKING:
-    import keras
 
 log = logging.getLogger(__name__)
 # Given from the data's spec to a model function that takes them (`spec_arguments`).
@@ -185,8 +185,6 @@ class SequentialModel(ModelOptions):
 
     def build(self, spec: Spec = MNIST) -> keras.Model:
         """An uncompiled keras.Model mapping (batch, H, W, C) images to (batch, classes) logits."""
-        import keras
-
         return keras.Sequential([keras.Input(spec.shape), *self.layers(keras, spec)], name=self.keras_name())
 
     def keras_name(self) -> str:
@@ -328,9 +326,6 @@ def check_lookups(name: str, built: keras.Model, spec: Spec) -> None:
     (an id past its rows reads zeros on a GPU and fails mid-run on a CPU). Each embedding's ids are found by running
     the model up to it on the data's largest ids; an embedding in a nested model, or not fed by the inputs, is not
     seen."""
-    import keras
-    import numpy as np
-
     lookups = [(layer, node.input_tensors[0]) for layer in built.layers if isinstance(layer, keras.layers.Embedding)
                for node in layer._inbound_nodes if node.input_tensors and "int" in str(node.input_tensors[0].dtype)]
     if not lookups or not (spec.token_ids or spec.features):
@@ -348,8 +343,6 @@ def check_lookups(name: str, built: keras.Model, spec: Spec) -> None:
 def _largest_ids(spec: Spec) -> tuple[Any, list[tuple[str, int]]]:
     """Examples of the data's largest ids and, for each, where its ids come from and their vocabulary: token ids, one
     example of vocabulary - 1 everywhere; named features, one example per categorical column (every other input 0)."""
-    import numpy as np
-
     if spec.token_ids:
         return np.full((1, *spec.shape), spec.vocabulary - 1, np.int32), [("token ids", spec.vocabulary)]
     columns = [(f, k, v) for f in spec.features for k, v in enumerate(f.vocabularies)]
@@ -362,9 +355,6 @@ def _largest_ids(spec: Spec) -> tuple[Any, list[tuple[str, int]]]:
 def _ids_given(built: keras.Model, tensors: list, x: Any) -> list[Any]:
     """What each of `tensors` (lookups' ids) holds when `built` is given `x`; None for one not computed from the
     inputs alone, which is not checked. (`inputs`: a Sequential model has no `input` until called.)"""
-    import keras
-    import numpy as np
-
     feed = [x[t.name] for t in built.inputs] if isinstance(x, dict) else [x]
 
     def run(outputs: list) -> list:

@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from runner.data_pipelines import Spec
 from runner.errors import ConfigError
+from runner.lazy import keras
 from runner.models import MODELS, ModelOptions
 
 Variant = Literal["tiny", "default", "criteo"]
@@ -40,9 +43,6 @@ SIZES: dict[Variant, Sizes] = {
 def dot_interaction(features: int) -> Any:
     """A layer taking (b, F, d) vectors to the (b, F (F - 1) / 2) dot products of every pair (DLRM's interaction,
     without self-interaction)."""
-    import keras
-    import numpy as np
-
     rows, cols = np.tril_indices(features, -1)
     pairs = (rows * features + cols).astype("int32")  # the strictly lower triangle, flattened
 
@@ -73,8 +73,6 @@ class DLRM(ModelOptions):
 
     def build(self, spec: Spec) -> Any:
         """An uncompiled keras.Model: {"dense" (b, D) float32, "categorical" (b, F - 1) int32} -> (b, 1) logits."""
-        import keras
-
         dense_feature, ids_feature = spec.features
         sizes = SIZES[self.variant]
         d = sizes.embedding_dim

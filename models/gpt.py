@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from runner.data_pipelines import Spec
 from runner.errors import ConfigError
+from runner.lazy import keras
 from runner.models import MODELS, ModelOptions
 
 Variant = Literal["tiny", "default", "baby"]
@@ -31,8 +32,6 @@ SIZES: dict[Variant, tuple[int, int, int, float]] = {
 def reversible_embedding(vocabulary: int, channels: int, init: Any, positions: int) -> Any:
     """A token embedding whose call with reverse=True maps (b, t, channels) states to (b, t, vocabulary) logits
     with the same table (the tied output layer)."""
-    import keras
-
     class ReversibleEmbedding(keras.layers.Embedding):
         def call(self, inputs: Any, reverse: bool = False) -> Any:
             if not reverse:
@@ -55,8 +54,6 @@ def reversible_embedding(vocabulary: int, channels: int, init: Any, positions: i
 def position_embedding(context: int, channels: int, init: Any) -> Any:
     """A layer adding a learned (context, channels) table to its input; a layer of its own so that the table is a
     trainable weight (an Embedding called on `arange` while building a functional model leaves a constant)."""
-    import keras
-
     class PositionEmbedding(keras.layers.Layer):
         def build(self, input_shape: tuple) -> None:
             self.embeddings = self.add_weight(shape=(context, channels), initializer=init, name="embeddings")
@@ -72,8 +69,6 @@ def position_embedding(context: int, channels: int, init: Any) -> Any:
 
 def block(x: Any, heads: int, channels: int, dropout: float, init: Any, residual_init: Any, i: int) -> Any:
     """One pre-norm block: x + attention(norm(x)), then x + mlp(norm(x)); (b, t, channels) in and out."""
-    import keras
-
     h = keras.layers.LayerNormalization(epsilon=1e-5, name=f"block{i}_norm1")(x)
     h = keras.layers.MultiHeadAttention(heads, channels // heads, dropout=dropout, use_bias=False,
                                         kernel_initializer=init, name=f"block{i}_attention")(
@@ -97,8 +92,6 @@ class GPT(ModelOptions):
     def build(self, spec: Spec) -> Any:
         """An uncompiled keras.Model: (b, context) int32 token ids -> (b, context, vocabulary) logits of the next token
         at every position (the context: the data's sequence length)."""
-        import keras
-
         vocabulary, context = spec.classes, spec.shape[0]
         layers, heads, channels, dropout = SIZES[self.variant]
         init = keras.initializers.RandomNormal(stddev=0.02)

@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 
 from runner.data_pipelines import MNIST, Spec
 from runner.errors import ConfigError
+from runner.lazy import keras
 from runner.models import MODELS, ModelOptions, check_untrained, spec_arguments
 from runner.registry import Rule
 
@@ -61,8 +62,6 @@ class KerasApp(ModelOptions):
 
     def build(self, spec: Spec = MNIST):
         """The untrained network mapping (batch, *spec.shape) images to (batch, spec.classes) logits."""
-        import keras
-
         fn = getattr(keras.applications, self.app)
         return fn(**{"weights": None, **spec_arguments(fn, spec), **self._options(fn)})
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runner.config import ROWS_ONLY, compose, table_optimizer, validate
+from runner.lazy import keras, tf
 from runner.measure import floor, peak, xla
 from runner.measure.floor import median_seconds, towers_seconds
 from runner.paths import cache_dir as runner_cache_dir
@@ -74,8 +75,6 @@ def cache_path(cache_dir: Path | None = None) -> Path:
 def _chain_seconds(devices: list[str], size: int, ops: int) -> float:
     """Seconds of one call of a chain of `ops` element-wise sines over `size` floats, op i on devices[i % len] (sines:
     the graph optimizer folds chains of additions or multiplications by constants into one op)."""
-    import tensorflow as tf
-
     with tf.device(devices[0]):
         x = tf.Variable(tf.ones((size,)))
 
@@ -120,8 +119,6 @@ def _cold_sets(set_bytes: int, steps: int) -> int:
 
 def _on_each(devices: list[str], sets: int, make: Any) -> list[list[Any]]:
     """[set][device] -> make(set), created on that device."""
-    import tensorflow as tf
-
     def made(device: str, s: int) -> Any:
         with tf.device(device):
             return make(s)
@@ -133,8 +130,6 @@ def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: 
     """Bytes per second that Adam's fused update (7 arrays of `floats` read or written) moves on every device of
     `devices` at once; `cold`: other arrays each step (a step's weights and slots, out of the caches after the
     towers' passes), else the same ones (gradients summed right after the towers wrote them)."""
-    import tensorflow as tf
-
     sets = _cold_sets(4 * 4 * floats * len(devices), steps) if cold else 1  # a set: weights, 2 slots, a gradient
     arrays = _on_each(devices, sets, lambda s: [tf.Variable(tf.zeros((floats,))) for _ in range(3)]
                       + [tf.fill((floats,), 1.0 + s)])
@@ -154,8 +149,6 @@ def update_bytes_per_second(devices: list[str], floats: int, cold: bool, steps: 
 def copy_bytes_per_second(devices: list[str], floats: int, pieces: int = 8, steps: int = 10) -> float:
     """Bytes per second of slicing a vector of `floats` into `pieces` and concatenating them in another order, on
     every device of `devices` at once, cold: what cutting gradients into slices and assembling weights moves."""
-    import tensorflow as tf
-
     sets = _cold_sets(4 * floats * len(devices), steps)
     vectors = _on_each(devices, sets, lambda s: tf.Variable(tf.fill((floats,), 1.0 + s)))
     bounds = [floats * i // pieces for i in range(pieces + 1)]
@@ -186,8 +179,6 @@ def sparse_update_bytes_per_second(plan: Any, devices: list[str], shapes: list[t
     """Gradient-row bytes per second that the plan's tables' optimizer applies to embedding tables of `shapes` (a
     copy on every device of `devices`, updated at once), table t's rows at `ids[t][s]` in step s, every table in one
     `apply_gradients` as a step applies them: the sparse update a model's looked-up rows pay."""
-    import tensorflow as tf
-
     copies = []
     for device in devices:
         with tf.device(device):
@@ -256,8 +247,6 @@ def towers(plan: Any, devices: list[str], examples: Any) -> dict[str, float]:
 
 def input_seconds(plan: Any, towers: list[str], examples: Any, steps: int = 100) -> float:
     """Seconds per step of the pipeline alone feeding a tower on each of `towers` (each batch touched there)."""
-    import tensorflow as tf
-
     batches = plan.pipeline.towers(examples, plan.train.global_batch_size, list(towers), plan.train.seed)
     loop = drain_loop(batches.next)
     loop(tf.constant(steps))  # tracing, first fills of the buffers
@@ -291,8 +280,6 @@ def measure(overrides: list[list[str]], wanted: set[str]) -> dict[str, dict]:
 def measure_here(plans: list[Any], wanted: set[str], devs: Any, examples: Any) -> dict[str, dict]:
     """The calibrations `wanted` for `plans`, on this process's devices `devs` (a run's, after its training, or the
     calibration child's); `examples(plan)` gives a plan's training examples for its pipeline."""
-    import keras
-
     conditions = {"measured": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": host_cpu(),
                   "devices": f"{devs.count} {'simulated ' if devs.simulated else ''}{devs.kind}",
                   "physical": devs.physical}

@@ -20,6 +20,7 @@ from typing import Any
 
 from runner.config import SLOTS, TOUCHED
 from runner.errors import ConfigError, UserError
+from runner.lazy import keras
 from runner.measure.flops import _forward_flops, leaf_layers
 from runner.strategies import splitting
 
@@ -96,8 +97,6 @@ def layers(model: Any) -> list[Layer]:
 
 def _layer(layer: Any, first: bool) -> Layer:
     """One Keras layer's own work."""
-    import keras
-
     kept = 4.0 * _elements(layer.output)
     moved = 4.0 * _elements(layer.input) + kept
     weights = 4.0 * sum(math.prod(w.shape) for w in layer.trainable_weights)
@@ -136,8 +135,6 @@ def _activated(layer: Any) -> bool:
 
 def _elements(tensors: Any) -> int:
     """Values per example in a layer's input or output (a list or dict of tensors: all of them)."""
-    import keras
-
     return sum(math.prod(d or 1 for d in tuple(t.shape)[1:]) for t in keras.tree.flatten(tensors))
 
 
