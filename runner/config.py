@@ -231,7 +231,6 @@ class Plan:
     strategy: StrategyOptions
     data: Dataset
     spec: Spec  # the data's examples (input shape, dtype, classes): what the model is built for
-    towers: int  # model replicas fed separate batches, over all workers
     cluster: Cluster | None  # the processes of a multi-worker job, else None
     config_hash: str  # what the run computes (tracking, sweep and checkpoint settings excluded): the resume key
     hardware: Any = None  # runner.hardware's This or a SpecSheet
@@ -376,7 +375,7 @@ def validate(cfg: DictConfig, priced: bool = False) -> Plan:
         _check_memory(values["train"], parts["model"], parts["data"], spec, towers)
     resolved = OmegaConf.create({**values, **{kind: _as_node(part, values[kind]) for kind, part in parts.items()}})
     OmegaConf.set_readonly(resolved, True)
-    return Plan(resolved, parts["model"], parts["pipeline"], strategy, parts["data"], spec, towers, cluster,
+    return Plan(resolved, parts["model"], parts["pipeline"], strategy, parts["data"], spec, cluster,
                 config_hash(resolved), hardware)
 
 

@@ -103,7 +103,7 @@ class Progress:
     every 10% with the same figures, so that log files stay readable."""
 
     def __init__(self, total: int, start: int = 0, unit: str = "images"):
-        self.total, self.start, self.t0, self.next_log = total, start, time.monotonic(), 0.0
+        self.total, self.t0, self.next_log = total, time.monotonic(), 0.0
         self.first: tuple[int, float] | None = None  # the first logged step and when: time left is timed from it
         self.unit = {"images": "img", "tokens": "tok", "examples": "ex"}[unit]
         self.bar = None
