@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
+import itertools
 import logging
 import math
 import os
@@ -233,9 +235,6 @@ def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.nd
     k) int32} and labels (n,) int32; an empty field is 0. DataError (naming the file and line) for a line of another
     length, a label other than 0 or 1, or an id that is not an integer or is outside its table."""
     import pandas
-
-    import io
-    import itertools
 
     vocabularies = np.array(spec.features[1].vocabularies)
     width = 1 + DENSE_FEATURES + len(vocabularies)

@@ -9,6 +9,7 @@ batch is far cheaper than one a example, and keeps in-memory data small.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Protocol
 
@@ -195,32 +196,29 @@ class Indexed:
         return finish(out.map(gather, num_parallel_calls=autotune(opts.map_parallelism)), opts)
 
 
-def read_rows(x: np.memmap, rows: np.ndarray, width: int | None = None) -> np.ndarray:
-    """Rows `rows` (b,) of a memory-mapped array whose first row starts at its file offset (the whole array, or a
-    leading slice), read with pread so that the page cache keeps them, not this process's resident set (indexing
-    the mapping would). `width`: of a 1-D array (a token stream), the `width` values from each of `rows` (b, width)."""
-    import os
+def mapped_rows(x: np.memmap, i: Any, width: int | None = None) -> Any:
+    """Rows `i` (b,) of a memory-mapped array whose first row starts at its file offset (the whole array, or a leading
+    slice), inside a tf.data map: a tensor of the stored dtype, its shape set; `width`: of a 1-D array (a token
+    stream), the `width` values from each of `i` (b, width). Read with pread so that the page cache keeps them, not
+    this process's resident set (indexing the mapping would)."""
+    import tensorflow as tf
 
     assert x.flags.c_contiguous, "a memory-mapped .npy array is stored in C order"
     shape = x.shape[1:] if width is None else (width,)
-    out = np.empty((len(rows), *shape), x.dtype)
-    flat = out.reshape(len(rows), -1).view(np.uint8)  # (b, bytes a row)
-    fd = os.open(x.filename, os.O_RDONLY)
-    try:
-        for k, r in enumerate(rows):  # a row (or a window) starts x.strides[0] bytes after the one before it
-            flat[k] = np.frombuffer(os.pread(fd, flat.shape[1], x.offset + int(r) * x.strides[0]), np.uint8)
-    finally:
-        os.close(fd)
-    return out
 
+    def read(rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), *shape), x.dtype)
+        flat = out.reshape(len(rows), -1).view(np.uint8)  # (b, bytes a row)
+        fd = os.open(x.filename, os.O_RDONLY)
+        try:
+            for k, r in enumerate(rows):  # a row (or a window) starts x.strides[0] bytes after the one before it
+                flat[k] = np.frombuffer(os.pread(fd, flat.shape[1], x.offset + int(r) * x.strides[0]), np.uint8)
+        finally:
+            os.close(fd)
+        return out
 
-def mapped_rows(x: np.memmap, i: Any, width: int | None = None) -> Any:
-    """`read_rows` of a memory-mapped array inside a tf.data map: rows (or windows of `width`) at indices `i` (b,)
-    as a tensor of the stored dtype, its shape set."""
-    import tensorflow as tf
-
-    rows = tf.numpy_function(lambda j: read_rows(x, j, width), [i], tf.as_dtype(x.dtype))
-    rows.set_shape((None, *(x.shape[1:] if width is None else (width,))))
+    rows = tf.numpy_function(read, [i], tf.as_dtype(x.dtype))
+    rows.set_shape((None, *shape))
     return rows
 
 

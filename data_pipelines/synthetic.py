@@ -13,15 +13,14 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from runner.data_pipelines import DATASETS, IMAGE_SHAPE, MNIST, DatasetOptions, Spec, language_model
+from runner.data_pipelines.mnist_files import Splits
 from runner.registry import Rule, positive
 
 log = logging.getLogger(__name__)
 
-Arrays = tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
-
 
 def load(n_train: int = 60000, n_test: int = 10000, seed: int = 0,
-         shape: tuple[int, ...] = MNIST.shape[:2], classes: int = MNIST.classes) -> Arrays:
+         shape: tuple[int, ...] = MNIST.shape[:2], classes: int = MNIST.classes) -> Splits:
     """((x_train, y_train), (x_test, y_test)): random uint8 images (n, *shape) and labels below `classes` (uint8
     where they fit), the same for the same seed."""
     rng = np.random.default_rng(seed)

@@ -48,12 +48,12 @@ class TFDS(DatasetOptions):
     def _folder(self) -> Path:
         """The prepared dataset's version folder, holding dataset_info.json."""
         name, _, version = self.dataset.partition(":")
-        root = Path(self.data_dir or default_data_dir()).expanduser() / name
+        where = self.data_dir or default_data_dir()
+        root = Path(where).expanduser() / name
         candidates = [root / version] if version else sorted(
             root.glob("*.*.*"), key=lambda path: tuple(int(p) if p.isdigit() else -1 for p in path.name.split(".")))
         prepared = [c for c in candidates if (c / "dataset_info.json").is_file()]
         if not prepared:
-            where = self.data_dir or default_data_dir()
             raise DataError(f"data.dataset={self.dataset} is not prepared in data.data_dir={where} (no "
                             f"{name}/{version or '<version>'}/dataset_info.json there); the runner never downloads: "
                             + PREPARE.format(name=name))
