@@ -64,6 +64,7 @@ def training_for(plan: Plan, jit_compile: bool = False) -> Any:
         spec=plan.spec,
         clip_norm=plan.train.clip_norm,
         weight_decay=plan.train.weight_decay if plan.train.optimizer == "adamw" else 0.0,  # the dense weights'
+        tables_rows_only=table_optimizer(plan.train) in ROWS_ONLY,
     )
 
 

@@ -122,14 +122,6 @@ class SparseAdagrad(keras.optimizers.Adagrad):
                                               grad=tf.cast(gradient, dtype))
 
 
-def updates_rows_only(optimizer: Any, variable: Any) -> bool:
-    """Whether `optimizer` (a PerPart: its part for `variable`) changes only the rows of a sparse gradient of
-    `variable`: Adagrad (`SparseAdagrad`) and plain SGD do; Adam, AdamW, momentum and RMSprop decay every row."""
-    if isinstance(optimizer, PerPart):
-        optimizer = optimizer.parts[optimizer._index(variable)]
-    return isinstance(optimizer, SparseAdagrad) or (type(optimizer) is keras.optimizers.SGD and not optimizer.momentum)
-
-
 class PerPart(tf.Module):
     """Several optimizers as one, each updating its own part of the variables: a recommender's embedding tables by
     one (SGD or Adagrad) and the other weights by another (Adam), as TF Model Garden's ranking task does (Keras 3

@@ -164,6 +164,7 @@ def test_sharded_update_holds_tables_of_two_widths_as_two_variables_a_device_and
     mine = ("model.name=mine", "+model._target_=user_models.two_widths_recommender", f"train.optimizer={optimizer}")
     losses, built = _loss_history("strategy=sharded_update", "gpus=4", *mine)
     assert built.groups == [[0, 2], [1, 3]]
+    assert built.training.tables_rows_only == (optimizer == "adagrad")  # config.ROWS_ONLY: only the rows looked up
     rows = [-(-v // 4) for v in TABLES]  # R: each device's rows of a table
     assert [tuple(v.shape) for v in built.table_shards[3]] == [(rows[0] + rows[2], 4), (rows[1] + rows[3], 8)]
     np.testing.assert_allclose(losses, _loss_history("strategy=single", *mine)[0], rtol=1e-4)

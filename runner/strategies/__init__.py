@@ -55,6 +55,7 @@ class Training:
     spec: Spec = MNIST  # the data's examples the model is built for
     clip_norm: float | None = None  # the averaged gradients' global norm is scaled down to this (common.clip)
     weight_decay: float = 0.0  # adamw's decay: what sharded_update applies to its slices itself
+    tables_rows_only: bool = False  # the tables' optimizer changes only the rows looked up (config.ROWS_ONLY)
 
 
 @runtime_checkable

@@ -212,12 +212,10 @@ class ShardedTowers(Towers):
     def _changed_rows(self, grads: list[list[Any]]) -> list[list[Any] | None]:
         """Per group, the rows the owners changed (owner j's gradients: `grads[j]`), each read on its owner once for
         every copy, then put together: (each row's table in the group, its row in that table, its values). None where
-        an optimizer may have changed every row of its part (not `updates_rows_only`)."""
-        from runner.optimizers import updates_rows_only
-
+        the tables' optimizer may have changed every row of its part (not `Training.tables_rows_only`)."""
         out: list[list[Any] | None] = []
         for g, group in enumerate(self.groups):
-            if not all(updates_rows_only(o, owned[g]) for o, owned in zip(self.optimizers, self.table_shards)):
+            if not self.training.tables_rows_only:
                 out.append(None)
                 continue
             base = tf.constant([self.base[t] for t in group], tf.int64)
