@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 from dataclasses import dataclass, replace
 from functools import cached_property
@@ -20,11 +21,13 @@ from runner.data_pipelines.common import autotune, eval_batches, finish, to_floa
 SHARDS = {"train": "train-*", "test": "validation-*"}  # the TFRecord layout's file patterns
 
 IMAGE_KEY, LABEL_KEY = "image/encoded", "image/class/label"  # tf_cnn_benchmarks' and TF's ImageNet records
-BAD_LABEL = "label out of range"  # the decoder's assertion message, which training turns into one DataError line
 TOKENS_KEY = "input_ids"  # a token record's ids (keras_hub's and BERT's name); its class, if any, under "label"
-BAD_TOKEN = "token id out of range"  # likewise, for an id outside the vocabulary
+# The decoders' assertion messages (`below`), which training turns into one DataError line (`refused`):
+BAD_LABEL = "label out of range"  # a label outside 0 to data.classes - 1
+BAD_TOKEN = "token id out of range"  # an id outside the vocabulary
 BAD_CLICK = "click label not 0 or 1"  # a click record's label other than 0 or 1
 BAD_ID = "categorical id out of range"  # a click record's id outside its column's table: [column, id]
+_APART = r"[\]\s\[]*"  # between the message and each value in TensorFlow's text: "[label out of range] [-3]"
 
 
 HEADER = 12  # a record's header: its data's length (uint64, little-endian) and the length's masked CRC-32C (uint32)
@@ -108,6 +111,24 @@ def below(values: Any, limit: Any, message: str, column: bool = False) -> Any:
     shown = [first, tf.reshape(values, [-1])[first]] if column else [tf.reshape(values, [-1])[first]]
     with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)), [message, *shown])]):
         return tf.cast(values, tf.int32)
+
+
+def refused(error: str, source: str) -> DataError | None:
+    """The one line for a value `below` stopped training on (TensorFlow's `error` text names its message and the
+    value), naming the data `source`; None for an error that is not such a refusal."""
+    if found := re.search(rf"{BAD_LABEL}{_APART}(-?\d+)", error):
+        return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
+                         "set data.classes or data.label_offset to match the files")
+    if found := re.search(rf"{BAD_TOKEN}{_APART}(-?\d+)", error):
+        return DataError(f"{source} has token id {found.group(1)}, outside 0 to data.vocabulary_size - 1; set "
+                         "data.vocabulary_size to the model's vocabulary, or fix the files")
+    if found := re.search(rf"{BAD_CLICK}{_APART}(-?\d+)", error):
+        return DataError(f"{source} has label {found.group(1)}, not 0 or 1 (a click model's label); fix the files")
+    if found := re.search(rf"{BAD_ID}{_APART}(\d+){_APART}(-?\d+)", error):
+        column = int(found.group(1))
+        return DataError(f"{source} has id {found.group(2)} in categorical column {column + 1}, outside its table "
+                         f"(data.vocabulary_sizes[{column}]); fix the files or the table sizes")
+    return None
 
 
 def checked(image: Any, label: Any, spec: Spec) -> tuple[Any, Any]:

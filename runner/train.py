@@ -142,23 +142,12 @@ FROM_INPUT = "IteratorGetNext"  # named in a TensorFlow error raised while an in
 
 
 def _bad_data(e: Exception, source: str) -> Exception | None:
-    """A DataError for an example the data's own checks refused (records.BAD_LABEL, ...) or its input pipeline could
+    """A DataError for an example the data's own checks refused (`records.refused`) or its input pipeline could
     not read (an error raised through an input iterator), naming `source`; None for an error that is not the data's."""
-    from runner.data_pipelines import DataError
-    from runner.data_pipelines.records import BAD_CLICK, BAD_ID, BAD_LABEL, BAD_TOKEN
+    from runner.data_pipelines import DataError, records
 
-    if found := re.search(rf"{BAD_LABEL}\W+\[?(-?\d+)", str(e)):
-        return DataError(f"the data has label {found.group(1)} after data.label_offset, outside 0 to data.classes - 1; "
-                         "set data.classes or data.label_offset to match the files")
-    if found := re.search(rf"{BAD_TOKEN}\W+\[?(-?\d+)", str(e)):
-        return DataError(f"{source} has token id {found.group(1)}, outside 0 to data.vocabulary_size - 1; set "
-                         "data.vocabulary_size to the model's vocabulary, or fix the files")
-    if found := re.search(rf"{BAD_CLICK}\W+\[?(-?\d+)", str(e)):
-        return DataError(f"{source} has label {found.group(1)}, not 0 or 1 (a click model's label); fix the files")
-    if found := re.search(rf"{BAD_ID}\W+\[?(\d+)\]?\W+\[?(-?\d+)", str(e)):
-        column = int(found.group(1))
-        return DataError(f"{source} has id {found.group(2)} in categorical column {column + 1}, outside its table "
-                         f"(data.vocabulary_sizes[{column}]); fix the files or the table sizes")
+    if refused := records.refused(str(e), source):
+        return refused
     if FROM_INPUT in str(e):
         # a fixed-length feature of another length: the config's length, not the files, may be what is wrong
         length = " (are its input_ids data.sequence_length ids long?)" if "Key: input_ids" in str(e) else ""

@@ -153,6 +153,14 @@ def test_a_tfrecord_label_outside_the_classes_stops_training_in_one_line(tf_devi
                     f"mlflow.tracking_uri={store}"))  # labels 1..4 without the offset
 
 
+def test_a_label_below_zero_is_named_with_its_sign(tf_devices, tmp_path, store):
+    """records.refused read TensorFlow's "[label out of range] [-1]" as label 1: the minus was taken for a separator."""
+    folder = write_shards(tf_devices, tmp_path / "ds")
+    with pytest.raises(DataError, match="label -1 after data.label_offset, outside 0 to data.classes - 1"):
+        run(compose(*SHORT, "data=files", f"data.path={folder}", "data.shape=[32,32,3]", "data.classes=4",
+                    "data.label_offset=2", f"mlflow.tracking_uri={store}"))  # labels 1..4 become -1..2
+
+
 def test_records_that_are_not_examples_stop_training_in_one_line(tf_devices, tmp_path, store):
     """TFRecord files of random bytes: TensorFlow's error naming the record was not text, and the run ended in a
     UnicodeDecodeError's traceback."""
