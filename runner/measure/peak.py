@@ -235,8 +235,9 @@ def cpu_peak(dtype: str = "float32", refresh: bool = False) -> float | None:
         probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False)
         if cached_cpu_peak(dtype=dtype) is None:  # its reason was in its output, unseen: every run probed again
             said = [line.split(" - ", 1)[-1] for line in probe.stderr.splitlines() if "peak not measured" in line]
-            log.warning("%s; until a probe is cached, every run probes again (~15 s; train.probe_peak=false: none)",
-                        said[-1] if said else f"peak not measured: the probe gave no figure (exit {probe.returncode})")
+            log.warning("%s; until a probe is cached, every run probes again (~%d s; train.probe_peak=false: none)",
+                        said[-1] if said else f"peak not measured: the probe gave no figure (exit {probe.returncode})",
+                        PROBE_SECONDS)
     return cached_cpu_peak(dtype=dtype)
 
 
