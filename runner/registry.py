@@ -83,6 +83,11 @@ def _key(kind: str, key: str) -> str:
     return f"{kind}.{key}" if kind else key
 
 
+def spelled(value: Any) -> str:
+    """`value` as an override types it: null, true or false, else as Python writes it."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
     """Literal choices and `RULES` of cls, and of the options dataclasses nested in it."""
     for name, annotation in fields(cls).items():
@@ -90,8 +95,7 @@ def _check_values(cls: type, values: dict[str, Any], kind: str) -> None:
             _check_values(annotation, values[name], _key(kind, name))
         allowed = literal_values(annotation)
         if allowed is not None and values[name] not in allowed:
-            choices = ", ".join("null" if a is None else str(a).lower() if isinstance(a, bool) else str(a)
-                                for a in allowed)  # as typed
+            choices = ", ".join(spelled(a) for a in allowed)
             raise ConfigError(f"{_key(kind, name)}={values[name]!r} is not allowed; choose one of: {choices}")
     for key, rule in getattr(cls, "RULES", {}).items():
         check(_key(kind, key), values[key], rule)

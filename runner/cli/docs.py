@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.config import COMPONENTS, PRESETS, Config, group_options, refuses
-from runner.registry import fields, literal_values
+from runner.registry import fields, literal_values, spelled
 
 PAGE = Path("docs/configuration.md")
 README = Path("README.md")
@@ -91,11 +91,10 @@ def rows(cls: type, prefix: str) -> list[str]:
         if field.name in ("name", *COMPONENTS) and cls is Config or field.name == "name":
             continue
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
-        shown = "null" if default is None else str(default).lower() if isinstance(default, bool) else default
+        shown = spelled(default)
         what = comments.get(field.name, "").replace("|", "/")
         rule = getattr(cls, "RULES", {}).get(field.name)
-        choices = [str(c).lower() if isinstance(c, bool) else c for c in literal_values(annotation) or ()
-                   if c is not None]  # as typed
+        choices = [spelled(c) for c in literal_values(annotation) or () if c is not None]
         allowed = ", ".join(f"`{c}`" for c in choices) if choices else rule[1] if rule else ""
         out.append(f"| `{key}` | {_type(annotation)} | `{shown}` | {allowed} | {what} |")
     return out
