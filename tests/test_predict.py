@@ -78,6 +78,22 @@ def test_strategies_without_a_cost_model_say_so_in_one_line():
         STRATEGIES.get("model_parallel")().traffic(2, 1000, 3)
 
 
+def test_a_refusal_is_a_row_and_a_bug_in_a_cost_model_is_raised(monkeypatch):
+    """plan_for: a strategy without a cost model is that combination's row (or raised, asked to); a TypeError out of
+    a strategy's traffic is a bug, raised, never printed as a row a user reads as a refusal."""
+    assert "no cost model" in grid.plan_for(["strategy=model_parallel", "gpus=2"])[2]
+    with pytest.raises(ConfigError, match="no cost model"):
+        grid.plan_for(["strategy=model_parallel", "gpus=2"], refusals_raise=True)
+
+    def bug(*args):
+        raise TypeError("bug in traffic")
+
+    monkeypatch.setattr(STRATEGIES.get("mirrored"), "traffic", bug)
+    for refusals_raise in (False, True):
+        with pytest.raises(TypeError, match="bug in traffic"):
+            grid.plan_for(["strategy=mirrored", "gpus=2"], refusals_raise=refusals_raise)
+
+
 MACHINE = {"op_seconds": 2e-6, "send_latency_s": 1e-5, "send_bytes_per_s": 1e9}
 TOWERS = {"seconds": 0.004, "weight_bytes": 2_000_000, "variables": 6, "update_bytes_per_s_one": 1e10,
           "update_bytes_per_s_all": 3e10, "reduce_bytes_per_s_one": 2e10, "reduce_bytes_per_s_all": 5e10,

@@ -85,13 +85,17 @@ def plan_for(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, A
     """A combination's composed config, its plan (None if refused) and why it cannot be predicted (refused, or no
     cost model). An override Hydra cannot compose (`gpus=abc`) is raised: the command's error, not a row; so is a
     refusal with `refusals_raise`."""
-    cfg, plan = compose(overrides), None
+    cfg = compose(overrides)
     try:
         plan = validate(cfg, priced=True)
-        # ConfigError where the strategy has no cost model (traffic), or no spec-sheet one (exchange)
-        plan.strategy.traffic(plan.local_towers, 0, 0) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         if refusals_raise and isinstance(e, UserError):
+            raise
+        return cfg, None, one_line(e)
+    try:  # ConfigError where the strategy has no cost model (traffic), or no spec-sheet one (exchange); a bug raises
+        plan.strategy.traffic(plan.local_towers, 0, 0) if plan.hardware.measured else plan.strategy.exchange(1, 1, 0.0)
+    except UserError as e:
+        if refusals_raise:
             raise
         return cfg, plan, one_line(e)
     return cfg, plan, None
