@@ -392,3 +392,15 @@ def test_a_run_on_simulated_devices_takes_the_whole_cpus_peak(tmp_path):
                            capture_output=True, text=True, timeout=300)
     assert whole.returncode == 0, whole.stderr[-2000:]
     assert entry["gflops"] > 0.75 * float(whole.stdout.split()[-1]), (entry, whole.stdout)
+
+
+def test_the_floors_timings_run_with_the_garbage_collector_on_as_training_does():
+    """median_seconds times with timeit, which turns the collector off unless told: the floor would then be timed
+    under conditions the training step it is compared with never has."""
+    import gc
+
+    from runner.measure.floor import median_seconds
+
+    seen: list[bool] = []
+    assert median_seconds(lambda: seen.append(gc.isenabled()), repeats=3) >= 0
+    assert seen == [True] * 5 and gc.isenabled()  # two warm-up calls, three timed

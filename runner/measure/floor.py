@@ -44,7 +44,7 @@ def median_seconds(fn: Any, repeats: int = 5, statistic: Any = statistics.median
     allocations)."""
     fn()
     fn()
-    return statistic(timeit.repeat(fn, number=1, repeat=repeats))
+    return statistic(timeit.repeat(fn, "gc.enable()", number=1, repeat=repeats))  # the collector on, as in training
 
 
 def random_batch(model: Any, batch: int, task: Task = CLASSES) -> tuple[Any, Any]:

@@ -76,7 +76,7 @@ def input_figures(strategy: Any, batches: Any, train: Any, timed: dict) -> dict:
     int(drain(n)[1])
     if train.reuse_freed_memory:
         malloc.reuse()  # the warm-up started this feed's iterators (see ReuseFreedMemory)
-    pipeline = calls * train.steps_per_call / timeit.timeit(lambda: int(drain(n)[1]), number=calls)
+    pipeline = calls * train.steps_per_call / timeit.timeit(lambda: int(drain(n)[1]), "gc.enable()", number=calls)
     step = 1000.0 / timed["step_time_ms"]
     bound = pipeline < INPUT_BOUND_RATIO * step
     if bound:
