@@ -66,7 +66,7 @@ class Data(Protocol):
 class Arrays:
     """Examples held as numpy arrays: images (n, *spec.shape) (MNIST's (n, 28, 28) too), or named features
     (`Spec.features`: `x_train` and `x_test` dicts of arrays (n, *feature.shape)); labels (n,) in the task's dtype.
-    Memory-mapped arrays stay on disk, read a batch at a time."""
+    Memory-mapped inputs stay on disk, read a batch at a time; their labels are held in memory."""
 
     x_train: np.ndarray
     y_train: np.ndarray
@@ -223,7 +223,8 @@ def mapped_rows(x: np.memmap, i: Any, width: int | None = None) -> Any:
 
 
 def examples(x: Any, y: Any, spec: Spec = MNIST) -> Indexed:
-    """The examples in their stored order and dtype (labels in the task's); memory-mapped arrays stay on disk."""
+    """The examples in their stored order and dtype (labels in the task's, in memory); memory-mapped inputs stay on
+    disk."""
     import tensorflow as tf
 
     x = x if isinstance(x, np.memmap) else tf.nest.map_structure(tf.constant, x)

@@ -50,7 +50,7 @@ class ModelParallel(StrategyBase):
     """One model split across the devices, fed the whole global batch each step (model, not data, parallelism)."""
 
     name: str = "model_parallel"
-    split: Split = "auto"  # how the model is cut (module docstring); auto: width if all-Dense, else stages
+    split: Split = "auto"  # width: each Dense across devices; stages: consecutive blocks; two_tower: N copies
 
     min_gpus: ClassVar[int] = 2
     data_parallel: ClassVar[bool] = False
