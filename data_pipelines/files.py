@@ -27,6 +27,7 @@ from runner.tasks import TASKS, from_labels
 
 log = logging.getLogger(__name__)
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
+NPY_MAGIC = b"\x93NUMPY"  # how every .npy file begins (numpy.lib.format)
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
 UNLABELLED = "integer token ids, rows (n, length) or one stream (n,)"  # what the npy layout takes without labels
 
@@ -139,19 +140,30 @@ class Files(DatasetOptions):
         return RecordData(train, test, spec, decode, self.train_limit, self.test_limit)
 
     def _array(self, name: str) -> np.ndarray:
-        """`name`.npy memory-mapped; DataError where it is missing, not an array, or holds no example (an empty
-        split would fail only after the run had started)."""
+        """`name`.npy memory-mapped; DataError where it is missing, unreadable, not a .npy file (no numpy header: an
+        empty file, a CSV, an .npz archive), not an array numpy can map, in the other byte order (read raw, its values
+        would be garbage) or holding no example (an empty split would fail only after the run had started)."""
         path = self._folder() / f"{name}.npy"
         try:
-            x = np.load(path, mmap_mode="r")
+            with open(path, "rb") as f:
+                header = f.read(len(NPY_MAGIC))
+            x = np.load(path, mmap_mode="r") if header == NPY_MAGIC else None
         except FileNotFoundError:
             raise DataError(f"data.path={self.path} has no {name}.npy; the npy layout needs "
                             f"{', '.join(a + '.npy' for a in ARRAYS)}") from None
-        except ValueError as e:
+        except OSError as e:  # permissions, an I/O error, a folder of that name
+            raise DataError(f"{path} cannot be read: {e.strerror or e}") from None
+        except (ValueError, EOFError) as e:  # pickled objects, a header numpy cannot parse or that ends too soon
             raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
-        if not x.ndim or not len(x):  # a 0-d array: one value, not examples
+        if x is None:
+            raise DataError(f"{path} is not a .npy file: it {'is empty' if not header else 'has no numpy header'} "
+                            "(np.save writes one; an .npz archive holds several arrays: save each as its .npy)")
+        if not x.dtype.isnative:
+            raise DataError(f"{path} holds {x.dtype.str} values, in the other byte order than this machine's; save "
+                            "them in its own: np.save(path, x.astype(x.dtype.newbyteorder('=')))")
+        if not x.ndim or not x.size:  # a 0-d array: one value, not examples; (n, 0): examples of nothing
             raise DataError(f"{path} holds no examples ({x.dtype} {x.shape}); every file of data=files needs at "
-                            "least one")
+                            "least one, of at least one value")
         return x
 
     def _finite(self, x: np.ndarray, name: str) -> None:
