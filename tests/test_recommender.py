@@ -455,10 +455,10 @@ def test_your_own_click_logs_in_criteos_layout_train_a_recommender(tf_devices, t
     assert result["unit"] == "examples" and result["test_auc"] > 0.8  # the flips cap it at 0.9
 
 
-def _click_records(tf, folder, label=None, bad_id=None) -> None:
+def _click_records(tf, folder, label=None, bad_id=None, nan_at=None) -> None:
     """TFRecord shards of click logs (dense, categorical ids below (50, 20, 30), label): train in two files, test in
-    one, the click decided by the first id (below 25 or not), 10% of labels flipped; `label` or `bad_id` (column 0)
-    written into the 100th training record."""
+    one, the click decided by the first id (below 25 or not), 10% of labels flipped; `label`, `bad_id` (column 0) or
+    a NaN dense value (at position `nan_at`) written into the 100th training record."""
     rng = np.random.default_rng(0)
     folder.mkdir()
     files = (("train-00000-of-00002", 2048), ("train-00001-of-00002", 2048), ("validation-00000-of-00001", 1000))
@@ -470,6 +470,8 @@ def _click_records(tf, folder, label=None, bad_id=None) -> None:
             ids[99, 0] = ids[99, 0] if bad_id is None else bad_id
         with tf.io.TFRecordWriter(str(folder / name)) as writer:
             counts = np.log1p(rng.integers(0, 100, (n, 13))).astype(np.float32)  # the TSV test's log(1 + count)
+            if name.startswith("train-00000") and nan_at is not None:
+                counts[99, nan_at] = np.nan
             for dense, cats, click in zip(counts, ids, y):
                 feature = {"dense": tf.train.Feature(float_list=tf.train.FloatList(value=dense)),
                            "categorical": tf.train.Feature(int64_list=tf.train.Int64List(value=cats)),
@@ -495,6 +497,7 @@ def test_your_own_click_logs_in_tfrecord_train_a_recommender_file_by_file(tf_dev
 @pytest.mark.parametrize("bad, wanted", [
     ({"label": 2}, r"has label 2, not 0 or 1 \(a click model's label\)"),
     ({"bad_id": 60}, r"has id 60 in categorical column 1, outside its table \(data.vocabulary_sizes\[0\]\)"),
+    ({"nan_at": 4}, r"has nan in dense feature 5, not a finite number"),  # trained on to AUC 0.49 without a word
     ({}, r"cannot be read: .*categorical"),  # 4 tables declared, 3 ids per record
 ])
 def test_a_click_record_the_model_cannot_use_stops_training_in_one_line(tf_devices, tmp_path, store, bad, wanted):
