@@ -10,6 +10,7 @@ that learns it well nears the hidden model's own AUC (`bayes_auc`). Imports only
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import io
 import itertools
@@ -246,14 +247,18 @@ def read_tsv(path: Path, spec: Spec, limit: int | None) -> tuple[dict[str, np.nd
                         f"spec {width} (label, {DENSE_FEATURES} dense, {len(vocabularies)} categorical: "
                         "data.vocabulary_sizes)")
     table = pandas.read_csv(io.BytesIO(b"".join(lines)), sep="\t", header=None, names=range(width), dtype=str,
-                            keep_default_na=False, encoding="latin-1")  # any byte reads: what is not a number says so
+                            keep_default_na=False, encoding="latin-1",  # any byte reads: what is not a number says so
+                            quoting=csv.QUOTE_NONE)  # a '"' is a byte of its field (pandas read on to a closing one)
     values = table.replace("", "0")
     numbers = values.apply(pandas.to_numeric, errors="coerce")
     bad = numbers.isna() | (numbers % 1 != 0) | (numbers.abs() >= 2**53)  # not a number, 3.5, beyond an exact int
     if bad.any().any():
         line, column = np.argwhere(bad.to_numpy())[0]
+        rule = ("a label is 0 or 1" if column == 0 else "a dense field is an integer count; an empty one is 0"
+                if column <= DENSE_FEATURES else "categorical ids must be integers below their table's size: hash raw "
+                "values into ids first")
         raise DataError(f"{path} line {line + 1}: field {column + 1} is {values.iat[line, column]!r}, not an integer "
-                        "(categorical ids must be integers below their table's size: hash raw values into ids first)")
+                        f"({rule})")
     array = numbers.to_numpy(np.int64)  # (n, width)
     y = array[:, 0]
     if (wrong := np.flatnonzero((y != 0) & (y != 1))).size:

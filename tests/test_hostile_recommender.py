@@ -133,7 +133,11 @@ def test_click_logs_data_files_cannot_read_are_one_line_naming_its_layouts(tmp_p
     (b"", "test.tsv is empty: each split of click logs needs at least one example"),  # was accepted, then pandas'
     (TSV_LINE.replace(b"\t4\t5\n", b"\t\xff\xfe\t5\n"), "line 1: field 15 is '\xff\xfe', not an integer"),  # not UTF-8
     (TSV_LINE.replace(b"\t4\t5\n", b"\t3.5\t5\n"), "line 1: field 15 is '3.5', not an integer"),  # was read as id 3
-], ids=["empty", "not UTF-8", "3.5"])
+    # a label or a dense count was told about categorical ids; a '"' was a pandas ParserError traceback
+    (b"0.5" + TSV_LINE[1:], "line 1: field 1 is '0.5', not an integer (a label is 0 or 1)"),
+    (TSV_LINE.replace(b"\t7\t", b"\tnan\t"), "line 1: field 9 is 'nan', not an integer (a dense field is an integer"),
+    (TSV_LINE.replace(b"\t4\t5\n", b'\t"4\t5\n') * 2, "line 1: field 15 is '\"4', not an integer (categorical ids"),
+], ids=["empty", "not UTF-8", "3.5", "label", "dense", "quote"])
 def test_click_logs_with_an_empty_split_or_a_field_that_is_no_integer_are_one_line(tmp_path, test, said):
     """An empty test.tsv is refused at validation (it was an EmptyDataError traceback as the run read it); a field
     that is not an integer, whatever its bytes, stops the read in one line naming the file, line and value."""
