@@ -62,7 +62,7 @@ class Sharded(PipelineOptions):
         if train_examples is not None and train_examples < towers:
             raise ConfigError(
                 f"pipeline=sharded splits the {train_examples} training examples into {towers} shards, one per tower; "
-                f"it needs at least {towers} (raise data.train_limit) or use pipeline=split"
+                f"it needs at least {towers} (more data, or a higher data.train_limit) or use pipeline=split"
             )
 
     def towers(self, examples, global_batch: int, devices: list[str], seed: int) -> Feed:

@@ -124,7 +124,8 @@ class Built:
 
 def loaded(plan: Plan) -> Data:
     """The plan's examples (`Dataset.load`), or one DataError line where a user's dataset gives none: a file it cannot
-    read (an OSError: missing, unreadable, a folder), or something else than a `Data` (keras.datasets' tuples)."""
+    read (an OSError: missing, unreadable, a folder), or something else than a `Data` (keras.datasets' tuples); a
+    ConfigError where the pipeline needs more examples than there are (`pipeline=sharded`: one per tower)."""
     try:
         data = plan.data.load(plan.train.seed)
     except OSError as e:
@@ -134,6 +135,8 @@ def loaded(plan: Plan) -> Data:
                         "(train(), test(), digest(): runner.data_pipelines.common.Data); for numpy arrays return "
                         "runner.data_pipelines.common.Arrays(x_train, y_train, x_test, y_test, synthetic=False, "
                         "spec=self.spec())")
+    # counted now where validation could not without reading every file (a TSV's lines, a TFRecord's records)
+    plan.pipeline.check(plan.local_towers * (plan.cluster.count if plan.cluster else 1), data.train_size)
     return data
 
 

@@ -176,6 +176,26 @@ def test_a_label_below_zero_is_named_with_its_sign(tf_devices, tmp_path, store):
                     "data.label_offset=2", f"mlflow.tracking_uri={store}"))  # labels 1..4 become -1..2
 
 
+@pytest.mark.parametrize("layout", ["tfrecord", "criteo_tsv"])
+def test_sharded_data_fewer_than_the_towers_is_one_line_once_counted(tf_devices, tmp_path, store, layout):
+    """Validation cannot count a TFRecord's records or a TSV's lines without reading them all; once loaded, one
+    example for two towers is refused as npy arrays are (an OutOfRangeError traceback, or 'Integer division by zero'
+    said of a file that was fine)."""
+    if layout == "tfrecord":
+        args = ["data.shape=[16,16,3]", "data.classes=3"]
+        folder = write_shards(tf_devices, tmp_path / "ds", files=1, per_file=1)
+    else:
+        args = ["model=dlrm", "data.vocabulary_sizes=[10,10]"]
+        folder = tmp_path / "ds"
+        folder.mkdir()
+        for split in ("train", "test"):
+            (folder / f"{split}.tsv").write_text("\t".join(["1", *map(str, range(13)), "4", "5"]) + "\n")
+    with pytest.raises(ConfigError, match="pipeline=sharded splits the 1 training examples into 2 shards"):
+        run(compose(*SHORT, "data=files", f"data.path={folder}", *args, "strategy=replicated", "gpus=2",
+                    "pipeline=sharded", f"mlflow.tracking_uri={store}"))
+    assert mlflow.MlflowClient(store).search_runs(["1"])[0].info.status == "FAILED"
+
+
 def test_records_that_are_not_examples_stop_training_in_one_line(tf_devices, tmp_path, store):
     """TFRecord files of random bytes: TensorFlow's error naming the record was not text, and the run ended in a
     UnicodeDecodeError's traceback."""
