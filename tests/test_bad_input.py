@@ -123,6 +123,8 @@ ROWS = {
     "group-experiment": Bad(["experiment=nope"], ["experiment=nope", _choices("experiment")]),
     "group-debug": Bad(["debug=verbose"], ["debug=verbose", _choices("debug")]),
     "group-in-sweep": Bad(["-m", "model=mlp,resnet"], ["model=resnet", _choices("model")]),
+    # Hydra's ValueError traceback ("Only one of --run, --multirun, --cfg, --info ...")
+    "sweep-and-cfg": Bad(["-m", "gpus=1,2", "--cfg", "job"], ["-m runs a sweep and --cfg shows a config", "give one"]),
     # wrong types, unknown keys and choices
     "gpus-not-int": Bad(["gpus=abc"], ["gpus", "'abc'", "Integer"]),
     "list-not-list": Bad(["strategy=multi_worker", "strategy.workers=h0:1"],
@@ -245,7 +247,7 @@ ROWS = {
 # value the schema refuses), in validation inside the job, after the run opened (the data), in the store, in a sweep's
 # launcher settings; and the traceback a user can ask for.
 AS_A_PROCESS = ("group-model", "gpus-not-int", "batch-not-divisible", "data-sha256-mismatch", "store-under-a-file",
-                "launcher-no-jobs", "traceback-asked")
+                "launcher-no-jobs", "traceback-asked", "sweep-and-cfg")
 
 
 def _statuses(tmp: Path) -> list[tuple[str, str]]:

@@ -263,6 +263,15 @@ def test_sweep_repeats_refused_in_one_line():
         assert error and error.startswith(wanted) and "\n" not in error, error
 
 
+def test_m_after_an_override_starts_the_sweep():
+    """Hydra's argparse takes one run of overrides: `debug=smoke -m gpus=1,2` was its usage and 'unrecognized
+    arguments: gpus=1,2'; the command line puts -m first."""
+    from runner.cli.overrides import preflight
+
+    assert preflight(["debug=smoke", "-m", "gpus=1,2"]) == (["-m", "debug=smoke", "gpus=1,2"], None)
+    assert preflight(["debug=smoke", "--multirun", "sweep.repeats=2"])[0][:2] == ["--multirun", "sweep.round=range(2)"]
+
+
 @pytest.mark.slow  # 4 smoke jobs and 2 more on resume, ~60 s
 def test_repeats_run_in_rounds_and_the_verdict_reads_their_spread(tmp_path):
     """Two strategies on 2 devices, two rounds: the only runs of the same work are the repeats, so the verdict's

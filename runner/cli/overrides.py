@@ -42,8 +42,15 @@ def expand_repeats(args: list[str]) -> tuple[list[str], str | None]:
 
 def preflight(argv: list[str]) -> tuple[list[str], str | None]:
     """The arguments for Hydra and the error line (None if fine) of what the command line checks before Hydra starts:
-    `sweep.repeats` expanded, group choices, the launcher settings Hydra does not check, the launch folder."""
-    args, error = expand_repeats(argv)
+    `sweep.repeats` expanded, group choices, the launcher settings Hydra does not check, the launch folder. `-m`
+    goes first: Hydra's argparse takes one run of overrides (`a=1 -m b=2` was its usage and "unrecognized
+    arguments: b=2")."""
+    switch = [a for a in argv if a in MULTIRUN_FLAGS]
+    shown = [a for a in argv if a.split("=")[0] in ("--cfg", "-c", "--info", "-i")]
+    if switch and shown:  # Hydra's ValueError traceback: "Only one of --run, --multirun, --cfg, --info ..."
+        return argv, (f"{switch[0]} runs a sweep and {shown[0]} shows a config without running anything: give one "
+                      "(to see a sweep job's config, drop -m and give that job's values)")
+    args, error = expand_repeats([*switch[:1], *(a for a in argv if a not in MULTIRUN_FLAGS)])
     return args, error or check_group_overrides(args) or check_launch_dir(args)
 
 
