@@ -254,7 +254,7 @@ class Files(DatasetOptions):
                 raise DataError(f"{self.path}/y_{split}.npy holds {y.dtype} labels; data=files takes integer class "
                                 f"labels 0 to classes - 1{', or ' + takes if takes else ''}")
             alike = x.dtype.kind in "iu" if tokens else x.dtype == x_train.dtype  # uint8 is scaled, float32 is not
-            if not alike or y.dtype.kind != y_train.dtype.kind:
+            if not alike or (y.dtype.kind in "iu") != (y_train.dtype.kind in "iu"):  # int64 and uint8 ids alike
                 why = ("integer labels are class ids, float ones values" if alike else "token ids are integers"
                        if tokens else "uint8 images are scaled to [0, 1], float32 ones read as they are")
                 raise DataError(f"{self.path}: x_test.npy {x_test.dtype} and y_test.npy {y_test.dtype}, x_train.npy "

@@ -176,6 +176,13 @@ def test_a_label_below_zero_is_named_with_its_sign(tf_devices, tmp_path, store):
                     "data.label_offset=2", f"mlflow.tracking_uri={store}"))  # labels 1..4 become -1..2
 
 
+def test_integer_labels_of_two_integer_types_are_class_ids_alike(tmp_path):
+    """y_train int64 and y_test uint8 are both class ids: they were refused as 'store both splits alike'."""
+    folder = _replace(write_npy(tmp_path / "ds"), y_test=np.arange(100, dtype=np.uint8) % 7)
+    spec = validate(compose("data=files", f"data.path={folder}")).spec
+    assert spec.target == "class" and spec.classes == 7
+
+
 @pytest.mark.parametrize("layout", ["tfrecord", "criteo_tsv"])
 def test_sharded_data_fewer_than_the_towers_is_one_line_once_counted(tf_devices, tmp_path, store, layout):
     """Validation cannot count a TFRecord's records or a TSV's lines without reading them all; once loaded, one
