@@ -289,8 +289,10 @@ class Files(DatasetOptions):
                             "return_inverse=True))")
         for split, (low, high) in ranges.items():
             if low < 0 or high >= vocabulary:
-                raise DataError(f"{self.path}/x_{split}.npy has token ids from {low} to {high}; "
-                                f"data.vocabulary_size={vocabulary} needs them from 0 to {vocabulary - 1}")
+                needs = (f"data.vocabulary_size={vocabulary} needs them from 0 to {vocabulary - 1}" if
+                         self.vocabulary_size else "token ids number the tokens from 0 (np.unique(x, return_inverse="
+                         "True))")  # not set: the largest id + 1, so only a negative id is outside
+                raise DataError(f"{self.path}/x_{split}.npy has token ids from {low} to {high}; {needs}")
         return max(vocabulary, 2)
 
     def _classes(self, y_train: np.ndarray, y_test: np.ndarray) -> int:
@@ -302,9 +304,14 @@ class Files(DatasetOptions):
         for y, split in ((y_train, "train"), (y_test, "test")):
             low, high = (int(y.min()), int(y.max())) if len(y) else (0, 0)
             if low < 0 or high >= classes:
-                needs = f"data.classes={classes} needs them from 0 to {classes - 1}" if self.classes or low >= 0 else (
-                    "integer labels are class ids from 0 (np.unique(y, return_inverse=True)); a value to regress is "
-                    "stored as floats (y.astype(np.float32))")
+                if self.classes:
+                    needs = f"data.classes={classes} needs them from 0 to {classes - 1}"
+                elif low >= 0:  # counted from the training labels (data.classes not set): the test split has more
+                    needs = (f"y_train.npy's labels (up to {classes - 1}) make {classes} classes; set data.classes to "
+                             "how many there are")
+                else:
+                    needs = ("integer labels are class ids from 0 (np.unique(y, return_inverse=True)); a value to "
+                             "regress is stored as floats (y.astype(np.float32))")
                 raise DataError(f"{self.path}/y_{split}.npy has labels from {low} to {high}; {needs}")
         return max(classes, 2)
 

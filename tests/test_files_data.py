@@ -249,7 +249,7 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
      [], ["x_test.npy (100, 20, 24, 3) and y_test.npy (3,) do not match"]),
     (lambda t: t / "tfr", [], ["needs data.shape=[height,width,channels]", "data.classes"]),
     (lambda t: write_npy(t / "ds", classes=7) and (np.save(t / "ds" / "y_test.npy", np.full(100, 9)) or t / "ds"),
-     [], ["y_test.npy has labels from 9 to 9", "data.classes=7"]),
+     [], ["y_test.npy has labels from 9 to 9", "y_train.npy's labels (up to 6) make 7 classes; set data.classes"]),
     (lambda t: write_npy(t / "ds") and (np.save(t / "ds" / "y_train.npy", np.full(600, 1.5 + 1j)) or t / "ds"),
      [], ["y_train.npy holds complex128 labels", "integer class labels", "or float32 (a value)"]),  # float: a regression
     (lambda t: write_npy(t / "ds"), ["data.shape=[32,32,3]"], ["data.shape=[32, 32, 3] resizes TFRecord images"]),

@@ -244,6 +244,19 @@ def test_token_ids_beyond_the_vocabulary_are_one_line(tmp_path):
     assert "x_train.npy has token ids from 0 to 49; data.vocabulary_size=20" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_a_negative_token_id_is_never_said_against_a_vocabulary_nobody_set(tmp_path):
+    """Without data.vocabulary_size the vocabulary is the largest id + 1, and a -3 read "data.vocabulary_size=50 needs
+    them from 0 to 49", a value the user never gave."""
+    folder = _token_files(tmp_path / "tokens", vocabulary=50)
+    x = np.load(folder / "x_test.npy")
+    x[5, 3] = -3
+    np.save(folder / "x_test.npy", x)
+    with pytest.raises(ConfigError) as e:
+        validate(compose("data=files", f"data.path={folder}", "+model._target_=user_models.text_classifier"))
+    assert "x_test.npy has token ids from -3 to 49; token ids number the tokens from 0" in str(e.value)
+    assert "data.vocabulary_size" not in str(e.value)
+
+
 def test_a_language_model_trains_on_token_files_without_labels(tf_devices, tmp_path, store):
     """x_train.npy and x_test.npy of token ids (n, length) and no y_*.npy: each row's first length - 1 ids, each
     labelled with the next; rows counting up from a random start (mod 40), which the GPT learns under mirrored."""
