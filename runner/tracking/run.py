@@ -62,7 +62,8 @@ def record_invalid(cfg: DictConfig, error: Exception, parent: str | None) -> Non
     experiment = str(OmegaConf.select(cfg, "mlflow.experiment", default="runner"))
     tags = {k: str(OmegaConf.select(cfg, f"{k}.name", default="?")) for k in ("model", "pipeline", "strategy")}
     tags["devices.count"] = str(OmegaConf.select(cfg, "gpus", default="?"))
-    tags["mlflow.runName"] = "-".join(tags.values()) + "dev (invalid)"  # model-pipeline-strategy-Ndev, as base_tags
+    combination = "-".join(tags[k] for k in ("model", "pipeline", "strategy"))
+    tags["mlflow.runName"] = f"{combination}-{tags['devices.count']}dev (invalid)"  # as base_tags names a run
     if parent:
         tags["mlflow.parentRunId"] = parent
     wait = OmegaConf.select(cfg, "mlflow.final_wait", default=0.0)  # the config is invalid: this value may be too
