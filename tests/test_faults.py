@@ -390,16 +390,24 @@ def test_a_signal_during_the_last_call_saves_the_last_step_and_a_start_again_tra
     assert finished.data.tags["resumed_from_step"] == "6000" and "test_accuracy" in finished.data.metrics
 
 
+def listed(folder: Path) -> list[Path]:
+    """The checkpoints the `checkpoint` state files under `folder` list, oldest first (as TensorFlow reads them)."""
+    return [state.parent / line.split('"')[1] for state in folder.glob("*/checkpoint")
+            for line in state.read_text().splitlines() if line.startswith("all_model_checkpoint_paths")]
+
+
 @pytest.mark.slow  # ~16 s; resuming from a checkpoint is in the default suite's SIGTERM and SIGKILL tests
 def test_a_truncated_newest_checkpoint_is_named_and_the_older_one_resumes(tmp_path):
     args = [*LONG, "train.steps=4000", "train.checkpoint_every=1000"]
     run = start_cli(*args, cwd=tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     folder = tmp_path / "checkpoints"
-    wait_for("two checkpoints", lambda: len(list(folder.glob("*/ckpt-*.index"))) >= 2, timeout=240)
+    wait_for("two checkpoints", lambda: len(listed(folder)) >= 2, timeout=240)
     run.kill()  # SIGKILL: nothing is cleaned up
     run.communicate()
-    newest = max(folder.glob("*/ckpt-*.data-*"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+    # the newest the run resumes from is the newest its `checkpoint` file lists: a kill between writing the next
+    # one's files and listing it leaves files no run reads
+    newest = next(listed(folder)[-1].parent.glob(f"{listed(folder)[-1].name}.data-*"))
     older_step = int(newest.name.split("-")[1].split(".")[0]) - 1000
     newest.write_bytes(newest.read_bytes()[:100])
     proc = run_cli(*args, cwd=tmp_path)
