@@ -25,7 +25,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from runner.data_pipelines import DATASETS, TABLE_SIZES, DataError, DatasetOptions, Feature, Spec
-from runner.data_pipelines.records import SHARDS
+from runner.data_pipelines.records import SHARDS, wrapped
 from runner.paths import cache_dir
 from runner.registry import Rule
 
@@ -213,6 +213,8 @@ def tsv_spec(folder: Path, vocabularies: tuple[int, ...] | None) -> Spec:
     if empty := [name for name, line in first.items() if not line]:
         raise DataError(f"{folder / empty[0]} is empty: each split of click logs needs at least one example (a line: "
                         f"a 0/1 label, {DENSE_FEATURES} dense counts, then one id per categorical column)")
+    if wrapping := [(name, what) for name, line in first.items() if (what := wrapped(line))]:
+        raise DataError(f"{folder / wrapping[0][0]} is {wrapping[0][1]}; click logs are {LAYOUTS}")
     path = folder / TSV["train"]
     columns = first[TSV["train"]].rstrip(b"\r\n").count(b"\t") - DENSE_FEATURES  # fields after the label's
     if not vocabularies or len(vocabularies) != columns:

@@ -66,6 +66,34 @@ def test_a_shard_of_random_bytes_is_refused_at_validation_naming_it(tmp_path):
         count_records(str(folder / "train-00000-of-00001"))
 
 
+def test_compressed_or_utf16_data_is_named_with_what_to_do(tmp_path):
+    """A gzip-compressed TFRecord shard and click logs saved as gzip or UTF-16: the format's own check fails on them
+    ('fails its checksum', '1 tab-separated field', '0 categorical columns'); the line names the wrapping."""
+    import gzip
+    import struct
+
+    from runner.data_pipelines.clicks import tsv_spec
+    from runner.data_pipelines.records import masked_crc32c
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    length = struct.pack("<Q", 3)
+    record = length + struct.pack("<I", masked_crc32c(length)) + b"abc" + struct.pack("<I", masked_crc32c(b"abc"))
+    (folder / "train-00000-of-00001").write_bytes(gzip.compress(record))
+    with pytest.raises(ConfigError) as err:
+        validate(compose("data=files", f"data.path={folder}", "data.shape=[8,8,1]", "data.classes=10"))
+    one_line_naming(err.value, f"{folder / 'train-00000-of-00001'} is not a TFRecord file", "gzip-compressed",
+                    "gunzip it first")
+    line = "\t".join(["1", *["7"] * 13, "4", "5", "6"]) + "\n"
+    for encode, said in [(lambda text: gzip.compress(text.encode()), "gzip-compressed: gunzip it first"),
+                         (lambda text: text.encode("utf-16"), "UTF-16 text: save it as UTF-8")]:
+        for name in ("train.tsv", "test.tsv"):
+            (tmp_path / name).write_bytes(encode(line * 4))
+        with pytest.raises(DataError) as err:
+            tsv_spec(tmp_path, (50, 20, 30))
+        one_line_naming(err.value, f"{tmp_path / 'train.tsv'} is {said}", "click logs are")
+
+
 def write_records(tf, path, images: list[bytes]) -> None:
     """A TFRecord file of tf.train.Examples in tf_cnn_benchmarks' layout, one per encoded image, each labelled 1."""
     with tf.io.TFRecordWriter(str(path)) as writer:
