@@ -21,7 +21,7 @@ import numpy as np
 
 from runner.data_pipelines import (DATASETS, ID_LIMIT, IMAGE_SHAPE_OR_NULL, TABLE_SIZES, DataError, DatasetOptions, Spec,
                                    language_model)
-from runner.data_pipelines.records import SHARDS
+from runner.data_pipelines.records import SHARDS, wrapped
 from runner.registry import Rule, non_negative
 from runner.tasks import TASKS, from_labels
 
@@ -156,7 +156,8 @@ class Files(DatasetOptions):
         except (ValueError, EOFError) as e:  # pickled objects, a header numpy cannot parse or that ends too soon
             raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
         if x is None:
-            raise DataError(f"{path} is not a .npy file: it {'is empty' if not header else 'has no numpy header'} "
+            what = "is empty" if not header else f"is {wrapped(header)}" if wrapped(header) else "has no numpy header"
+            raise DataError(f"{path} is not a .npy file: it {what} "
                             "(np.save writes one; an .npz archive holds several arrays: save each as its .npy)")
         if not x.dtype.isnative:
             raise DataError(f"{path} holds {x.dtype.str} values, in the other byte order than this machine's; save "

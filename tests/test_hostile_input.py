@@ -73,6 +73,7 @@ def test_compressed_or_utf16_data_is_named_with_what_to_do(tmp_path):
     import struct
 
     from runner.data_pipelines.clicks import tsv_spec
+    from runner.data_pipelines.files import Files
     from runner.data_pipelines.records import masked_crc32c
 
     folder = tmp_path / "ds"
@@ -92,6 +93,10 @@ def test_compressed_or_utf16_data_is_named_with_what_to_do(tmp_path):
         with pytest.raises(DataError) as err:
             tsv_spec(tmp_path, (50, 20, 30))
         one_line_naming(err.value, f"{tmp_path / 'train.tsv'} is {said}", "click logs are")
+    (tmp_path / "x_train.npy").write_bytes(gzip.compress(b"\x93NUMPY"))
+    with pytest.raises(DataError) as err:
+        Files(path=str(tmp_path))._array("x_train")
+    one_line_naming(err.value, f"{tmp_path / 'x_train.npy'} is not a .npy file", "gzip-compressed: gunzip it first")
 
 
 def write_records(tf, path, images: list[bytes]) -> None:
