@@ -128,9 +128,12 @@ class Files(DatasetOptions):
             from runner.data_pipelines.common import Arrays
 
             x_train, y_train, x_test, y_test = (self._array(a) for a in ARRAYS)
-            return Arrays(x_train[: self.train_limit], labels(y_train[: self.train_limit]),
-                          x_test[: self.test_limit], labels(y_test[: self.test_limit]),
-                          synthetic=False, spec=self._npy_spec())
+            spec, y = self._npy_spec(), labels(y_train[: self.train_limit])
+            if spec.target == "class" and y.min() == y.max():  # trains and scores well, having learnt nothing
+                log.warning("%s/y_train.npy holds one class (%d) only: a classifier learns to answer it whatever the "
+                            "input, and its accuracy says nothing of the model", self.path, y[0])
+            return Arrays(x_train[: self.train_limit], y, x_test[: self.test_limit], labels(y_test[: self.test_limit]),
+                          synthetic=False, spec=spec)
         from runner.data_pipelines.records import RecordData, click_decoder, decoder, token_decoder
 
         train, test = (self._shards(split) for split in SHARDS)

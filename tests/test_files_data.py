@@ -183,6 +183,16 @@ def test_integer_labels_of_two_integer_types_are_class_ids_alike(tmp_path):
     assert spec.target == "class" and spec.classes == 7
 
 
+def test_training_labels_of_one_class_are_said_in_a_warning(tmp_path, caplog):
+    """Labels all 3 train a classifier that always answers 3 and scores 100% on a test split of 3s: said."""
+    folder = _replace(write_npy(tmp_path / "ds"), y_train=np.full(600, 3), y_test=np.full(100, 3))
+    validate(compose("data=files", f"data.path={folder}")).data.load(0)
+    assert caplog.text.count(f"{folder}/y_train.npy holds one class (3) only") == 1
+    caplog.clear()
+    validate(compose("data=files", f"data.path={write_npy(tmp_path / 'many')}")).data.load(0)
+    assert "holds one class" not in caplog.text
+
+
 @pytest.mark.parametrize("layout", ["tfrecord", "criteo_tsv"])
 def test_sharded_data_fewer_than_the_towers_is_one_line_once_counted(tf_devices, tmp_path, store, layout):
     """Validation cannot count a TFRecord's records or a TSV's lines without reading them all; once loaded, one
