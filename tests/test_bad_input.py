@@ -129,6 +129,9 @@ ROWS = {
     "gpus-not-int": Bad(["gpus=abc"], ["gpus", "'abc'", "Integer"]),
     "list-not-list": Bad(["strategy=multi_worker", "strategy.workers=h0:1"],
                          ["strategy.workers=h0:1", "takes a list: strategy.workers=[a,b]"]),
+    # Hydra's "Ambiguous value ..." with its two choices ("1. ... 2. ...") cut to the first by one_line
+    "comma-in-value": Bad(["data=files", "data.path=/data/a,b"],
+                          ["data.path=/data/a,b", "data.path=[/data/a,b]", "'data.path=\"/data/a,b\"'"]),
     "epochs-not-number": Bad(["train.epochs=many"], ["train.epochs", "'many'", "Float"]),
     # an unknown key: were Hydra's "To append to your config use +train.step=100", which then failed validation
     "unknown-key": Bad(["train.foo=1"], ["train.foo is not a key of train; its keys: ", "train.steps"]),

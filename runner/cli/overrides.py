@@ -132,6 +132,10 @@ def explain(e: BaseException) -> str:
     if preset := re.match(r"In '(\w+)/(\w+)': ConfigKeyError raised while composing config: Key '(\w+)' not in '(\w+)'",
                           text):
         return _preset_key(*preset.groups()) or text
+    if comma := re.match(r"Ambiguous value for argument '([^=]+)=(.*)'", text):  # Hydra's two choices, cut at "1."
+        key, value = comma.groups()
+        return (f"{key}={value}: an unquoted comma is ambiguous; a list is written {key}=[{value}], a value holding "
+                f"a comma quoted: '{key}=\"{value}\"'")
     cause = e.__cause__ or e.__context__
     if text.startswith("Error merging override") and cause is not None and str(cause).strip():
         text += f": {str(cause).strip().splitlines()[0].rstrip('.')}"
