@@ -64,7 +64,10 @@ class TFDS(DatasetOptions):
         folder = self._folder()
         info = self._json(folder / "dataset_info.json")
         features_file = folder / "features.json"
-        features = self._json(features_file) if features_file.is_file() else info.get("features", {})
+        if not features_file.is_file() and "features" not in info:  # older TFDS versions kept them in the info
+            raise DataError(f"{features_file} is not there; the prepared {self.dataset} is incomplete: "
+                            + PREPARE.format(name=self.dataset.partition(":")[0]))
+        features = self._json(features_file) if features_file.is_file() else info["features"]
         return info, features.get("featuresDict", {}).get("features", {})
 
     def _json(self, path: Path) -> dict[str, Any]:

@@ -163,6 +163,15 @@ def test_a_truncated_tfds_description_is_one_line_naming_the_file(data_dir, name
     one_line_naming(err.value, f"{version / name} cannot be read as JSON", "tfds build tiny_images")
 
 
+def test_a_missing_tfds_features_file_is_named(data_dir):
+    """Without features.json the image feature was said to be missing from 'the description'."""
+    root, version = data_dir
+    (version / "features.json").unlink()
+    with pytest.raises(ConfigError) as err:
+        validate(compose(*TFDS, f"data.data_dir={root}"))
+    one_line_naming(err.value, f"{version / 'features.json'} is not there", "tfds build tiny_images")
+
+
 @pytest.mark.parametrize("damage", ["removed", "random bytes"])
 def test_tfds_record_files_missing_or_not_records_are_refused_before_the_run_opens(data_dir, store, damage):
     """The description is there, the records are not (or are garbage): one line naming a file, before any run."""
