@@ -28,6 +28,7 @@ from runner.tasks import TASKS, from_labels
 log = logging.getLogger(__name__)
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 NPY_MAGIC = b"\x93NUMPY"  # how every .npy file begins (numpy.lib.format)
+SQUARABLE = math.sqrt(np.finfo(np.float32).max)  # the largest value whose square float32 holds (1.8e19)
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
 UNLABELLED = "integer token ids, rows (n, length) or one stream (n,)"  # what the npy layout takes without labels
 
@@ -170,17 +171,21 @@ class Files(DatasetOptions):
                             "least one, of at least one value")
         return x
 
-    def _finite(self, x: np.ndarray, name: str) -> None:
+    def _finite(self, x: np.ndarray, name: str, bound: float = math.inf) -> None:
         """DataError where float `x` holds a NaN or an infinity: a NaN pixel comes out of a ReLU as 0 and the run
-        trains on, a NaN label makes every score NaN (checked in slices of rows: no copy of a large array)."""
+        trains on, a NaN label makes every score NaN (checked in slices of rows: no copy of a large array); or a
+        value beyond `bound` (a target whose squared error overflows float32: the loss is infinite at step 1)."""
         if x.dtype.kind != "f":
             return
         for start in range(0, len(x), rows := max(1, 2**24 // max(1, x[0].size))):
-            finite = np.isfinite(x[start:start + rows])
-            if not finite.all():
-                where = np.unravel_index(int(np.argmin(finite)), finite.shape)
-                raise DataError(f"{self.path}/{name}.npy holds {x[start:start + rows][where]} at index "
-                                f"{(start + int(where[0]), *map(int, where[1:]))}; data=files takes finite values")
+            within = np.abs(x[start:start + rows]) <= bound  # NaN compares False
+            if not within.all():
+                where = np.unravel_index(int(np.argmin(within)), within.shape)
+                value = x[start:start + rows][where]
+                rule = ("data=files takes finite values" if not np.isfinite(value) else f"beyond {bound:.2g}, its "
+                        "squared error overflows float32: scale the targets (e.g. y / y.std())")
+                raise DataError(f"{self.path}/{name}.npy holds {value:g} at index "
+                                f"{(start + int(where[0]), *map(int, where[1:]))}; {rule}")
 
     def _layout(self) -> Literal["labelled", "sequences", "stream"]:
         """What the npy files hold: examples with labels (y_train.npy and y_test.npy), or, without labels, a
@@ -265,7 +270,7 @@ class Files(DatasetOptions):
                                 f"{x_train.dtype} and y_train.npy {y_train.dtype}: store both splits alike ({why})")
             self._by_rows(x, split)
             self._finite(x, f"x_{split}")
-            self._finite(y, f"y_{split}")
+            self._finite(y, f"y_{split}", SQUARABLE)
         task = from_labels(y_train.dtype.name)  # integers: classes; else the task of labels of that dtype
         if task != "class" and self.classes is not None:
             raise DataError(f"data.classes={self.classes} counts a classifier's classes, and {self.path}/y_train.npy "
