@@ -23,6 +23,7 @@ from typing import Any, Callable
 from runner import tracking
 from runner.data_pipelines import rate_unit
 from runner import tasks
+from runner.registry import spelled
 from runner.report import kinds, plots, prediction, verdict
 from runner.strategies import baseline
 from runner.tasks import METRICS
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 REUSED = "sweep.reused."  # a sweep parent's tag per job sweep.resume skipped: `sweep.reused.<run id>` = its overrides
 COMBINATION = ("strategy.", "pipeline.", "gpus")  # the params that differ between a model's combinations
-CONFIG_SPELLING = {"True": "true", "False": "false", "None": "null"}  # a logged param as an override spells it
+CONFIG_SPELLING = {str(v): spelled(v) for v in (True, False, None)}  # a logged param ("True") as overrides spell it
 RUN_ID_LENGTH = 32  # an MLflow run id's hex digits; --parent takes a prefix of one
 PREFIX_SHOWN = 5  # the runs an ambiguous --parent prefix's error names
 
