@@ -306,6 +306,46 @@ def test_a_model_with_embedding_tables_is_not_priced_on_a_spec_sheet_and_its_row
     assert gpt.prediction is not None and gpt.prediction.unit == "tokens"
 
 
+def test_the_gpts_tied_output_layer_and_attention_scores_are_priced():
+    """Were priced as nothing: the tied table's output matmul (2 t c V FLOPs), its weights (all-reduced, updated) and
+    its logits, and the heads' (t, t) scores and weights: a vocabulary of 256 and one of 50,257 gave one rate, and a
+    context of 4,096 was said to fit 35 per P100 where 3 do (GPT.activations_per_example counts the scores)."""
+    from runner.data_pipelines import language_model
+    from runner.models.gpt import SIZES, GPT
+
+    t, v = 64, 300
+    layers = spec_sheet.layers(GPT(variant="tiny").build(language_model(t, v)))
+    blocks, heads, c, _ = SIZES["tiny"]
+    (output,) = [x for x in layers if x.kind == "compute" and x.flops == 2.0 * t * c * v]
+    assert output.weight_bytes == 4 * v * c and output.kept == 4 * t * v and output.algorithm == "gemm"
+    attention = [x for x in layers if x.kept == 4 * (t * c + 2 * heads * t * t + 3 * t * c)]  # output, scores, q k v
+    assert len(attention) == blocks
+    small, large = predict_all([["model=gpt", "model.variant=baby", "data=synthetic", "data.task=next_token",
+                                 "data.sequence_length=256", f"data.vocabulary_size={size}",
+                                 "train.global_batch_size=64", "hardware=dgx_a100", "gpus=8", "strategy=mirrored"]
+                                for size in (256, 50257)])
+    assert large.prediction.rate < small.prediction.rate / 2  # the output layer: 9.9 of 15.9 GFLOP per example
+
+
+
+def test_a_batch_too_large_under_strong_scaling_is_told_as_the_global_batch(capsys):
+    """Was 'use train.per_device_batch_size=3 or less', which the runner then refuses as derived (strong scaling)."""
+    code, out, err = subcommand(capsys, "predict", "model=gpt", "data=shakespeare", "model.variant=baby",
+                                "data.sequence_length=4096", "hardware=dgx1_p100", "train.global_batch_size=64", "gpus=8",
+                                "strategy=mirrored")
+    assert code == 2 and "train.per_device_batch_size=8 needs 43.5 GB per device" in err, out + err
+    assert err.strip().endswith("use train.global_batch_size=24 or less (3 per device)"), err
+    code, out, err = subcommand(capsys, "predict", "model=gpt", "data=shakespeare", "model.variant=baby",
+                                "data.sequence_length=4096", "hardware=dgx1_p100", "train.global_batch_size=24", "gpus=8",
+                                "strategy=mirrored")
+    assert code == 0 and "gpt/baby mirrored/split x8" in out, out + err
+    # weights alone too large: was '... or strategy=model_parallel', which a spec sheet cannot price
+    code, out, err = subcommand(capsys, "predict", "experiment=tf_cnn", "model=keras_app", "model.app=VGG16",
+                                "hardware=dgx1_p100", "hardware.accelerator.memory_bytes=1e9", "gpus=8",
+                                "strategy=mirrored")
+    assert code == 2 and err.strip().endswith("alone do not fit: use a device with more memory"), err
+
+
 def test_a_run_trains_on_this_machine_and_hardware_changes_no_config_hash():
     plain = validate(compose("strategy=mirrored", "gpus=2"))
     named = validate(compose("strategy=mirrored", "gpus=2", "hardware=dgx1_p100"), priced=True)

@@ -22,7 +22,7 @@ from runner.config import SLOTS, TOUCHED
 from runner.errors import ConfigError, UserError
 from runner.lazy import keras
 from runner.measure.flops import _forward_flops, leaf_layers
-from runner.strategies import splitting
+from runner.strategies import on_spec_sheets, splitting
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def layers(model: Any) -> list[Layer]:
             continue
         main = _layer(layer, first=not seen_weights)
         seen_weights = seen_weights or bool(layer.trainable_weights)
-        out.append(main)
+        out.extend([main, *_tied_output(layer)])
         if main.kind == "compute":
             size = _elements(layer.output)
             bias = Layer("elementwise", 0.0, 8.0 * size)
@@ -113,7 +113,24 @@ def _layer(layer: Any, first: bool) -> Layer:
         raise UserError(f"not priced on spec sheets: no FLOP formula for layer {layer.name} ({type(layer).__name__}; "
                         "runner/measure/flops.py has those it prices); runner predict without hardware= prices the "
                         "model on this machine, where its passes are measured") from None
+    if isinstance(layer, keras.layers.MultiHeadAttention):  # the heads' (t, t) scores and weights, and q, k, v
+        t, width = math.prod(tuple(layer.output.shape)[1:-1]), layer._num_heads * layer._key_dim
+        scores = 4.0 * layer._num_heads * t * t
+        kept, moved = kept + 2 * scores + 3 * 4.0 * t * width, moved + 4 * scores  # softmax: read, write; x V: read
     return Layer("compute", flops, moved, weights, first, kept, algorithm=_algorithm(layer))
+
+
+def _tied_output(layer: Any) -> list[Layer]:
+    """A token embedding called again as the output layer (the GPT's tied table: an Embedding that counts its own
+    FLOPs, its output matmul): that call as a compute layer holding the table's weights, whose gradient is dense."""
+    if not (isinstance(layer, keras.layers.Embedding) and hasattr(layer, "forward_flops_per_example")
+            and len(layer._inbound_nodes) > 1):
+        return []
+    call = layer._inbound_nodes[-1]  # (b, t, channels) states -> (b, t, vocabulary) logits
+    states, logits = (4.0 * _elements(tensors) for tensors in (call.input_tensors, call.output_tensors))
+    weights = 4.0 * sum(math.prod(w.shape) for w in layer.trainable_weights)
+    return [Layer("compute", float(layer.forward_flops_per_example()), states + logits, weights, kept=logits,
+                  algorithm="gemm")]
 
 
 def _algorithm(layer: Any) -> str:
@@ -242,8 +259,11 @@ def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
         return
     most = max(0, int((have - fixed) // per_example)) if per_example > 0 else 0
     digits = next(d for d in range(1, 10) if round(need / 1e9, d) != round(have / 1e9, d))  # 11.84 vs 11.81, not 11.8
-    split = " or ".join(f"strategy={n}" for n in splitting())
-    fix = (f"use train.per_device_batch_size={most} or less" if most else
-           f"its weights and optimizer state alone do not fit: use a device with more memory or {split}")
+    split = [f"strategy={n}" for n in splitting() if n in on_spec_sheets()]  # one it could then price
+    towers = plan.strategy.towers(plan.gpus)
+    fix = (f"use train.per_device_batch_size={most} or less" if most and train.batch_scaling == "weak" else
+           f"use train.global_batch_size={most * towers} or less ({most} per device)" if most else
+           "its weights and optimizer state alone do not fit: use a device with more memory"
+           + "".join(f" or {s}" for s in split))
     raise ConfigError(f"train.per_device_batch_size={batch} needs {need / 1e9:,.{digits}f} GB per device on hardware="
                       f"{hw.name} ({hw.accelerator.name}: {have / 1e9:,.{digits}f} GB); {fix}")

@@ -290,7 +290,7 @@ class StrategyBase:
 
     def exchange(self, devices: int, nodes: int, weight_bytes: float) -> Exchange:
         raise ConfigError(f"strategy={self.name} has no spec-sheet cost model (runner/predict/spec_sheet.py covers: "
-                          f"{', '.join(n for n in STRATEGIES.names() if _covers(n, 'exchange'))})")
+                          f"{', '.join(on_spec_sheets())})")
 
     @classmethod
     def takes(cls, gpus: int) -> bool:
@@ -368,6 +368,11 @@ def _role(name: str, role: str) -> bool:
 def predictable() -> list[str]:
     """The registered strategies the cost model covers: those that define their own `traffic`."""
     return [n for n in STRATEGIES.names() if _covers(n, "traffic")]
+
+
+def on_spec_sheets() -> list[str]:
+    """The registered strategies the spec-sheet cost model covers: those that define their own `exchange`."""
+    return [n for n in STRATEGIES.names() if _covers(n, "exchange")]
 
 
 def _covers(name: str, method: str) -> bool:
