@@ -204,6 +204,10 @@ def test_the_json_form_has_one_object_per_combination(capsys):
         assert r["strategy"] == "mirrored" and r["unit"] == "images" and r["predicted"] and r["nodes"] == 1
         assert (r["hardware"], r["architecture"]) == ("dgx1_p100", "pascal")  # what it is a prediction for
         assert r["rate"] == pytest.approx(2 * 64 * (r["gpus"] // 2) / r["step_seconds"])
+    # the nodes a prediction is priced on (9 on nodes of 8: 3 nodes of 3), not 9 / 8 rounded up (was 2)
+    code, out, err = subcommand(capsys, "predict", "-m", "experiment=tf_cnn_resnet50", "hardware=ec2_p2_8xlarge",
+                                "hardware.nodes=8", "strategy=multi_worker", "gpus=8,9,10", "predict.format=json")
+    assert code == 0 and [json.loads(line)["nodes"] for line in out.splitlines()] == [1, 3, 2], out + err
 
 
 @pytest.mark.parametrize("argv, wanted", [

@@ -134,7 +134,7 @@ def predict_all(combos: list[list[str]], recalibrate: bool = False, cache_dir: P
         cfg, plan, error = plan_for(overrides, refusals_raise)
         named = " ".join(o for o in overrides if not o.startswith("hydra."))  # not the user's config folders
         outcome = Outcome(overrides, f"{combination(plan)} {setting}".rstrip() if plan else named,
-                          error=error, given=_given(plan.cfg if plan else cfg), setting=setting)
+                          error=error, given=_given(plan.cfg if plan else cfg, plan and plan.hardware), setting=setting)
         outcomes.append(outcome)
         if error is None and not plan.hardware.measured:
             _from_spec_sheet(plan, outcome, layers, refusals_raise)
@@ -300,12 +300,14 @@ def records(outcomes: list[Outcome]) -> list[dict[str, Any]]:
              "note": o.note or None, "error": o.error} for o in outcomes]
 
 
-def _given(cfg: Any) -> dict[str, Any]:
-    """The strategy, pipeline, gpus and nodes of a combination: a plan's resolved config (every option filled in),
-    else the composed one (a refused combination: the names it gives, a user's YAML perhaps only its `_target_`)."""
+def _given(cfg: Any, hardware: Any = None) -> dict[str, Any]:
+    """The strategy, pipeline, gpus and nodes of a combination: a plan's resolved config (every option filled in)
+    and spec sheet (the nodes it prices: `nodes_for`), else the composed one (a refused combination: the names it
+    gives, a user's YAML perhaps only its `_target_`)."""
     gpus = int(cfg.gpus) if isinstance(cfg.gpus, int) else cfg.gpus
     per_node = cfg.hardware.get("devices_per_node") if isinstance(gpus, int) else None
-    nodes = -(-max(gpus, 1) // per_node) if per_node else 1
+    nodes = (hardware.nodes_for(gpus) if hasattr(hardware, "nodes_for") else -(-max(gpus, 1) // per_node)) \
+        if per_node else 1
     named = {group: cfg[group].get("name") or cfg[group].get("_target_") for group in ("strategy", "pipeline")}
     return {**named, "gpus": gpus, "nodes": nodes, "hardware": cfg.hardware.get("name"),
             "architecture": (cfg.hardware.get("accelerator") or {}).get("architecture")}
