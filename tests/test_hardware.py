@@ -232,6 +232,9 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     # tensor cores where there are none, or slower than float32: were priced (mixed_float16 13x slower, no word)
     (["hardware=dgx1_p100", "hardware.accelerator.tensor_flops=125e12"],
      ["tensor_flops=1.25e+14: a pascal GPU has no tensor cores (Volta and later have); use null"]),
+    # a named architecture with tensor cores, none given: mixed_float16 was priced as float32, 'has no tensor cores'
+    (["hardware=dgx1_v100", "hardware.accelerator.tensor_flops=null"],
+     ["hardware.accelerator.tensor_flops is not set, and a volta GPU has tensor cores", "(V100: 125e12)"]),
     (["hardware=dgx1_v100", "hardware.accelerator.tensor_flops=1e12"],
      ["tensor_flops=1e+12 is below peak_flops=1.57e+13", "dense float16 tensor-core figure"]),
     # one combination no cost model covers (was a one-row 'not predicted' table, exit 1)

@@ -50,7 +50,11 @@ class Accelerator:
 
     def check_tensor_cores(self) -> None:
         """ConfigError where `tensor_flops` cannot be a tensor core's: on an architecture without them, or below the
-        float32 peak (a mixed_float16 prediction would run slower than float32's, silently)."""
+        float32 peak (a mixed_float16 prediction would run slower than float32's, silently); or is not given for a
+        named architecture that has them (mixed precision was priced as float32, 'no tensor cores')."""
+        if not self.tensor_flops and self.architecture not in (None, *self.NO_TENSOR_CORES):
+            raise ConfigError(f"hardware.accelerator.tensor_flops is not set, and a {self.architecture} GPU has tensor "
+                              "cores: give their dense float16 FLOP/s from its data sheet (V100: 125e12)")
         key = f"hardware.accelerator.tensor_flops={self.tensor_flops:g}" if self.tensor_flops else ""
         if key and self.architecture in self.NO_TENSOR_CORES:
             raise ConfigError(f"{key}: a {self.architecture} GPU has no tensor cores (Volta and later have); use null")

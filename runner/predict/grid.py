@@ -180,7 +180,8 @@ def _from_spec_sheet(plan: Any, outcome: Outcome, layers: dict[tuple, list], ref
     accelerator, precision = plan.hardware.accelerator, str(plan.train.precision)
     if precision != "float32" and not spec_sheet.sixteen_bits(accelerator, precision):
         outcome.note = (f"train.precision={precision} on hardware={plan.hardware.name} is priced as float32: the "
-                        f"{accelerator.name} has no tensor cores (Keras warns it may run slower)")
+                        f"{accelerator.name} has no tensor cores (Keras warns it may run slower)"
+                        + ("" if accelerator.architecture else ", or its sheet does not give them (tensor_flops)"))
     try:
         outcome.prediction = spec_sheet_prediction(plan, model_layers(plan, layers))
     except UserError as e:
