@@ -127,7 +127,7 @@ def test_a_spec_sheet_prediction_prints_its_table_and_efficiency(capsys):
     # one device alone is the base; a parameter server on the CPU pays for the host link and update even then
     assert efficiency["mirrored/split x1"] == 100 and efficiency["parameter_server/split x1"] < 100
     assert all(50 < e <= 100 for e in efficiency.values())
-    assert "predicted fastest:" in out
+    assert "on dgx1_p100's spec sheet)" in out  # what the constants were fitted to: no caveat
 
 
 def test_rows_of_two_hardware_or_two_precisions_name_what_differs(capsys):
@@ -346,6 +346,8 @@ def test_a_batch_too_large_under_strong_scaling_is_told_as_the_global_batch(caps
                                 "data.sequence_length=4096", "hardware=dgx1_p100", "train.global_batch_size=24", "gpus=8",
                                 "strategy=mirrored")
     assert code == 0 and "gpt/baby mirrored/split x8" in out, out + err
+    # the constants were fitted to image CNNs' images/s: said of tokens/s (was nothing on a P100, the fitted GPU)
+    assert "on dgx1_p100's spec sheet; tokens/s priced with constants fitted to image CNNs, unchecked" in out, out
     # weights alone too large: was '... or strategy=model_parallel', which a spec sheet cannot price
     code, out, err = subcommand(capsys, "predict", "experiment=tf_cnn", "model=keras_app", "model.app=VGG16",
                                 "hardware=dgx1_p100", "hardware.accelerator.memory_bytes=1e9", "gpus=8",

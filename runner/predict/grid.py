@@ -338,6 +338,9 @@ def _on(o: Outcome) -> str:
         return ", on this machine" if name else ""
     unchecked = (f"; {architecture or 'an unnamed architecture'} priced with {fit.reference}'s constants, unchecked "
                  "against any published table" if architecture not in fit.architecture else "")
+    unit = o.prediction.unit if o.prediction else spec_sheet.FIT_UNIT
+    if unit != spec_sheet.FIT_UNIT:
+        unchecked += f"; {unit}/s priced with constants fitted to image CNNs, unchecked against any table of {unit}"
     return f", on {name}'s spec sheet{unchecked}"
 
 

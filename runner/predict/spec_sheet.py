@@ -52,6 +52,7 @@ class Constants:
 
 
 FIT = Constants()  # fitted to the 2017 tables' 117 cells (`python -m runner.bench published --held-out`)
+FIT_UNIT = "images"  # what those cells count: five image CNNs' images/s (a text or click model's is unchecked)
 DEFAULT_CLOCK = 1.48e9  # an accelerator whose spec sheet gives no clock: P100's boost clock
 # Bytes of a layer's backward pass per byte of its forward pass (a compute layer's count only when memory-bound).
 BACKWARD_BYTES = {"norm": 5 / 3, "elementwise": 1.5, "compute": 2.0, "lookup": 1.0}
