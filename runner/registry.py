@@ -17,7 +17,7 @@ import typing
 from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from runner.errors import ConfigError
 
@@ -108,6 +108,27 @@ def check(key: str, value: Any, rule: Rule) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed; expected {allowed}")
 
 
+def near(word: str, names: list[str], prefix: str = "", shown: int = 12) -> str:
+    """'did you mean <prefix>.a or <prefix>.b?' for the names spelled like `word`, else the names (up to `shown`)."""
+    spell = [f"{prefix}.{n}" if prefix else n for n in names]
+    close = [spell[names.index(n)] for n in difflib.get_close_matches(word, names, n=3)]
+    return f"did you mean {' or '.join(close)}?" if close else f"its keys: {', '.join(spell[:shown])}"
+
+
+def unknown(cls: type, key: str, kind: str) -> str:
+    """'; did you mean ...' of the dataclass at `key`'s parent (dotted, under cls), for a `key` it has no field for;
+    '' where that parent is not one of cls's dataclasses."""
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        known, inner = list(fields(cls)), fields(cls).get(part)
+        if part not in known:  # the first part it has no field for: the ones spelled like it
+            return "; " + near(part, known, _key(kind, ".".join(parts[:i])) if i else kind)
+        if not dataclasses.is_dataclass(inner):  # a value, not a section: not what is misspelt
+            return ""
+        cls = inner
+    return ""
+
+
 def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any]:
     """`node`'s values checked against cls: types and unknown keys by OmegaConf, then Literal choices and the
     class's `RULES` (value ranges), a ConfigError naming the key, the value and what is allowed. The `_target_` key,
@@ -120,7 +141,9 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
         if allowed := _type_allowed(cls, key, message):  # `link.bandwidth: fast`: what the key takes, with its unit
             value = functools.reduce(operator.getitem, key.split("."), plain)  # at the dotted key
             raise ConfigError(f"{_key(kind, key)}={value!r} is not allowed; expected {allowed}") from None
-        raise ConfigError(f"{_key(kind, key)}: {message}" if key else f"{kind or 'config'}: {message}") from None
+        near_by = unknown(cls, key, kind) if isinstance(e, ConfigKeyError) and key else ""
+        raise ConfigError(f"{_key(kind, key)}: {message}{near_by}" if key else f"{kind or 'config'}: {message}") \
+            from None
     missing = sorted(OmegaConf.missing_keys(merged))
     if missing:  # a field without a default (`???`) that the node does not give
         raise ConfigError(f"{_key(kind, missing[0])} is not set and has no default; give it "

@@ -232,6 +232,14 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     # tensor cores where there are none, or slower than float32: were priced (mixed_float16 13x slower, no word)
     (["hardware=dgx1_p100", "hardware.accelerator.tensor_flops=125e12"],
      ["tensor_flops=1.25e+14: a pascal GPU has no tensor cores (Volta and later have); use null"]),
+    # a misspelt key of the sheet: was Hydra's "To append ... use +hardware.accelerator.peak_flop", then
+    # "Key 'peak_flop' not in 'Accelerator'" with no key named
+    (["hardware=dgx1_p100", "hardware.accelerator.peak_flop=1e12"],
+     ["hardware.accelerator.peak_flop is not a key of the chosen hardware; did you mean "
+      "hardware.accelerator.peak_flops?"]),
+    (["hardware=dgx1_p100", "+hardware.accelerator.peak_flop=1e12"],
+     ["Key 'peak_flop' not in 'Accelerator'; did you mean hardware.accelerator.peak_flops?"]),
+    (["hardware=dgx1_p100", "hardware.acelerator.peak_flops=1e12"], ["did you mean hardware.accelerator?"]),
     # a named architecture with tensor cores, none given: mixed_float16 was priced as float32, 'has no tensor cores'
     (["hardware=dgx1_v100", "hardware.accelerator.tensor_flops=null"],
      ["hardware.accelerator.tensor_flops is not set, and a volta GPU has tensor cores", "(V100: 125e12)"]),

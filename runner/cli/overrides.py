@@ -153,9 +153,17 @@ def _unknown_key(key: str) -> str | None:
     from omegaconf import OmegaConf
 
     from runner.config import COMPONENTS, CONF_DIR
-    from runner.registry import fields
+    from runner.registry import fields, locate, near, unknown
 
     group, _, name = key.partition(".")
+    if "." in name and group in COMPONENTS:  # hardware.accelerator.peak_flop: Hydra's "+" hint fails validation
+        targets = {(OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {}).get("_target_") for o in group_options(group)}
+        classes = [*map(COMPONENTS[group].get, COMPONENTS[group].names()), *(locate(t, group) for t in targets if t)]
+        first = name.split(".")[0]
+        owners = [cls for cls in classes if first in fields(cls)]  # else: the first part is misspelt in all of them
+        hint = next((h for cls in owners if (h := unknown(cls, name, group))), "") if owners else \
+            "; " + near(first, sorted({f for cls in classes for f in fields(cls)}), group)
+        return f"{key} is not a key of the chosen {group}{hint}" if hint else None
     if not name or "." in name:
         return None
     if group not in COMPONENTS:  # train.step: a key of the top-level schema's sections
@@ -174,10 +182,8 @@ def _unknown_key(key: str) -> str | None:
 def _unknown_top_level(section: str, name: str) -> str | None:
     """For a key `section.name` the top-level schema's section (train, mlflow, sweep) lacks: the keys it has that are
     spelled alike, instead of Hydra's hint to append it (which then fails validation)."""
-    import difflib
-
     from runner.config import Config
-    from runner.registry import fields
+    from runner.registry import fields, near
 
     kind = fields(Config).get(section)
     if section not in fields(Config):
@@ -185,11 +191,8 @@ def _unknown_top_level(section: str, name: str) -> str | None:
                 "(python -m runner --cfg job shows them)")
     if not dataclasses.is_dataclass(kind):
         return None
-    keys = list(fields(kind))
-    close = difflib.get_close_matches(name, keys, n=3)
-    hint = f"did you mean {' or '.join(f'{section}.{k}' for k in close)}?" if close else \
-        f"its keys: {', '.join(f'{section}.{k}' for k in keys)}"
-    return f"{section}.{name} is not a key of {section}; {hint} (docs/configuration.md)"
+    return f"{section}.{name} is not a key of {section}; {near(name, list(fields(kind)), section, 99)} " \
+        "(docs/configuration.md)"
 
 
 def _preset_key(group: str, option: str, key: str, cls: str) -> str | None:
