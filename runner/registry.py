@@ -134,6 +134,10 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
     class's `RULES` (value ranges), a ConfigError naming the key, the value and what is allowed. The `_target_` key,
     which names the class, is left out."""
     plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    for name, annotation in fields(cls).items():  # a section given as a value: OmegaConf's merge error names no key
+        if dataclasses.is_dataclass(annotation) and name in plain and not isinstance(plain[name], Mapping):
+            raise ConfigError(f"{_key(kind, name)}={plain[name]!r} is not allowed; expected its keys: "
+                              f"{', '.join(fields(annotation))}")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})
     except OmegaConfBaseException as e:  # named by the component's key; the message's first line (the rest: detail)
@@ -202,8 +206,9 @@ class Registry:
     imported once, to register them), plus classes a config names with `_target_`. `from_function` turns (target
     path, function, other keys) into a component where a plain function is one (models); None: a class only."""
 
-    def __init__(self, kind: str, package: str, from_function: Callable[..., Any] | None = None):
+    def __init__(self, kind: str, package: str, from_function: Callable[..., Any] | None = None, own: str = ""):
         self.kind, self.package, self.from_function = kind, package, from_function
+        self.own = own  # the class a user's YAML of this kind names with `_target_` (hardware: a spec sheet's)
         self._classes: dict[str, type] = {}
         self._discovered = False
 
@@ -237,7 +242,8 @@ class Registry:
         if name not in self._classes:
             raise ConfigError(
                 f"{self.kind}.name={name!r} is not allowed; choose one of: {', '.join(self.names())} "
-                f"(or name your own class with {self.kind}.{TARGET})"
+                + (f"(or, in your own {self.kind} YAML, {TARGET}: {self.own})" if self.own else
+                   f"(or name your own class with {self.kind}.{TARGET})")
             )
         return self._classes[name]
 

@@ -228,7 +228,9 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     # words where a number goes: were OmegaConf's "Value 'fast' of type 'str' could not be converted to Float"
     (["hardware=dgx1_p100", "hardware.link.bandwidth=fast"],
      ["hardware.link.bandwidth='fast' is not allowed; expected bytes/s, at least 1e+08 (25e9 for 25 GB/s)"]),
-    (["hardware=dgx1_p100", "hardware.nodes=abc"], ["hardware.nodes='abc' is not allowed; expected a positive number"]),
+    (["hardware=dgx1_p100", "hardware.nodes=abc"], ["hardware.nodes='abc' is not allowed; expected a positive integer"]),
+    (["hardware=dgx1_p100", "hardware.devices_per_node=2.5"],  # was "a positive number of devices"
+     ["hardware.devices_per_node=2.5 is not allowed; expected a positive integer (devices)"]),
     # tensor cores where there are none, or slower than float32: were priced (mixed_float16 13x slower, no word)
     (["hardware=dgx1_p100", "hardware.accelerator.tensor_flops=125e12"],
      ["tensor_flops=1.25e+14: a pascal GPU has no tensor cores (Volta and later have); use null"]),
@@ -281,6 +283,23 @@ def test_a_users_hardware_yaml_missing_a_field_is_named(capsys, tmp_path):
     assert code == 0 and "x2" in out, out + err
     # no architecture named: priced with Pascal's constants, which no table checked for this card (was said nowhere)
     assert "on mine's spec sheet; an unnamed architecture priced with pascal's constants, unchecked" in out, out
+
+
+def test_a_users_hardware_yaml_of_the_wrong_shape_is_told_what_it_needs(capsys, tmp_path):
+    """A sheet without `_target_` ("choose one of: this"), a section given as a value (OmegaConf's "Merge error: str
+    is not a subclass of Accelerator", no key named) and a misspelt key each get one line saying what is needed."""
+    (tmp_path / "hardware").mkdir()
+    sheet = "name: mine\ndevices_per_node: 2\n"
+    for text, wanted in [(sheet + "accelerator: {name: x}\n", "(or, in your own hardware YAML, _target_: "
+                                                                 "runner.hardware.SpecSheet)"),
+                         ("_target_: runner.hardware.SpecSheet\n" + sheet + "accelerator: P100\n",
+                          "hardware.accelerator='P100' is not allowed; expected its keys: name, architecture, "),
+                         ("_target_: runner.hardware.SpecSheet\n" + sheet + "accelerator: {memory_bandwith: 1}\n",
+                          "Key 'memory_bandwith' not in 'Accelerator'; did you mean hardware.accelerator.memory_bandwidth")]:
+        (tmp_path / "hardware" / "mine.yaml").write_text(text)
+        code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
+                                    "hardware=mine", "gpus=1", "strategy=single")
+        assert code == 2 and err.startswith("error: ") and wanted in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_a_batch_that_fits_no_device_is_refused_with_what_would():

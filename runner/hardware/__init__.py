@@ -84,7 +84,7 @@ class Host:
 
     RULES: ClassVar[dict[str, Rule]] = {"bandwidth": at_least(1e8, "bytes/s", "15.75e9 for 15.75 GB/s"),
                                         "memory_bandwidth": at_least(1e9, "bytes/s", "76.8e9 for 76.8 GB/s"),
-                                        "shared_by": (positive, "a positive number of devices")}
+                                        "shared_by": (positive, "a positive integer (devices)")}
 
 
 @dataclass
@@ -125,11 +125,11 @@ class SpecSheet:
     devices_per_node: int = "???"
     link: Link = field(default_factory=Link)
     host: Host = field(default_factory=Host)
-    nodes: int = 1  # the nodes it has; a prediction uses ceil(gpus / devices_per_node) of them
+    nodes: int = 1  # the nodes it has; a prediction uses as few as hold its gpus evenly (`nodes_for`)
     network: Network = field(default_factory=Network)
 
-    RULES: ClassVar[dict[str, Rule]] = {"devices_per_node": (positive, "a positive number of devices"),
-                                        "nodes": (positive, "a positive number of nodes")}
+    RULES: ClassVar[dict[str, Rule]] = {"devices_per_node": (positive, "a positive integer (devices)"),
+                                        "nodes": (positive, "a positive integer (nodes)")}
     measured: ClassVar[bool] = False
 
     def check_devices(self, gpus: int, multi_process: bool) -> None:
@@ -158,7 +158,7 @@ class SpecSheet:
         return gpus % self.nodes_for(gpus) == 0
 
 
-HARDWARE = Registry("hardware", __name__)
+HARDWARE = Registry("hardware", __name__, own=f"{__name__}.{SpecSheet.__name__}")
 
 
 @HARDWARE.register
