@@ -9,7 +9,7 @@ import json
 import pathlib
 
 import pytest
-from conftest import compose, markdown_rows, subcommand
+from conftest import REPO, compose, markdown_rows, subcommand
 
 from runner.bench import published
 from runner.config import ConfigError, validate
@@ -300,6 +300,26 @@ def test_a_users_hardware_yaml_of_the_wrong_shape_is_told_what_it_needs(capsys, 
         code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
                                     "hardware=mine", "gpus=1", "strategy=single")
         assert code == 2 and err.startswith("error: ") and wanted in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_users_sheet_is_read_under_its_own_name_or_refused(capsys, tmp_path):
+    """A copy of dgx1_p100.yaml at half the peak in the user's folder was silently not read (Hydra finds the shipped
+    one first: the shipped rate printed); a copy named mine.yaml that kept `name: dgx1_p100` was labelled as that."""
+    shipped = (REPO / "conf" / "hardware" / "dgx1_p100.yaml").read_text()
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "dgx1_p100.yaml").write_text(shipped.replace("peak_flops: 10.6e12", "peak_flops: 5.3e12"))
+    (tmp_path / "hardware" / "mine.yaml").write_text(shipped)
+    for chosen, wanted in [("dgx1_p100", f"hardware=dgx1_p100: {tmp_path}/hardware/dgx1_p100.yaml is not read, the "
+                                         "runner's own conf/hardware/dgx1_p100.yaml is"),
+                           ("mine", "hardware=mine's sheet says name: dgx1_p100, and its predictions would be labelled "
+                                    "so; set name: mine in it")]:
+        code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
+                                    f"hardware={chosen}", "gpus=1", "strategy=single")
+        assert code == 2 and err.startswith(f"error: {wanted}") and len(err.strip().splitlines()) == 1, out + err
+    (tmp_path / "hardware" / "mine.yaml").write_text(shipped.replace("name: dgx1_p100", "name: mine"))
+    code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
+                                "hardware=mine", "gpus=1", "strategy=single")
+    assert code == 0 and "on mine's spec sheet" in out, out + err
 
 
 def test_a_batch_that_fits_no_device_is_refused_with_what_would():

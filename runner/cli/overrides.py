@@ -120,7 +120,21 @@ def check_group_overrides(args: list[str]) -> str | None:
         for value in values:
             if value is not None and str(value) not in allowed:
                 return f"{group}={value} is not an option of group '{group}'; choose one of: {', '.join(allowed)}"
+            if value is not None and (shadowed := _shadowed(group, str(value), extra)):
+                return shadowed
     return None
+
+
+def _shadowed(group: str, option: str, dirs: tuple[Path, ...]) -> str:
+    """Why a user's `group/option.yaml` of the same name as a shipped one is not read (Hydra finds the shipped one
+    first, and the user's figures were silently ignored), or ''."""
+    from runner.config import CONF_DIR
+
+    yours = [d / group / f"{option}.yaml" for d in dirs if (d / group / f"{option}.yaml").is_file()]
+    if not yours or not (CONF_DIR / group / f"{option}.yaml").is_file():
+        return ""
+    return (f"{group}={option}: {yours[0]} is not read, the runner's own conf/{group}/{option}.yaml is (Hydra finds it "
+            "first); give yours another name")
 
 
 def explain(e: BaseException) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from runner.config import REPEATS, UNCOMPUTED, compose, validate
-from runner.errors import UserError, last_line, one_line
+from runner.errors import ConfigError, UserError, last_line, one_line
 from runner.measure.peak import BUSY, timed_with_others_share
 from runner.paths import read_cache, write_cache
 from runner.predict import calibrate, spec_sheet
@@ -87,6 +87,7 @@ def plan_for(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, A
     refusal with `refusals_raise`."""
     cfg = compose(overrides)
     try:
+        _check_named(overrides, cfg)
         plan = validate(cfg, priced=True)
     except Exception as e:  # noqa: BLE001 - any refusal is this combination's row
         if refusals_raise and isinstance(e, UserError):
@@ -99,6 +100,15 @@ def plan_for(overrides: list[str], refusals_raise: bool = False) -> tuple[Any, A
             raise
         return cfg, plan, one_line(e)
     return cfg, plan, None
+
+
+def _check_named(overrides: list[str], cfg: Any) -> None:
+    """ConfigError where the sheet chosen as `hardware=mine` says `name: dgx1_p100`: its predictions would be
+    labelled as, and told from, the other sheet's."""
+    chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("hardware=")), None)
+    if chosen and cfg.hardware.get("name") not in (None, chosen):
+        raise ConfigError(f"hardware={chosen}'s sheet says name: {cfg.hardware.name}, and its predictions would be "
+                          f"labelled so; set name: {chosen} in it")
 
 
 def _child(args: list[str], timeout: int) -> Any:
