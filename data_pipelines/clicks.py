@@ -213,7 +213,7 @@ def tsv_spec(folder: Path, vocabularies: tuple[int, ...] | None) -> Spec:
     if empty := [name for name, line in first.items() if not line]:
         raise DataError(f"{folder / empty[0]} is empty: each split of click logs needs at least one example (a line: "
                         f"a 0/1 label, {DENSE_FEATURES} dense counts, then one id per categorical column)")
-    if wrapping := [(name, what) for name, line in first.items() if (what := wrapped(line))]:
+    if wrapping := [(name, what) for name, line in first.items() if (what := wrapped(line, folder / name))]:
         raise DataError(f"{folder / wrapping[0][0]} is {wrapping[0][1]}; click logs are {LAYOUTS}")
     path = folder / TSV["train"]
     columns = first[TSV["train"]].rstrip(b"\r\n").count(b"\t") - DENSE_FEATURES  # fields after the label's

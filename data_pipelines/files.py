@@ -159,9 +159,10 @@ class Files(DatasetOptions):
             raise DataError(f"{path} cannot be read: {e.strerror or e}") from None
         except (ValueError, EOFError) as e:  # pickled objects, a header numpy cannot parse or that ends too soon
             raise DataError(f"{path} is not a .npy array numpy can memory-map: {e}") from None
+        if x is None and (what := wrapped(header, path)):
+            raise DataError(f"{path} is not a .npy file: it is {what}")
         if x is None:
-            what = "is empty" if not header else f"is {wrapped(header)}" if wrapped(header) else "has no numpy header"
-            raise DataError(f"{path} is not a .npy file: it {what} "
+            raise DataError(f"{path} is not a .npy file: it {'is empty' if not header else 'has no numpy header'} "
                             "(np.save writes one; an .npz archive holds several arrays: save each as its .npy)")
         if not x.dtype.isnative:
             raise DataError(f"{path} holds {x.dtype.str} values, in the other byte order than this machine's; save "

@@ -33,16 +33,18 @@ _APART = r"[\]\s\[]*"  # between the message and each value in TensorFlow's text
 
 HEADER = 12  # a record's header: its data's length (uint64, little-endian) and the length's masked CRC-32C (uint32)
 DAMAGED = "write it again (tf.io.TFRecordWriter; a TFDS dataset: tfds build)"  # what to do about a damaged file
-# A file's first bytes -> what it is, where a format's own check fails on it: compressed, or text in UTF-16
-WRAPPED = {b"\x1f\x8b": "gzip-compressed: gunzip it first", b"BZh": "bzip2-compressed: bunzip2 it first",
-           b"\xfd7zXZ": "xz-compressed: unxz it first", b"\x28\xb5\x2f\xfd": "zstd-compressed: unzstd it first",
-           b"\xff\xfe": "UTF-16 text: save it as UTF-8", b"\xfe\xff": "UTF-16 text: save it as UTF-8"}
+# A file's first bytes -> what it is and the command that turns it into what it should be, where a format's own
+# check fails on it: compressed (gunzip and its kin refuse a name without their suffix), or text in UTF-16
+WRAPPED = {b"\x1f\x8b": ("gzip-compressed", "gzip -dc"), b"BZh": ("bzip2-compressed", "bzip2 -dc"),
+           b"\xfd7zXZ": ("xz-compressed", "xz -dc"), b"\x28\xb5\x2f\xfd": ("zstd-compressed", "zstd -dc"),
+           b"\xff\xfe": ("UTF-16 text", "iconv -f UTF-16 -t UTF-8"), b"\xfe\xff": ("UTF-16 text", "iconv -f UTF-16 -t UTF-8")}
 
 
-def wrapped(head: bytes) -> str:
-    """What a file starting with `head` is when compressed or UTF-16 ('gzip-compressed: gunzip it first':
-    `WRAPPED`), else ''."""
-    return next((what for magic, what in WRAPPED.items() if head.startswith(magic)), "")
+def wrapped(head: bytes, path: object) -> str:
+    """What the file `path` starting with `head` is, when compressed or UTF-16, and the command that undoes it under
+    its own name ('gzip-compressed: gzip -dc < F > F.tmp && mv F.tmp F'), else ''."""
+    what, undo = next((found for magic, found in WRAPPED.items() if head.startswith(magic)), ("", ""))
+    return f"{what}; undo it in place: {undo} < {path} > {path}.tmp && mv {path}.tmp {path}" if what else ""
 
 
 def _crc32c_table() -> tuple[int, ...]:
@@ -72,7 +74,7 @@ def record_length(header: bytes, path: str, offset: int, size: int) -> int:
     """The data length in the header read at byte `offset` of the `size`-byte TFRecord file `path`; DataError
     (naming the file) unless the length passes its own checksum and the record ends within the file."""
     if len(header) == HEADER and struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8]):
-        what = wrapped(header) if offset == 0 else ""
+        what = wrapped(header, path) if offset == 0 else ""
         raise DataError(f"{path} is not a TFRecord file: the record header at byte {offset} fails its checksum "
                         + (f"(it is {what})" if what else f"(damaged, or another format); {DAMAGED}"))
     length = struct.unpack("<Q", header[:8])[0] if len(header) == HEADER else size

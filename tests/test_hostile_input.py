@@ -83,11 +83,12 @@ def test_compressed_or_utf16_data_is_named_with_what_to_do(tmp_path):
     (folder / "train-00000-of-00001").write_bytes(gzip.compress(record))
     with pytest.raises(ConfigError) as err:
         validate(compose("data=files", f"data.path={folder}", "data.shape=[8,8,1]", "data.classes=10"))
-    one_line_naming(err.value, f"{folder / 'train-00000-of-00001'} is not a TFRecord file", "gzip-compressed",
-                    "gunzip it first")
+    shard = folder / "train-00000-of-00001"
+    one_line_naming(err.value, f"{shard} is not a TFRecord file", f"(it is gzip-compressed; undo it in place: gzip -dc "
+                    f"< {shard} > {shard}.tmp && mv {shard}.tmp {shard})")
     line = "\t".join(["1", *["7"] * 13, "4", "5", "6"]) + "\n"
-    for encode, said in [(lambda text: gzip.compress(text.encode()), "gzip-compressed: gunzip it first"),
-                         (lambda text: text.encode("utf-16"), "UTF-16 text: save it as UTF-8")]:
+    for encode, said in [(lambda text: gzip.compress(text.encode()), "gzip-compressed; undo it in place: gzip -dc <"),
+                         (lambda text: text.encode("utf-16"), "UTF-16 text; undo it in place: iconv -f UTF-16 -t UTF-8")]:
         for name in ("train.tsv", "test.tsv"):
             (tmp_path / name).write_bytes(encode(line * 4))
         with pytest.raises(DataError) as err:
@@ -96,7 +97,7 @@ def test_compressed_or_utf16_data_is_named_with_what_to_do(tmp_path):
     (tmp_path / "x_train.npy").write_bytes(gzip.compress(b"\x93NUMPY"))
     with pytest.raises(DataError) as err:
         Files(path=str(tmp_path))._array("x_train")
-    one_line_naming(err.value, f"{tmp_path / 'x_train.npy'} is not a .npy file", "gzip-compressed: gunzip it first")
+    one_line_naming(err.value, f"{tmp_path / 'x_train.npy'} is not a .npy file: it is gzip-compressed; undo it")
 
 
 def write_records(tf, path, images: list[bytes]) -> None:
