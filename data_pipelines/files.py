@@ -28,7 +28,9 @@ from runner.tasks import TASKS, from_labels
 log = logging.getLogger(__name__)
 ARRAYS = ("x_train", "y_train", "x_test", "y_test")  # the .npy files of the npy layout
 NPY_MAGIC = b"\x93NUMPY"  # how every .npy file begins (numpy.lib.format)
-SQUARABLE = math.sqrt(np.finfo(np.float32).max)  # the largest value whose square float32 holds (1.8e19)
+# The largest target whose squared error, summed over a batch of up to 2**20 examples (the loss's reduce_sum),
+# float32 holds: 1.8e16
+SQUARABLE = math.sqrt(np.finfo(np.float32).max / 2**20)
 DTYPES = ("uint8", "float32")  # stored image dtypes the spec knows
 UNLABELLED = "integer token ids, rows (n, length) or one stream (n,)"  # what the npy layout takes without labels
 
@@ -175,7 +177,7 @@ class Files(DatasetOptions):
     def _finite(self, x: np.ndarray, name: str, bound: float = math.inf) -> None:
         """DataError where float `x` holds a NaN or an infinity: a NaN pixel comes out of a ReLU as 0 and the run
         trains on, a NaN label makes every score NaN (checked in slices of rows: no copy of a large array); or a
-        value beyond `bound` (a target whose squared error overflows float32: the loss is infinite at step 1)."""
+        value beyond `bound` (a target whose squared errors overflow float32: the loss is infinite at step 1)."""
         if x.dtype.kind != "f":
             return
         for start in range(0, len(x), rows := max(1, 2**24 // max(1, x[0].size))):
@@ -183,8 +185,8 @@ class Files(DatasetOptions):
             if not within.all():
                 where = np.unravel_index(int(np.argmin(within)), within.shape)
                 value = x[start:start + rows][where]
-                rule = ("data=files takes finite values" if not np.isfinite(value) else f"beyond {bound:.2g}, its "
-                        "squared error overflows float32: scale the targets (e.g. y / y.std())")
+                rule = ("data=files takes finite values" if not np.isfinite(value) else f"beyond {bound:.2g}, squared "
+                        "errors summed over a batch overflow float32: scale the targets (e.g. y / np.abs(y).max())")
                 raise DataError(f"{self.path}/{name}.npy holds {value:g} at index "
                                 f"{(start + int(where[0]), *map(int, where[1:]))}; {rule}")
 

@@ -271,9 +271,11 @@ def test_a_bad_label_on_the_command_line_is_one_error_line_without_tensorflows_l
     (lambda t: _replace(write_npy(t / "ds"), y_train=np.zeros(600, np.float32), y_test=np.full(100, np.inf)), [],
      ["y_test.npy holds inf at index (0,)"]),
     # finite, but its squared error is not: the loss was infinite at step 1, said as "look for NaN or infinite values"
-    (lambda t: _replace(write_npy(t / "ds"), y_train=np.array([1.0, -1e38] * 300, np.float32),
+    # (1e19: its square fits float32, a batch's sum of them does not)
+    (lambda t: _replace(write_npy(t / "ds"), y_train=np.array([1.0, -1e19] * 300, np.float32),
                         y_test=np.zeros(100, np.float32)), [],
-     ["y_train.npy holds -1e+38 at index (1,)", "its squared error overflows float32", "scale the targets"]),
+     ["y_train.npy holds -1e+19 at index (1,)", "beyond 1.8e+16, squared errors summed over a batch overflow float32",
+      "y / np.abs(y).max()"]),
     (lambda t: _replace(write_npy(t / "ds", dtype=np.float32), x_test=np.zeros((100, 20, 24, 3), np.uint8)), [],
      ["x_test.npy uint8", "x_train.npy float32", "store both splits alike", "uint8 images are scaled"]),
     (lambda t: _replace(write_npy(t / "ds"), y_test=np.zeros(100, np.float32)), [],  # was said of uint8 images
