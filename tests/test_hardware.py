@@ -382,6 +382,31 @@ def test_the_gpts_tied_output_layer_and_attention_scores_are_priced():
 
 
 
+def test_cross_attention_and_a_shared_lookup_table_are_priced_as_what_they_do():
+    """Cross-attention's scores are (t_q, t_k), its keys and values projected at t_k positions (was t_q x t_q: 4
+    queries over 512 keys kept 70x too little); an Embedding that counts its FLOPs and is called twice on ids is two
+    lookups, not a tied output matmul."""
+    import keras
+
+    from runner.measure.flops import forward_flops_per_example
+
+    query, memory = keras.Input((4, 32)), keras.Input((512, 48))
+    model = keras.Model([query, memory], keras.layers.MultiHeadAttention(4, 16, value_dim=8)(query, memory))
+    (attention,) = [x for x in spec_sheet.layers(model) if x.kind == "compute"]
+    scores, projected = 4 * 4 * 4 * 512, 4 * 4 * (4 * 16 + 512 * (16 + 8))
+    assert attention.kept == 4 * 4 * 32 + 2 * scores + projected
+    kernels = 2 * (32 * 4 * 16 * 4 + 4 * 8 * 32 * 4 + (48 * 4 * 16 + 48 * 4 * 8) * 512)  # q and output at 4, k v at 512
+    assert forward_flops_per_example(model) == kernels + 2 * 4 * 512 * 4 * (16 + 8)
+
+    class Counted(keras.layers.Embedding):
+        def forward_flops_per_example(self) -> float:
+            return 0.0
+
+    table, a, b = Counted(100, 8), keras.Input((3,), dtype="int32"), keras.Input((3,), dtype="int32")
+    shared = keras.Model([a, b], keras.layers.Concatenate()([table(a), table(b)]))
+    assert [x.kind for x in spec_sheet.layers(shared)] == ["lookup", "elementwise"]
+
+
 def test_a_batch_too_large_under_strong_scaling_is_told_as_the_global_batch(capsys):
     """Was 'use train.per_device_batch_size=3 or less', which the runner then refuses as derived (strong scaling)."""
     code, out, err = subcommand(capsys, "predict", "model=gpt", "data=shakespeare", "model.variant=baby",

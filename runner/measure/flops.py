@@ -87,13 +87,23 @@ def _counts_itself(layer: Any) -> bool:
 
 
 def _attention_flops(layer: Any) -> float:
-    """Self-attention over t positions: the query, key, value and output projections (2 x kernel size each per
-    position) and the two (t, t) products, scores Q K^T and weights x V (2 t t x heads x key_dim each; a causal mask
-    does not skip them). Keras' MultiHeadAttention keeps its projections as EinsumDense sublayers."""
-    t = math.prod(tuple(layer.output.shape)[1:-1])  # query positions (self-attention: keys too)
-    projections = (layer._query_dense, layer._key_dense, layer._value_dense, layer._output_dense)
-    width = layer._num_heads * layer._key_dim
-    return sum(2.0 * math.prod(d.kernel.shape) * t for d in projections) + 2 * 2.0 * t * t * width
+    """Attention of t_q query positions over t_k key positions (`attention_positions`; self-attention: t and t): the
+    query and output projections at each query position and the key and value ones at each key position (2 x kernel
+    size each), and the two products, scores Q K^T (2 t_q t_k x heads x key_dim) and weights x V (2 t_q t_k x heads
+    x value_dim; a causal mask does not skip them). Keras' MultiHeadAttention keeps its projections as EinsumDense
+    sublayers."""
+    t_q, t_k = attention_positions(layer)
+    size = [math.prod(d.kernel.shape) for d in (layer._query_dense, layer._key_dense, layer._value_dense,
+                                                layer._output_dense)]
+    products = 2.0 * t_q * t_k * layer._num_heads * (layer._key_dim + layer._value_dim)
+    return 2.0 * ((size[0] + size[3]) * t_q + (size[1] + size[2]) * t_k) + products
+
+
+def attention_positions(layer: Any) -> tuple[int, int]:
+    """(query, key) positions of a MultiHeadAttention layer's call: the query's and the value's (Keras' key defaults
+    to the value), the same t in self-attention."""
+    inputs = layer._inbound_nodes[0].input_tensors  # query, value[, key]
+    return tuple(math.prod(tuple(x.shape)[1:-1]) for x in (inputs[0], inputs[min(1, len(inputs) - 1)]))
 
 
 def forward_flops_per_example(model: Any) -> float:

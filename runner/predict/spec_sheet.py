@@ -21,7 +21,7 @@ from typing import Any
 from runner.config import SLOTS, TOUCHED
 from runner.errors import ConfigError, UserError
 from runner.lazy import keras
-from runner.measure.flops import _forward_flops, leaf_layers
+from runner.measure.flops import _forward_flops, attention_positions, leaf_layers
 from runner.strategies import on_spec_sheets, splitting
 
 
@@ -114,24 +114,28 @@ def _layer(layer: Any, first: bool) -> Layer:
         raise UserError(f"not priced on spec sheets: no FLOP formula for layer {layer.name} ({type(layer).__name__}; "
                         "runner/measure/flops.py has those it prices); runner predict without hardware= prices the "
                         "model on this machine, where its passes are measured") from None
-    if isinstance(layer, keras.layers.MultiHeadAttention):  # the heads' (t, t) scores and weights, and q, k, v
-        t, width = math.prod(tuple(layer.output.shape)[1:-1]), layer._num_heads * layer._key_dim
-        scores = 4.0 * layer._num_heads * t * t
-        kept, moved = kept + 2 * scores + 3 * 4.0 * t * width, moved + 4 * scores  # softmax: read, write; x V: read
+    if isinstance(layer, keras.layers.MultiHeadAttention):  # the heads' (t_q, t_k) scores and weights, q, k and v
+        (t_q, t_k), heads = attention_positions(layer), layer._num_heads
+        scores = 4.0 * heads * t_q * t_k
+        projected = 4.0 * heads * (t_q * layer._key_dim + t_k * (layer._key_dim + layer._value_dim))
+        kept, moved = kept + 2 * scores + projected, moved + 4 * scores  # softmax: read, write; x V: read
     return Layer("compute", flops, moved, weights, first, kept, algorithm=_algorithm(layer))
 
 
 def _tied_output(layer: Any) -> list[Layer]:
-    """A token embedding called again as the output layer (the GPT's tied table: an Embedding that counts its own
-    FLOPs, its output matmul): that call as a compute layer holding the table's weights, whose gradient is dense."""
-    if not (isinstance(layer, keras.layers.Embedding) and hasattr(layer, "forward_flops_per_example")
-            and len(layer._inbound_nodes) > 1):
+    """A token embedding also called on float states as the output layer (the GPT's tied table: an Embedding that
+    counts its own FLOPs, its output matmul): each such call as a compute layer of the table's weights (their
+    gradient dense); its calls on integer ids are the lookup."""
+    if not (isinstance(layer, keras.layers.Embedding) and hasattr(layer, "forward_flops_per_example")):
         return []
-    call = layer._inbound_nodes[-1]  # (b, t, channels) states -> (b, t, vocabulary) logits
-    states, logits = (4.0 * _elements(tensors) for tensors in (call.input_tensors, call.output_tensors))
     weights = 4.0 * sum(math.prod(w.shape) for w in layer.trainable_weights)
-    return [Layer("compute", float(layer.forward_flops_per_example()), states + logits, weights, kept=logits,
-                  algorithm="gemm")]
+    out = []
+    for call in layer._inbound_nodes[1:]:  # the first builds the layer: a lookup (`_layer`)
+        if "float" in str(call.input_tensors[0].dtype):  # (b, t, channels) states -> (b, t, vocabulary) logits
+            states, logits = (4.0 * _elements(tensors) for tensors in (call.input_tensors, call.output_tensors))
+            out.append(Layer("compute", float(layer.forward_flops_per_example()), states + logits,
+                             0.0 if out else weights, kept=logits, algorithm="gemm"))  # its weights once
+    return out
 
 
 def _algorithm(layer: Any) -> str:
