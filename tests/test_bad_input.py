@@ -130,8 +130,13 @@ ROWS = {
     "list-not-list": Bad(["strategy=multi_worker", "strategy.workers=h0:1"],
                          ["strategy.workers=h0:1", "takes a list: strategy.workers=[a,b]"]),
     # Hydra's "Ambiguous value ..." with its two choices ("1. ... 2. ...") cut to the first by one_line
+    # and the one spelling the key takes (a list for data.path then failed: "Cannot convert 'list' to string")
     "comma-in-value": Bad(["data=files", "data.path=/data/a,b"],
-                          ["data.path=/data/a,b", "data.path=[/data/a,b]", "'data.path=\"/data/a,b\"'"]),
+                          ["data.path=/data/a,b: an unquoted comma is ambiguous; a sweep of its values is `-m "
+                           "data.path=/data/a,b`, one value holding a comma quoted: 'data.path=\"/data/a,b\"'"]),
+    "comma-in-list": Bad(["model=dlrm", "data=clicks", "data.vocabulary_sizes=3,4"],
+                         ["data.vocabulary_sizes=3,4: an unquoted comma is ambiguous; a list is written "
+                          "data.vocabulary_sizes=[3,4]"]),
     "epochs-not-number": Bad(["train.epochs=many"], ["train.epochs", "'many'", "Float"]),
     # an unknown key: were Hydra's "To append to your config use +train.step=100", which then failed validation
     "unknown-key": Bad(["train.foo=1"], ["train.foo is not a key of train; its keys: ", "train.steps"]),

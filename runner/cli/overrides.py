@@ -148,8 +148,11 @@ def explain(e: BaseException) -> str:
         return _preset_key(*preset.groups()) or text
     if comma := re.match(r"Ambiguous value for argument '([^=]+)=(.*)'", text):  # Hydra's two choices, cut at "1."
         key, value = comma.groups()
-        return (f"{key}={value}: an unquoted comma is ambiguous; a list is written {key}=[{value}], a value holding "
-                f"a comma quoted: '{key}=\"{value}\"'")
+        as_list = f"a list is written {key}=[{value}]"
+        one = f"a sweep of its values is `-m {key}={value}`, one value holding a comma quoted: '{key}=\"{value}\"'"
+        takes = _takes_list(key)
+        return f"{key}={value}: an unquoted comma is ambiguous; " + (
+            as_list if takes else one if takes is False else f"{as_list}; {one}")
     cause = e.__cause__ or e.__context__
     if text.startswith("Error merging override") and cause is not None and str(cause).strip():
         text += f": {str(cause).strip().splitlines()[0].rstrip('.')}"
@@ -159,6 +162,20 @@ def explain(e: BaseException) -> str:
         elif "is not a ListConfig" in text:
             text += f"; {key} takes a list: {key}=[a,b]"
     return text
+
+
+def _takes_list(key: str) -> bool | None:
+    """Whether `key` (data.vocabulary_sizes, data.path, train.seed) takes a list in every component or section that
+    has it, or None where they differ or none has it."""
+    from runner.config import COMPONENTS, Config
+    from runner.registry import fields
+
+    group, _, name = key.partition(".")
+    owners = [COMPONENTS[group].get(n) for n in COMPONENTS[group].names()] if group in COMPONENTS else \
+        [fields(Config).get(group)]
+    kinds = {any(typing.get_origin(t) in (list, tuple) for t in (typing.get_args(f[name]) or ()) + (f[name],))
+             for f in (fields(o) for o in owners if dataclasses.is_dataclass(o)) if name in f}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _unknown_key(key: str) -> str | None:
