@@ -316,6 +316,9 @@ def test_a_users_sheet_is_read_under_its_own_name_or_refused(capsys, tmp_path):
         code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
                                     f"hardware={chosen}", "gpus=1", "strategy=single")
         assert code == 2 and err.startswith(f"error: {wanted}") and len(err.strip().splitlines()) == 1, out + err
+    code, out, err = subcommand(capsys, "predict", "--config-dir", str(REPO / "conf"), "experiment=tf_cnn_resnet50",
+                                "hardware=dgx1_p100", "gpus=1", "strategy=single")  # the shipped file itself
+    assert code == 0, err
     (tmp_path / "hardware" / "mine.yaml").write_text(shipped.replace("name: dgx1_p100", "name: mine"))
     code, out, err = subcommand(capsys, "predict", "--config-dir", str(tmp_path), "experiment=tf_cnn_resnet50",
                                 "hardware=mine", "gpus=1", "strategy=single")

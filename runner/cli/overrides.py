@@ -127,11 +127,13 @@ def check_group_overrides(args: list[str]) -> str | None:
 
 def _shadowed(group: str, option: str, dirs: tuple[Path, ...]) -> str:
     """Why a user's `group/option.yaml` of the same name as a shipped one is not read (Hydra finds the shipped one
-    first, and the user's figures were silently ignored), or ''."""
+    first, and the user's figures were silently ignored), or ''. A choice made by a preset (an experiment's
+    `override /model: cnn`) is not seen here."""
     from runner.config import CONF_DIR
 
-    yours = [d / group / f"{option}.yaml" for d in dirs if (d / group / f"{option}.yaml").is_file()]
-    if not yours or not (CONF_DIR / group / f"{option}.yaml").is_file():
+    shipped = CONF_DIR / group / f"{option}.yaml"
+    yours = [p for d in dirs if (p := d / group / f"{option}.yaml").is_file() and p.resolve() != shipped.resolve()]
+    if not yours or not shipped.is_file():
         return ""
     return (f"{group}={option}: {yours[0]} is not read, the runner's own conf/{group}/{option}.yaml is (Hydra finds it "
             "first); give yours another name")
