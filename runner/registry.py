@@ -108,11 +108,13 @@ def check(key: str, value: Any, rule: Rule) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed; expected {allowed}")
 
 
-def near(word: str, names: list[str], prefix: str = "", shown: int = 12) -> str:
-    """'did you mean <prefix>.a or <prefix>.b?' for the names spelled like `word`, else the names (up to `shown`)."""
+def near(word: str, names: list[str], prefix: str = "", shown: int = 12, whose: str = "its keys") -> str:
+    """'did you mean <prefix>.a or <prefix>.b?' for the names spelled like `word`, else `whose`: the names (up to
+    `shown`)."""
     spell = [f"{prefix}.{n}" if prefix else n for n in names]
     close = [spell[names.index(n)] for n in difflib.get_close_matches(word, names, n=3)]
-    return f"did you mean {' or '.join(close)}?" if close else f"its keys: {', '.join(spell[:shown])}"
+    more = f" (+{len(spell) - shown} more)" if len(spell) > shown else ""
+    return f"did you mean {' or '.join(close)}?" if close else f"{whose}: {', '.join(spell[:shown])}{more}"
 
 
 def unknown(cls: type, key: str, kind: str) -> str:

@@ -242,6 +242,9 @@ def test_the_json_form_has_one_object_per_combination(capsys):
     (["hardware=dgx1_p100", "+hardware.accelerator.peak_flop=1e12"],
      ["Key 'peak_flop' not in 'Accelerator'; did you mean hardware.accelerator.peak_flops?"]),
     (["hardware=dgx1_p100", "hardware.acelerator.peak_flops=1e12"], ["did you mean hardware.accelerator?"]),
+    # misspelt in every option: not "of the chosen hardware", and every key, not the first 12 of them
+    (["hardware=dgx1_p100", "hardware.qqq.x=1"], ["hardware.qqq.x is not a key of any hardware; the hardware options' "
+                                                  "keys: hardware.accelerator, ", "hardware.nodes"]),
     # a named architecture with tensor cores, none given: mixed_float16 was priced as float32, 'has no tensor cores'
     (["hardware=dgx1_v100", "hardware.accelerator.tensor_flops=null"],
      ["hardware.accelerator.tensor_flops is not set, and a volta GPU has tensor cores", "(V100: 125e12)"]),

@@ -193,9 +193,12 @@ def _unknown_key(key: str) -> str | None:
         targets = {(OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {}).get("_target_") for o in group_options(group)}
         classes = [*map(COMPONENTS[group].get, COMPONENTS[group].names()), *(locate(t, group) for t in targets if t)]
         first = name.split(".")[0]
-        owners = [cls for cls in classes if first in fields(cls)]  # else: the first part is misspelt in all of them
-        hint = next((h for cls in owners if (h := unknown(cls, name, group))), "") if owners else \
-            "; " + near(first, sorted({f for cls in classes for f in fields(cls)}), group)
+        owners = [cls for cls in classes if first in fields(cls)]
+        if not owners:  # the first part is misspelt in all of them: the keys of every option of the group
+            keys = sorted({f for cls in classes for f in fields(cls)})
+            whose = f"the {group} options' keys"
+            return f"{key} is not a key of any {group}; {near(first, keys, group, 99, whose)}"
+        hint = next((h for cls in owners if (h := unknown(cls, name, group))), "")
         return f"{key} is not a key of the chosen {group}{hint}" if hint else None
     if not name or "." in name:
         return None
