@@ -243,9 +243,10 @@ class Registry:
         self.discover()
         if name not in self._classes:
             raise ConfigError(
-                f"{self.kind}.name={name!r} is not allowed; choose one of: {', '.join(self.names())} "
-                + (f"(or, in your own {self.kind} YAML, {TARGET}: {self.own})" if self.own else
-                   f"(or name your own class with {self.kind}.{TARGET})")
+                f"{self.kind}.name={name!r} is not a built-in {self.kind} ({', '.join(self.names())}), and a "
+                f"{self.kind} YAML of your own names its class: {TARGET}: {self.own}" if self.own else
+                f"{self.kind}.name={name!r} is not allowed; choose one of: {', '.join(self.names())} (or name your "
+                f"own class with {self.kind}.{TARGET})"
             )
         return self._classes[name]
 

@@ -293,8 +293,9 @@ def test_a_users_hardware_yaml_of_the_wrong_shape_is_told_what_it_needs(capsys, 
     is not a subclass of Accelerator", no key named) and a misspelt key each get one line saying what is needed."""
     (tmp_path / "hardware").mkdir()
     sheet = "name: mine\ndevices_per_node: 2\n"
-    for text, wanted in [(sheet + "accelerator: {name: x}\n", "(or, in your own hardware YAML, _target_: "
-                                                                 "runner.hardware.SpecSheet)"),
+    for text, wanted in [(sheet + "accelerator: {name: x}\n", "hardware.name='mine' is not a built-in hardware "
+                                                                 "(this), and a hardware YAML of your own names its "
+                                                                 "class: _target_: runner.hardware.SpecSheet"),
                          ("_target_: runner.hardware.SpecSheet\n" + sheet + "accelerator: P100\n",
                           "hardware.accelerator='P100' is not allowed; expected its keys: name, architecture, "),
                          ("_target_: runner.hardware.SpecSheet\n" + sheet + "accelerator: {memory_bandwith: 1}\n",
