@@ -419,7 +419,7 @@ def test_a_batch_too_large_under_strong_scaling_is_told_as_the_global_batch(caps
     code, out, err = subcommand(capsys, "predict", "model=gpt", "data=shakespeare", "model.variant=baby",
                                 "data.sequence_length=4096", "hardware=dgx1_p100", "train.global_batch_size=64", "gpus=8",
                                 "strategy=mirrored")
-    assert code == 2 and "train.per_device_batch_size=8 needs 43.5 GB per device" in err, out + err
+    assert code == 2 and "train.global_batch_size=64 (8 per device) needs 43.5 GB per device" in err, out + err
     assert err.strip().endswith("use train.global_batch_size=24 or less (3 per device)"), err
     code, out, err = subcommand(capsys, "predict", "model=gpt", "data=shakespeare", "model.variant=baby",
                                 "data.sequence_length=4096", "hardware=dgx1_p100", "train.global_batch_size=24", "gpus=8",

@@ -264,11 +264,13 @@ def _check_fits(plan: Any, model_layers: list[Layer], batch: int) -> None:
         return
     most = max(0, int((have - fixed) // per_example)) if per_example > 0 else 0
     digits = next(d for d in range(1, 10) if round(need / 1e9, d) != round(have / 1e9, d))  # 11.84 vs 11.81, not 11.8
-    split = [f"strategy={n}" for n in splitting() if n in on_spec_sheets()]  # one it could then price
+    split = "".join(f" or strategy={n}" for n in splitting() if n in on_spec_sheets())  # one it could then price
     towers = plan.strategy.towers(plan.gpus)
-    fix = (f"use train.per_device_batch_size={most} or less" if most and train.batch_scaling == "weak" else
-           f"use train.global_batch_size={most * towers} or less ({most} per device)" if most else
-           "its weights and optimizer state alone do not fit: use a device with more memory"
-           + "".join(f" or {s}" for s in split))
-    raise ConfigError(f"train.per_device_batch_size={batch} needs {need / 1e9:,.{digits}f} GB per device on hardware="
-                      f"{hw.name} ({hw.accelerator.name}: {have / 1e9:,.{digits}f} GB); {fix}")
+    # the key the user sets: the per-device batch under weak scaling, else the global one (the per-device is derived)
+    key, size, scale = (("per_device_batch_size", batch, 1) if train.batch_scaling == "weak" else
+                        ("global_batch_size", train.global_batch_size, towers))
+    per_device = "" if scale == 1 else " ({} per device)"
+    fix = (f"use train.{key}={most * scale} or less{per_device.format(most)}" if most else
+           f"its weights and optimizer state alone do not fit: use a device with more memory{split}")
+    raise ConfigError(f"train.{key}={size}{per_device.format(batch)} needs {need / 1e9:,.{digits}f} GB per device on "
+                      f"hardware={hw.name} ({hw.accelerator.name}: {have / 1e9:,.{digits}f} GB); {fix}")
