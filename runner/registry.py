@@ -138,7 +138,8 @@ def typed_values(cls: type, node: Mapping[str, Any], kind: str) -> dict[str, Any
     plain = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
     for name, annotation in fields(cls).items():  # a section given as a value: OmegaConf's merge error names no key
         if dataclasses.is_dataclass(annotation) and name in plain and not isinstance(plain[name], Mapping):
-            raise ConfigError(f"{_key(kind, name)}={plain[name]!r} is not allowed; expected its keys: "
+            given = spelled(plain[name]) if plain[name] is None else repr(plain[name])  # null, 'P100'
+            raise ConfigError(f"{_key(kind, name)}={given} is not allowed; expected its keys: "
                               f"{', '.join(fields(annotation))}")
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema(cls)), {k: v for k, v in plain.items() if k != TARGET})

@@ -108,7 +108,7 @@ def _check_named(overrides: list[str], cfg: Any) -> None:
     chosen = next((o.split("=", 1)[1] for o in overrides if o.startswith("hardware=")), None)
     if chosen and cfg.hardware.get("name") not in (None, chosen):
         raise ConfigError(f"hardware={chosen}'s sheet says name: {cfg.hardware.name}, and its predictions would be "
-                          f"labelled so; set name: {chosen} in it")
+                          f"labelled so; set name: {chosen} in it (or drop hardware.name=)")
 
 
 def _child(args: list[str], timeout: int) -> Any:
@@ -350,7 +350,7 @@ def _on(o: Outcome) -> str:
                  "against any published table" if architecture not in fit.architecture else "")
     unit = o.prediction.unit if o.prediction else spec_sheet.FIT_UNIT
     if unit != spec_sheet.FIT_UNIT:
-        unchecked += f"; {unit}/s priced with constants fitted to image CNNs, unchecked against any table of {unit}"
+        unchecked += f"; {unit}/s priced with constants fitted to image CNNs, unchecked against any table of {unit}/s"
     return f", on {name}'s spec sheet{unchecked}"
 
 
