@@ -388,7 +388,6 @@ def test_the_gpts_tied_output_layer_and_attention_scores_are_priced():
     assert large.prediction.rate < small.prediction.rate / 2  # the output layer: 9.9 of 15.9 GFLOP per example
 
 
-
 def test_cross_attention_and_a_shared_lookup_table_are_priced_as_what_they_do():
     """Cross-attention's scores are (t_q, t_k), its keys and values projected at t_k positions (was t_q x t_q: 4
     queries over 512 keys kept 70x too little); an Embedding that counts its FLOPs and is called twice on ids is two

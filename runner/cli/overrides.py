@@ -186,20 +186,11 @@ def _unknown_key(key: str) -> str | None:
     from omegaconf import OmegaConf
 
     from runner.config import COMPONENTS, CONF_DIR
-    from runner.registry import fields, locate, near, unknown
+    from runner.registry import fields
 
     group, _, name = key.partition(".")
     if "." in name and group in COMPONENTS:  # hardware.accelerator.peak_flop: Hydra's "+" hint fails validation
-        targets = {(OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {}).get("_target_") for o in group_options(group)}
-        classes = [*map(COMPONENTS[group].get, COMPONENTS[group].names()), *(locate(t, group) for t in targets if t)]
-        first = name.split(".")[0]
-        owners = [cls for cls in classes if first in fields(cls)]
-        if not owners:  # the first part is misspelt in all of them: the keys of every option of the group
-            keys = sorted({f for cls in classes for f in fields(cls)})
-            whose = f"the {group} options' keys"
-            return f"{key} is not a key of any {group}; {near(first, keys, group, 99, whose)}"
-        hint = next((h for cls in owners if (h := unknown(cls, name, group))), "")
-        return f"{key} is not a key of the chosen {group}{hint}" if hint else None
+        return _unknown_nested(group, name)
     if not name or "." in name:
         return None
     if group not in COMPONENTS:  # train.step: a key of the top-level schema's sections
@@ -213,6 +204,25 @@ def _unknown_key(key: str) -> str | None:
     if not owners:
         return f"{key} is not an option of any {group}; `python -m runner --cfg job` shows the chosen {group}'s options"
     return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"
+
+
+def _unknown_nested(group: str, name: str) -> str | None:
+    """For `group.name` a dotted key no option of the group has (hardware.accelerator.peak_flop): the keys spelled
+    like its first misspelt part, in the group's classes (registered, or named by a shipped option's `_target_`)."""
+    from omegaconf import OmegaConf
+
+    from runner.config import COMPONENTS, CONF_DIR
+    from runner.registry import fields, locate, near, unknown
+
+    targets = {(OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {}).get("_target_") for o in group_options(group)}
+    classes = [*map(COMPONENTS[group].get, COMPONENTS[group].names()), *(locate(t, group) for t in targets if t)]
+    first = name.split(".")[0]
+    owners = [cls for cls in classes if first in fields(cls)]
+    if not owners:  # the first part is misspelt in all of them: the keys of every option of the group
+        keys, whose = sorted({f for cls in classes for f in fields(cls)}), f"the {group} options' keys"
+        return f"{group}.{name} is not a key of any {group}; {near(first, keys, group, 99, whose)}"
+    hint = next((h for cls in owners if (h := unknown(cls, name, group))), "")
+    return f"{group}.{name} is not a key of the chosen {group}{hint}" if hint else None
 
 
 def _unknown_top_level(section: str, name: str) -> str | None:

@@ -317,8 +317,9 @@ def _given(cfg: Any, hardware: Any = None) -> dict[str, Any]:
     gives, a user's YAML perhaps only its `_target_`)."""
     gpus = int(cfg.gpus) if isinstance(cfg.gpus, int) else cfg.gpus
     per_node = cfg.hardware.get("devices_per_node") if isinstance(gpus, int) else None
-    nodes = (hardware.nodes_for(gpus) if hasattr(hardware, "nodes_for") else -(-max(gpus, 1) // per_node)) \
-        if per_node else 1
+    nodes = 1
+    if per_node:  # a spec sheet's: the nodes it prices on, or (refused) as few as hold the devices
+        nodes = hardware.nodes_for(gpus) if hasattr(hardware, "nodes_for") else -(-max(gpus, 1) // per_node)
     named = {group: cfg[group].get("name") or cfg[group].get("_target_") for group in ("strategy", "pipeline")}
     return {**named, "gpus": gpus, "nodes": nodes, "hardware": cfg.hardware.get("name"),
             "architecture": (cfg.hardware.get("accelerator") or {}).get("architecture")}
