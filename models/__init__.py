@@ -65,6 +65,15 @@ class Model(Protocol):
         """Whether every layer with weights is Dense (`strategy.split=width` applies)."""
 
 
+def label(model: Model) -> str:
+    """How run lines, tables and verdicts name a model: its own `label()` where it has one (keras_app: the network
+    it builds), else `mlp/tiny`, or `lenet` without variants."""
+    if callable(own := getattr(model, "label", None)):
+        return own()
+    variant = getattr(model, "variant", None)
+    return f"{model.name}/{variant}" if variant else model.name
+
+
 @dataclass
 class ModelOptions:
     """Base of the built-in models: what a model does not know until built is None / False."""

@@ -60,6 +60,10 @@ class KerasApp(ModelOptions):
         check_untrained("model.options", self.options)
         self.too_small(spec, SMALLEST)
 
+    def label(self) -> str:
+        """The network it builds, `ResNet50/default`: every keras.applications model was `keras_app/default`."""
+        return f"{self.app}/{self.variant}"
+
     def build(self, spec: Spec = MNIST):
         """The untrained network mapping (batch, *spec.shape) images to (batch, spec.classes) logits."""
         fn = getattr(keras.applications, self.app)

@@ -27,6 +27,7 @@ from runner.data_pipelines import DataError
 from runner.errors import UserError, one_line
 from runner.lazy import keras, tf
 from runner.measure import floor, flops, hooks, profile
+from runner.models import label
 from runner.paths import unwritable
 from runner.runtime import devices as devices_mod  # no TensorFlow import: devices.setup imports it
 from runner.runtime import signals, watchdog
@@ -193,7 +194,7 @@ def _train(plan: Plan, run: tracking.Recorder, started: float) -> dict:
     steps = train.total_steps(plan.train, data.train_size)
     log.info(
         "training %s on %d %s device(s)%s for %d steps, global batch %d (%d per tower, %s scaling)%s",
-        tracking.model_label(plan.cfg), devices.count, devices.kind, " (simulated)" if devices.simulated else "",
+        label(plan.model), devices.count, devices.kind, " (simulated)" if devices.simulated else "",
         steps, plan.train.global_batch_size, plan.train.per_device_batch_size,
         plan.train.batch_scaling, " on SYNTHETIC data" if data.synthetic else "",
     )

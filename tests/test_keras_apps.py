@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import mlflow
 import pytest
-from conftest import compose, run_cli, runs
+from conftest import compose, new_store, run_cli, runs
 
 from runner.config import ConfigError, validate
 from runner.experiment import run
@@ -23,12 +23,32 @@ def test_every_constructor_keras_exports_is_a_choice():
     assert all(callable(getattr(keras.applications, name)) for name in APPLICATIONS)
 
 
+def test_a_keras_application_is_named_by_the_network_it_builds(tmp_path):
+    """Every keras.applications network was `keras_app/default` in run lines, predictions and reports: ResNet50 and
+    VGG16 had one name."""
+    from mlflow import MlflowClient
+
+    from runner.models import label
+    from runner.predict.costs import combination
+    from runner.report.table import row_of
+
+    plan = validate(compose(*SMALL, "model=keras_app", "model.app=ResNet50"))
+    assert label(plan.model) == "ResNet50/tiny" and combination(plan).startswith("ResNet50/tiny single/split x")
+    assert label(validate(compose("model=mlp", "model.variant=tiny")).model) == "mlp/tiny"
+    client = MlflowClient(new_store(tmp_path))
+    experiment, tags = client.create_experiment("e"), {"model": "keras_app", "model.variant": "tiny"}
+    labelled = client.create_run(experiment, tags={**tags, "model.label": "ResNet50/tiny"}).info.run_id
+    older = client.create_run(experiment, tags=tags).info.run_id  # a run logged before the label was tagged
+    assert [row_of(client.get_run(r)).model for r in (labelled, older)] == ["ResNet50/tiny", "keras_app/tiny"]
+
+
 @pytest.mark.slow  # MobileNetV2 built four times (two replicas, FLOP count, evaluation), ~25 s
 def test_mobilenet_v2_trains_on_two_devices_through_model_keras_app(tf_devices, store):
     result = run(compose(*SMALL, "model=keras_app", "model.app=MobileNetV2", "+model.options.alpha=0.35",
                          "strategy=mirrored", "gpus=2", f"mlflow.tracking_uri={store}"))
     row = mlflow.MlflowClient(store).get_run(result["run_id"])
     assert row.info.status == "FINISHED" and row.data.params["model.app"] == "MobileNetV2"
+    assert row.data.tags["model.label"] == "MobileNetV2/tiny"  # the name the report's rows read
     assert row.data.tags["batch_norm.copies_equal"] == "true"  # MobileNetV2 normalizes every convolution
     assert row.data.tags["flops.source"] == "TensorFlow's graph statistics" and result["flops_per_example"] > 0
 

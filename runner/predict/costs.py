@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from runner.config import ROWS_ONLY, TOUCHED, table_optimizer
+from runner.models import label
 from runner.strategies import Rows
-from runner.tracking import model_label
 
 TERMS = ("towers", "update", "reduce", "ops", "input")
 
@@ -66,7 +66,7 @@ class Prediction:
 
 def combination(plan: Any) -> str:
     """`model/variant strategy/pipeline xN`, as the report names a row."""
-    return f"{model_label(plan.cfg)} {plan.strategy.name}/{plan.pipeline.name} x{plan.gpus}"
+    return f"{label(plan.model)} {plan.strategy.name}/{plan.pipeline.name} x{plan.gpus}"
 
 
 def predict(plan: Any, machine: dict[str, Any], towers: dict[str, Any], feed: dict[str, Any]) -> Prediction:

@@ -11,12 +11,12 @@ from runner.tracking.store import (
     StoreError, bound_http_retries, ensure_experiment, open_store, resolve_uri, schema_lock, whole_write,
 )
 from runner.tracking.tags import (
-    ENV_PARENT, command_line, model_label, parent_run_id, process_tags,
+    ENV_PARENT, command_line, parent_run_id, process_tags,
 )
 
 __all__ = [
     "Recorder", "Run", "NoRun", "WriterRun", "tracked", "record_invalid",
     "abandoned", "close_dead", "close_dead_sweep", "process_alive",
     "StoreError", "bound_http_retries", "ensure_experiment", "open_store", "resolve_uri", "schema_lock", "whole_write",
-    "ENV_CHILD", "ENV_PARENT", "command_line", "is_sweep_child", "model_label", "parent_run_id", "process_tags",
+    "ENV_CHILD", "ENV_PARENT", "command_line", "is_sweep_child", "parent_run_id", "process_tags",
 ]

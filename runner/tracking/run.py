@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Protocol
 from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import one_line
+from runner.models import label
 from runner.runtime import signals
 from runner.tasks import target_of
 from runner.tracking import system, ui
@@ -224,7 +225,8 @@ def tracked(uri: str, plan: Plan, folder: OutputFolder | None = None, writer: bo
         uri, cfg.mlflow.experiment,
         # the runs view gets this run's own figures (its data's unit and score, the metric of its target)
         list(ui.figures(plan.spec.unit, plan.spec.task, target.metric if target else None)),
-        {**base_tags(cfg), **sweep_tags(plan.config_hash), **process_tags()}, plan.config_hash, flatten(cfg),
+        {**base_tags(cfg), "model.label": label(plan.model), **sweep_tags(plan.config_hash), **process_tags()},
+        plan.config_hash, flatten(cfg),
         redact(OmegaConf.to_yaml(cfg, resolve=True)), str(folder.path) if folder else None,
         cfg.mlflow.system_metrics_interval, cfg.mlflow.final_wait)
     if writer is None:

@@ -71,12 +71,6 @@ def _git_commit() -> str | None:
     return out.stdout.strip() if out.returncode == 0 else None
 
 
-def model_label(cfg: DictConfig) -> str:
-    """The model and its variant, if it has variants: `mlp/tiny`, `lenet`."""
-    variant = cfg.model.get("variant")
-    return f"{cfg.model.name}/{variant}" if variant else str(cfg.model.name)
-
-
 def base_tags(cfg: DictConfig) -> dict[str, str]:
     """Tags every run carries, so the UI and search_runs can filter by them."""
     tags = {
