@@ -9,6 +9,7 @@ import os
 import re
 import typing
 from pathlib import Path
+from typing import Any
 
 from runner.config import GROUPS, HYDRA_GROUPS, allowed, group_options
 from runner.errors import one_line
@@ -183,9 +184,7 @@ def _takes_list(key: str) -> bool | None:
 def _unknown_key(key: str) -> str | None:
     """For a key the chosen component does not have (`strategy.cross_device_ops` with strategy=single): which
     components of the group have it, instead of Hydra's hint to append it."""
-    from omegaconf import OmegaConf
-
-    from runner.config import COMPONENTS, CONF_DIR
+    from runner.config import COMPONENTS
     from runner.registry import fields
 
     group, _, name = key.partition(".")
@@ -200,21 +199,28 @@ def _unknown_key(key: str) -> str | None:
     if any(typing.get_origin(fields(registry.get(n))[name]) is dict for n in owners):
         return f"{key} is a mapping of {group}={', '.join(owners)}: add entries with +{key}.NAME=VALUE"
     if not owners:  # a YAML option may carry keys no registered class has (a spec sheet's hardware.nodes)
-        owners = [o for o in group_options(group) if name in (OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {})]
+        owners = [o for o, yaml in _shipped(group).items() if name in yaml]
     if not owners:
         return f"{key} is not an option of any {group}; `python -m runner --cfg job` shows the chosen {group}'s options"
     return f"{key} is not an option of the chosen {group}; it belongs to {group}={', '.join(owners)} (choose one)"
 
 
+def _shipped(group: str) -> dict[str, Any]:
+    """The runner's own options of `group` (conf/<group>/*.yaml), each as its YAML's keys and values."""
+    from omegaconf import OmegaConf
+
+    from runner.config import CONF_DIR
+
+    return {o: OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {} for o in group_options(group)}
+
+
 def _unknown_nested(group: str, name: str) -> str | None:
     """For `group.name` a dotted key no option of the group has (hardware.accelerator.peak_flop): the keys spelled
     like its first misspelt part, in the group's classes (registered, or named by a shipped option's `_target_`)."""
-    from omegaconf import OmegaConf
-
-    from runner.config import COMPONENTS, CONF_DIR
+    from runner.config import COMPONENTS
     from runner.registry import fields, locate, near, unknown
 
-    targets = {(OmegaConf.load(CONF_DIR / group / f"{o}.yaml") or {}).get("_target_") for o in group_options(group)}
+    targets = {yaml.get("_target_") for yaml in _shipped(group).values()}
     classes = [*map(COMPONENTS[group].get, COMPONENTS[group].names()), *(locate(t, group) for t in targets if t)]
     first = name.split(".")[0]
     owners = [cls for cls in classes if first in fields(cls)]
