@@ -265,6 +265,11 @@ class FunctionModel(ModelOptions):
     def check(self, spec: Spec) -> None:
         """Any task: a function's model is checked against the data once built (strategies.common.build_model)."""
 
+    def as_config(self) -> dict[str, Any]:
+        """Its options as the user's YAML spells them, `model.hidden` (the run's params and the runs view's columns
+        of a sweep over it), not as its fields, `model.kwargs.hidden`; its `_target_` says the function."""
+        return {"name": self.name, **self.kwargs}
+
     def build(self, spec: Spec = MNIST) -> keras.Model:
         fn = locate(self.target, "model")
         return fn(**{**spec_arguments(fn, spec), **self.kwargs})

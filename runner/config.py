@@ -530,8 +530,9 @@ def _largest(fits: Callable[[int], bool], high: int) -> int:
 
 
 def _as_node(part: Any, composed: Any) -> dict[str, Any]:
-    """A component's options as config values; a user's component keeps its `_target_`."""
-    node = dataclasses.asdict(part)
+    """A component's options as config values (its own `as_config()` where it spells them otherwise than its
+    fields); a user's component keeps its `_target_`."""
+    node = part.as_config() if hasattr(part, "as_config") else dataclasses.asdict(part)
     if composed is not None and "_target_" in composed:
         node = {"_target_": composed["_target_"], **node}
     return node

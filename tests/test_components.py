@@ -113,7 +113,7 @@ def test_user_model_pipeline_and_strategy_train_under_every_strategy_that_applie
     table = runs(f"sqlite:///{user_folder / 'mlflow.db'}", "smoke")
     children = table[table["tags.mlflow.parentRunId"].notna()]
     assert set(children["status"]) == {"FINISHED"} and set(children["tags.model"]) == {"small_convnet"}
-    assert set(children["params.model.kwargs.filters"]) == {"4"}  # the YAML's option reached the function
+    assert set(children["params.model.filters"]) == {"4"}  # the YAML's option reached the function, as it spells it
     assert (children["metrics.flops_per_example"] > 0).all()  # counted from the user's model itself
     fed_by_theirs = children[children["tags.pipeline"] == "tower_batches"]
     assert sorted(fed_by_theirs["tags.strategy"]) == sorted([*applies, "every_device"])
@@ -132,6 +132,18 @@ def test_a_users_model_is_named_by_its_function_not_by_the_default_models_name()
     plan = validate(compose("+model._target_=user_models.resnet"))
     assert plan.model.name == "resnet" and base_tags(plan.cfg)["model"] == "resnet"
     assert validate(compose("+model._target_=user_models.resnet", "model.name=mine")).model.name == "mine"
+
+
+def test_a_model_functions_keywords_are_logged_as_the_user_spells_them():
+    """`+model.filters=16` was logged as `model.kwargs.filters`: a sweep over it had an empty `params.model.filters`
+    column in the runs view (runner.sweep.show_swept names the override's key)."""
+    from runner.tracking.tags import flatten
+
+    plan = validate(compose("+model._target_=user_models.resnet", "+model.filters=16"))
+    params = flatten(plan.cfg)
+    assert params["model.filters"] == "16" and params["model._target_"] == "user_models.resnet"
+    assert not [k for k in params if "kwargs" in k or k == "model.target"]  # one name for each fact
+    assert plan.model.kwargs == {"filters": 16}
 
 
 def test_a_model_functions_ignored_variant_is_said_once(monkeypatch, caplog):

@@ -109,4 +109,4 @@ def test_a_users_yaml_naming_a_keras_application_trains_as_is(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     row = runs(f"sqlite:///{tmp_path / 'mlflow.db'}", "smoke").iloc[0]
     assert row["status"] == "FINISHED" and row["tags.model"] == "mobilenet"
-    assert row["params.model.kwargs.alpha"] == "0.35" and row["tags.batch_norm.copies_equal"] == "true"
+    assert row["params.model.alpha"] == "0.35" and row["tags.batch_norm.copies_equal"] == "true"

@@ -191,7 +191,7 @@ def fetch(client: Any, selection: Selection, filter_string: str,
     runs = [r for r in runs if r.data.tags.get("sweep") != "parent"]
     rows = [row_of(r, _dead(client, r)) for r in runs]
     params = [{k.replace(".kwargs.", ".", 1): CONFIG_SPELLING.get(v, v) for k, v in r.data.params.items()}
-              for r in runs]  # a model function's keyword `model.hidden`, logged as model.kwargs.hidden
+              for r in runs]  # a model function's keyword `model.hidden`, logged as model.kwargs.hidden before
     for row, setting in zip(rows, settings(params, rows)):
         row.model += f" {setting}" if setting else ""  # another setting is other work: its own verdict and speedups
     return add_speedups(rows, tolerance)
