@@ -348,6 +348,13 @@ def test_the_accuracy_of_a_groups_predictions_in_figures_and_words():
     assert line("cnn x2", alone).endswith("predicted fastest a: measured the fastest, 2.00x the next (b): undecided "
                                           "(single runs)")  # was "predicted and confirmed"
     assert line("lenet x1", judge(combine([("a", 90.0, 100.0)]))) == "prediction: lenet x1: 1 combination, error 10%"
+    # predicted alike (x1: one device, the same prediction): no order claimed, so none right or wrong (was "0 of 1
+    # pairs ordered right" beside "predicted fastest ... measured the fastest")
+    tie = judge(combine([("hybrid", 34594.0, 29766.0), ("mirrored", 34594.0, 27457.0), ("single", 10000.0, 9000.0)]))
+    assert (tie.pairs, tie.pairs_ordered, tie.pairs_tied) == (2, 2, 1)
+    assert "2 of 2 pairs ordered right, 1 predicted within 10% (a tie) left out" in line("dlrm x1", tie)
+    two = judge(combine([("hybrid", 34594.0, 29766.0), ("mirrored", 34594.0, 27457.0)]))
+    assert "no pair to order: those measured apart were predicted within 10% (a tie)" in line("dlrm x1", two)
     tie = judge(combine([("a", 100.0, 100.0), ("b", 101.0, 98.0), ("a", 100.0, 90.0), ("b", 101.0, 97.0)]))
     assert tie.pairs == 0 and "every combination within the noise of the others (a tie)" in line("nin x2", tie)
     assert tie.verdict == "not refuted"  # b is predicted fastest; it measured within the noise of a

@@ -68,14 +68,15 @@ class Judgement:
     spearman: float | None
     retest: float | None  # Spearman of the halves of every combination's runs against each other; None: a single run
     spread: float | None  # the largest relative range of a repeated combination; None: no repeats
-    pairs_ordered: int  # pairs beyond the spread the prediction ordered right
-    pairs: int  # pairs whose measured rates differ by more than the spread
+    pairs_ordered: int  # of `pairs`, those the prediction ordered right
+    pairs: int  # pairs whose measured rates differ by more than the spread, and predicted ones by more than TIE
     predicted_fastest: str
     measured_fastest: str
     fastest_ratio: float  # the predicted fastest's measured rate / the measured fastest's
     margin: float | None = None  # the measured fastest's rate / the next one's; None: one combination
     runner_up: str = ""  # the next one measured
     predicted_ties: list[str] = field(default_factory=list)  # predicted within TIE of the predicted fastest
+    pairs_tied: int = 0  # pairs measured apart that the prediction called a tie (within TIE): no order claimed
 
     def beyond_noise(self, ratio: float) -> bool:
         """Whether two rates `ratio` apart (>= 1) differ by more than the run-to-run spread (as the pairs counted)."""
@@ -102,8 +103,10 @@ def judge(combos: list[Measured]) -> Judgement:
     """The accuracy figures of one group of combinations."""
     spreads = [c.spread for c in combos if c.spread is not None]
     spread = max(spreads) if spreads else None
-    apart = [(a, b) for i, a in enumerate(combos) for b in combos[i + 1:]
-             if abs(a.rate - b.rate) / min(a.rate, b.rate) > (spread or 0.0)]
+    measured_apart = [(a, b) for i, a in enumerate(combos) for b in combos[i + 1:]
+                      if abs(a.rate - b.rate) / min(a.rate, b.rate) > (spread or 0.0)]
+    apart = [(a, b) for a, b in measured_apart  # a pair predicted within TIE is a tie: no order to be right or wrong
+             if abs(a.predicted - b.predicted) / min(a.predicted, b.predicted) > TIE]
     ordered = sum((a.rate > b.rate) == (a.predicted > b.predicted) for a, b in apart)
     halves = [c.halves() for c in combos]
     retest = spearman([h[0] for h in halves], [h[1] for h in halves]) if all(halves) else None
@@ -114,7 +117,8 @@ def judge(combos: list[Measured]) -> Judgement:
         spearman([c.predicted for c in combos], [c.rate for c in combos]), retest, spread, ordered, len(apart),
         best_predicted.label, best_measured.label, best_predicted.rate / best_measured.rate,
         best_measured.rate / others[0].rate if others else None, others[0].label if others else "",
-        [c.label for c in combos if c is not best_predicted and c.predicted >= (1 - TIE) * best_predicted.predicted])
+        [c.label for c in combos if c is not best_predicted and c.predicted >= (1 - TIE) * best_predicted.predicted],
+        len(measured_apart) - len(apart))
 
 
 def line(group: str, j: Judgement) -> str:
@@ -126,8 +130,13 @@ def line(group: str, j: Judgement) -> str:
     rho = f"Spearman {j.spearman:.2f}" if j.spearman is not None else "Spearman -"
     if j.retest is not None:
         rho += f" (the repeats against each other {j.retest:.2f})"
-    order = (f"{j.pairs_ordered} of {j.pairs} pairs {'apart beyond the noise ' if known else ''}ordered right"
-             if j.pairs else "every combination within the noise of the others (a tie)")
+    tied = f", {j.pairs_tied} predicted within {TIE:.0%} (a tie) left out" if j.pairs_tied else ""
+    if j.pairs:
+        order = f"{j.pairs_ordered} of {j.pairs} pairs {'apart beyond the noise ' if known else ''}ordered right{tied}"
+    elif j.pairs_tied:
+        order = f"no pair to order: those measured apart were predicted within {TIE:.0%} (a tie)"
+    else:
+        order = "every combination within the noise of the others (a tie)"
     fastest = f"predicted fastest {j.predicted_fastest}"
     if j.predicted_ties:  # the model called it no faster than these
         fastest += f" (a tie: {', '.join(j.predicted_ties)} predicted within {TIE:.0%} of it)"
