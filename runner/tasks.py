@@ -50,6 +50,9 @@ ACCURACY = Metric("accuracy", "accuracy", higher=True)
 AUC = Metric("auc", "AUC", higher=True)
 MAE = Metric("mae", "MAE", higher=False, bounded=False)
 METRICS = {m.name: m for m in (ACCURACY, LOSS, AUC, MAE)}
+# A run's metric: 1.0 where its target was met at its first evaluation (its time to it is the start-up's, the first
+# call's tracing: no ranking of training), 0.0 where later; absent where not met
+FIRST_CHECK = "target_met_at_first_check"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import runner
 from runner.errors import ConfigError, UserError, one_line
 from runner.lazy import tf
 from runner.runtime import signals
-from runner.tasks import Target
+from runner.tasks import FIRST_CHECK, Target
 
 if TYPE_CHECKING:
     from runner.config import TrainConf
@@ -216,6 +216,8 @@ class Evaluations:
     check_every: int = 0
     seconds: float = 0.0
     elapsed: Elapsed = field(default_factory=Elapsed)
+    tested: int = 0  # evaluations that could have met the target so far
+    first_check: bool = False  # the target met at the first of them: its time is the start-up's, not training's
 
     def after_call(self, step: int, n: int, train_seconds: float, evaluate: bool = True) -> None:
         """Note this process's `train_seconds` after the call of `n` steps that ended at `step`, and evaluate what is
@@ -223,8 +225,10 @@ class Evaluations:
         t0 = time.perf_counter()
         self.elapsed.now = train_seconds
         if evaluate and crossed(step, n, self.eval_every):
+            self.tested += 1
             self._full(step)
         elif evaluate and self.target and not self.elapsed.reached and crossed(step, n, self.check_every):
+            self.tested += 1
             scores = self.strategy.evaluate(self.checks)
             seconds = self.elapsed.seconds
             self.record({f"check_{self.target.metric}": scores[self.target.metric],
@@ -238,7 +242,7 @@ class Evaluations:
         scores = {f"test_{k}": v for k, v in self.strategy.evaluate(self.full).items()}
         self.record(scores, step)
         if self.target and not self.elapsed.reached and self.target.met({k[5:]: v for k, v in scores.items()}):
-            self.elapsed.reached = (step, self.elapsed.seconds)
+            self.elapsed.reached, self.first_check = (step, self.elapsed.seconds), self.tested == 1
             after = (f"after {self.elapsed.seconds:.1f} s of training" if not self.elapsed.unknown else
                      f"(its training time is not known: {self.elapsed.unknown})")
             log.info("%s reached the target %s at step %d %s",
@@ -250,6 +254,7 @@ class Evaluations:
         time is not known)."""
         t0 = time.perf_counter()
         self.elapsed.now = train_seconds
+        self.tested += 1
         scores = self._full(step)
         self.seconds += time.perf_counter() - t0
         out = {**scores, "eval_seconds": self.seconds}
@@ -257,7 +262,7 @@ class Evaluations:
             target, seconds, steps = self.target.keys
             out[target] = self.target.value
             if self.elapsed.reached:
-                out[steps] = float(self.elapsed.reached[0])
+                out[steps], out[FIRST_CHECK] = float(self.elapsed.reached[0]), float(self.first_check)
                 if not math.isnan(self.elapsed.reached[1]):
                     out[seconds] = self.elapsed.reached[1]
             if self.elapsed.unknown:
@@ -391,6 +396,7 @@ def fit(strategy: Any, batches: Any, evals: Evaluations, train: TrainConf, steps
     try:
         if start:
             fast_forward(strategy, batches, start)
+            evals.tested += 1  # a resumed run trained before: a check of this part meeting its target is not start-up
         done = _run_calls(strategy.train_loop(batches), evals, train, steps, start, record, hooks, unit)
         final = evals.final(done.step, done.train_seconds)
     except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:

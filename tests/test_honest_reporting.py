@@ -97,6 +97,19 @@ def test_a_run_killed_after_its_target_and_resumed_reports_the_first_parts_time(
     assert evals.tags() == {"target.reached": "true"}
 
 
+def test_a_target_met_at_a_runs_first_check_is_said_and_a_later_or_resumed_one_not(tf_devices, tmp_path, clock):
+    """The report ranks nothing by a time to target every run met at its first check (the start-up's time): the
+    run says so (`tasks.FIRST_CHECK`), not of a later check, nor of a resumed part's first one (steps 61-70)."""
+    from runner.tasks import FIRST_CHECK
+
+    first, _ = _part(tmp_path / "a", clock, reached_at=10)
+    later, _ = _part(tmp_path / "b", clock, reached_at=30)
+    assert (first["steps_to_accuracy"], first[FIRST_CHECK]) == (10, 1.0) and later[FIRST_CHECK] == 0.0
+    _part(tmp_path / "c", clock, reached_at=KILLED_AT, killed_at=KILLED_AT)
+    resumed, _ = _part(tmp_path / "c", clock, reached_at=KILLED_AT)
+    assert resumed["resumed_from_step"] == 60 and (resumed["steps_to_accuracy"], resumed[FIRST_CHECK]) == (70, 0.0)
+
+
 def test_a_target_reached_after_a_resume_counts_every_parts_training_time(tf_devices, tmp_path, clock):
     """60 s of training saved with the checkpoint at step 60, then 20 s to the target at step 80 (was: 20 s)."""
     _part(tmp_path, clock, reached_at=80, killed_at=KILLED_AT)

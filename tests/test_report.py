@@ -25,6 +25,20 @@ def test_the_fastest_to_the_target_wins_even_with_fewer_images_per_second():
     assert v.line().startswith("verdict: mlp: fastest replicated/split x2 (10.0 s to 90% test accuracy)")
 
 
+def test_a_target_every_run_met_at_its_first_check_ranks_nothing_by_time():
+    """A GPT timed to a loss above an untrained one's met it at the first check in every run: the ranking by time was
+    the first call's start-up (x1 '1.63x' x2 'beyond the noise', x2 running at 1.6x its tokens/s)."""
+    import dataclasses
+
+    runs = [dataclasses.replace(run("mirrored", 1, ips=1000, tta=1.2), first_check=True),
+            dataclasses.replace(run("mirrored", 2, ips=1600, tta=2.0), first_check=True)]
+    (v,) = decide(runs)
+    assert (v.basis, v.best.name) == ("throughput", "mirrored/split x2")
+    assert "by throughput: every run met 90% test accuracy at its first check (its time to it is start-up's" in v.line()
+    runs[1] = dataclasses.replace(runs[1], first_check=False)  # one reached it later: time ranks them again
+    assert decide(runs)[0].basis == "time to target"
+
+
 def test_a_target_accuracy_is_said_to_the_digit_it_was_given():
     """0.995 is 99.5%, not "100% test accuracy" (a target no run can beat, said of one it reached)."""
     (v,) = decide([Run("mlp", "split", "single", 1, 1000.0, 10.0, 0.996, 0.1, 12.0, 0.995)])

@@ -83,6 +83,7 @@ def row_of(run: Any, status: str | None = None) -> Row:
         time_to_target=m.get(f"time_to_{metric}_seconds", math.nan), target=m.get(f"target_{metric}", math.nan),
         predicted=m.get(f"predicted_{unit}_per_sec", math.nan), unit=unit, target_metric=metric, score_metric=score,
         seed=run.data.params.get("train.seed", ""), task=task.name, round=tags.get("sweep.round", ""),
+        first_check=m.get(tasks.FIRST_CHECK) == 1.0,
     )
 
 

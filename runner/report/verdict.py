@@ -63,6 +63,7 @@ class Run:
     target_metric: str = "accuracy"  # what `target` is (runner.tasks.METRICS: met at or over a score, under a loss)
     score_metric: str = "accuracy"  # what `score` is: its task's score (accuracy, a click model's AUC)
     seed: str = ""  # train.seed: a run learns the same as the 1-device run of its own seed, where there is one
+    first_check: bool = False  # its target met at its first evaluation: its time to it is the start-up's
 
     @property
     def combination(self) -> str:
@@ -170,6 +171,7 @@ class Verdict:
     same: tuple[int, int]  # (combinations that learn the same, combinations compared)
     tolerance: Tolerance
     reference: str | None = None  # the 1-device run's combination the others are compared with (None: no such run)
+    at_once: bool = False  # every run met the target at its first evaluation: ranked by throughput instead
 
     def line(self) -> str:
         """The `verdict:` line."""
@@ -185,8 +187,9 @@ class Verdict:
         parts = [f"verdict: {self.model}: {'only' if alone else 'fastest'} {self.best.name} ({figure})"
                  + (", no other combination finished to compare with" if alone else "")]
         if self.basis == "throughput":
-            parts[0] += ", by throughput: " + (f"no run reached {target}" if not math.isnan(self.target) else
-                                                "no target was set")
+            parts[0] += ", by throughput: " + (
+                f"every run met {target} at its first check (its time to it is start-up's, not training's)"
+                if self.at_once else f"no run reached {target}" if not math.isnan(self.target) else "no target was set")
         if self.runner_up is not None and self.over_runner_up is not None:
             parts.append(f"{self.over_runner_up:.2f}x {self.runner_up.name}")
             noise = {True: "beyond the noise", False: "within the noise",
@@ -216,16 +219,18 @@ def decide(runs: list[Run], tolerance: Tolerance = Tolerance()) -> list[Verdict]
             mine = [r for r in part if r.model == model and r.status == "FINISHED"]
             combos = sorted(_combinations(mine), key=lambda c: c.name)
             reached = [c for c in combos if c.values("time_to_target")]
-            basis = "time to target" if reached else "throughput"
+            at_once = bool(reached) and all(r.first_check for c in reached for r in c.runs
+                                            if not math.isnan(r.time_to_target))
+            basis = "time to target" if reached and not at_once else "throughput"
             ranked = sorted([c for c in (reached or combos) if not math.isnan(_speed(c, basis))],
                             key=lambda c: -_speed(c, basis))
             if ranked:
-                verdicts.append(_verdict(model, basis, ranked, mine, combos, len(reached), tolerance))
+                verdicts.append(_verdict(model, basis, ranked, mine, combos, len(reached), tolerance, at_once))
     return verdicts
 
 
 def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run], combos: list[Combination],
-             reached: int, tolerance: Tolerance) -> Verdict:
+             reached: int, tolerance: Tolerance, at_once: bool = False) -> Verdict:
     best, runner_up = ranked[0], ranked[1] if len(ranked) > 1 else None
     key = "time_to_target" if basis == "time to target" else "rate"
     base = one_device(mine)
@@ -241,5 +246,5 @@ def _verdict(model: str, basis: str, ranked: list[Combination], mine: list[Run],
         _speed(best, basis) / _speed(runner_up, basis) if runner_up is not None else None,
         over_base, _beyond_noise(best, runner_up, key, spread) if runner_up is not None else None, spread,
         targets[0] if targets else math.nan, reached, (sum(judged), len(judged)), tolerance,
-        base.combination if base is not None else None,
+        base.combination if base is not None else None, at_once,
     )
