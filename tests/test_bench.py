@@ -514,7 +514,7 @@ def test_grid_rows_show_their_prediction_and_each_device_count_its_accuracy():
     (line,) = grid.prediction_lines(table)
     assert line.startswith("- prediction: mlp/default x2: 2 combinations, median error 10%")
     assert "1 of 1 pairs apart beyond the noise ordered right" in line
-    assert line.endswith("predicted fastest replicated/split: measured the fastest, 1.50x the next "
+    assert line.endswith("predicted fastest replicated/split: measured the fastest by throughput, 1.50x the next "
                          "(parameter_server/split), beyond the noise: confirmed")
     cells = markdown_rows("\n".join(grid.format_table(table)))
     assert [c["predicted images/s"] for c in cells] == ["-", "110", "90"]

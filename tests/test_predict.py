@@ -331,22 +331,24 @@ def test_the_accuracy_of_a_groups_predictions_in_figures_and_words():
     assert j.median_error == pytest.approx(0.10) and j.spearman == pytest.approx(1.0)
     # The retest: first runs order c < b < a, second runs c < a < b: one swap of three, 1 - 6 * 2 / 24.
     assert j.retest == pytest.approx(0.5)
-    # a measured the fastest, but only 1.00x b, within the 10% spread: not confirmed (was "predicted and confirmed")
+    # a measured the fastest by throughput, but only 1.00x b, within the 10% spread: not confirmed (was "predicted
+    # and confirmed")
     assert j.predicted_fastest == "a" == j.measured_fastest and j.verdict == "not refuted" and not j.confirmed
     assert line("mlp x2", j) == ("prediction: mlp x2: 3 combinations, median error 10%, Spearman 1.00 (the repeats "
                                  "against each other 0.50), 2 of 2 pairs apart beyond the noise ordered right "
                                  "(run-to-run spread 10%); predicted fastest a (a tie: b predicted within 10% of it): "
-                                 "measured the fastest, 1.00x the next (b): not refuted (within the noise)")
+                                 "measured the fastest by throughput, 1.00x the next (b): not refuted (within the "
+                                 "noise)")
     wrong = judge(combine([("a", 90.0, 100.0), ("b", 120.0, 70.0), ("c", 50.0, 50.0)]))  # single runs
     assert wrong.spread is None and wrong.retest is None and wrong.pairs == 3 and wrong.pairs_ordered == 2
     assert wrong.verdict == "undecided"  # one run each: no noise to call 0.70x wrong (or a fastest right) by
-    assert line("cnn x4", wrong).endswith("predicted fastest b: measured 0.70x the fastest (a): undecided (single "
-                                          "runs)")
+    assert line("cnn x4", wrong).endswith("predicted fastest b: measured 0.70x the throughput of the fastest (a): "
+                                          "undecided (single runs)")
     # no repeats: no pair is "beyond the noise" (was said of single runs beside "noise unknown")
     assert "2 of 3 pairs ordered right (single runs: noise unknown, every pair counts)" in line("cnn x4", wrong)
     alone = judge(combine([("a", 120.0, 100.0), ("b", 90.0, 50.0)]))  # the fastest, twice the next, in single runs
-    assert line("cnn x2", alone).endswith("predicted fastest a: measured the fastest, 2.00x the next (b): undecided "
-                                          "(single runs)")  # was "predicted and confirmed"
+    assert line("cnn x2", alone).endswith("predicted fastest a: measured the fastest by throughput, 2.00x the next "
+                                          "(b): undecided (single runs)")  # was "predicted and confirmed"
     assert line("lenet x1", judge(combine([("a", 90.0, 100.0)]))) == "prediction: lenet x1: 1 combination, error 10%"
     # predicted alike (x1: one device, the same prediction): no order claimed, so none right or wrong (was "0 of 1
     # pairs ordered right" beside "predicted fastest ... measured the fastest")
@@ -370,14 +372,15 @@ def test_a_predicted_fastest_is_confirmed_only_by_repeats_measuring_it_fastest_b
                            ("ps/split", 105.0, 77.0), ("ps/per_tower", 100.0, 80.0)]))
     assert loose.spread == pytest.approx(0.4) and loose.verdict == "not refuted" and not loose.confirmed
     assert line("dlrm x4", loose).endswith("predicted fastest ps/split (a tie: ps/per_tower predicted within 10% of "
-                                           "it): measured 0.77x the fastest (ps/per_tower): not refuted (within "
-                                           "the noise)")
+                                           "it): measured 0.77x the throughput of the fastest (ps/per_tower): not "
+                                           "refuted (within the noise)")
     sure = judge(combine([("a", 110.0, 100.0), ("b", 80.0, 80.0), ("a", 110.0, 102.0), ("b", 80.0, 81.0)]))
     assert sure.verdict == "confirmed" and line("x2", sure).endswith(
-        "predicted fastest a: measured the fastest, 1.25x the next (b), beyond the noise: confirmed")
+        "predicted fastest a: measured the fastest by throughput, 1.25x the next (b), beyond the noise: confirmed")
     refuted = judge(combine([("a", 110.0, 80.0), ("b", 80.0, 100.0), ("a", 110.0, 81.0), ("b", 80.0, 102.0)]))
     assert refuted.verdict == "refuted" and line("x2", refuted).endswith(
-        "predicted fastest a: measured 0.80x the fastest (b), beyond the noise: refuted (the model was wrong by 20%)")
+        "predicted fastest a: measured 0.80x the throughput of the fastest (b), beyond the noise: refuted (the model "
+        "was wrong by 20%)")
 
 
 def test_a_calibration_is_announced_before_it_runs_and_not_when_cached(tmp_path, monkeypatch, capsys):

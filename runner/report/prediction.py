@@ -140,10 +140,10 @@ def line(group: str, j: Judgement) -> str:
     fastest = f"predicted fastest {j.predicted_fastest}"
     if j.predicted_ties:  # the model called it no faster than these
         fastest += f" (a tie: {', '.join(j.predicted_ties)} predicted within {TIE:.0%} of it)"
-    if j.predicted_fastest == j.measured_fastest:
-        fastest += f": measured the fastest, {j.margin:.2f}x the next ({j.runner_up})"
+    if j.predicted_fastest == j.measured_fastest:  # by throughput, as predicted (a verdict may rank by time)
+        fastest += f": measured the fastest by throughput, {j.margin:.2f}x the next ({j.runner_up})"
     else:
-        fastest += f": measured {j.fastest_ratio:.2f}x the fastest ({j.measured_fastest})"
+        fastest += f": measured {j.fastest_ratio:.2f}x the throughput of the fastest ({j.measured_fastest})"
     fastest += {"confirmed": ", beyond the noise: confirmed",
                 "not refuted": ": not refuted (within the noise)",
                 "refuted": f", beyond the noise: refuted (the model was wrong by {1 - j.fastest_ratio:.0%})",
