@@ -291,9 +291,12 @@ def test_failed_runs_alone_are_tabled_without_empty_plots(tmp_path, capsys):
     failed = client.create_run(client.create_experiment("fails"), tags={"model": "mlp", "strategy": "mirrored",
                                                                         "devices.count": "2"}).info.run_id
     client.set_terminated(failed, "FAILED")
+    (tmp_path / "out").mkdir()  # an earlier report's plots (of other kinds), which read as this one's
+    for name in ("scaling_tokens.png", "accuracy_examples_auc_auc.png", "notes.txt"):
+        (tmp_path / "out" / name).write_bytes(b"earlier")
     code, out, _ = _report(tmp_path, uri, capsys, "--experiment", "fails")
     assert code == 0 and "| FAILED |" in out and "plots: none (no run measured a rate or a test score)" in out
-    assert not list((tmp_path / "out").glob("*.png"))
+    assert not list((tmp_path / "out").glob("*.png")) and (tmp_path / "out" / "notes.txt").exists()
 
 
 def test_a_parent_of_another_experiment_than_the_one_given_is_one_line(tmp_path, store, capsys):

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 REUSED = "sweep.reused."  # a sweep parent's tag per job sweep.resume skipped: `sweep.reused.<run id>` = its overrides
 COMBINATION = ("strategy.", "pipeline.", "gpus")  # the params that differ between a model's combinations
 CONFIG_SPELLING = {str(v): spelled(v) for v in (True, False, None)}  # a logged param ("True") as overrides spell it
+PLOTS = ("scaling", "time_to_accuracy", "accuracy")  # a report's plots, each a PNG per kind of run in --out
 RUN_ID_LENGTH = 32  # an MLflow run id's hex digits; --parent takes a prefix of one
 PREFIX_SHOWN = 5  # the runs an ambiguous --parent prefix's error names
 
@@ -437,6 +438,8 @@ def report(client: Any, selection: Selection, filter_string: str, out: Path,
                           f"{where}experiment {selection.experiment!r}")
     text, lines = _by_kind(rows, table), conclusions(rows, tolerance)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in (p for plot in PLOTS for p in out.glob(f"{plot}*.png")):  # an earlier report's, of other kinds
+        stale.unlink()
     filtered = [f"runs matching --filter {filter_string!r} only", ""] if filter_string else []
     (out / "report.md").write_text("\n".join([*filtered, text, "", *lines]) + "\n")
     parts = kinds.split(rows)
@@ -471,7 +474,7 @@ def _plots(client: Any, rows: list[Row], out: Path, name: str) -> list[Path]:
     suffix = f"_{name}" if name else ""
     if all(math.isnan(r.rate) and math.isnan(r.score) for r in rows):  # failed runs alone: three empty axes
         return []
-    paths = [out / f"{plot}{suffix}.png" for plot in ("scaling", "time_to_accuracy", "accuracy")]
+    paths = [out / f"{plot}{suffix}.png" for plot in PLOTS]
     plots.scaling(rows, paths[0])
     plots.time_to_accuracy(rows, curves(client, rows), paths[1])
     plots.accuracy(rows, paths[2])
