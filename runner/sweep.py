@@ -349,12 +349,12 @@ def _summarise_on_parent(client: Any, parent: str) -> None:
     and the models, pipelines, strategies and device counts they covered."""
     from mlflow.entities import Metric, RunTag
 
-    from runner.report.table import jobs as of_sweep, row_of
+    from runner.report.table import jobs as of_sweep, rows_of
 
     jobs = [r for r in of_sweep(client, client.get_run(parent).info.experiment_id, parent)
             if r.info.status == "FINISHED"]
     now = int(time.time() * 1000)
-    metrics = [Metric(key, value, now, 0) for key, value in parent_figures([row_of(r) for r in jobs]).items()]
+    metrics = [Metric(key, value, now, 0) for key, value in parent_figures(rows_of(jobs)).items()]
     metrics.append(Metric("jobs_finished", float(len(jobs)), now, 0))
     tags = [RunTag(key, ", ".join(sorted({r.data.tags.get(key, "?") for r in jobs}, key=str)))
             for key in ("model", "pipeline", "strategy", "devices.count", "devices.kind") if jobs]
@@ -364,10 +364,11 @@ def _summarise_on_parent(client: Any, parent: str) -> None:
 def parent_figures(jobs: list[Any]) -> dict[str, float]:
     """The best figures of a sweep's finished jobs (report rows), each in the unit and metric its runs logged: the
     highest `<unit>_per_sec`, the best test score of their task (`test_accuracy`, a click model's `test_auc`), the
-    shortest time to the target (`time_to_<metric>_seconds`). Jobs of several kinds (runner/report/kinds.py) are
-    summarised per model, under its name (`gpt/tiny/tokens_per_sec`): a figure never picks between two units."""
+    shortest time to the target (`time_to_<metric>_seconds`). Jobs of several kinds (runner/report/kinds.py), or of
+    several models or settings (the report's rows: `mlp/tiny data.path=/a`), are summarised per model, under its name
+    (`gpt/tiny/tokens_per_sec`): a figure never picks between two units, nor two settings' work."""
     parts = kinds.split(jobs)
-    if len(parts) < 2:
+    if len(parts) < 2 and len({r.model for r in jobs}) < 2:
         groups = [("", jobs)]
     else:  # a model whose own jobs are of several kinds (a user's, on images and on tokens): its kinds named too
         named = dict(zip([k for k, _ in parts], kinds.names([k for k, _ in parts])))

@@ -180,6 +180,13 @@ def test_a_model_whose_own_jobs_count_two_units_is_summarised_per_unit_on_the_pa
     assert parent_figures(jobs) == {"mine/images/images_per_sec": 1_000, "mine/images/test_accuracy": 0.9,
                                     "mlp/images_per_sec": 2_000, "mlp/test_accuracy": 0.8,
                                     "mine/tokens/tokens_per_sec": 30_000, "mine/tokens/test_accuracy": 0.4}
+    # one kind, two settings (data.path=a,b: other data, other work): was one images_per_sec from b's run beside a
+    # test_mae from a's; one model alone keeps the plain names
+    settings = [job("mlp/tiny data.path=/a", "images", 700, 0.9), job("mlp/tiny data.path=/b", "images", 900, 0.5)]
+    a, b = "mlp/tiny data.path_/a/", "mlp/tiny data.path_/b/"
+    assert parent_figures(settings) == {a + "images_per_sec": 700, a + "test_accuracy": 0.9,
+                                        b + "images_per_sec": 900, b + "test_accuracy": 0.5}
+    assert parent_figures(settings[:1]) == {"images_per_sec": 700, "test_accuracy": 0.9}
 
 
 def test_a_run_is_sped_up_and_compared_only_against_one_device_runs_of_its_own_unit():

@@ -191,12 +191,18 @@ def fetch(client: Any, selection: Selection, filter_string: str,
     for parent in [r for r in runs if r.data.tags.get("sweep") == "parent"]:  # an experiment's: closed if dead
         tracking.close_dead_sweep(client, parent.info.run_id)
     runs = [r for r in runs if r.data.tags.get("sweep") != "parent"]
-    rows = [row_of(r, _dead(client, r)) for r in runs]
+    return add_speedups(rows_of(runs, [_dead(client, r) for r in runs]), tolerance)
+
+
+def rows_of(runs: list[Any], statuses: list[str | None] | None = None) -> list[Row]:
+    """The runs as rows (`row_of`, with `statuses` shown instead of the stored ones), each model's runs of another
+    setting (`settings`) named as another model: other work, its own verdict, speedups and parent figures."""
+    rows = [row_of(r, status) for r, status in zip(runs, statuses or [None] * len(runs))]
     params = [{k.replace(".kwargs.", ".", 1): CONFIG_SPELLING.get(v, v) for k, v in r.data.params.items()}
               for r in runs]  # a model function's keyword `model.hidden`, logged as model.kwargs.hidden before
     for row, setting in zip(rows, settings(params, rows)):
-        row.model += f" {setting}" if setting else ""  # another setting is other work: its own verdict and speedups
-    return add_speedups(rows, tolerance)
+        row.model += f" {setting}" if setting else ""
+    return rows
 
 
 def jobs(client: Any, experiment_id: str, parent: str, filter_string: str = "") -> list[Any]:
