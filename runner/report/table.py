@@ -71,7 +71,7 @@ def row_of(run: Any, status: str | None = None) -> Row:
     score = task.score.name
     metric = next((k for k in tasks.METRICS if f"target_{k}" in m), score)  # what the run was timed to
     return Row(
-        run_id=run.info.run_id,  # the model's label (ModelOptions.label); from model and variant in older runs
+        run_id=run.info.run_id,  # the model's label (runner.models.label); from model and variant in older runs
         model=tags.get("model.label") or (f"{tags.get('model', '?')}/{variant}" if variant else tags.get("model", "?")),
         pipeline=tags.get("pipeline", "?"), strategy=tags.get("strategy", "?"),
         devices=int(tags.get("devices.count", 0)) * int(tags.get("devices.workers", 1)),  # a cluster's: all of them

@@ -187,9 +187,11 @@ class Verdict:
         parts = [f"verdict: {self.model}: {'only' if alone else 'fastest'} {self.best.name} ({figure})"
                  + (", no other combination finished to compare with" if alone else "")]
         if self.basis == "throughput":
-            parts[0] += ", by throughput: " + (
-                f"every run met {target} at its first check (its time to it is start-up's, not training's)"
-                if self.at_once else f"no run reached {target}" if not math.isnan(self.target) else "no target was set")
+            if self.at_once:
+                why = f"every run met {target} at its first check (its time to it is start-up's, not training's)"
+            else:
+                why = f"no run reached {target}" if not math.isnan(self.target) else "no target was set"
+            parts[0] += f", by throughput: {why}"
         if self.runner_up is not None and self.over_runner_up is not None:
             parts.append(f"{self.over_runner_up:.2f}x {self.runner_up.name}")
             noise = {True: "beyond the noise", False: "within the noise",
